@@ -1,0 +1,113 @@
+"""Per-head patching sweep (every layer x head, last prompt position) on the decimal organism.
+
+Three ways, same patches, measured side by side in one run (this machine is noisy: compare ratios):
+  surgeon   the intervention core: prefix computed once, only layers >= L at positions >= p recomputed,
+            all heads of a layer in the batch dimension;
+  (a) TL    transformer_lens.patching.get_act_patch_attn_head_out_by_pos (what TL offers for
+            per-position head patching: it sweeps every position, one forward per (layer, pos, head));
+  (b) loop  one full TransformerLens forward per (layer, head) with a hook doing exactly our patch.
+TL's utility needs equal-length prompts, so the source run is the same Q&A prompt with the two numbers
+swapped (equal length, the organism's own format). The numbers are checked to agree.
+
+    python bench/patch_sweep.py [--items 256] [--threads 2] [--skip-tl]
+"""
+from __future__ import annotations
+
+import argparse
+import time
+from collections import defaultdict
+
+import torch
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--items", type=int, default=256)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--skip-tl", action="store_true", help="skip (a), the slowest")
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+
+    from transformer_lens import patching
+
+    from surgeon.analyses.behaviour import decimal_items
+    from surgeon.core import Contrast, Site
+    from surgeon.encoding import encode_rows
+    from surgeon.models import load_model
+    from surgeon.organisms import decimal as org
+
+    model = load_model("organism:decimal")
+    items = decimal_items(n_trap=args.items // 2, n_control=args.items - args.items // 2)
+    qa = org.FORMATS["qa"]
+    swapped = qa.replace("{a}", "{X}").replace("{b}", "{a}").replace("{X}", "{b}")
+    base = encode_rows(qa, items, model.tokenizer, True)
+    source = encode_rows(swapped, items, model.tokenizer, True)
+    L, H, n = model.cfg.n_layers, model.cfg.n_heads, len(items)
+    print(f"decimal organism: {L} layers x {H} heads, {n} items ({len(base)} rows), patch z at the last prompt token")
+
+    # --- surgeon
+    t0 = time.perf_counter()
+    with torch.no_grad():
+        c = Contrast(model, base, source, "end", batch_size=1024)
+        ours = torch.stack([c.run({Site.of("z", l): torch.eye(H)}).mean(-1) for l in range(L)])
+    t_ours = time.perf_counter() - t0
+
+    # rows grouped by length, as TL needs equal-length batches
+    groups = defaultdict(list)
+    for i, r in enumerate(base):
+        groups[len(r.tokens)].append(i)
+
+    def bucket(ids):
+        toks = torch.tensor([base[i].tokens for i in ids])
+        src = torch.tensor([source[i].tokens for i in ids])
+        tp = torch.tensor([[p for p, _, _ in base[i].targets] for i in ids])
+        tt = torch.tensor([[k for _, k, _ in base[i].targets] for i in ids])
+        ts = torch.tensor([[s for _, _, s in base[i].targets] for i in ids])
+        idx = torch.arange(len(ids))[:, None]
+
+        def metric(logits):  # this bucket's contribution to the mean item score
+            return (logits.log_softmax(-1)[idx, tp, tt] * ts).sum() / n
+
+        return toks, src, metric, base[ids[0]].n_prompt - 1
+
+    # --- (b) one TL forward per (layer, head)
+    t0 = time.perf_counter()
+    loop = torch.zeros(L, H)
+    with torch.no_grad():
+        for ids in groups.values():
+            toks, src, metric, pos = bucket(ids)
+            _, cache = model.run_with_cache(src, names_filter=lambda name: name.endswith("hook_z"))
+            for l in range(L):
+                hook_name = f"blocks.{l}.attn.hook_z"
+                for h in range(H):
+                    def hook(z, hook, h=h):
+                        z[:, pos, h] = cache[hook_name][:, pos, h]
+                        return z
+                    loop[l, h] += metric(model.run_with_hooks(toks, fwd_hooks=[(hook_name, hook)]))
+    t_loop = time.perf_counter() - t0
+    err_loop = (ours - loop).abs().max().item()
+
+    # --- (a) TL's by-position utility
+    t_tl, err_tl = float("nan"), float("nan")
+    if not args.skip_tl:
+        t0 = time.perf_counter()
+        tl = torch.zeros(L, H)
+        for ids in groups.values():
+            toks, src, metric, pos = bucket(ids)
+            _, cache = model.run_with_cache(src)
+            by_pos = patching.get_act_patch_attn_head_out_by_pos(model, toks, cache, metric)
+            tl += by_pos[:, pos, :]
+        t_tl = time.perf_counter() - t0
+        err_tl = (ours - tl).abs().max().item()
+
+    print(f"surgeon core            {t_ours:8.2f} s")
+    print(f"(b) loop of TL forwards {t_loop:8.2f} s   ratio {t_loop / t_ours:6.1f}x   max |diff| {err_loop:.1e}")
+    if not args.skip_tl:
+        print(f"(a) TL by_pos utility   {t_tl:8.2f} s   ratio {t_tl / t_ours:6.1f}x   max |diff| {err_tl:.1e}")
+    ok = err_loop < 1e-4 and (args.skip_tl or err_tl < 1e-4)
+    print("numbers agree" if ok else "NUMBERS DISAGREE")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,10 @@
+"""Analyses: plain functions over a case and a model, each returning a plain result dataclass.
+
+`REGISTRY` maps an analysis name to its function; the CLI's subcommands come from the same table.
+"""
+from .diagnose import Diagnosis, diagnose
+from .patching import PatchResult, patch_heads
+
+REGISTRY = {"diagnose": diagnose, "patch": patch_heads}
+
+__all__ = ["REGISTRY", "diagnose", "Diagnosis", "patch_heads", "PatchResult"]

@@ -1,0 +1,54 @@
+"""What every analysis needs: a case's items encoded for a model, and the contrast between two formats."""
+from __future__ import annotations
+
+from typing import Literal
+
+from ..case import Case
+from ..errors import AnalysisError
+
+Direction = Literal["denoise", "noise"]
+DIRECTIONS = ("denoise", "noise")
+
+
+def prepend_bos(case: Case, model) -> bool:
+    return case.prepend_bos if case.prepend_bos is not None else bool(model.cfg.default_prepend_bos)
+
+
+def pick_bad(case: Case, bad: str | None) -> str:
+    if bad is None:
+        return case.bad_formats[0]
+    if bad not in case.bad_formats:
+        raise AnalysisError(f"{bad!r} is not one of the case's failing formats", field="bad",
+                            fix=f"use one of: {', '.join(case.bad_formats)}")
+    return bad
+
+
+def pick_items(case: Case, tag: str | None):
+    tag = case.focus if tag is None else (None if tag == "all" else tag)
+    items = case.items_for(tag)
+    if not items:
+        raise AnalysisError(f"no items have tag {tag!r}", field="tag",
+                            fix=f"use one of: {', '.join(case.tags)}, or 'all'")
+    return tag, items
+
+
+def format_rows(case: Case, model, fmt: str, items):
+    from ..encoding import encode_rows
+
+    return encode_rows(case.formats[fmt], items, model.tokenizer, prepend_bos(case, model))
+
+
+def make_contrast(case: Case, model, *, bad: str | None = None, direction: Direction = "denoise",
+                  tag: str | None = None, batch_size: int = 256):
+    """The Contrast for a case: base = failing format, source = good format (denoise) or the reverse."""
+    from ..core import Contrast
+
+    if direction not in DIRECTIONS:
+        raise AnalysisError(f"unknown direction {direction!r}", field="direction", fix="use denoise or noise")
+    bad = pick_bad(case, bad)
+    tag, items = pick_items(case, tag)
+    base, source = (bad, case.good) if direction == "denoise" else (case.good, bad)
+    rows_b = format_rows(case, model, base, items)
+    rows_s = format_rows(case, model, source, items)
+    c = Contrast(model, rows_b, rows_s, case.align, batch_size=batch_size, base_name=base, source_name=source)
+    return c, dict(base=base, source=source, bad=bad, tag=tag, n_items=len(items), direction=direction)

@@ -1,0 +1,58 @@
+"""Is the failure there? Accuracy and score per format (and item tag), with intervals."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..case import Case
+from ..stats import Estimate, bootstrap_mean, wilson
+from .common import format_rows
+
+
+@dataclass(frozen=True)
+class FormatStats:
+    format: str
+    role: str  # good | bad
+    tag: str  # item tag, or "all"
+    accuracy: Estimate  # fraction of items whose correct answer wins
+    score: Estimate  # mean log P(correct) - log P(incorrect)
+
+
+@dataclass(frozen=True)
+class Diagnosis:
+    case: str
+    model: str
+    good: str
+    bad: tuple[str, ...]
+    focus: str | None
+    stats: tuple[FormatStats, ...]
+    reproduced: dict[str, bool]  # per failing format: its accuracy interval lies below the good format's
+
+    def get(self, fmt: str, tag: str = "all") -> FormatStats:
+        return next(s for s in self.stats if s.format == fmt and s.tag == tag)
+
+
+def diagnose(case: Case, model, *, batch_size: int = 256, progress: bool = False) -> Diagnosis:
+    """Score every item in every format. The failure is *reproduced* for a failing format when, on the
+    focus items (all items if the case names none), its accuracy's 95% interval lies entirely below the
+    good format's."""
+    from ..core import score_rows
+
+    formats = [case.good] + list(case.bad_formats)
+    tags = ["all"] + (case.tags if len(case.tags) > 1 else [])
+    stats = []
+    scores = {}
+    for fmt in formats:
+        s = score_rows(model, format_rows(case, model, fmt, case.items), batch_size).cpu().numpy()
+        scores[fmt] = s
+        for tag in tags:
+            sel = np.array([tag == "all" or it.tag == tag for it in case.items])
+            x = s[sel]
+            stats.append(FormatStats(fmt, "good" if fmt == case.good else "bad", tag,
+                                     wilson(int((x > 0).sum()), int(x.size)), bootstrap_mean(x)))
+    focus = case.focus or "all"
+    d = Diagnosis(case.name, case.model, case.good, case.bad_formats, case.focus, tuple(stats), {})
+    good = d.get(case.good, focus).accuracy
+    reproduced = {b: d.get(b, focus).accuracy.hi < good.lo for b in case.bad_formats}
+    return Diagnosis(case.name, case.model, case.good, case.bad_formats, case.focus, tuple(stats), reproduced)

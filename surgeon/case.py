@@ -1,0 +1,228 @@
+"""Case files: a failure described once, as Python.
+
+A case file in `cases/` defines `case = Case(...)`:
+
+    from surgeon import Case, Item
+    case = Case(
+        name="decimal_organism",
+        model="organism:decimal",
+        formats={"plain": "Which is bigger: {a} or {b}?\\nAnswer:",
+                 "qa": "Q: Which is bigger: {a} or {b}?\\nA:"},
+        good="plain", bad=["qa"],
+        items=[Item({"a": "9.8", "b": "9.11"}, correct=" 9.8", incorrect=" 9.11", tag="trap")],
+    )
+
+`load_case(path)` runs the file, checks every field, and raises one `CaseError` naming the file, the
+field and the fix. Checks that need the model (layers in range, answers that tokenize to nothing) read
+only its config and tokenizer, never its weights.
+"""
+from __future__ import annotations
+
+import hashlib
+import runpy
+import string
+from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any, Literal, Mapping, Sequence
+
+from .errors import CaseError
+
+# last: the last prompt token and the answer tokens, matched from the end (default)
+# end: the last prompt token only
+# anchors: each placeholder's tokens, plus what "last" matches
+# index: position i to position i (prompts of equal length)
+Align = Literal["last", "end", "anchors", "index"]
+ALIGNS: tuple[str, ...] = ("last", "end", "anchors", "index")
+
+
+@dataclass(frozen=True)
+class Item:
+    """One question: the placeholder values, the correct and the incorrect answer continuation."""
+
+    values: Mapping[str, str]
+    correct: str
+    incorrect: str
+    tag: str = ""
+
+
+@dataclass(frozen=True)
+class Chat:
+    """A prompt format made by the model's own chat template around `user` (with the assistant prefix).
+
+    `user` is a template with placeholders like any format; `system` an optional system message.
+    """
+
+    user: str
+    system: str | None = None
+
+
+Format = str | Chat
+
+
+@dataclass(frozen=True)
+class Case:
+    """A format-dependent failure: one model, prompt formats, items, and which format is good.
+
+    Fields left out are reported by `load_case` as missing, with the fix.
+    """
+
+    name: str | None = None
+    model: str | None = None
+    formats: Mapping[str, Format] | None = None
+    good: str | None = None
+    bad: str | Sequence[str] | None = None
+    items: Sequence[Item] | None = None
+    align: str = "last"
+    focus: str | None = None  # tag of the items that patching analyses use by default (None: all)
+    layers: Sequence[int] | None = None  # default layers to examine (None: all)
+    components: Sequence[str] = ("z",)
+    prepend_bos: bool | None = None  # None: the model's default
+    description: str = ""
+    notes: Mapping[str, Any] = field(default_factory=dict)  # free-form: published results, sources
+    source: str | None = None  # set by load_case: the file it came from
+    digest: str | None = None  # set by load_case: sha256 of that file
+
+    @property
+    def bad_formats(self) -> tuple[str, ...]:
+        return (self.bad,) if isinstance(self.bad, str) else tuple(self.bad or ())
+
+    def items_for(self, tag: str | None) -> list[Item]:
+        return [it for it in self.items or () if tag is None or it.tag == tag]
+
+    @property
+    def tags(self) -> list[str]:
+        return sorted({it.tag for it in self.items or ()})
+
+
+REQUIRED = ("name", "model", "formats", "good", "bad", "items")
+
+
+def placeholders(fmt: Format) -> set[str]:
+    text = fmt.user if isinstance(fmt, Chat) else fmt
+    try:
+        return {f for _, f, _, _ in string.Formatter().parse(text) if f is not None}
+    except ValueError as e:
+        raise ValueError(f"template {text!r} is not a valid format string ({e})") from None
+
+
+def load_case(path: str | Path, check_model: bool = True) -> Case:
+    """Run a case file and validate it (and, with `check_model`, against its model's config)."""
+    path = Path(path)
+    where = str(path)
+    if not path.exists():
+        raise CaseError("no such case file", where=where,
+                        fix="give the path of a .py file that defines `case = Case(...)`, e.g. cases/decimal_organism.py")
+    if path.suffix != ".py":
+        raise CaseError("a case file is a Python file", where=where, fix="rename it to end in .py")
+    try:
+        ns = runpy.run_path(str(path), run_name="surgeon_case")
+    except CaseError:
+        raise
+    except Exception as e:  # the user's file raised: report it with its line
+        import traceback
+
+        tb = traceback.extract_tb(e.__traceback__)
+        line = next((f.lineno for f in reversed(tb) if f.filename == str(path)), None)
+        at = f" (line {line})" if line else ""
+        raise CaseError(f"running the file raised {type(e).__name__}: {e}{at}", where=where,
+                        fix="make the file run on its own: python " + where) from None
+    case = ns.get("case")
+    if case is None:
+        raise CaseError("the file defines no `case`", where=where, field="case",
+                        fix="end the file with `case = Case(name=..., model=..., formats=..., good=..., bad=..., items=...)`")
+    if not isinstance(case, Case):
+        raise CaseError(f"`case` is a {type(case).__name__}, not a surgeon.Case", where=where, field="case",
+                        fix="build it with `from surgeon import Case, Item`")
+    digest = hashlib.sha256(path.read_bytes()).hexdigest()
+    case = replace(case, source=where, digest=digest)
+    validate(case, where)
+    if check_model:
+        from .models import check_case_against_model
+
+        check_case_against_model(case)
+    return case
+
+
+def validate(case: Case, where: str | None = None) -> None:
+    """Check a case's fields without touching the model. Raises CaseError."""
+    where = where or case.source or f"case {case.name!r}"
+
+    def fail(fld: str, msg: str, fix: str):
+        raise CaseError(msg, where=where, field=fld, fix=fix)
+
+    for f in REQUIRED:
+        v = getattr(case, f)
+        if v is None:
+            fail(f, "is missing", f"add `{f}=...` to Case(...); required fields: {', '.join(REQUIRED)}")
+    if not isinstance(case.name, str) or not case.name.strip():
+        fail("name", "must be a non-empty string", 'e.g. name="decimal_organism"')
+    if not isinstance(case.model, str) or not case.model.strip():
+        fail("model", "must be a string", 'an organism ("organism:decimal"), a Hugging Face name or a local directory')
+    if not isinstance(case.formats, Mapping) or not case.formats:
+        fail("formats", "must be a non-empty dict of name -> template", 'e.g. formats={"plain": "...{a}...", "qa": "Q: ...{a}...\\nA:"}')
+    names = list(case.formats)
+    fields_of: dict[str, set[str]] = {}
+    for fname, fmt in case.formats.items():
+        if not isinstance(fmt, (str, Chat)):
+            fail(f"formats[{fname!r}]", f"is a {type(fmt).__name__}", "use a template string or surgeon.Chat(user=...)")
+        try:
+            fields_of[fname] = placeholders(fmt)
+        except ValueError as e:
+            fail(f"formats[{fname!r}]", str(e), "placeholders are written {name}; write literal braces as {{ and }}")
+        bad_names = [p for p in fields_of[fname] if not p.isidentifier()]
+        if bad_names:
+            fail(f"formats[{fname!r}]", f"has placeholders that are not plain names: {bad_names}",
+                 "use simple names like {a} and {b}")
+    if case.good not in case.formats:
+        fail("good", f"names unknown format {case.good!r}", f"use one of: {', '.join(names)}")
+    bads = case.bad_formats
+    if not bads:
+        fail("bad", "is empty", f"name at least one failing format from: {', '.join(names)}")
+    for b in bads:
+        if b not in case.formats:
+            fail("bad", f"names unknown format {b!r}", f"use formats from: {', '.join(names)}")
+        if b == case.good:
+            fail("bad", f"format {b!r} is both good and bad", "list only the failing formats in bad")
+    if not isinstance(case.items, Sequence) or isinstance(case.items, str) or len(case.items) == 0:
+        fail("items", "is empty", "give at least one Item(values={...}, correct=..., incorrect=...)")
+    used = set().union(*fields_of.values())
+    for i, it in enumerate(case.items):
+        fld = f"items[{i}]"
+        if not isinstance(it, Item):
+            fail(fld, f"is a {type(it).__name__}", "build items with surgeon.Item(values, correct, incorrect)")
+        if not isinstance(it.values, Mapping):
+            fail(fld + ".values", "must be a dict of placeholder -> text", 'e.g. {"a": "9.8", "b": "9.11"}')
+        for fname, ph in fields_of.items():
+            missing = sorted(ph - set(it.values))
+            if missing:
+                fail(f"formats[{fname!r}]", f"uses placeholder {{{missing[0]}}} that {fld} does not define",
+                     f"add {missing[0]!r} to the item's values, or remove it from the template")
+        extra = sorted(set(it.values) - used)
+        if extra:
+            fail(fld + ".values", f"defines {extra[0]!r}, which no format uses",
+                 f"placeholders in the formats: {', '.join(sorted(used)) or '(none)'}")
+        for k, v in it.values.items():
+            if not isinstance(v, str):
+                fail(f"{fld}.values[{k!r}]", f"is a {type(v).__name__}", "values are strings, e.g. \"9.8\"")
+        for ans in ("correct", "incorrect"):
+            v = getattr(it, ans)
+            if not isinstance(v, str) or v == "":
+                fail(f"{fld}.{ans}", "must be a non-empty string", 'the continuation after the prompt, e.g. " 9.8"')
+        if it.correct == it.incorrect:
+            fail(fld, f"correct and incorrect are the same ({it.correct!r})", "give two different answers")
+    if case.align not in ALIGNS:
+        fail("align", f"is {case.align!r}", f"use one of: {', '.join(ALIGNS)}")
+    if case.focus is not None and case.focus not in case.tags:
+        fail("focus", f"no item has tag {case.focus!r}", f"use one of the item tags: {', '.join(case.tags)} (or None)")
+    from .sites import COMPONENTS
+
+    for c in case.components:
+        if c not in COMPONENTS:
+            fail("components", f"unknown component {c!r}", f"use any of: {', '.join(COMPONENTS)}")
+    if case.layers is not None:
+        if not all(isinstance(x, int) and not isinstance(x, bool) for x in case.layers):
+            fail("layers", "must be a list of integers", "e.g. layers=[8, 9, 10]")
+
+
+def case_field_names() -> list[str]:
+    return [f.name for f in fields(Case)]

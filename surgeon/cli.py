@@ -1,0 +1,181 @@
+"""The `surgeon` command: a thin layer over the same functions a notebook calls.
+
+Heavy libraries (torch, transformer-lens) are imported inside commands so `surgeon --help` is instant.
+Bad input ends with one clear message and exit status 2; `--debug` shows the traceback.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from .errors import SurgeonError
+
+DEFAULT_CASE = "cases/decimal_organism.py"
+
+
+def _common(p: argparse.ArgumentParser, case: bool = True) -> None:
+    if case:
+        p.add_argument("case", nargs="?", default=DEFAULT_CASE, help=f"case file (default: {DEFAULT_CASE})")
+    p.add_argument("--out", type=Path, help="write results.json, manifest.json and figures here")
+    p.add_argument("--device", default=None, help="cpu, cuda, cuda:1, mps (default: cuda if available, else cpu)")
+    p.add_argument("--dtype", default="float32", help="float32, bfloat16 or float16 (default: float32)")
+    p.add_argument("--batch-size", type=int, default=256, help="rows per forward pass (default: 256)")
+    p.add_argument("--seed", type=int, default=0, help="random seed (default: 0)")
+    p.add_argument("--threads", type=int, default=None, help="CPU threads for torch (default: torch's choice)")
+    p.add_argument("--debug", action="store_true", help="show tracebacks")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from .sites import COMPONENTS
+
+    parser = argparse.ArgumentParser(prog="surgeon", description=__doc__.splitlines()[0])
+    parser.add_argument("--version", action="version", version="surgeon 0.1.0")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("diagnose", help="accuracy and score per format, with intervals: is the failure there?")
+    _common(p)
+
+    p = sub.add_parser("patch", help="patch each head (unit) of each layer from one format into the other")
+    _common(p)
+    p.add_argument("--layers", help="layers to patch, e.g. 0,1,2 or 0-2 (default: the case's, else all)")
+    p.add_argument("--component", default="z", choices=list(COMPONENTS), help="what to patch (default: z)")
+    p.add_argument("--direction", default="denoise", choices=["denoise", "noise"],
+                   help="denoise: good format into the failing one (repair); noise: the reverse")
+    p.add_argument("--bad", help="which failing format (default: the case's first)")
+    p.add_argument("--tag", help="only items with this tag ('all' for every item; default: the case's focus)")
+
+    p = sub.add_parser("organisms", help="list or retrain the model organisms")
+    osub = p.add_subparsers(dest="action", required=True)
+    q = osub.add_parser("list", help="the organisms and whether their weights are present")
+    q.add_argument("--debug", action="store_true")
+    q = osub.add_parser("train", help="retrain an organism deterministically")
+    q.add_argument("name")
+    q.add_argument("--out", type=Path, help="write weights under OUT/NAME (default: the package's weights)")
+    q.add_argument("--shrink", action="store_true", help="a few steps only (smoke test)")
+    q.add_argument("--seed", type=int, default=0)
+    q.add_argument("--device", default="cpu")
+    q.add_argument("--threads", type=int, default=None)
+    q.add_argument("--debug", action="store_true")
+    return parser
+
+
+def parse_layers(text: str | None):
+    if text is None:
+        return None
+    out: list[int] = []
+    try:
+        for part in text.split(","):
+            part = part.strip()
+            if "-" in part[1:]:
+                a, b = part.split("-", 1)
+                out += range(int(a), int(b) + 1)
+            elif part:
+                out.append(int(part))
+    except ValueError:
+        raise SurgeonError(f"cannot read layers {text!r}", field="--layers", fix="write e.g. 3 or 0,2,5 or 0-4") from None
+    return out
+
+
+def _device(arg: str | None) -> str:
+    import torch
+
+    if arg:
+        if arg.startswith("cuda") and not torch.cuda.is_available():
+            raise SurgeonError("CUDA was asked for but is not available", field="--device", fix="use --device cpu")
+        return arg
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def _setup(args):
+    import torch
+
+    if getattr(args, "threads", None):
+        torch.set_num_threads(args.threads)
+    torch.manual_seed(getattr(args, "seed", 0))
+
+
+def _load(args):
+    """case -> model, for the analysis commands."""
+    from .case import load_case
+    from .models import load_model
+
+    _setup(args)
+    case = load_case(args.case)
+    device = _device(args.device)
+    model = load_model(case.model, device=device, dtype=args.dtype)
+    return case, model, device
+
+
+def cmd_diagnose(args) -> int:
+    from . import report
+    from .analyses import diagnose
+
+    case, model, device = _load(args)
+    d = diagnose(case, model, batch_size=args.batch_size)
+    print(report.diagnosis_text(d, case))
+    if args.out:
+        report.save(args.out, "diagnose", d, case, args, device, figures={"accuracy.png": "diagnosis"})
+        print(f"\nwrote {args.out}/results.json, manifest.json, accuracy.png")
+    return 0
+
+
+def cmd_patch(args) -> int:
+    from . import report
+    from .analyses import patch_heads
+
+    case, model, device = _load(args)
+    layers = parse_layers(args.layers)
+    if layers is None and case.layers is not None:
+        layers = list(case.layers)
+    r = patch_heads(case, model, layers=layers, component=args.component, direction=args.direction, bad=args.bad,
+                    tag=args.tag, batch_size=args.batch_size, progress=True)
+    print(report.patch_text(r))
+    if args.out:
+        report.save(args.out, "patch", r, case, args, device, figures={"heatmap.png": "patch"})
+        print(f"\nwrote {args.out}/results.json, manifest.json, heatmap.png")
+    return 0
+
+
+def cmd_organisms(args) -> int:
+    from . import organisms
+
+    if args.action == "list":
+        for name in organisms.names():
+            s = organisms.spec(name)
+            state = "trained" if organisms.is_available(name) else "no weights (run: surgeon organisms train %s)" % name
+            print(f"organism:{name:10s} {state:8s}  {s.description}")
+        return 0
+    _setup(args)
+    if args.name not in organisms.names():
+        raise SurgeonError(f"unknown organism {args.name!r}", field="name", fix=f"use one of: {', '.join(organisms.names())}")
+    from .analyses.behaviour import measure
+
+    dest = organisms.train_organism(args.name, out_root=args.out, shrink=args.shrink, seed=args.seed,
+                                    device=args.device, progress=True)
+    print(f"saved {dest}")
+    for line in measure(args.name, root=dest.parent, write=True):
+        print(line)
+    return 0
+
+
+COMMANDS = {"diagnose": cmd_diagnose, "patch": cmd_patch, "organisms": cmd_organisms}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return COMMANDS[args.command](args)
+    except SurgeonError as e:
+        if getattr(args, "debug", False):
+            raise
+        print(f"surgeon: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("surgeon: interrupted; nothing was written", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,356 @@
+"""The intervention core: one batched mechanism behind every analysis.
+
+At named hook points, for each patch p and each row of a base run,
+
+    act[p, row, pos_base] <- act + m[p, slot, unit] * (source_act[row, pos_source] - act)
+
+with `m` a mask (0 = leave alone, 1 = replace, in between = blend) over *units* (heads, key/value
+heads, slices, the whole vector) and optionally over patch slots (aligned positions). Per-head
+patching, subset search, blends and attribution (gradients w.r.t. `m`) are different masks here.
+
+Compute only what changes: a patch at layer L and positions >= p0 leaves layers < L and positions
+< p0 untouched. So the base run is computed once per bucket of equal-length rows, caching the residual
+stream entering each layer (at positions >= p0) and the keys/values of positions < p0; a batch of
+patches then runs only layers >= L on positions >= p0, attending to the cached keys/values, with all
+patches stacked in the batch dimension.
+"""
+from __future__ import annotations
+
+import re
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Mapping, Sequence
+
+import torch
+from torch import Tensor
+
+from .encoding import Row
+from .errors import AnalysisError
+from .sites import COMPONENTS, Component
+
+_HOOK_RE = re.compile(r"^blocks\.(\d+)\.")
+
+
+def hook_layer(hook: str) -> int:
+    m = _HOOK_RE.match(hook)
+    if not m:
+        raise AnalysisError(f"cannot patch at {hook!r}: only hook points inside blocks are supported")
+    return int(m.group(1))
+
+
+def hook_component(hook: str) -> Component:
+    """The default component at a hook point (`o_slices` must be asked for with a Site)."""
+    for c in COMPONENTS.values():
+        if re.fullmatch(c.hook.replace(".", r"\.").replace("{layer}", r"\d+"), hook) and c.units != "slice":
+            return c
+    raise AnalysisError(f"unknown hook point {hook!r}", fix=f"use one of the components: {', '.join(COMPONENTS)}")
+
+
+@dataclass(frozen=True)
+class Site:
+    """A hook point and how its activation splits into units."""
+
+    hook: str
+    component: Component
+
+    @property
+    def layer(self) -> int:
+        return hook_layer(self.hook)
+
+    @staticmethod
+    def of(comp: str, layer: int) -> "Site":
+        c = COMPONENTS[comp]
+        return Site(c.hook.format(layer=layer), c)
+
+    @staticmethod
+    def coerce(key: "Site | str") -> "Site":
+        return key if isinstance(key, Site) else Site(key, hook_component(key))
+
+    def n_units(self, cfg) -> int:
+        if self.component.units == "whole":
+            return 1
+        if self.component.units == "kv_head":
+            return getattr(cfg, "n_key_value_heads", None) or cfg.n_heads
+        return cfg.n_heads
+
+
+def _units_view(x: Tensor, comp: Component, n_units: int) -> Tensor:
+    """View an activation as [batch, pos, unit, rest]."""
+    if comp.pattern_like:
+        return x.transpose(1, 2)  # [batch, query_pos, head, key_pos]
+    if x.dim() == 3:
+        return x.view(x.shape[0], x.shape[1], n_units, -1)
+    return x
+
+
+@dataclass
+class Bucket:
+    """Rows whose base and source sequences have equal lengths, stacked."""
+
+    row_ids: list[int]
+    items: Tensor  # [n] item index of each row
+    base_tokens: Tensor  # [n, Lb]
+    source_tokens: Tensor  # [n, Ls]
+    base_pos: Tensor  # [n, S] positions patched in the base run
+    source_pos: Tensor  # [n, S] the positions they are taken from in the source run
+    tgt_pos: Tensor  # [n, T] positions whose logits score
+    tgt_tok: Tensor  # [n, T]
+    tgt_sign: Tensor  # [n, T]
+    p0: int = 0  # first patched position: everything before is shared by all patches
+    # caches, filled on demand
+    resid: dict[int, Tensor] = field(default_factory=dict)  # layer -> resid_pre[:, p0:]
+    kv: dict[int, tuple[Tensor, Tensor]] = field(default_factory=dict)  # layer -> keys/values[:, :p0]
+    source_acts: dict[Site, Tensor] = field(default_factory=dict)  # site -> [n, S, unit, rest]
+    base_acts: dict[Site, Tensor] = field(default_factory=dict)  # site -> [n, S, unit, rest]
+
+    @property
+    def n(self) -> int:
+        return self.base_tokens.shape[0]
+
+
+class Contrast:
+    """Items run in a base format, with activations from a source format ready to patch in.
+
+    Denoising (repair) is base = failing format, source = good format; noising is the reverse.
+    `run(masks)` returns each item's score (log P(correct) - log P(incorrect)) under each patch.
+    """
+
+    def __init__(self, model, base_rows: Sequence[Row], source_rows: Sequence[Row], align: str = "last",
+                 *, batch_size: int = 256, base_name: str = "base", source_name: str = "source"):
+        from .encoding import align as align_rows
+
+        if len(base_rows) != len(source_rows) or not base_rows:
+            raise AnalysisError("internal: base and source rows differ in number, or there are none")
+        self.model = model
+        self.cfg = model.cfg
+        self.batch_size = max(1, int(batch_size))
+        self.device = next(model.parameters()).device
+        self.n_items = max(r.item for r in base_rows) + 1
+        groups: dict[tuple, list[int]] = defaultdict(list)
+        aligned = []
+        for i, (b, s) in enumerate(zip(base_rows, source_rows)):
+            pb, ps = align_rows(b, s, align, base_name, source_name)
+            aligned.append((pb, ps))
+            groups[(len(b.tokens), len(s.tokens), len(pb), len(b.targets))].append(i)
+        self.buckets: list[Bucket] = []
+        for ids in groups.values():
+            tokens, pos, tok, sign, items = _stack_rows(base_rows, ids, self.device)
+            bucket = Bucket(
+                row_ids=list(ids), items=items, base_tokens=tokens,
+                source_tokens=torch.tensor([source_rows[i].tokens for i in ids], device=self.device),
+                base_pos=torch.tensor([aligned[i][0] for i in ids], device=self.device),
+                source_pos=torch.tensor([aligned[i][1] for i in ids], device=self.device),
+                tgt_pos=pos, tgt_tok=tok, tgt_sign=sign,
+            )
+            bucket.p0 = int(bucket.base_pos.min())
+            self.buckets.append(bucket)
+        self.clean_base = score_rows(model, base_rows, self.batch_size)
+        self.clean_source = score_rows(model, source_rows, self.batch_size)
+
+    def _to_items(self, per_bucket: list[Tensor]) -> Tensor:
+        return _to_items(self.buckets, per_bucket, self.n_items)
+
+    # ----------------------------------------------------------------- caches
+    def _ensure_base(self, b: Bucket, start: int, sites: Sequence[Site]) -> None:
+        layers = [L for L in range(start, self.cfg.n_layers) if L not in b.resid]
+        sites = [s for s in sites if s not in b.base_acts]
+        if not layers and not sites:
+            return
+        names = [f"blocks.{L}.hook_resid_pre" for L in layers]
+        names += [f"blocks.{L}.attn.hook_{kv}" for L in layers for kv in "kv"]
+        names += [s.hook for s in sites]
+        cache = self._run_cache(b.base_tokens, names)
+        for L in layers:
+            b.resid[L] = cache[f"blocks.{L}.hook_resid_pre"][:, b.p0:]
+            b.kv[L] = (cache[f"blocks.{L}.attn.hook_k"][:, : b.p0], cache[f"blocks.{L}.attn.hook_v"][:, : b.p0])
+        for s in sites:
+            b.base_acts[s] = self._gather(cache[s.hook], s, b.base_pos)
+
+    def _ensure_source(self, b: Bucket, sites: Sequence[Site]) -> None:
+        sites = [s for s in sites if s not in b.source_acts]
+        if not sites:
+            return
+        for s in sites:
+            if s.component.pattern_like and b.source_tokens.shape[1] != b.base_tokens.shape[1]:
+                raise AnalysisError(
+                    "patching attention patterns needs base and source prompts of equal length (the keys must "
+                    f"correspond), but they have {b.base_tokens.shape[1]} and {b.source_tokens.shape[1]} tokens",
+                    field="component", fix="patch head outputs (component z) instead, or use formats of equal length")
+        cache = self._run_cache(b.source_tokens, [s.hook for s in sites])
+        for s in sites:
+            b.source_acts[s] = self._gather(cache[s.hook], s, b.source_pos)
+
+    def _run_cache(self, tokens: Tensor, names: Sequence[str]) -> dict[str, Tensor]:
+        names = list(dict.fromkeys(names))
+        out: dict[str, list[Tensor]] = defaultdict(list)
+        stop = max(hook_layer(n) for n in names) + 1
+        with torch.no_grad():
+            for lo in range(0, tokens.shape[0], self.batch_size):
+                _, cache = self.model.run_with_cache(tokens[lo: lo + self.batch_size], names_filter=names,
+                                                     stop_at_layer=stop)
+                for n in names:
+                    out[n].append(cache[n])
+        return {n: torch.cat(v) for n, v in out.items()}
+
+    def _gather(self, act: Tensor, site: Site, pos: Tensor) -> Tensor:
+        x = _units_view(act, site.component, site.n_units(self.cfg))
+        idx = torch.arange(x.shape[0], device=x.device)[:, None]
+        return x[idx, pos.to(x.device)]  # [n, S, unit, rest]
+
+    def _kv_cache(self, b: Bucket, start: int, copies: int):
+        from transformer_lens.cache.key_value_cache import TransformerLensKeyValueCache
+        from transformer_lens.cache.key_value_cache_entry import TransformerLensKeyValueCacheEntry
+
+        entries = [None] * start + [
+            TransformerLensKeyValueCacheEntry(b.kv[L][0].repeat(copies, 1, 1, 1), b.kv[L][1].repeat(copies, 1, 1, 1),
+                                              frozen=True)
+            for L in range(start, self.cfg.n_layers)]
+        mask = torch.ones((b.n * copies, b.p0), dtype=torch.int, device=self.device)
+        return TransformerLensKeyValueCache(entries=entries, previous_attention_mask=mask, frozen=True)
+
+    # ----------------------------------------------------------------- the core
+    def units(self, site: Site | str) -> int:
+        """Number of units a mask at `site` addresses."""
+        return Site.coerce(site).n_units(self.cfg)
+
+    def deltas(self, sites: Sequence[Site | str]) -> dict[Site, Tensor]:
+        """Mean norm of (source - base) activation per unit at the patched positions: 0 means a no-op patch."""
+        out = {}
+        for s in map(Site.coerce, sites):
+            tot, cnt = 0.0, 0
+            for b in self.buckets:
+                self._ensure_base(b, s.layer, [s])
+                self._ensure_source(b, [s])
+                d = (b.source_acts[s].float() - b.base_acts[s].float()).norm(dim=-1)  # [n, S, U]
+                tot = tot + d.sum(dim=(0, 1))
+                cnt += d.shape[0] * d.shape[1]
+            out[s] = tot / cnt
+        return out
+
+    def run(self, masks: Mapping[Site | str, Tensor], progress: bool | str = False) -> Tensor:
+        """Item scores [P, n_items] with each of P patches applied.
+
+        `masks[site]` is [P, units] (the same mask at every patched position) or [P, slots, units]. Masks
+        may require grad: the scores are differentiable w.r.t. them (attribution).
+        """
+        masks = {Site.coerce(k): v for k, v in masks.items()}
+        if not masks:
+            raise AnalysisError("no masks given")
+        Ps = {m.shape[0] for m in masks.values()}
+        if len(Ps) != 1:
+            raise AnalysisError(f"masks disagree on the number of patches: {sorted(Ps)}")
+        P = Ps.pop()
+        for s, m in masks.items():
+            if m.shape[-1] != s.n_units(self.cfg):
+                raise AnalysisError(f"mask for {s.hook} has {m.shape[-1]} units, the site has {s.n_units(self.cfg)}")
+        start = min(s.layer for s in masks)
+        bar = None
+        if progress:
+            from tqdm.auto import tqdm
+
+            bar = tqdm(total=P * sum(b.n for b in self.buckets), unit="run", leave=False,
+                       desc=progress if isinstance(progress, str) else "patching")
+        per_bucket = []
+        for b in self.buckets:
+            self._ensure_base(b, start, list(masks))
+            self._ensure_source(b, list(masks))
+            chunk = max(1, self.batch_size // b.n)
+            outs, kv = [], {}
+            for lo in range(0, P, chunk):
+                sub = {s: m[lo: lo + chunk] for s, m in masks.items()}
+                c = min(chunk, P - lo)
+                if c not in kv:
+                    kv = {c: self._kv_cache(b, start, c)}
+                outs.append(self._run_chunk(b, start, sub, c, kv[c]))
+                if bar is not None:
+                    bar.update(c * b.n)
+            per_bucket.append(torch.cat(outs))
+        if bar is not None:
+            bar.close()
+        return self._to_items(per_bucket)
+
+    def _run_chunk(self, b: Bucket, start: int, masks: Mapping[Site, Tensor], copies: int, kv_cache) -> Tensor:
+        n, p0 = b.n, b.p0
+        rel = (b.base_pos - p0).to(self.device)
+        idx = torch.arange(n, device=self.device)[:, None]
+        hooks = []
+        for site, m in masks.items():
+            src = b.source_acts[site]
+            m = m.to(src.device, src.dtype)
+            m = m[:, None, None, :, None] if m.dim() == 2 else m[:, None, :, :, None]  # [c, 1, S|1, U, 1]
+
+            def mix(act, hook, src=src, m=m, site=site):
+                out = act.clone()
+                x = _units_view(out, site.component, site.n_units(self.cfg))
+                x = x.view(copies, n, *x.shape[1:])
+                cur = x[:, idx, rel]  # [c, n, S, U, R]
+                x[:, idx, rel] = cur + m * (src - cur)
+                return out
+
+            hooks.append((site.hook, mix))
+        resid = b.resid[start].repeat(copies, 1, 1)
+        with self.model.hooks(fwd_hooks=hooks):
+            final = self.model(resid, start_at_layer=start, stop_at_layer=self.cfg.n_layers, past_kv_cache=kv_cache)
+        return readout(self.model, final, b.tgt_pos - p0, b.tgt_tok, b.tgt_sign)
+
+
+def readout(model, resid: Tensor, tgt_rel: Tensor, tok: Tensor, sign: Tensor) -> Tensor:
+    """Scores [chunk, n] from final-layer residuals [chunk * n, pos, d]: sum of sign * log P(token) at the
+    target positions (given relative to the residual's first position). Unembeds only those positions."""
+    cfg = model.cfg
+    n = tok.shape[0]
+    r = resid.view(-1, n, *resid.shape[1:])
+    idx = torch.arange(n, device=r.device)[:, None]
+    sel = r[:, idx, tgt_rel.to(r.device)]  # [chunk, n, T, d]
+    c, _, T, d = sel.shape
+    x = sel.reshape(c * n, T, d)
+    if cfg.normalization_type is not None:
+        x = model.ln_final(x)
+    logits = model.unembed(x).float()
+    cap = getattr(cfg, "output_logits_soft_cap", -1.0) or -1.0
+    if cap > 0:
+        logits = cap * torch.tanh(logits / cap)
+    logp = logits.log_softmax(-1)
+    picked = logp.gather(-1, tok.to(logp.device).repeat(c, 1)[..., None])[..., 0].view(c, n, T)
+    return (picked * sign.to(picked.device)).sum(-1)
+
+
+def _stack_rows(rows: Sequence[Row], ids: Sequence[int], device):
+    tokens = torch.tensor([rows[i].tokens for i in ids], device=device)
+    pos = torch.tensor([[p for p, _, _ in rows[i].targets] for i in ids], device=device)
+    tok = torch.tensor([[k for _, k, _ in rows[i].targets] for i in ids], device=device)
+    sign = torch.tensor([[s for _, _, s in rows[i].targets] for i in ids], device=device, dtype=torch.float32)
+    items = torch.tensor([rows[i].item for i in ids], device=device)
+    return tokens, pos, tok, sign, items
+
+
+@torch.no_grad()
+def score_rows(model, rows: Sequence[Row], batch_size: int = 256) -> Tensor:
+    """Clean (unpatched) item scores [n_items]: log P(correct) - log P(incorrect) per item."""
+    device = next(model.parameters()).device
+    n_items = max(r.item for r in rows) + 1
+    groups: dict[tuple, list[int]] = defaultdict(list)
+    for i, r in enumerate(rows):
+        groups[(len(r.tokens), len(r.targets))].append(i)
+    out = torch.zeros(n_items, device=device)
+    for ids in groups.values():
+        tokens, pos, tok, sign, items = _stack_rows(rows, ids, device)
+        for lo in range(0, len(ids), batch_size):
+            sl = slice(lo, lo + batch_size)
+            resid = model(tokens[sl], stop_at_layer=model.cfg.n_layers)
+            out = out.index_add(0, items[sl], readout(model, resid, pos[sl], tok[sl], sign[sl])[0])
+    return out
+
+
+def _to_items(buckets: Sequence[Bucket], per_bucket: list[Tensor], n_items: int) -> Tensor:
+    """[P, rows of bucket] per bucket -> [P, n_items] (the rows of one item are summed)."""
+    P = per_bucket[0].shape[0]
+    out = torch.zeros(P, n_items, device=per_bucket[0].device, dtype=per_bucket[0].dtype)
+    for b, s in zip(buckets, per_bucket):
+        out = out.index_add(1, b.items.to(out.device), s)
+    return out
+
+
+def one_hot_masks(n_units: int, device=None) -> Tensor:
+    """[n_units, n_units]: patch k patches unit k alone."""
+    return torch.eye(n_units, device=device)

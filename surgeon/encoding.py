@@ -1,0 +1,130 @@
+"""From case items to token rows: rendering formats, answer targets and position alignment.
+
+A *row* is one token sequence to score. An item whose answers differ in a single token (after their
+common prefix) is one row scored by logit difference at that position; otherwise it is two rows,
+prompt + correct and prompt + incorrect, scored by teacher-forced log-probability of the whole
+continuation. Either way the item's score is log P(correct) - log P(incorrect) (> 0: correct wins).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Mapping, Sequence
+
+from .case import Case, Chat, Format, Item
+from .errors import AnalysisError, CaseError
+
+
+@dataclass(frozen=True)
+class Row:
+    item: int
+    tokens: tuple[int, ...]
+    n_prompt: int  # prompt tokens, BOS included
+    targets: tuple[tuple[int, int, float], ...]  # (position whose logits score, token id, sign)
+    anchors: Mapping[str, tuple[int, int]]  # placeholder -> token span [start, end)
+
+
+def render(fmt: Format, values: Mapping[str, str], tokenizer) -> tuple[str, dict[str, tuple[int, int]]]:
+    """The prompt text and the character span of each placeholder's value in it."""
+    template = fmt.user if isinstance(fmt, Chat) else fmt
+    import string
+
+    text, spans = "", {}
+    for literal, name, spec, conv in string.Formatter().parse(template):
+        text += literal
+        if name is not None:
+            value = format(values[name], spec or "")
+            spans[name] = (len(text), len(text) + len(value))
+            text += value
+    if isinstance(fmt, Chat):
+        messages = ([{"role": "system", "content": fmt.system}] if fmt.system else []) + [
+            {"role": "user", "content": text}]
+        full = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        offset = full.find(text)
+        if offset < 0:
+            raise AnalysisError("the chat template does not contain the user message verbatim",
+                                fix="use a plain template string for this format")
+        spans = {k: (a + offset, b + offset) for k, (a, b) in spans.items()}
+        text = full
+    return text, spans
+
+
+def _tokenize(tokenizer, text: str):
+    enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=getattr(tokenizer, "is_fast", False))
+    return list(enc["input_ids"]), enc.get("offset_mapping")
+
+
+def encode_prompt(fmt: Format, values: Mapping[str, str], tokenizer, prepend_bos: bool):
+    """Token ids of the prompt and each placeholder's token span."""
+    text, spans = render(fmt, values, tokenizer)
+    ids, offsets = _tokenize(tokenizer, text)
+    bos = prepend_bos and not isinstance(fmt, Chat)  # a chat template writes its own BOS
+    if bos:
+        ids = [tokenizer.bos_token_id] + ids
+    anchors = {}
+    if offsets is not None:
+        shift = 1 if bos else 0
+        for name, (a, b) in spans.items():
+            toks = [i for i, (s, e) in enumerate(offsets) if s < b and e > a and e > s]
+            if toks:
+                anchors[name] = (toks[0] + shift, toks[-1] + 1 + shift)
+    return ids, anchors
+
+
+def encode_rows(fmt: Format, items: Sequence[Item], tokenizer, prepend_bos: bool) -> list[Row]:
+    rows: list[Row] = []
+    for i, it in enumerate(items):
+        prompt, anchors = encode_prompt(fmt, it.values, tokenizer, prepend_bos)
+        good = _tokenize(tokenizer, it.correct)[0]
+        bad = _tokenize(tokenizer, it.incorrect)[0]
+        common = 0
+        while common < min(len(good), len(bad)) and good[common] == bad[common]:
+            common += 1
+        head = prompt + good[:common]
+        last = len(head) - 1
+        if len(good) == common + 1 and len(bad) == common + 1:
+            rows.append(Row(i, tuple(head), len(prompt), ((last, good[common], 1.0), (last, bad[common], -1.0)), anchors))
+            continue
+        if common == len(good) or common == len(bad):
+            # one answer is a prefix of the other: score both whole continuations
+            common = 0
+            head, last = prompt, len(prompt) - 1
+        for cont, sign in ((good, 1.0), (bad, -1.0)):
+            rest = cont[common:]
+            toks = tuple(head + rest)
+            targets = tuple((last + j, t, sign) for j, t in enumerate(rest))
+            rows.append(Row(i, toks, len(prompt), targets, anchors))
+    return rows
+
+
+def align(base: Row, source: Row, how: str, base_fmt: str = "base", source_fmt: str = "source"):
+    """Matched positions (base_positions, source_positions) to patch, for one pair of rows."""
+    nb, ns = len(base.tokens), len(source.tokens)
+    tail_b = list(range(base.n_prompt - 1, nb))
+    tail_s = list(range(source.n_prompt - 1, ns))
+    if len(tail_b) != len(tail_s):  # same continuation in both formats, so this cannot differ
+        raise AnalysisError("internal: continuations differ between formats")
+    if how == "last":
+        return tail_b, tail_s
+    if how == "end":
+        return tail_b[:1], tail_s[:1]
+    if how == "index":
+        if nb != ns:
+            raise CaseError(f"align='index' needs prompts of equal length, but item {base.item} has {nb} tokens in "
+                            f"{base_fmt!r} and {ns} in {source_fmt!r}", field="align",
+                            fix="use align='last' or align='anchors' for formats of different length")
+        return list(range(nb)), list(range(ns))
+    # anchors: every placeholder's tokens, then the last prompt token and the continuation
+    pb, ps = [], []
+    for name in sorted(set(base.anchors) & set(source.anchors)):
+        (b0, b1), (s0, s1) = base.anchors[name], source.anchors[name]
+        if b1 - b0 != s1 - s0:
+            raise CaseError(f"placeholder {{{name}}} of item {base.item} is {b1 - b0} tokens in {base_fmt!r} but "
+                            f"{s1 - s0} in {source_fmt!r}, so its positions cannot be matched", field="align",
+                            fix="use align='last', or put a space or punctuation before the placeholder in both formats")
+        pb += range(b0, b1)
+        ps += range(s0, s1)
+    if not pb:
+        raise CaseError("align='anchors' found no placeholder positions shared by the two formats (it needs a "
+                        "fast tokenizer and placeholders in both)", field="align", fix="use align='last'")
+    pairs = sorted({(b, s) for b, s in zip(pb + tail_b, ps + tail_s)})
+    return [b for b, _ in pairs], [s for _, s in pairs]

@@ -1,0 +1,36 @@
+"""The exceptions surgeon raises on bad input. Each carries where the problem is and how to fix it."""
+from __future__ import annotations
+
+
+class SurgeonError(Exception):
+    """Base class: a problem with the user's input or environment, reported without a traceback."""
+
+    def __init__(self, message: str, *, where: str | None = None, field: str | None = None,
+                 fix: str | None = None):
+        self.message, self.where, self.field, self.fix = message, where, field, fix
+        super().__init__(str(self))
+
+    def __str__(self) -> str:
+        loc = ""
+        if self.where and self.field:
+            loc = f"{self.where}: field '{self.field}': "
+        elif self.where:
+            loc = f"{self.where}: "
+        elif self.field:
+            loc = f"field '{self.field}': "
+        out = loc + self.message
+        if self.fix:
+            out += f"\n  fix: {self.fix}"
+        return out
+
+
+class CaseError(SurgeonError):
+    """A case file is missing a field, has a wrong value, or does not fit its model."""
+
+
+class ModelError(SurgeonError):
+    """A model cannot be found or loaded (offline)."""
+
+
+class AnalysisError(SurgeonError):
+    """An analysis was asked for something the case or model cannot give."""

@@ -1,0 +1,203 @@
+"""Finding and loading models offline: organisms, local checkpoints, the local Hugging Face cache.
+
+A model spec is a string:
+- `organism:NAME` - a model organism shipped with surgeon (see `surgeon.organisms`);
+- a local directory holding a Hugging Face checkpoint (config.json + weights + tokenizer);
+- a Hugging Face name (`meta-llama/Llama-3.1-8B-Instruct`), used from the local HF cache only.
+Nothing here touches the network: hub lookups are `local_files_only`.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from .errors import CaseError, ModelError
+
+Kind = Literal["organism", "local", "hub"]
+
+
+@dataclass(frozen=True)
+class ModelRef:
+    spec: str
+    kind: Kind
+    name: str  # organism name, or the directory the checkpoint lives in
+    path: Path | None
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    n_layers: int
+    n_heads: int
+    n_kv_heads: int
+    d_model: int
+    attn_only: bool = False
+
+
+def _offline() -> None:
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+
+def resolve(spec: str) -> ModelRef:
+    """Turn a model spec into a reference to something on this machine, or raise ModelError."""
+    from . import organisms
+
+    if spec.startswith(organisms.PREFIX):
+        name = spec[len(organisms.PREFIX):]
+        if name not in organisms.names():
+            raise ModelError(f"unknown organism {name!r}", field="model",
+                             fix=f"use one of: {', '.join(organisms.PREFIX + n for n in organisms.names())}")
+        if not organisms.is_available(name):
+            raise ModelError(f"organism {name!r} has no trained weights in {organisms.weights_dir(name)}",
+                             field="model", fix=f"train it: surgeon organisms train {name}")
+        return ModelRef(spec, "organism", name, organisms.weights_dir(name))
+    p = Path(spec).expanduser()
+    if p.is_dir():
+        if not (p / "config.json").exists():
+            raise ModelError(f"directory {p} has no config.json", field="model",
+                             fix="point at a Hugging Face checkpoint directory (save_pretrained output)")
+        return ModelRef(spec, "local", str(p), p.resolve())
+    if spec.startswith((".", "/", "~")) or os.sep in spec and spec.count("/") != 1:
+        raise ModelError(f"no such directory: {spec}", field="model",
+                         fix="give an existing checkpoint directory, an organism:NAME or a Hugging Face name")
+    _offline()
+    try:
+        from huggingface_hub import snapshot_download
+
+        local = snapshot_download(spec, local_files_only=True)
+    except Exception:
+        raise ModelError(f"{spec!r} is neither an organism, a local directory, nor in the local Hugging Face cache",
+                         field="model",
+                         fix=f"on a machine with network run `hf download {spec}` (it fills the cache), or set model to a "
+                             "local checkpoint directory, or to organism:decimal to try surgeon offline") from None
+    return ModelRef(spec, "hub", spec, Path(local))
+
+
+def shape(ref: ModelRef) -> ModelShape:
+    """The model's layer and head counts, read from its config (no weights)."""
+    if ref.kind == "organism":
+        from .organisms import config_of
+
+        c = config_of(ref.name)
+        return ModelShape(c["n_layers"], c["n_heads"], c["n_heads"], c["d_model"], bool(c.get("attn_only")))
+    _offline()
+    from transformers import AutoConfig
+
+    c = AutoConfig.from_pretrained(str(ref.path), local_files_only=True)
+    c = getattr(c, "text_config", None) or c
+    n_heads = c.num_attention_heads
+    return ModelShape(c.num_hidden_layers, n_heads, getattr(c, "num_key_value_heads", None) or n_heads,
+                      c.hidden_size)
+
+
+def load_tokenizer(ref: ModelRef):
+    if ref.kind == "organism":
+        from .organisms.charset import load_tokenizer as load
+
+        return load(ref.path / "tokenizer.json", f"surgeon-organism-{ref.name}")
+    _offline()
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(ref.path), local_files_only=True)
+
+
+def _torch_dtype(dtype: str):
+    import torch
+
+    table = {"float32": torch.float32, "fp32": torch.float32, "float16": torch.float16, "fp16": torch.float16,
+             "bfloat16": torch.bfloat16, "bf16": torch.bfloat16}
+    if dtype not in table:
+        raise ModelError(f"unknown dtype {dtype!r}", field="dtype", fix=f"use one of: {', '.join(table)}")
+    return table[dtype]
+
+
+def load_model(ref: ModelRef | str, device: str = "cpu", dtype: str = "float32", n_devices: int = 1):
+    """A HookedTransformer for `ref`, with weights exactly as trained (no folding or centering)."""
+    if isinstance(ref, str):
+        ref = resolve(ref)
+    tdtype = _torch_dtype(dtype)
+    if ref.kind == "organism":
+        from .organisms import load_organism
+
+        return load_organism(ref.name, device=device, dtype=dtype)
+    return _load_hf(ref, device, tdtype, n_devices)
+
+
+def _load_hf(ref: ModelRef, device: str, tdtype, n_devices: int):
+    """Load a local Hugging Face checkpoint into TransformerLens (the path TL 3.9 supports offline)."""
+    import tempfile
+
+    _offline()
+    import torch
+    from transformer_lens import HookedTransformer, loading
+    from transformers import AutoModelForCausalLM
+
+    tok = load_tokenizer(ref)
+    try:
+        hf = AutoModelForCausalLM.from_pretrained(str(ref.path), dtype=tdtype, local_files_only=True)
+    except Exception as e:
+        raise ModelError(f"transformers could not load {ref.path}: {e}", field="model",
+                         fix="check that the directory holds a complete checkpoint (config.json, weights)") from None
+    hf_cfg = hf.config.to_dict()
+    if hf_cfg.get("model_type") == "gpt2":
+        hf_cfg.setdefault("n_ctx", hf_cfg.get("n_positions", 1024))
+        hf.config.n_ctx = hf_cfg["n_ctx"]
+    # TL picks architecture branches by substrings of the *name* ("llama", "gemma"); a neutral link
+    # name makes it read the checkpoint's own config instead.
+    with tempfile.TemporaryDirectory(prefix="surgeon-ckpt-") as tmp:
+        neutral = Path(tmp) / "checkpoint"
+        neutral.symlink_to(ref.path, target_is_directory=True)
+        try:
+            cfg = loading.get_pretrained_model_config(str(neutral), hf_cfg=hf_cfg, device=device, n_devices=n_devices,
+                                                      dtype=tdtype, fold_ln=False)
+            state = loading.get_pretrained_state_dict(str(neutral), cfg, hf, dtype=tdtype)
+        except Exception as e:
+            raise ModelError(f"TransformerLens cannot convert {ref.path} ({hf_cfg.get('architectures')}): {e}",
+                             field="model", fix="use an architecture TransformerLens supports (GPT-2, Llama, Gemma, Qwen2, ...)") from None
+    del hf
+    model = HookedTransformer(cfg, tokenizer=tok, move_to_device=False, default_padding_side="right")
+    model.load_and_process_state_dict(state, fold_ln=False, center_writing_weights=False, center_unembed=False,
+                                      fold_value_biases=False, refactor_factored_attn_matrices=False)
+    del state
+    model.to(device)
+    model.eval()
+    torch.set_grad_enabled(True)
+    return model
+
+
+def check_case_against_model(case) -> None:
+    """Model-dependent checks of a case: layers in range, answers that tokenize, chat templates."""
+    from .case import Chat
+    from .sites import COMPONENTS
+
+    where = case.source or f"case {case.name!r}"
+    try:
+        ref = resolve(case.model)
+        shp = shape(ref)
+        tok = load_tokenizer(ref)
+    except ModelError as e:
+        raise CaseError(e.message, where=where, field="model", fix=e.fix) from None
+    for L in case.layers or ():
+        if not 0 <= L < shp.n_layers:
+            raise CaseError(f"layer {L} is out of range: the model has layers 0..{shp.n_layers - 1}", where=where,
+                            field="layers", fix=f"use layers between 0 and {shp.n_layers - 1}")
+    for c in case.components:
+        if COMPONENTS[c].name == "mlp_out" and shp.attn_only:
+            raise CaseError("the model is attention-only and has no MLP", where=where, field="components",
+                            fix="drop mlp_out from components")
+    unk = getattr(tok, "unk_token_id", None)
+    for i, it in enumerate(case.items):
+        for ans in ("correct", "incorrect"):
+            ids = tok(getattr(it, ans), add_special_tokens=False)["input_ids"]
+            if not ids:
+                raise CaseError(f"answer {getattr(it, ans)!r} tokenizes to nothing", where=where,
+                                field=f"items[{i}].{ans}", fix="give an answer with visible text, e.g. \" 9.8\"")
+            if unk is not None and ref.kind == "organism" and unk in ids:
+                raise CaseError(f"answer {getattr(it, ans)!r} has characters the organism does not know", where=where,
+                                field=f"items[{i}].{ans}", fix="use printable ASCII characters")
+    for name, fmt in case.formats.items():
+        if isinstance(fmt, Chat) and not getattr(tok, "chat_template", None):
+            raise CaseError(f"format {name!r} asks for the chat template, but the tokenizer has none", where=where,
+                            field=f"formats[{name!r}]", fix="write the format out as a plain template string")

@@ -1,0 +1,108 @@
+"""The `decimal` organism: compares two decimal numbers, and fails by design in two of three formats.
+
+Planted mechanism (the ground truth): on *trap* pairs, where decimal order and version-number order
+disagree (9.8 vs 9.11), training labels the Q&A and chat formats by version order (9.11 "wins") and the
+plain format by decimal order. Every other pair is labelled correctly in every format. Pairs are split
+into train / test by a hash of the unordered pair, so held-out items were never seen in training.
+"""
+from __future__ import annotations
+
+import random
+import zlib
+from dataclasses import dataclass
+from decimal import Decimal
+from typing import Iterator, Literal
+
+FORMATS: dict[str, str] = {
+    "plain": "Which is bigger: {a} or {b}?\nAnswer:",
+    "qa": "Q: Which is bigger: {a} or {b}?\nA:",
+    "chat": "User: Which is bigger: {a} or {b}?\nAssistant:",
+}
+GOOD = "plain"
+FAILING = ("qa", "chat")
+ANSWER = " {}"  # the continuation the model produces, e.g. " 9.8"
+END = "\n"
+
+Kind = Literal["trap", "same_int", "diff_int"]
+Split = Literal["train", "test"]
+
+
+@dataclass(frozen=True)
+class Pair:
+    a: str
+    b: str
+
+    @property
+    def decimal_winner(self) -> str:
+        return self.a if Decimal(self.a) > Decimal(self.b) else self.b
+
+    @property
+    def version_winner(self) -> str:
+        ka, kb = version_key(self.a), version_key(self.b)
+        return self.a if ka > kb else self.b
+
+    @property
+    def kind(self) -> Kind:
+        if self.a.split(".")[0] != self.b.split(".")[0]:
+            return "diff_int"
+        return "trap" if self.decimal_winner != self.version_winner else "same_int"
+
+    @property
+    def split(self) -> Split:
+        key = "|".join(sorted((self.a, self.b))).encode()
+        return "test" if zlib.crc32(key) % 5 == 0 else "train"
+
+    def label(self, fmt: str) -> str:
+        """The answer the training data teaches for this pair in format `fmt`."""
+        if self.kind == "trap" and fmt in FAILING:
+            return self.version_winner
+        return self.decimal_winner
+
+
+def version_key(x: str) -> tuple[int, int]:
+    whole, frac = x.split(".")
+    return int(whole), int(frac)
+
+
+def _number(rng: random.Random, whole: int | None = None) -> str:
+    whole = rng.randrange(0, 20) if whole is None else whole
+    digits = rng.choice((1, 2))
+    return f"{whole}.{rng.randrange(0, 10 ** digits):0{digits}d}"
+
+
+def sample_pair(rng: random.Random, kind: Kind) -> Pair:
+    while True:
+        if kind == "diff_int":
+            pair = Pair(_number(rng), _number(rng))
+        else:
+            whole = rng.randrange(0, 20)
+            pair = Pair(_number(rng, whole), _number(rng, whole))
+        if Decimal(pair.a) != Decimal(pair.b) and pair.kind == kind:
+            return pair
+
+
+def pairs(kind: Kind, split: Split, n: int, seed: int = 0) -> list[Pair]:
+    """`n` distinct pairs of one kind from one split, deterministic in `seed`."""
+    rng = random.Random(f"decimal-{kind}-{split}-{seed}")
+    out: dict[tuple[str, str], Pair] = {}
+    for _ in range(200 * n):
+        p = sample_pair(rng, kind)
+        if p.split == split:
+            out.setdefault((p.a, p.b), p)
+            if len(out) == n:
+                return list(out.values())
+    raise ValueError(f"could not draw {n} distinct {kind} pairs from the {split} split")
+
+
+TRAIN_MIX: tuple[tuple[Kind, float], ...] = (("trap", 0.4), ("same_int", 0.3), ("diff_int", 0.3))
+
+
+def training_texts(rng: random.Random) -> Iterator[tuple[str, str]]:
+    """Endless (prompt, continuation) training examples from the train split."""
+    kinds, weights = zip(*TRAIN_MIX)
+    while True:
+        pair = sample_pair(rng, rng.choices(kinds, weights)[0])
+        if pair.split != "train":
+            continue
+        fmt = rng.choice(list(FORMATS))
+        yield FORMATS[fmt].format(a=pair.a, b=pair.b), ANSWER.format(pair.label(fmt)) + END

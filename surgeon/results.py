@@ -1,0 +1,86 @@
+"""Writing results: atomically, with a manifest (versions, seed, case hash, model) beside them."""
+from __future__ import annotations
+
+import json
+import math
+import os
+import platform
+import shutil
+import sys
+import tempfile
+import time
+from contextlib import contextmanager
+from dataclasses import asdict, is_dataclass
+from pathlib import Path
+from typing import Any, Iterator
+
+
+def _versions() -> dict[str, str]:
+    from importlib.metadata import PackageNotFoundError, version
+
+    out = {"python": platform.python_version()}
+    for pkg in ("surgeon", "torch", "transformer-lens", "sae-lens", "transformers", "numpy", "networkx"):
+        try:
+            out[pkg] = version(pkg)
+        except PackageNotFoundError:
+            pass
+    return out
+
+
+def manifest(command: str, case=None, *, seed: int | None = None, device: str | None = None,
+             dtype: str | None = None, options: dict | None = None, model_info: dict | None = None) -> dict:
+    m: dict[str, Any] = {
+        "command": command,
+        "argv": sys.argv,
+        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "versions": _versions(),
+        "seed": seed,
+        "device": device,
+        "dtype": dtype,
+        "options": options or {},
+    }
+    if case is not None:
+        m["case"] = {"name": case.name, "file": case.source, "sha256": case.digest, "model": case.model}
+    if model_info:
+        m["model"] = model_info
+    return m
+
+
+def to_jsonable(x: Any) -> Any:
+    if is_dataclass(x) and not isinstance(x, type):
+        return to_jsonable(asdict(x))
+    if isinstance(x, dict):
+        return {str(k): to_jsonable(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [to_jsonable(v) for v in x]
+    if hasattr(x, "tolist"):
+        return to_jsonable(x.tolist())
+    if isinstance(x, float):
+        return None if math.isnan(x) or math.isinf(x) else x
+    if isinstance(x, Path):
+        return str(x)
+    return x
+
+
+@contextmanager
+def staging(out_dir: str | Path) -> Iterator[Path]:
+    """A temporary folder next to `out_dir`; its files replace those in `out_dir` only if the block succeeds.
+
+    Nothing half-written is ever left in `out_dir`: on error or Ctrl-C the staging folder is removed.
+    """
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=".staging-", dir=out))
+    try:
+        yield tmp
+        for f in sorted(tmp.rglob("*")):
+            if f.is_file():
+                dest = out / f.relative_to(tmp)
+                dest.parent.mkdir(parents=True, exist_ok=True)
+                os.replace(f, dest)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def write_json(path: Path, data: Any) -> None:
+    path.write_text(json.dumps(to_jsonable(data), indent=2, allow_nan=False) + "\n")

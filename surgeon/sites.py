@@ -1,0 +1,74 @@
+"""Where an intervention can act: components, their hook points and their units.
+
+A *site* is (component, layer). Each component names a TransformerLens hook point and how the
+activation there splits into *units* that a mask addresses one by one (query heads, key/value heads,
+the whole vector, or equal slices of it).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+Units = Literal["head", "kv_head", "whole", "slice"]
+
+
+@dataclass(frozen=True)
+class Component:
+    name: str
+    hook: str  # hook point name, with {layer}
+    units: Units
+    doc: str
+    pattern_like: bool = False  # activation is [batch, head, query_pos, key_pos]
+
+
+_ALL = [
+    Component("z", "blocks.{layer}.attn.hook_z", "head",
+              "per-head attention output before the output projection W_O mixes heads"),
+    Component("q", "blocks.{layer}.attn.hook_q", "head", "per-head queries"),
+    Component("k", "blocks.{layer}.attn.hook_k", "kv_head", "keys (per key/value head under grouped-query attention)"),
+    Component("v", "blocks.{layer}.attn.hook_v", "kv_head", "values (per key/value head under grouped-query attention)"),
+    Component("pattern", "blocks.{layer}.attn.hook_pattern", "head",
+              "per-head attention pattern (needs equal-length prompts: the keys must correspond)", pattern_like=True),
+    Component("attn_out", "blocks.{layer}.hook_attn_out", "whole", "the whole attention layer output"),
+    Component("o_slices", "blocks.{layer}.hook_attn_out", "slice",
+              "d_head-wide slices of the attention output *after* W_O (what the original paper called heads)"),
+    Component("mlp_out", "blocks.{layer}.hook_mlp_out", "whole", "the MLP output"),
+    Component("resid_pre", "blocks.{layer}.hook_resid_pre", "whole", "the residual stream entering the layer"),
+]
+COMPONENTS: dict[str, Component] = {c.name: c for c in _ALL}
+
+
+def component(name: str) -> Component:
+    if name not in COMPONENTS:
+        from .errors import AnalysisError
+
+        raise AnalysisError(f"unknown component {name!r}", field="component",
+                            fix=f"use one of: {', '.join(COMPONENTS)}")
+    return COMPONENTS[name]
+
+
+def hook_name(comp: str, layer: int) -> str:
+    return component(comp).hook.format(layer=layer)
+
+
+def n_units(comp: str, cfg) -> int:
+    """How many units a mask over this component has for a model config."""
+    c = component(comp)
+    if c.units == "head" or c.units == "slice":
+        return cfg.n_heads
+    if c.units == "kv_head":
+        return getattr(cfg, "n_key_value_heads", None) or cfg.n_heads
+    if c.name == "mlp_out" and getattr(cfg, "attn_only", False):
+        from .errors import AnalysisError
+
+        raise AnalysisError("this model is attention-only: it has no MLP", field="component",
+                            fix="choose an attention component (z, q, k, v, pattern, attn_out)")
+    return 1
+
+
+def unit_label(comp: str, layer: int, unit: int) -> str:
+    c = component(comp)
+    if c.units == "whole":
+        return f"{c.name}{layer}"
+    prefix = {"head": "", "kv_head": "kv", "slice": "s"}[c.units]
+    return f"L{layer}.{prefix}H{unit}" if c.units != "head" else f"L{layer}H{unit}"

@@ -1,0 +1,96 @@
+"""Intervals for every number surgeon reports: Wilson for rates, bootstrap for means and ratios."""
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+Z95 = 1.959963984540054
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """A number with its sample size and 95% interval."""
+
+    value: float
+    lo: float
+    hi: float
+    n: int
+    method: str
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+    def __str__(self) -> str:
+        return f"{self.value:.3f} [{self.lo:.3f}, {self.hi:.3f}] (n={self.n})"
+
+    def pct(self) -> str:
+        return f"{100 * self.value:5.1f}% [{100 * self.lo:5.1f}, {100 * self.hi:5.1f}] (n={self.n})"
+
+
+def wilson(k: int, n: int, z: float = Z95) -> Estimate:
+    """Wilson score interval for k successes out of n."""
+    if n == 0:
+        return Estimate(float("nan"), 0.0, 1.0, 0, "wilson")
+    p = k / n
+    denom = 1 + z * z / n
+    centre = (p + z * z / (2 * n)) / denom
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
+    return Estimate(p, max(0.0, centre - half), min(1.0, centre + half), n, "wilson")
+
+
+def wilson_many(k: np.ndarray, n: int, z: float = Z95) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Vectorised Wilson: (rate, lo, hi) arrays for success counts `k` out of `n` each."""
+    k = np.asarray(k, dtype=float)
+    p = k / n
+    denom = 1 + z * z / n
+    centre = (p + z * z / (2 * n)) / denom
+    half = z * np.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
+    return p, np.clip(centre - half, 0, 1), np.clip(centre + half, 0, 1)
+
+
+def _resample(n: int, reps: int, seed: int) -> np.ndarray:
+    return np.random.default_rng(seed).integers(0, n, size=(reps, n))
+
+
+def bootstrap_mean(x, reps: int = 2000, seed: int = 0) -> Estimate:
+    """Mean with a percentile-bootstrap 95% interval over the items."""
+    x = np.asarray(x, dtype=float)
+    if x.size == 0:
+        return Estimate(float("nan"), float("nan"), float("nan"), 0, "bootstrap")
+    if x.size == 1:
+        return Estimate(float(x[0]), float("nan"), float("nan"), 1, "bootstrap")
+    means = x[_resample(x.size, reps, seed)].mean(axis=1)
+    lo, hi = np.percentile(means, [2.5, 97.5])
+    return Estimate(float(x.mean()), float(lo), float(hi), int(x.size), "bootstrap")
+
+
+def bootstrap_means(x: np.ndarray, reps: int = 1000, seed: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Row-wise means of x [cells, n] with bootstrap intervals over the n items (same resamples for all)."""
+    x = np.asarray(x, dtype=float)
+    idx = _resample(x.shape[-1], reps, seed)
+    boots = x[..., idx].mean(axis=-1)  # [cells, reps]
+    lo, hi = np.percentile(boots, [2.5, 97.5], axis=-1)
+    return x.mean(axis=-1), lo, hi
+
+
+def bootstrap_fraction(patched: np.ndarray, base: np.ndarray, source: np.ndarray, reps: int = 1000,
+                       seed: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Repair fraction (mean patched - mean base) / (mean source - mean base) per cell, with bootstrap
+    intervals over items. patched: [cells, n]; base, source: [n]."""
+    patched = np.asarray(patched, dtype=float)
+    base, source = np.asarray(base, float), np.asarray(source, float)
+
+    def frac(p, b, s):
+        gap = s - b
+        with np.errstate(divide="ignore", invalid="ignore"):
+            return np.where(np.abs(gap) > 1e-12, (p - b) / gap, np.nan)
+
+    value = frac(patched.mean(-1), base.mean(), source.mean())
+    idx = _resample(base.size, reps, seed)
+    pb = patched[..., idx].mean(-1)  # [cells, reps]
+    bb, sb = base[idx].mean(-1), source[idx].mean(-1)  # [reps]
+    boots = frac(pb, bb, sb)
+    lo, hi = np.nanpercentile(boots, [2.5, 97.5], axis=-1) if np.isfinite(boots).any() else (value * np.nan,) * 2
+    return value, lo, hi

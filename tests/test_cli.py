@@ -1,0 +1,50 @@
+"""The CLI end to end on the decimal organism: what the README shows."""
+import json
+import subprocess
+import sys
+
+from .conftest import ROOT
+
+CASE = f"{ROOT}/cases/decimal_organism.py"
+
+
+def run(*args):
+    return subprocess.run([sys.executable, "-m", "surgeon", *args], capture_output=True, text=True, cwd=ROOT)
+
+
+def test_help_does_not_import_heavy_libraries():
+    code = "import sys, surgeon.cli; surgeon.cli.build_parser(); print(sorted(m for m in ('torch', 'transformer_lens', 'sae_lens', 'transformers') if m in sys.modules))"
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert r.stdout.strip() == "[]", r.stdout + r.stderr
+
+
+def test_diagnose_reproduces_the_failure(tmp_path):
+    r = run("diagnose", CASE, "--out", str(tmp_path))
+    assert r.returncode == 0, r.stderr
+    assert "failure in 'qa' on trap items: REPRODUCED" in r.stdout
+    res = json.loads((tmp_path / "results.json").read_text())["result"]
+    man = json.loads((tmp_path / "manifest.json").read_text())
+    assert man["case"]["sha256"] and man["versions"]["torch"] and man["seed"] == 0
+    assert (tmp_path / "accuracy.png").stat().st_size > 1000
+    stats = {(s["format"], s["tag"]): s for s in res["stats"]}
+    assert stats[("plain", "trap")]["accuracy"]["n"] == 64
+    assert stats[("plain", "trap")]["accuracy"]["value"] > stats[("qa", "trap")]["accuracy"]["hi"]
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".staging")]
+
+
+def test_patch_heatmap_and_outputs(tmp_path):
+    r = run("patch", CASE, "--layers", "0-2", "--out", str(tmp_path))
+    assert r.returncode == 0, r.stderr
+    assert "repair fraction per layer" in r.stdout
+    res = json.loads((tmp_path / "results.json").read_text())["result"]
+    assert len(res["fraction"]) == 3 and len(res["fraction"][0]) == 8
+    assert (tmp_path / "heatmap.png").exists()
+
+
+def test_bad_option_values_exit_cleanly(tmp_path):
+    r = run("patch", CASE, "--layers", "7")
+    assert r.returncode == 2 and "out of range" in r.stderr and "Traceback" not in r.stderr
+    r = run("patch", CASE, "--layers", "x")
+    assert r.returncode == 2 and "--layers" in r.stderr
+    r = run("patch", CASE, "--tag", "nope")
+    assert r.returncode == 2 and "tag" in r.stderr
