@@ -82,7 +82,7 @@ def test_file_problems(tmp_path):
     with pytest.raises(CaseError, match="defines no `case`"):
         load_case(p)
     p = write_case(tmp_path, body="case = Case(\n  name='t',\n  items=undefined_name)\n")
-    with pytest.raises(CaseError, match=r"NameError.*line 3"):
+    with pytest.raises(CaseError, match=r"NameError.*line 4"):
         load_case(p)
     p = write_case(tmp_path, body="case = {'name': 't'}\n")
     with pytest.raises(CaseError, match="not a surgeon.Case"):
