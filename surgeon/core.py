@@ -85,27 +85,40 @@ def _units_view(x: Tensor, comp: Component, n_units: int) -> Tensor:
 
 @dataclass
 class Bucket:
-    """Rows whose base and source sequences have equal lengths, stacked."""
+    """Rows that share their first patched position p0, right-padded to one width.
+
+    Right padding is exact for a causal model: real positions never attend to the padding after
+    them. Padded patch slots point at the last column (then always padding); padded targets have sign 0.
+    """
 
     row_ids: list[int]
     items: Tensor  # [n] item index of each row
-    base_tokens: Tensor  # [n, Lb]
-    source_tokens: Tensor  # [n, Ls]
+    base_tokens: Tensor  # [n, W]
+    source_tokens: Tensor  # [n, W]
     base_pos: Tensor  # [n, S] positions patched in the base run
     source_pos: Tensor  # [n, S] the positions they are taken from in the source run
-    tgt_pos: Tensor  # [n, T] positions whose logits score
+    tgt_pos: Tensor  # [n, T] base positions whose logits score
+    source_tgt_pos: Tensor  # [n, T] the same targets in the source rows
     tgt_tok: Tensor  # [n, T]
-    tgt_sign: Tensor  # [n, T]
+    tgt_sign: Tensor  # [n, T] (0 for padding)
+    slot_valid: Tensor  # [n, S] 1 for real patch slots, 0 for padding
+    equal_lengths: bool  # every base row is as long as its source row (needed to patch patterns)
     p0: int = 0  # first patched position: everything before is shared by all patches
     # caches, filled on demand
     resid: dict[int, Tensor] = field(default_factory=dict)  # layer -> resid_pre[:, p0:]
     kv: dict[int, tuple[Tensor, Tensor]] = field(default_factory=dict)  # layer -> keys/values[:, :p0]
     source_acts: dict[Site, Tensor] = field(default_factory=dict)  # site -> [n, S, unit, rest]
     base_acts: dict[Site, Tensor] = field(default_factory=dict)  # site -> [n, S, unit, rest]
+    kv_rep: dict[int, tuple[Tensor, Tensor]] = field(default_factory=dict)  # kv repeated kv_copies times
+    kv_copies: int = 0
 
     @property
     def n(self) -> int:
         return self.base_tokens.shape[0]
+
+
+def _padded(seqs: Sequence[Sequence], width: int, fill, device, dtype=torch.long) -> Tensor:
+    return torch.tensor([list(x) + [fill] * (width - len(x)) for x in seqs], device=device, dtype=dtype)
 
 
 class Contrast:
@@ -113,10 +126,13 @@ class Contrast:
 
     Denoising (repair) is base = failing format, source = good format; noising is the reverse.
     `run(masks)` returns each item's score (log P(correct) - log P(incorrect)) under each patch.
+    `sites` and `start_layer` say up front what will be patched, so one forward pass per format
+    fills every cache (they are filled lazily otherwise).
     """
 
     def __init__(self, model, base_rows: Sequence[Row], source_rows: Sequence[Row], align: str = "last",
-                 *, batch_size: int = 256, base_name: str = "base", source_name: str = "source"):
+                 *, batch_size: int = 256, base_name: str = "base", source_name: str = "source",
+                 sites: Sequence[Site | str] = (), start_layer: int | None = None):
         from .encoding import align as align_rows
 
         if len(base_rows) != len(source_rows) or not base_rows:
@@ -126,71 +142,102 @@ class Contrast:
         self.batch_size = max(1, int(batch_size))
         self.device = next(model.parameters()).device
         self.n_items = max(r.item for r in base_rows) + 1
-        groups: dict[tuple, list[int]] = defaultdict(list)
+        sites = [Site.coerce(x) for x in sites]
+        if start_layer is None:
+            start_layer = min((x.layer for x in sites), default=0)
+        pad = getattr(model.tokenizer, "pad_token_id", None) or 0
+        groups: dict[int, list[int]] = defaultdict(list)
         aligned = []
         for i, (b, s) in enumerate(zip(base_rows, source_rows)):
             pb, ps = align_rows(b, s, align, base_name, source_name)
             aligned.append((pb, ps))
-            groups[(len(b.tokens), len(s.tokens), len(pb), len(b.targets))].append(i)
+            groups[min(pb)].append(i)
         self.buckets: list[Bucket] = []
-        for ids in groups.values():
-            tokens, pos, tok, sign, items = _stack_rows(base_rows, ids, self.device)
+        dev = self.device
+        for p0, ids in sorted(groups.items()):
+            B, Sr = [base_rows[i] for i in ids], [source_rows[i] for i in ids]
+            S = max(len(aligned[i][0]) for i in ids)
+            ragged = any(len(aligned[i][0]) < S for i in ids)  # padded slots need a padding column to write to
+            W = max(len(r.tokens) for r in B + Sr) + int(ragged)
+            T = max(len(r.targets) for r in B)
             bucket = Bucket(
-                row_ids=list(ids), items=items, base_tokens=tokens,
-                source_tokens=torch.tensor([source_rows[i].tokens for i in ids], device=self.device),
-                base_pos=torch.tensor([aligned[i][0] for i in ids], device=self.device),
-                source_pos=torch.tensor([aligned[i][1] for i in ids], device=self.device),
-                tgt_pos=pos, tgt_tok=tok, tgt_sign=sign,
+                row_ids=list(ids),
+                items=torch.tensor([r.item for r in B], device=dev),
+                base_tokens=_padded([r.tokens for r in B], W, pad, dev),
+                source_tokens=_padded([r.tokens for r in Sr], W, pad, dev),
+                base_pos=_padded([aligned[i][0] for i in ids], S, W - 1, dev),
+                source_pos=_padded([aligned[i][1] for i in ids], S, W - 1, dev),
+                tgt_pos=_padded([[t[0] for t in r.targets] for r in B], T, p0, dev),
+                source_tgt_pos=_padded([[t[0] for t in r.targets] for r in Sr], T, W - 1, dev),
+                tgt_tok=_padded([[t[1] for t in r.targets] for r in B], T, 0, dev),
+                tgt_sign=_padded([[t[2] for t in r.targets] for r in B], T, 0.0, dev, torch.float32),
+                slot_valid=_padded([[1.0] * len(aligned[i][0]) for i in ids], S, 0.0, dev, torch.float32),
+                equal_lengths=all(len(b.tokens) == len(s.tokens) for b, s in zip(B, Sr)),
+                p0=p0,
             )
-            bucket.p0 = int(bucket.base_pos.min())
             self.buckets.append(bucket)
-        self.clean_base = score_rows(model, base_rows, self.batch_size)
-        self.clean_source = score_rows(model, source_rows, self.batch_size)
+        base_scores, source_scores = [], []
+        for b in self.buckets:
+            base_scores.append(self._ensure_base(b, start_layer, sites, score=True)[None])
+            source_scores.append(self._ensure_source(b, sites, score=True)[None])
+        self.clean_base = self._to_items(base_scores)[0]
+        self.clean_source = self._to_items(source_scores)[0]
 
     def _to_items(self, per_bucket: list[Tensor]) -> Tensor:
         return _to_items(self.buckets, per_bucket, self.n_items)
 
     # ----------------------------------------------------------------- caches
-    def _ensure_base(self, b: Bucket, start: int, sites: Sequence[Site]) -> None:
+    def _ensure_base(self, b: Bucket, start: int, sites: Sequence[Site], score: bool = False):
+        """Cache what patches of layers >= start need from the base run; with `score`, return clean scores."""
         layers = [L for L in range(start, self.cfg.n_layers) if L not in b.resid]
         sites = [s for s in sites if s not in b.base_acts]
-        if not layers and not sites:
-            return
+        if not layers and not sites and not score:
+            return None
         names = [f"blocks.{L}.hook_resid_pre" for L in layers]
         names += [f"blocks.{L}.attn.hook_{kv}" for L in layers for kv in "kv"]
         names += [s.hook for s in sites]
-        cache = self._run_cache(b.base_tokens, names)
-        for L in layers:
-            b.resid[L] = cache[f"blocks.{L}.hook_resid_pre"][:, b.p0:]
-            b.kv[L] = (cache[f"blocks.{L}.attn.hook_k"][:, : b.p0], cache[f"blocks.{L}.attn.hook_v"][:, : b.p0])
+        final, cache = self._pass(b.base_tokens, names, score)
+        for L in layers:  # copies of the slices, so the full activations can be freed
+            b.resid[L] = cache[f"blocks.{L}.hook_resid_pre"][:, b.p0:].clone()
+            b.kv[L] = (cache[f"blocks.{L}.attn.hook_k"][:, : b.p0].clone(),
+                       cache[f"blocks.{L}.attn.hook_v"][:, : b.p0].clone())
         for s in sites:
             b.base_acts[s] = self._gather(cache[s.hook], s, b.base_pos)
+        if score:
+            return readout(self.model, final, b.tgt_pos, b.tgt_tok, b.tgt_sign)[0]
+        return None
 
-    def _ensure_source(self, b: Bucket, sites: Sequence[Site]) -> None:
+    def _ensure_source(self, b: Bucket, sites: Sequence[Site], score: bool = False):
         sites = [s for s in sites if s not in b.source_acts]
-        if not sites:
-            return
+        if not sites and not score:
+            return None
         for s in sites:
-            if s.component.pattern_like and b.source_tokens.shape[1] != b.base_tokens.shape[1]:
+            if s.component.pattern_like and not b.equal_lengths:
                 raise AnalysisError(
                     "patching attention patterns needs base and source prompts of equal length (the keys must "
-                    f"correspond), but they have {b.base_tokens.shape[1]} and {b.source_tokens.shape[1]} tokens",
-                    field="component", fix="patch head outputs (component z) instead, or use formats of equal length")
-        cache = self._run_cache(b.source_tokens, [s.hook for s in sites])
+                    "correspond), but they differ", field="component",
+                    fix="patch head outputs (component z) instead, or use formats of equal length")
+        final, cache = self._pass(b.source_tokens, [s.hook for s in sites], score)
         for s in sites:
             b.source_acts[s] = self._gather(cache[s.hook], s, b.source_pos)
+        if score:
+            return readout(self.model, final, b.source_tgt_pos, b.tgt_tok, b.tgt_sign)[0]
+        return None
 
-    def _run_cache(self, tokens: Tensor, names: Sequence[str]) -> dict[str, Tensor]:
+    @torch.no_grad()
+    def _pass(self, tokens: Tensor, names: Sequence[str], final: bool):
+        """One forward over `tokens` (in batches), caching `names`; the final residual too if `final`."""
         names = list(dict.fromkeys(names))
         out: dict[str, list[Tensor]] = defaultdict(list)
-        stop = max(hook_layer(n) for n in names) + 1
-        with torch.no_grad():
-            for lo in range(0, tokens.shape[0], self.batch_size):
-                _, cache = self.model.run_with_cache(tokens[lo: lo + self.batch_size], names_filter=names,
-                                                     stop_at_layer=stop)
-                for n in names:
-                    out[n].append(cache[n])
-        return {n: torch.cat(v) for n, v in out.items()}
+        finals = []
+        stop = self.cfg.n_layers if final else max(hook_layer(n) for n in names) + 1
+        for lo in range(0, tokens.shape[0], self.batch_size):
+            res, cache = self.model.run_with_cache(tokens[lo: lo + self.batch_size], names_filter=names,
+                                                   stop_at_layer=stop)
+            finals.append(res)
+            for n in names:
+                out[n].append(cache[n])
+        return (torch.cat(finals) if final else None), {n: torch.cat(v) for n, v in out.items()}
 
     def _gather(self, act: Tensor, site: Site, pos: Tensor) -> Tensor:
         x = _units_view(act, site.component, site.n_units(self.cfg))
@@ -198,13 +245,22 @@ class Contrast:
         return x[idx, pos.to(x.device)]  # [n, S, unit, rest]
 
     def _kv_cache(self, b: Bucket, start: int, copies: int):
+        """A frozen TL key/value cache holding the shared prefix, repeated once per patch in the chunk.
+
+        The repeated tensors are kept (for the largest chunk size seen) and reused by later calls."""
         from transformer_lens.cache.key_value_cache import TransformerLensKeyValueCache
         from transformer_lens.cache.key_value_cache_entry import TransformerLensKeyValueCacheEntry
 
-        entries = [None] * start + [
-            TransformerLensKeyValueCacheEntry(b.kv[L][0].repeat(copies, 1, 1, 1), b.kv[L][1].repeat(copies, 1, 1, 1),
-                                              frozen=True)
-            for L in range(start, self.cfg.n_layers)]
+        if b.kv_copies < copies:
+            b.kv_rep, b.kv_copies = {}, copies
+        for L in range(start, self.cfg.n_layers):
+            if L not in b.kv_rep:
+                k, v = b.kv[L]
+                b.kv_rep[L] = (k.repeat(b.kv_copies, 1, 1, 1), v.repeat(b.kv_copies, 1, 1, 1))
+        rows = copies * b.n  # patch-major layout: the first `copies` copies are the first rows
+        entries = [None] * start + [TransformerLensKeyValueCacheEntry(b.kv_rep[L][0][:rows], b.kv_rep[L][1][:rows],
+                                                                      frozen=True)
+                                    for L in range(start, self.cfg.n_layers)]
         mask = torch.ones((b.n * copies, b.p0), dtype=torch.int, device=self.device)
         return TransformerLensKeyValueCache(entries=entries, previous_attention_mask=mask, frozen=True)
 
@@ -222,8 +278,8 @@ class Contrast:
                 self._ensure_base(b, s.layer, [s])
                 self._ensure_source(b, [s])
                 d = (b.source_acts[s].float() - b.base_acts[s].float()).norm(dim=-1)  # [n, S, U]
-                tot = tot + d.sum(dim=(0, 1))
-                cnt += d.shape[0] * d.shape[1]
+                tot = tot + (d * b.slot_valid[..., None]).sum(dim=(0, 1))
+                cnt += float(b.slot_valid.sum())
             out[s] = tot / cnt
         return out
 
@@ -280,7 +336,7 @@ class Contrast:
             m = m[:, None, None, :, None] if m.dim() == 2 else m[:, None, :, :, None]  # [c, 1, S|1, U, 1]
 
             def mix(act, hook, src=src, m=m, site=site):
-                out = act.clone()
+                out = act.clone() if torch.is_grad_enabled() else act
                 x = _units_view(out, site.component, site.n_units(self.cfg))
                 x = x.view(copies, n, *x.shape[1:])
                 cur = x[:, idx, rel]  # [c, n, S, U, R]
@@ -315,30 +371,26 @@ def readout(model, resid: Tensor, tgt_rel: Tensor, tok: Tensor, sign: Tensor) ->
     return (picked * sign.to(picked.device)).sum(-1)
 
 
-def _stack_rows(rows: Sequence[Row], ids: Sequence[int], device):
-    tokens = torch.tensor([rows[i].tokens for i in ids], device=device)
-    pos = torch.tensor([[p for p, _, _ in rows[i].targets] for i in ids], device=device)
-    tok = torch.tensor([[k for _, k, _ in rows[i].targets] for i in ids], device=device)
-    sign = torch.tensor([[s for _, _, s in rows[i].targets] for i in ids], device=device, dtype=torch.float32)
-    items = torch.tensor([rows[i].item for i in ids], device=device)
-    return tokens, pos, tok, sign, items
-
-
 @torch.no_grad()
 def score_rows(model, rows: Sequence[Row], batch_size: int = 256) -> Tensor:
-    """Clean (unpatched) item scores [n_items]: log P(correct) - log P(incorrect) per item."""
+    """Clean (unpatched) item scores [n_items]: log P(correct) - log P(incorrect) per item.
+
+    Rows are sorted by length and right-padded per batch (exact for a causal model)."""
     device = next(model.parameters()).device
     n_items = max(r.item for r in rows) + 1
-    groups: dict[tuple, list[int]] = defaultdict(list)
-    for i, r in enumerate(rows):
-        groups[(len(r.tokens), len(r.targets))].append(i)
+    pad = getattr(model.tokenizer, "pad_token_id", None) or 0
+    order = sorted(range(len(rows)), key=lambda i: len(rows[i].tokens))
     out = torch.zeros(n_items, device=device)
-    for ids in groups.values():
-        tokens, pos, tok, sign, items = _stack_rows(rows, ids, device)
-        for lo in range(0, len(ids), batch_size):
-            sl = slice(lo, lo + batch_size)
-            resid = model(tokens[sl], stop_at_layer=model.cfg.n_layers)
-            out = out.index_add(0, items[sl], readout(model, resid, pos[sl], tok[sl], sign[sl])[0])
+    for lo in range(0, len(order), batch_size):
+        batch = [rows[i] for i in order[lo: lo + batch_size]]
+        W, T = max(len(r.tokens) for r in batch), max(len(r.targets) for r in batch)
+        tokens = _padded([r.tokens for r in batch], W, pad, device)
+        pos = _padded([[t[0] for t in r.targets] for r in batch], T, 0, device)
+        tok = _padded([[t[1] for t in r.targets] for r in batch], T, 0, device)
+        sign = _padded([[t[2] for t in r.targets] for r in batch], T, 0.0, device, torch.float32)
+        resid = model(tokens, stop_at_layer=model.cfg.n_layers)
+        items = torch.tensor([r.item for r in batch], device=device)
+        out = out.index_add(0, items, readout(model, resid, pos, tok, sign)[0])
     return out
 
 

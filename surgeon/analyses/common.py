@@ -39,7 +39,7 @@ def format_rows(case: Case, model, fmt: str, items):
 
 
 def make_contrast(case: Case, model, *, bad: str | None = None, direction: Direction = "denoise",
-                  tag: str | None = None, batch_size: int = 256):
+                  tag: str | None = None, batch_size: int = 256, sites=()):
     """The Contrast for a case: base = failing format, source = good format (denoise) or the reverse."""
     from ..core import Contrast
 
@@ -50,5 +50,6 @@ def make_contrast(case: Case, model, *, bad: str | None = None, direction: Direc
     base, source = (bad, case.good) if direction == "denoise" else (case.good, bad)
     rows_b = format_rows(case, model, base, items)
     rows_s = format_rows(case, model, source, items)
-    c = Contrast(model, rows_b, rows_s, case.align, batch_size=batch_size, base_name=base, source_name=source)
+    c = Contrast(model, rows_b, rows_s, case.align, batch_size=batch_size, base_name=base, source_name=source,
+                 sites=sites)
     return c, dict(base=base, source=source, bad=bad, tag=tag, n_items=len(items), direction=direction)

@@ -67,8 +67,9 @@ def patch_heads(case: Case, model, *, layers=None, component: str = "z", directi
         if not 0 <= L < n_layers:
             raise AnalysisError(f"layer {L} is out of range (the model has layers 0..{n_layers - 1})", field="layers",
                                 fix=f"use layers between 0 and {n_layers - 1}")
-    contrast, info = make_contrast(case, model, bad=bad, direction=direction, tag=tag, batch_size=batch_size)
     sites = [Site.of(component, L) for L in layers]
+    contrast, info = make_contrast(case, model, bad=bad, direction=direction, tag=tag, batch_size=batch_size,
+                                   sites=sites)
     U = contrast.units(sites[0])
     per_item = np.zeros((len(layers), U, contrast.n_items))
     delta = np.zeros((len(layers), U))
