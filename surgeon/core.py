@@ -177,9 +177,10 @@ class Contrast:
             )
             self.buckets.append(bucket)
         base_scores, source_scores = [], []
-        for b in self.buckets:
-            base_scores.append(self._ensure_base(b, start_layer, sites, score=True)[None])
-            source_scores.append(self._ensure_source(b, sites, score=True)[None])
+        with torch.no_grad():
+            for b in self.buckets:
+                base_scores.append(self._ensure_base(b, start_layer, sites, score=True)[None])
+                source_scores.append(self._ensure_source(b, sites, score=True)[None])
         self.clean_base = self._to_items(base_scores)[0]
         self.clean_source = self._to_items(source_scores)[0]
 

@@ -121,8 +121,12 @@ def load_model(ref: ModelRef | str, device: str = "cpu", dtype: str = "float32",
     if ref.kind == "organism":
         from .organisms import load_organism
 
-        return load_organism(ref.name, device=device, dtype=dtype)
-    return _load_hf(ref, device, tdtype, n_devices)
+        model = load_organism(ref.name, device=device, dtype=dtype)
+    else:
+        model = _load_hf(ref, device, tdtype, n_devices)
+    # analyses differentiate w.r.t. masks, never weights: no weight gradients to store
+    model.requires_grad_(False)
+    return model
 
 
 def _load_hf(ref: ModelRef, device: str, tdtype, n_devices: int):
@@ -163,7 +167,6 @@ def _load_hf(ref: ModelRef, device: str, tdtype, n_devices: int):
     del state
     model.to(device)
     model.eval()
-    torch.set_grad_enabled(True)
     return model
 
 
