@@ -17,7 +17,7 @@ from .errors import AnalysisError, CaseError
 @dataclass(frozen=True)
 class Row:
     item: int
-    tokens: tuple[int, ...]
+    tokens: tuple[int, ...]  # what the model reads (a scored answer's last token is predicted, not read)
     n_prompt: int  # prompt tokens, BOS included
     targets: tuple[tuple[int, int, float], ...]  # (position whose logits score, token id, sign)
     anchors: Mapping[str, tuple[int, int]]  # placeholder -> token span [start, end)
@@ -90,7 +90,7 @@ def encode_rows(fmt: Format, items: Sequence[Item], tokenizer, prepend_bos: bool
             head, last = prompt, len(prompt) - 1
         for cont, sign in ((good, 1.0), (bad, -1.0)):
             rest = cont[common:]
-            toks = tuple(head + rest)
+            toks = tuple(head + rest[:-1])  # the last answer token is only predicted, never read
             targets = tuple((last + j, t, sign) for j, t in enumerate(rest))
             rows.append(Row(i, toks, len(prompt), targets, anchors))
     return rows
