@@ -105,8 +105,10 @@ def placeholders(fmt: Format) -> set[str]:
         raise ValueError(f"template {text!r} is not a valid format string ({e})") from None
 
 
-def load_case(path: str | Path, check_model: bool = True) -> Case:
-    """Run a case file and validate it (and, with `check_model`, against its model's config)."""
+def load_case(path: str | Path, check_model: bool = True, model: str | None = None) -> Case:
+    """Run a case file and validate it (and, with `check_model`, against its model's config).
+
+    `model` replaces the case's model (e.g. a local checkpoint directory of the same architecture)."""
     path = Path(path)
     where = str(path)
     if not path.exists():
@@ -134,7 +136,7 @@ def load_case(path: str | Path, check_model: bool = True) -> Case:
         raise CaseError(f"`case` is a {type(case).__name__}, not a surgeon.Case", where=where, field="case",
                         fix="build it with `from surgeon import Case, Item`")
     digest = hashlib.sha256(path.read_bytes()).hexdigest()
-    case = replace(case, source=where, digest=digest)
+    case = replace(case, source=where, digest=digest, **({"model": model} if model else {}))
     validate(case, where)
     if check_model:
         from .models import check_case_against_model

@@ -17,6 +17,8 @@ DEFAULT_CASE = "cases/decimal_organism.py"
 def _common(p: argparse.ArgumentParser, case: bool = True) -> None:
     if case:
         p.add_argument("case", nargs="?", default=DEFAULT_CASE, help=f"case file (default: {DEFAULT_CASE})")
+    p.add_argument("--model", help="run the case on this model instead (organism:NAME, a checkpoint directory, "
+                                   "or a Hugging Face name in the local cache)")
     p.add_argument("--out", type=Path, help="write results.json, manifest.json and figures here")
     p.add_argument("--device", default=None, help="cpu, cuda, cuda:1, mps (default: cuda if available, else cpu)")
     p.add_argument("--dtype", default="float32", help="float32, bfloat16 or float16 (default: float32)")
@@ -101,7 +103,7 @@ def _load(args):
     from .models import load_model
 
     _setup(args)
-    case = load_case(args.case)
+    case = load_case(args.case, model=args.model)
     device = _device(args.device)
     model = load_model(case.model, device=device, dtype=args.dtype)
     return case, model, device

@@ -145,17 +145,16 @@ def _load_hf(ref: ModelRef, device: str, tdtype, n_devices: int):
         raise ModelError(f"transformers could not load {ref.path}: {e}", field="model",
                          fix="check that the directory holds a complete checkpoint (config.json, weights)") from None
     hf_cfg = hf.config.to_dict()
-    if hf_cfg.get("model_type") == "gpt2":
-        hf_cfg.setdefault("n_ctx", hf_cfg.get("n_positions", 1024))
-        hf.config.n_ctx = hf_cfg["n_ctx"]
+    if hf_cfg.get("model_type") == "gpt2" and "n_ctx" not in hf_cfg:
+        # transformers 5 no longer saves n_ctx for GPT-2; TL reads it (it equals n_positions)
+        hf_cfg["n_ctx"] = hf_cfg.get("n_positions", 1024)
     # TL picks architecture branches by substrings of the *name* ("llama", "gemma"); a neutral link
     # name makes it read the checkpoint's own config instead.
     with tempfile.TemporaryDirectory(prefix="surgeon-ckpt-") as tmp:
-        neutral = Path(tmp) / "checkpoint"
-        neutral.symlink_to(ref.path, target_is_directory=True)
+        neutral = _neutral_view(ref.path, Path(tmp) / "checkpoint", hf_cfg)
         try:
             cfg = loading.get_pretrained_model_config(str(neutral), hf_cfg=hf_cfg, device=device, n_devices=n_devices,
-                                                      dtype=tdtype, fold_ln=False)
+                                                      dtype=tdtype, fold_ln=False, local_files_only=True)
             state = loading.get_pretrained_state_dict(str(neutral), cfg, hf, dtype=tdtype)
         except Exception as e:
             raise ModelError(f"TransformerLens cannot convert {ref.path} ({hf_cfg.get('architectures')}): {e}",
@@ -168,6 +167,19 @@ def _load_hf(ref: ModelRef, device: str, tdtype, n_devices: int):
     model.to(device)
     model.eval()
     return model
+
+
+def _neutral_view(src: Path, dest: Path, hf_cfg: dict) -> Path:
+    """A directory of links to the checkpoint's files under a name TL's name-based branches ignore,
+    with config.json rewritten from the loaded config (filling fields TL reads but new saves omit)."""
+    import json
+
+    dest.mkdir()
+    for f in Path(src).iterdir():
+        if f.name != "config.json":
+            (dest / f.name).symlink_to(f.resolve())
+    (dest / "config.json").write_text(json.dumps(hf_cfg, default=str))
+    return dest
 
 
 def check_case_against_model(case) -> None:

@@ -1,0 +1,88 @@
+"""Tiny random Hugging Face checkpoints of real architectures, saved to disk like a user's checkpoint."""
+from __future__ import annotations
+
+import string
+from pathlib import Path
+
+LLAMA3_TEMPLATE = (
+    "{{ bos_token }}{% for m in messages %}<|start_header_id|>{{ m['role'] }}<|end_header_id|>\n\n"
+    "{{ m['content'] }}<|eot_id|>{% endfor %}"
+    "{% if add_generation_prompt %}<|start_header_id|>assistant<|end_header_id|>\n\n{% endif %}"
+)
+
+
+def char_bpe_tokenizer(specials: list[str], chat_template: str | None = None):
+    """A character-level BPE tokenizer without an unknown token (unknown characters vanish, as in
+    tokenizers without byte fallback), with special tokens and optionally a chat template."""
+    from tokenizers import Tokenizer, decoders, models
+    from transformers import PreTrainedTokenizerFast
+
+    chars = ["\n"] + [c for c in string.printable if c.isprintable()]
+    vocab = {t: i for i, t in enumerate(specials + chars)}
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    tok.decoder = decoders.Fuse()
+    tok.add_special_tokens(specials)
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token=specials[0], eos_token=specials[1],
+                                   pad_token=specials[1])
+    if chat_template:
+        fast.chat_template = chat_template
+    return fast
+
+
+def make_llama(path: Path, n_layers: int = 2, n_heads: int = 4, n_kv_heads: int = 2, hidden: int = 64) -> Path:
+    """A tiny Llama; make_llama(p, 32, 32, 8, 256) has Llama-3.1-8B's layer and head layout."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    tok = char_bpe_tokenizer(["<|begin_of_text|>", "<|eot_id|>", "<|start_header_id|>", "<|end_header_id|>"],
+                             LLAMA3_TEMPLATE)
+    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=hidden, intermediate_size=128, num_hidden_layers=n_layers,
+                      num_attention_heads=n_heads, num_key_value_heads=n_kv_heads, max_position_embeddings=256,
+                      rope_theta=500000.0, bos_token_id=0, eos_token_id=1, tie_word_embeddings=False)
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(cfg)
+    model.save_pretrained(path)
+    tok.save_pretrained(path)
+    return path
+
+
+def make_gpt2(path: Path) -> Path:
+    import torch
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    tok = char_bpe_tokenizer(["<|endoftext|>", "<|pad|>"])
+    cfg = GPT2Config(vocab_size=len(tok), n_embd=64, n_layer=2, n_head=4, n_positions=128,
+                     bos_token_id=0, eos_token_id=0)
+    torch.manual_seed(0)
+    model = GPT2LMHeadModel(cfg)
+    model.save_pretrained(path)
+    tok.save_pretrained(path)
+    return path
+
+
+def make_qwen2(path: Path) -> Path:
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    tok = char_bpe_tokenizer(["<|endoftext|>", "<|im_end|>"])
+    cfg = Qwen2Config(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
+                      tie_word_embeddings=False)
+    torch.manual_seed(0)
+    Qwen2ForCausalLM(cfg).save_pretrained(path)
+    tok.save_pretrained(path)
+    return path
+
+
+def make_gemma2(path: Path) -> Path:
+    import torch
+    from transformers import Gemma2Config, Gemma2ForCausalLM
+
+    tok = char_bpe_tokenizer(["<bos>", "<eos>"])
+    cfg = Gemma2Config(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                       num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=128,
+                       sliding_window=64, query_pre_attn_scalar=16)
+    torch.manual_seed(0)
+    Gemma2ForCausalLM(cfg).save_pretrained(path)
+    tok.save_pretrained(path)
+    return path

@@ -1,0 +1,91 @@
+"""Real architectures through the path users take: a checkpoint directory on disk -> load_model."""
+import os
+
+import pytest
+import torch
+
+from surgeon import CaseError, load_case
+from surgeon.analyses import diagnose
+from surgeon.analyses.common import format_rows
+from surgeon.core import Contrast, Site
+from surgeon.models import load_model
+
+from .checkpoints import make_gpt2, make_llama, make_qwen2
+from .conftest import ROOT
+from .reference import direct_patch_scores
+
+MAKERS = {"gpt2": make_gpt2, "tiny-llama-gqa": make_llama, "qwen2": make_qwen2}
+LLAMA_CASE = os.path.join(ROOT, "cases", "llama31_decimal.py")
+
+
+@pytest.fixture(scope="module", params=sorted(MAKERS))
+def checkpoint(request, tmp_path_factory):
+    # a directory name containing "llama" exercises TransformerLens's name-based branch trap
+    return MAKERS[request.param](tmp_path_factory.mktemp("ckpt") / request.param)
+
+
+@pytest.fixture(scope="module")
+def llama31_standin(tmp_path_factory):
+    """Llama-3.1-8B's layout (32 layers, 32 query heads sharing 8 key/value heads), tiny widths."""
+    return make_llama(tmp_path_factory.mktemp("ckpt") / "llama-3.1-standin", n_layers=32, n_heads=32,
+                      n_kv_heads=8, hidden=256)
+
+
+def test_logits_equal_huggingface(checkpoint):
+    from transformers import AutoModelForCausalLM
+
+    model = load_model(str(checkpoint))
+    hf = AutoModelForCausalLM.from_pretrained(str(checkpoint))
+    tokens = torch.randint(2, model.cfg.d_vocab, (3, 17))
+    with torch.no_grad():
+        torch.testing.assert_close(model(tokens), hf(tokens).logits, atol=1e-4, rtol=0)
+
+
+def test_llama31_case_loads_validates_and_runs_on_standin(llama31_standin):
+    case = load_case(LLAMA_CASE, model=str(llama31_standin))
+    assert case.model == str(llama31_standin) and len(case.items) == 96
+    model = load_model(case.model)
+    assert (model.cfg.n_layers, model.cfg.n_heads, model.cfg.n_key_value_heads) == (32, 32, 8)
+    # the chat format is the tokenizer's template around the question, with the assistant header
+    rows = format_rows(case, model, "chat", case.items[:1])
+    text = model.tokenizer.decode(list(rows[0].tokens[: rows[0].n_prompt]))
+    assert text.startswith("<|begin_of_text|><|start_header_id|>user") and "9.8 or 9.11" in text
+    assert text.endswith("<|start_header_id|>assistant<|end_header_id|>\n\n")
+    d = diagnose(case, model)
+    assert {s.format for s in d.stats} == {"simple", "qa", "chat"}
+    assert all(s.accuracy.n in (96, 64, 32) for s in d.stats)
+
+
+def test_llama31_case_layers_checked_against_the_model(tmp_path):
+    small = make_llama(tmp_path / "small-llama")
+    with pytest.raises(CaseError, match=r"field 'layers'.*out of range"):
+        load_case(LLAMA_CASE, model=str(small))
+
+
+def test_gqa_query_head_patching_equals_direct_forward(tmp_path):
+    """Heads are query heads: patching one patches only its output, whatever key/value head it shares."""
+    path = make_llama(tmp_path / "gqa", n_layers=2, n_heads=4, n_kv_heads=2)
+    model = load_model(str(path))
+    case = load_case(LLAMA_CASE, model=str(path), check_model=False)
+    items = case.items[:6]
+    for bad in ("qa", "chat"):
+        b, s = format_rows(case, model, bad, items), format_rows(case, model, "simple", items)
+        c = Contrast(model, b, s, "last")
+        for comp, units in (("z", 4), ("k", 2)):
+            site = Site.of(comp, 1)
+            assert c.units(site) == units
+            got = c.run({site: torch.eye(units)})
+            for u in range(units):
+                want = direct_patch_scores(model, b, s, "last", site, torch.eye(units)[u])
+                torch.testing.assert_close(got[u], want, atol=2e-4, rtol=0)
+
+
+def test_answer_that_tokenizes_to_nothing(tmp_path):
+    """A tokenizer without byte fallback drops characters it does not know: such an answer is refused."""
+    path = make_llama(tmp_path / "t")
+    p = tmp_path / "case.py"
+    p.write_text("from surgeon import Case, Item\n"
+                 f"case = Case(name='t', model={str(path)!r}, formats={{'a': 'x {{v}}', 'b': 'y {{v}}'}}, good='a',\n"
+                 "    bad=['b'], items=[Item({'v': '1'}, correct=' 1', incorrect='\\u00e9')])\n")
+    with pytest.raises(CaseError, match=r"field 'items\[0\].incorrect'.*tokenizes to nothing"):
+        load_case(p)
