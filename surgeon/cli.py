@@ -47,6 +47,44 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--bad", help="which failing format (default: the case's first)")
     p.add_argument("--tag", help="only items with this tag ('all' for every item; default: the case's focus)")
 
+    p = sub.add_parser("threshold", help="search head subsets that repair: fraction repairing per size k, "
+                                         "threshold k*, minimal subsets, per-head necessity")
+    _common(p)
+    p.add_argument("--layer", type=int, help="candidate heads: every head of this layer (or pick with --heads)")
+    p.add_argument("--heads", help="candidate heads: 0,2,5 (of --layer) or L1H0,L2H3")
+    p.add_argument("--groups", default="even,odd",
+                   help="built-in groups to search within: even,odd,first_half,second_half or none (default: even,odd)")
+    p.add_argument("--groups-file", type=Path, help='JSON {"name": ["L1H0", ...], ...}: your own groups')
+    p.add_argument("--grid", help="two groups A,B: also search mixed subsets (i heads from A, j from B)")
+    p.add_argument("--budget", type=int, default=20000,
+                   help="per size k: enumerate all C(n, k) subsets up to this many, else sample this many (default 20000)")
+    p.add_argument("--grid-budget", type=int, default=200, help="subsets per grid cell (default 200)")
+    p.add_argument("--item-rate", type=float, default=1.0,
+                   help="a subset repairs when it fixes at least this fraction of items (default 1.0: all)")
+    p.add_argument("--x", type=float, default=0.5, help="threshold k*: smallest k where this fraction of subsets repairs")
+    p.add_argument("--component", default="z", choices=["z", "o_slices", "q", "k", "v"])
+    p.add_argument("--bad", help="which failing format (default: the case's first)")
+    p.add_argument("--tag", help="only items with this tag ('all' for every item; default: the case's focus)")
+    p.add_argument("--chunk", type=int, default=256, help="subsets per saved chunk (default 256)")
+    p.add_argument("--shard", help="i/n: evaluate only every n-th chunk (merge shards with surgeon merge)")
+    p.add_argument("--resume", action="store_true", help="continue the search saved in --out")
+
+    p = sub.add_parser("merge", help="merge threshold shards into the result one run gives")
+    p.add_argument("dirs", nargs="+", type=Path, help="the --out directories of the shards")
+    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--debug", action="store_true")
+
+    p = sub.add_parser("blend", help="blend (1-a)*failing + a*good for chosen heads: where does repair switch on?")
+    _common(p)
+    p.add_argument("--layer", type=int, required=True)
+    p.add_argument("--heads", help="heads to blend, e.g. 0,2,4 (default: all heads of the layer)")
+    p.add_argument("--component", default="z", choices=["z", "o_slices", "attn_out", "pattern", "mlp_out", "resid_pre"],
+                   help="z: head outputs; attn_out: the whole layer output (the paper's 'pattern replacement'); "
+                        "pattern: attention patterns (equal-length formats only)")
+    p.add_argument("--step", type=float, default=0.01, help="grid step for a (default 0.01)")
+    p.add_argument("--bad", help="which failing format (default: the case's first)")
+    p.add_argument("--tag", help="only items with this tag ('all' for every item; default: the case's focus)")
+
     p = sub.add_parser("organisms", help="list or retrain the model organisms")
     osub = p.add_subparsers(dest="action", required=True)
     q = osub.add_parser("list", help="the organisms and whether their weights are present")
@@ -110,20 +148,20 @@ def _load(args):
 
 
 def cmd_diagnose(args) -> int:
-    from . import report
+    from . import figures, report
     from .analyses import diagnose
 
     case, model, device = _load(args)
     d = diagnose(case, model, batch_size=args.batch_size)
     print(report.diagnosis_text(d, case))
     if args.out:
-        report.save(args.out, "diagnose", d, case, args, device, figures={"accuracy.png": "diagnosis"})
+        report.save(args.out, "diagnose", d, case, args, device, figures={"accuracy.png": figures.diagnosis_figure})
         print(f"\nwrote {args.out}/results.json, manifest.json, accuracy.png")
     return 0
 
 
 def cmd_patch(args) -> int:
-    from . import report
+    from . import figures, report
     from .analyses import patch_heads
 
     case, model, device = _load(args)
@@ -134,8 +172,110 @@ def cmd_patch(args) -> int:
                     tag=args.tag, batch_size=args.batch_size, progress=True)
     print(report.patch_text(r))
     if args.out:
-        report.save(args.out, "patch", r, case, args, device, figures={"heatmap.png": "patch"})
+        report.save(args.out, "patch", r, case, args, device, figures={"heatmap.png": figures.patch_heatmap})
         print(f"\nwrote {args.out}/results.json, manifest.json, heatmap.png")
+    return 0
+
+
+def _int_list(text: str | None, field: str):
+    if text is None:
+        return None
+    try:
+        return [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise SurgeonError(f"cannot read {text!r}", field=field, fix="write e.g. 0,2,4") from None
+
+
+def cmd_threshold(args) -> int:
+    import json
+
+    from . import figures, report
+    from .analyses.subsets import subsets_csv_rows
+    from .analyses.threshold import Interrupted, threshold_search
+
+    out = args.out or Path("out") / f"threshold-{Path(args.case).stem}-L{args.layer if args.layer is not None else 'x'}"
+    if (out / "parts").exists() and not args.resume and not args.shard:
+        raise SurgeonError(f"{out} already holds a search", field="--out",
+                           fix="add --resume to continue it, or choose another --out")
+    groups = [] if args.groups in ("", "none") else [g.strip() for g in args.groups.split(",") if g.strip()]
+    spec = None
+    if args.groups_file:
+        try:
+            spec = json.loads(Path(args.groups_file).read_text())
+            assert isinstance(spec, dict)
+        except (OSError, ValueError, AssertionError) as e:
+            raise SurgeonError(f"cannot read groups file: {e}", where=str(args.groups_file), field="--groups-file",
+                               fix='write JSON like {"mine": ["L1H0", "L1H3"]}') from None
+    grid = None
+    if args.grid:
+        grid = tuple(g.strip() for g in args.grid.split(","))
+        if len(grid) != 2:
+            raise SurgeonError("--grid takes two group names", field="--grid", fix="e.g. --grid even,odd")
+    case, model, device = _load(args)
+    try:
+        r = threshold_search(case, model, layer=args.layer, heads=args.heads, groups=groups, groups_spec=spec, grid=grid,
+                             budget=args.budget, grid_budget=args.grid_budget, item_rate=args.item_rate, x=args.x,
+                             component=args.component, bad=args.bad, tag=args.tag, batch_size=args.batch_size,
+                             chunk=args.chunk, seed=args.seed, out=out, shard=args.shard, progress=True)
+    except Interrupted as e:
+        _write_threshold(out, e.partial, case, args, device)
+        print(report.threshold_text(e.partial))
+        print(f"\ninterrupted: partial results in {out}; continue with --resume", file=sys.stderr)
+        return 130
+    if r is None:
+        print(f"shard {args.shard} done: parts in {out}/parts; merge the shards with: surgeon merge DIR... --out DIR")
+        return 0
+    _write_threshold(out, r, case, args, device)
+    print(report.threshold_text(r))
+    print(f"\nwrote {out}/results.json, manifest.json, subsets.csv, threshold.png")
+    return 0
+
+
+def _write_threshold(out, r, case, args, device):
+    from . import figures, report
+    from .analyses.subsets import plan_from_options, subsets_csv_rows
+    from .analyses.threshold import _meta
+
+    plan = plan_from_options(r.options)
+    per_subset = _per_subset(out)
+    report.save(out, "threshold", r, case, args, device, figures={"threshold.png": figures.threshold_figure},
+                tables={"subsets.csv": subsets_csv_rows(plan, per_subset, r.item_rate)})
+
+
+def _per_subset(out):
+    import numpy as np
+
+    from .analyses.subsets import summarize_chunks
+    from .analyses.threshold import _meta
+    from .jobs import ChunkStore
+
+    meta = _meta(out)
+    return summarize_chunks(ChunkStore(out, meta["digest"]).load().values(), np.array(meta["clean_base"]),
+                            np.array(meta["clean_source"]))
+
+
+def cmd_merge(args) -> int:
+    from . import report
+    from .analyses.threshold import merge
+
+    r = merge(args.dirs, args.out)
+    _write_threshold(args.out, r, None, args, None)
+    print(report.threshold_text(r))
+    print(f"\nmerged {len(args.dirs)} shards into {args.out}")
+    return 0
+
+
+def cmd_blend(args) -> int:
+    from . import figures, report
+    from .analyses.blend import blend
+
+    case, model, device = _load(args)
+    r = blend(case, model, layer=args.layer, heads=_int_list(args.heads, "--heads"), component=args.component,
+              step=args.step, bad=args.bad, tag=args.tag, batch_size=args.batch_size)
+    print(report.blend_text(r))
+    if args.out:
+        report.save(args.out, "blend", r, case, args, device, figures={"blend.png": figures.blend_figure})
+        print(f"\nwrote {args.out}/results.json, manifest.json, blend.png")
     return 0
 
 
@@ -161,7 +301,8 @@ def cmd_organisms(args) -> int:
     return 0
 
 
-COMMANDS = {"diagnose": cmd_diagnose, "patch": cmd_patch, "organisms": cmd_organisms}
+COMMANDS = {"diagnose": cmd_diagnose, "patch": cmd_patch, "threshold": cmd_threshold, "merge": cmd_merge,
+            "blend": cmd_blend, "organisms": cmd_organisms}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -26,7 +26,7 @@ def diagnosis_figure(d, path: Path) -> None:
         vals = [d.get(f, tag).accuracy for f in formats]
         x = np.arange(len(formats)) + (j - (len(tags) - 1) / 2) * width
         y = np.array([v.value for v in vals])
-        err = np.array([[v.value - v.lo for v in vals], [v.hi - v.value for v in vals]])
+        err = np.clip(np.array([[v.value - v.lo for v in vals], [v.hi - v.value for v in vals]]), 0, None)
         ax.bar(x, y, width, yerr=err, capsize=3, label=f"{tag} (n={vals[0].n})")
     ax.set_xticks(np.arange(len(formats)), [f"{f}\n({'good' if f == d.good else 'bad'})" for f in formats])
     ax.set_ylim(0, 1.05)
@@ -54,6 +54,66 @@ def patch_heatmap(r, path: Path) -> None:
         if np.isfinite(v):
             ax.text(j, i, f"{v:.2f}", ha="center", va="center", fontsize=6)
     fig.colorbar(im, ax=ax, fraction=0.046)
+    fig.tight_layout()
+    fig.savefig(path, dpi=150)
+    plt.close(fig)
+
+
+def threshold_figure(r, path: Path) -> None:
+    """Fraction of subsets that repair vs subset size k, per family, with 95% intervals."""
+    plt = _plt()
+    fams = ["all", *r.groups]
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.6))
+    ax = axes[0]
+    for fam in fams:
+        rows = sorted((s for s in r.sizes if s.family == fam and s.evaluated), key=lambda s: s.key)
+        k = np.array([s.key[0] for s in rows])
+        y = np.array([s.fraction for s in rows])
+        err = np.clip(np.array([[s.fraction - s.lo for s in rows], [s.hi - s.fraction for s in rows]]), 0, None)
+        ax.errorbar(k, y, yerr=err, marker="o", capsize=3, label=f"{fam} ({len(r.units) if fam == 'all' else len(r.groups[fam])} heads)")
+    ax.set_xlabel("subset size k")
+    ax.set_ylabel(f"fraction of subsets repairing (>= {r.item_rate:.0%} items)")
+    ax.set_ylim(-0.03, 1.03)
+    ax.set_title(f"{r.case}: repair vs k ({r.component} {r.source}->{r.base}, n={r.n_items})", fontsize=9)
+    ax.legend(fontsize=8)
+    ax = axes[1]
+    u = r.unit_stats
+    x = np.arange(len(u))
+    def err(v, lo, hi):
+        return np.clip(np.array([[a - b for a, b in zip(v, lo)], [c - a for a, c in zip(v, hi)]]), 0, None)
+
+    w = [s.rate_with for s in u]
+    wo = [s.rate_without for s in u]
+    ax.bar(x - 0.2, w, 0.4, yerr=err(w, [s.rate_with_lo for s in u], [s.rate_with_hi for s in u]), capsize=2,
+           label="with head")
+    ax.bar(x + 0.2, wo, 0.4, yerr=err(wo, [s.rate_without_lo for s in u], [s.rate_without_hi for s in u]), capsize=2,
+           label="without head")
+    ax.set_xticks(x, [s.unit for s in u], rotation=90, fontsize=7)
+    ax.set_ylabel("fraction of subsets repairing")
+    ax.set_title("necessity per head", fontsize=9)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=150)
+    plt.close(fig)
+
+
+def blend_figure(r, path: Path) -> None:
+    """Repair rate vs blend fraction a, with 95% intervals, and the distribution of switching points."""
+    plt = _plt()
+    fig, axes = plt.subplots(1, 2, figsize=(9, 3.4))
+    ax = axes[0]
+    ax.plot(r.alphas, r.rate, color="C0")
+    ax.fill_between(r.alphas, r.rate_lo, r.rate_hi, alpha=0.25, color="C0")
+    ax.set_xlabel(f"blend fraction a  ((1-a) {r.base} + a {r.source})")
+    ax.set_ylabel("repair rate")
+    ax.set_ylim(-0.03, 1.03)
+    ax.set_title(f"{r.case}: blend {r.component} L{r.layer} (n={r.n_items})", fontsize=9)
+    ax = axes[1]
+    sw = r.switch[np.isfinite(r.switch)]
+    ax.hist(sw, bins=np.linspace(0, 1, 21), color="C1")
+    ax.set_xlabel("switching point a*")
+    ax.set_ylabel("items")
+    ax.set_title(f"a* per item ({r.never} never repaired)", fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=150)
     plt.close(fig)

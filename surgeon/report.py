@@ -58,9 +58,11 @@ def patch_text(r, top: int = 10) -> str:
     return "\n".join(lines)
 
 
-def save(out: Path, command: str, result, case, args, device: str, figures: dict[str, str]) -> None:
-    """results.json + manifest.json + figures, all or nothing."""
-    from . import figures as figs
+def save(out: Path, command: str, result, case, args, device: str | None, figures: dict | None = None,
+         tables: dict | None = None) -> None:
+    """results.json + manifest.json + figures (name -> draw(result, path)) + CSV tables, all or nothing."""
+    import csv
+
     from .results import manifest, staging, write_json
 
     opts = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()
@@ -69,5 +71,79 @@ def save(out: Path, command: str, result, case, args, device: str, figures: dict
         write_json(tmp / "results.json", {"command": command, "result": asdict(result)})
         write_json(tmp / "manifest.json", manifest(command, case, seed=getattr(args, "seed", None), device=device,
                                                    dtype=getattr(args, "dtype", None), options=opts))
-        for name, kind in figures.items():
-            {"diagnosis": figs.diagnosis_figure, "patch": figs.patch_heatmap}[kind](result, tmp / name)
+        for name, draw in (figures or {}).items():
+            draw(result, tmp / name)
+        for name, rows in (tables or {}).items():
+            with open(tmp / name, "w", newline="") as f:
+                csv.writer(f).writerows(rows)
+
+
+def threshold_text(r) -> str:
+    pct = lambda v: f"{100 * v:5.1f}%"
+    lines = [
+        f"case {r.case} · subsets of {len(r.units)} {r.component} heads ({', '.join(r.units)}) patched from "
+        f"{r.source!r} into {r.base!r} · {r.n_items} items ({r.tag or 'all'})",
+        f"a subset repairs when the correct answer wins on >= {pct(r.item_rate).strip()} of the items; "
+        f"{r.subsets_evaluated} distinct subsets evaluated"
+        + ("" if r.complete else f" (PARTIAL: {r.chunks_done}/{r.chunks_total} chunks)"),
+        "",
+    ]
+    for fam in ["all", *r.groups]:
+        rows = [s for s in r.sizes if s.family == fam]
+        members = r.units if fam == "all" else r.groups[fam]
+        lines.append(f"{fam} ({len(members)} heads{'' if fam == 'all' else ': ' + ', '.join(members)}):")
+        lines.append(f"  {'k':>3s} {'subsets':>15s}  {'repairing [95% CI]':28s} {'mean item rate':>14s} {'mean repair frac':>16s}")
+        for s in rows:
+            how = f"{s.evaluated}/{s.total}" + ("" if s.enumerated else " sampled")
+            ci = "exact" if s.enumerated and s.evaluated == s.total else f"[{pct(s.lo)}, {pct(s.hi)}]"
+            lines.append(f"  {s.key[0]:3d} {how:>15s}  {pct(s.fraction)} {ci:21s} {pct(s.mean_item_rate):>14s} "
+                         f"{s.mean_repair_fraction:16.3f}")
+        t = r.threshold(fam)
+        if t.k_star is None:
+            lines.append(f"  threshold: no size k has >= {pct(t.x).strip()} of subsets repairing")
+        else:
+            lines.append(f"  threshold k* = {t.k_star} (smallest k with >= {pct(t.x).strip()} repairing; jump from "
+                         f"k*-1: {t.jump:+.3f}); every subset repairs from k = {t.k_all if t.k_all is not None else 'never'}")
+        lines.append("")
+    grid = [s for s in r.sizes if " x " in s.family]
+    if grid:
+        name = grid[0].family
+        I = max(s.key[0] for s in grid)
+        J = max(s.key[1] for s in grid)
+        lines.append(f"mixed subsets {name}: fraction repairing (rows: i heads from the first group, columns: j from the second)")
+        lines.append("     " + "".join(f"{j:>7d}" for j in range(J + 1)))
+        for i in range(I + 1):
+            row = {s.key[1]: s for s in grid if s.key[0] == i}
+            lines.append(f"{i:4d} " + "".join(f"{row[j].fraction:7.2f}" if j in row and row[j].evaluated else "      -"
+                                             for j in range(J + 1)))
+        lines.append("")
+    lines.append("per head: share of repairing subsets that contain it; repair rate of subsets with / without it")
+    for u in r.unit_stats:
+        alone = "" if u.alone_item_rate is None else f"   alone repairs {pct(u.alone_item_rate).strip()} of items"
+        lines.append(f"  {u.unit:7s} in {pct(u.in_repairing)} · with {pct(u.rate_with)} [{pct(u.rate_with_lo)}, "
+                     f"{pct(u.rate_with_hi)}] · without {pct(u.rate_without)} [{pct(u.rate_without_lo)}, "
+                     f"{pct(u.rate_without_hi)}]{alone}")
+    lines.append("")
+    lines.append(f"minimal repairing subsets (no evaluated proper subset repairs): {r.n_minimal}")
+    for m in r.minimal[:10]:
+        lines.append("  " + "+".join(m))
+    if r.n_minimal > 10:
+        lines.append(f"  ... {r.n_minimal - 10} more in results.json")
+    return "\n".join(lines)
+
+
+def blend_text(r) -> str:
+    what = ", ".join(r.units) if len(r.units) <= 8 else f"{len(r.units)} heads of layer {r.layer}"
+    lines = [f"case {r.case} · blend {r.component} of {what}: (1-a)*{r.base} + a*{r.source} · {r.n_items} items "
+             f"({r.tag or 'all'})",
+             "repair rate (correct answer wins) by blend fraction a:"]
+    for a, v in r.rate_at.items():
+        i = int(round(float(a) / (r.alphas[1] - r.alphas[0])))
+        lines.append(f"  a = {a}: {100 * v:5.1f}% [{100 * r.rate_lo[i]:5.1f}, {100 * r.rate_hi[i]:5.1f}]  "
+                     f"mean score {r.mean_score[i]:+.2f}")
+    q1, med, q3 = r.switch_quartiles
+    lines += [f"switching point a* per item (linear interpolation on a {r.alphas[1] - r.alphas[0]:.2f} grid):",
+              f"  mean {r.switch_mean}, quartiles {q1:.3f} / {med:.3f} / {q3:.3f}",
+              f"  correct already at a = 0: {r.already}; never repaired up to a = 1: {r.never}; "
+              f"items whose score changes sign more than once: {int((r.crossings > 1).sum())}"]
+    return "\n".join(lines)

@@ -1,0 +1,128 @@
+"""`threshold`: the head-subset search as one function, with checkpoints, shards and merge."""
+from __future__ import annotations
+
+import json
+import math
+import tempfile
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+from ..case import Case
+from ..errors import AnalysisError
+from ..jobs import ChunkStore, parse_shard
+from .common import Direction, make_contrast
+from .subsets import (BUILTIN_GROUPS, ThresholdResult, aggregate, evaluate, make_groups, make_plan, parse_units,
+                      plan_from_options, summarize_chunks)
+
+
+def threshold_search(case: Case, model, *, layer: int | None = None, heads: str | None = None,
+                     groups: Sequence[str] = ("even", "odd"), groups_spec: dict | None = None,
+                     grid: tuple[str, str] | None = None, budget: int = 20000, grid_budget: int = 200,
+                     item_rate: float = 1.0, x: float = 0.5, component: str = "z", direction: Direction = "denoise",
+                     bad: str | None = None, tag: str | None = None, batch_size: int = 256, chunk: int = 256,
+                     seed: int = 0, out: str | Path | None = None, shard: str | None = None,
+                     progress: bool = False) -> ThresholdResult | None:
+    """Search head subsets at `layer` (or the heads named in `heads`); see `surgeon.analyses.subsets`.
+
+    With `out`, finished chunks are saved under `out/parts` and a rerun resumes from them; with
+    `shard="i/n"` only every n-th chunk is evaluated and None is returned (merge the shards with
+    `merge`). Without `out` a temporary directory is used.
+    """
+    from ..core import Site
+    from ..sites import component as get_component
+
+    if not 0 < item_rate <= 1:
+        raise AnalysisError(f"item rate {item_rate} is not in (0, 1]", field="--item-rate", fix="e.g. 1.0 (all items) or 0.9")
+    if not 0 < x <= 1:
+        raise AnalysisError(f"x = {x} is not in (0, 1]", field="--x", fix="e.g. 0.5 (half of the subsets repair)")
+    comp = get_component(component)
+    if comp.units == "whole":
+        raise AnalysisError(f"component {component!r} has no heads to choose subsets of", field="--component",
+                            fix="use z (per-head outputs), o_slices, q, k or v")
+    i_shard, n_shard = parse_shard(shard)
+    n_layers = model.cfg.n_layers
+    probe = Site.of(component, layer if layer is not None else 0)
+    units = parse_units(heads, layer, n_layers, probe.n_units(model.cfg))
+    plan = make_plan(units, make_groups(units, groups, groups_spec), budget=budget, grid=grid,
+                     grid_budget=grid_budget, seed=seed)
+    sites = [Site.of(component, L) for L in sorted({u.layer for u in units})]
+    contrast, info = make_contrast(case, model, bad=bad, direction=direction, tag=tag, batch_size=batch_size,
+                                   sites=sites)
+    meta = dict(options=plan.options, chunk=chunk, case=case.name, component=component, base=info["base"],
+                source=info["source"], tag=info["tag"], n_items=contrast.n_items, item_rate=item_rate, x=x,
+                clean_base=contrast.clean_base.cpu().tolist(), clean_source=contrast.clean_source.cpu().tolist())
+    tmp = None
+    if out is None:
+        tmp = tempfile.TemporaryDirectory(prefix="surgeon-threshold-")
+        out = tmp.name
+    store = ChunkStore(Path(out), plan.digest + f"-chunk{chunk}", meta)
+    try:
+        evaluate(contrast, plan, store, component=component, chunk=chunk, shard=(i_shard, n_shard), progress=progress)
+    except KeyboardInterrupt:
+        if n_shard == 1:
+            partial = collect(Path(out))
+            raise Interrupted(partial) from None
+        raise
+    if n_shard > 1:
+        return None
+    result = collect(Path(out))
+    if tmp is not None:
+        tmp.cleanup()
+    return result
+
+
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C during a search; `.partial` holds the result of the chunks finished so far."""
+
+    def __init__(self, partial: ThresholdResult):
+        super().__init__("interrupted")
+        self.partial = partial
+
+
+def _meta(root: Path) -> dict:
+    p = Path(root) / "parts" / "plan.json"
+    if not p.exists():
+        raise AnalysisError(f"{root} holds no search parts", field="merge", fix="give the --out directories of threshold runs")
+    return json.loads(p.read_text())
+
+
+def collect(root: Path, item_rate: float | None = None, x: float | None = None, extra_roots: Sequence[Path] = ()
+            ) -> ThresholdResult:
+    """Aggregate the finished chunks under `root` (and `extra_roots`, for shards) into a result."""
+    meta = _meta(root)
+    plan = plan_from_options(meta["options"])
+    chunks = {}
+    for r in [root, *extra_roots]:
+        m = _meta(r)
+        if m["digest"] != meta["digest"]:
+            raise AnalysisError(f"{r} was planned differently from {root}", field="merge",
+                                fix="merge only shards of one search (same case, heads, groups, budget and seed)")
+        chunks.update(ChunkStore(Path(r), m["digest"]).load())
+    base, source = np.array(meta["clean_base"]), np.array(meta["clean_source"])
+    per_subset = summarize_chunks(chunks.values(), base, source)
+    total = math.ceil(len(plan.unique) / meta["chunk"])
+    return aggregate(plan, per_subset, case=meta["case"], component=meta["component"], base=meta["base"],
+                     source=meta["source"], tag=meta["tag"], n_items=meta["n_items"],
+                     item_rate=item_rate if item_rate is not None else meta["item_rate"],
+                     x=x if x is not None else meta["x"], base_mean=float(base.mean()), source_mean=float(source.mean()),
+                     chunks_done=len(chunks), chunks_total=total)
+
+
+def merge(roots: Sequence[Path], out: Path) -> ThresholdResult:
+    """Copy the shards' chunks into `out` and aggregate: the same result one run gives."""
+    import shutil
+
+    roots = [Path(r) for r in roots]
+    meta = _meta(roots[0])
+    store = ChunkStore(Path(out), meta["digest"], {k: v for k, v in meta.items() if k != "digest"})
+    for r in roots:
+        if _meta(r)["digest"] != meta["digest"]:
+            raise AnalysisError(f"{r} was planned differently from {roots[0]}", field="merge",
+                                fix="merge only shards of one search (same case, heads, groups, budget and seed)")
+        for p in sorted((r / "parts").glob("chunk-*.npz")):
+            dest = store.dir / p.name
+            if Path(p).resolve() != dest.resolve():
+                shutil.copyfile(p, dest)
+    return collect(Path(out))

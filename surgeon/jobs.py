@@ -1,0 +1,73 @@
+"""Long jobs in chunks: each finished chunk is a file, so a run can stop anywhere and resume, be split into
+shards that run on different machines, and be merged back into the result a single run gives."""
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+from .errors import AnalysisError
+
+
+def parse_shard(text: str | None) -> tuple[int, int]:
+    if not text:
+        return 0, 1
+    try:
+        i, n = (int(x) for x in text.split("/"))
+        if not 0 <= i < n:
+            raise ValueError
+    except ValueError:
+        raise AnalysisError(f"cannot read shard {text!r}", field="--shard",
+                            fix="write i/n with 0 <= i < n, e.g. --shard 0/4") from None
+    return i, n
+
+
+class ChunkStore:
+    """`DIR/parts/chunk-NNNNNN.npz`, one per finished chunk, beside `DIR/parts/plan.json`.
+
+    The plan digest guards against resuming or merging work that was planned differently."""
+
+    def __init__(self, root: Path, digest: str, plan: dict | None = None):
+        self.dir = Path(root) / "parts"
+        self.digest = digest
+        self.dir.mkdir(parents=True, exist_ok=True)
+        meta = self.dir / "plan.json"
+        if meta.exists():
+            old = json.loads(meta.read_text())
+            if old.get("digest") != digest:
+                raise AnalysisError(f"{self.dir} holds parts of a different search (plan {old.get('digest', '?')[:12]}, "
+                                    f"this one {digest[:12]})", field="--out",
+                                    fix="use a fresh --out directory, or the same options as the earlier run")
+        else:
+            _atomic_write(meta, json.dumps({"digest": digest, **(plan or {})}, indent=2).encode())
+
+    def done(self) -> set[int]:
+        return {int(p.stem.split("-")[1]) for p in self.dir.glob("chunk-*.npz")}
+
+    def save(self, index: int, **arrays) -> None:
+        fd, tmp = tempfile.mkstemp(prefix=".chunk-", suffix=".npz", dir=self.dir)
+        os.close(fd)
+        np.savez(tmp, **arrays)
+        os.replace(tmp, self.dir / f"chunk-{index:06d}.npz")
+
+    def load(self) -> dict[int, dict[str, np.ndarray]]:
+        out = {}
+        for p in sorted(self.dir.glob("chunk-*.npz")):
+            with np.load(p) as z:
+                out[int(p.stem.split("-")[1])] = {k: z[k] for k in z.files}
+        return out
+
+    @staticmethod
+    def digest_of(root: Path) -> str | None:
+        meta = Path(root) / "parts" / "plan.json"
+        return json.loads(meta.read_text()).get("digest") if meta.exists() else None
+
+
+def _atomic_write(path: Path, data: bytes) -> None:
+    fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=path.parent)
+    with os.fdopen(fd, "wb") as f:
+        f.write(data)
+    os.replace(tmp, path)

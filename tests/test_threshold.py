@@ -1,0 +1,165 @@
+"""Head-subset search and blends on the decimal organism, cross-checked against direct hooked forwards."""
+import json
+import math
+import subprocess
+import sys
+from dataclasses import replace
+
+import numpy as np
+import pytest
+import torch
+
+from surgeon.analyses.blend import blend
+from surgeon.analyses.common import format_rows
+from surgeon.analyses.subsets import Unit, make_groups, make_plan, parse_units
+from surgeon.analyses.threshold import collect, merge, threshold_search
+from surgeon.core import Site
+from surgeon.errors import AnalysisError
+
+from .conftest import ROOT
+from .reference import direct_patch_scores
+
+
+@pytest.fixture(scope="module")
+def small_case(decimal_case):
+    return replace(decimal_case, items=decimal_case.items_for("trap")[:12], focus=None)
+
+
+def direct_rate(model, case, heads_by_layer):
+    """Item repair rate of one subset by one hooked forward per row (layers patched one hook each)."""
+    bad = format_rows(case, model, "qa", case.items)
+    good = format_rows(case, model, "plain", case.items)
+    assert len(heads_by_layer) == 1  # the reference patches one site
+    (L, heads), = heads_by_layer.items()
+    mask = torch.zeros(8)
+    mask[heads] = 1
+    scores = direct_patch_scores(model, bad, good, "last", Site.of("z", L), mask)
+    return float((scores > 0).float().mean()), scores
+
+
+def test_plan_enumerates_or_samples_and_says_so():
+    units = [Unit(1, h) for h in range(8)]
+    plan = make_plan(units, make_groups(units, ["even", "odd"]), budget=30)
+    sizes = {(f.name, f.key[0]): f for f in plan.families}
+    assert sizes[("all", 4)].total == 70 and not sizes[("all", 4)].enumerated and len(sizes[("all", 4)].masks) == 30
+    assert sizes[("all", 2)].enumerated and len(set(sizes[("all", 2)].masks)) == 28
+    assert sizes[("even", 2)].total == math.comb(4, 2) and sizes[("even", 2)].enumerated
+    assert all(bin(m).count("1") == 4 for m in sizes[("all", 4)].masks)
+    # deterministic in the seed
+    assert make_plan(units, {}, budget=30).unique == make_plan(units, {}, budget=30).unique
+    assert make_plan(units, {}, budget=30, seed=1).unique != make_plan(units, {}, budget=30).unique
+
+
+def test_parse_units_and_groups_errors():
+    assert parse_units("L1H0,2.3", None, 3, 8) == [Unit(1, 0), Unit(2, 3)]
+    assert parse_units("0,2", 1, 3, 8) == [Unit(1, 0), Unit(1, 2)]
+    with pytest.raises(AnalysisError, match="out of range"):
+        parse_units("L5H0", None, 3, 8)
+    with pytest.raises(AnalysisError, match="unknown group"):
+        make_groups([Unit(0, 0)], ["thirds"])
+    with pytest.raises(AnalysisError, match="not a candidate head"):
+        make_groups([Unit(0, 0)], [], {"g": ["L3H3"]})
+
+
+def test_search_rates_equal_direct_forwards(decimal_model, small_case, tmp_path):
+    r = threshold_search(small_case, decimal_model, layer=1, groups=["even", "odd"], item_rate=0.5, out=tmp_path,
+                         chunk=64)
+    assert r.complete and r.subsets_evaluated == 256
+    assert r.size("all", 8).evaluated == 1 and r.size("even", 2).total == 6
+    # a few subsets' repair rates and mean scores from the search equal one hooked forward per row
+    from surgeon.cli import _per_subset
+
+    per = _per_subset(tmp_path)
+    for heads in ([0], [2, 4], [0, 2, 4, 6], list(range(8))):
+        m = sum(1 << h for h in heads)
+        rate, scores = direct_rate(decimal_model, small_case, {1: heads})
+        assert per[m][0] == pytest.approx(rate, abs=1e-6), heads
+        assert per[m][1] == pytest.approx(float(scores.mean()), abs=1e-4), heads
+    # family fractions are counts of repairing subsets among C(n, k)
+    for fam, k in (("all", 4), ("even", 2), ("odd", 3)):
+        row = r.size(fam, k)
+        pool = range(8) if fam == "all" else [h for h in range(8) if h % 2 == (0 if fam == "even" else 1)]
+        want = np.mean([per[sum(1 << h for h in c)][0] >= 0.5 for c in __import__("itertools").combinations(pool, k)])
+        assert row.fraction == pytest.approx(want) and row.lo == row.hi == row.fraction
+    # minimal repairing subsets: each repairs, and no proper subset of it does
+    labels = r.units
+    for m in r.minimal:
+        bits = sum(1 << labels.index(u) for u in m)
+        assert per[bits][0] >= 0.5
+        sub = bits
+        while sub:
+            sub = (sub - 1) & bits
+            if sub != bits and sub in per:
+                assert per[sub][0] < 0.5
+    # necessity: rate with + without a head are computed over all evaluated subsets
+    u0 = r.unit_stats[0]
+    with_0 = [v[0] >= 0.5 for k_, v in per.items() if k_ & 1]
+    assert u0.rate_with == pytest.approx(np.mean(with_0))
+
+
+def test_threshold_is_monotone_in_k_for_all_heads(decimal_model, small_case):
+    r = threshold_search(small_case, decimal_model, layer=1, groups=[], item_rate=0.5)
+    rates = [r.size("all", k).mean_item_rate for k in range(9)]
+    assert rates[0] == 0.0 and rates[-1] > rates[1]
+    t = r.threshold("all")
+    if t.k_star is not None:
+        assert r.size("all", t.k_star).fraction >= 0.5
+
+
+def test_shards_merge_into_the_single_run_result(decimal_model, small_case, tmp_path):
+    kw = dict(layer=1, groups=["even", "odd"], grid=("even", "odd"), grid_budget=10, item_rate=0.5, chunk=40)
+    single = threshold_search(small_case, decimal_model, out=tmp_path / "single", **kw)
+    for i in range(3):
+        assert threshold_search(small_case, decimal_model, out=tmp_path / f"s{i}", shard=f"{i}/3", **kw) is None
+    merged = merge([tmp_path / f"s{i}" for i in range(3)], tmp_path / "merged")
+    assert merged.complete
+    a, b = single.__dict__.copy(), merged.__dict__.copy()
+    assert json.dumps(a, default=str, sort_keys=True) == json.dumps(b, default=str, sort_keys=True)
+    # a partial shard alone is reported as partial
+    part = collect(tmp_path / "s0")
+    assert not part.complete and part.chunks_done < part.chunks_total
+
+
+def test_resume_continues_and_refuses_a_different_plan(decimal_model, small_case, tmp_path):
+    out = tmp_path / "run"
+    first = threshold_search(small_case, decimal_model, layer=1, groups=[], item_rate=0.5, out=out, chunk=50,
+                             shard="0/2")  # half the chunks, as if stopped
+    assert first is None
+    done = len(list((out / "parts").glob("chunk-*.npz")))
+    r = threshold_search(small_case, decimal_model, layer=1, groups=[], item_rate=0.5, out=out, chunk=50)
+    assert r.complete and len(list((out / "parts").glob("chunk-*.npz"))) > done
+    with pytest.raises(AnalysisError, match="different search"):
+        threshold_search(small_case, decimal_model, layer=2, groups=[], out=out, chunk=50)
+
+
+def test_blend_curve_and_switch_points(decimal_model, small_case):
+    r = blend(small_case, decimal_model, layer=0, component="mlp_out", step=0.05)
+    assert r.alphas[0] == 0 and r.alphas[-1] == pytest.approx(1.0)
+    assert r.rate[0] == 0.0  # the failing format fails at a = 0
+    # each finite switching point lies where that item's score changes sign (checked with a direct run)
+    bad = format_rows(small_case, decimal_model, "qa", small_case.items)
+    good = format_rows(small_case, decimal_model, "plain", small_case.items)
+    site = Site.of("mlp_out", 0)
+    for i in np.nonzero(np.isfinite(r.switch) & (r.crossings == 1))[0][:3]:
+        a = float(r.switch[i])
+        below = direct_patch_scores(decimal_model, bad, good, "last", site, torch.tensor([max(0.0, a - 0.05)]))[i]
+        above = direct_patch_scores(decimal_model, bad, good, "last", site, torch.tensor([min(1.0, a + 0.05)]))[i]
+        assert below <= 0 < above
+
+
+def test_cli_threshold_writes_outputs_and_blend(tmp_path):
+    case = f"{ROOT}/cases/decimal_organism.py"
+    out = tmp_path / "th"
+    r = subprocess.run([sys.executable, "-m", "surgeon", "threshold", case, "--layer", "2", "--budget", "20",
+                        "--item-rate", "0.5", "--out", str(out)], capture_output=True, text=True, cwd=ROOT)
+    assert r.returncode == 0, r.stderr
+    assert "threshold" in r.stdout and (out / "subsets.csv").exists() and (out / "threshold.png").exists()
+    rows = (out / "subsets.csv").read_text().splitlines()
+    assert rows[0].startswith("subset,size,families") and len(rows) > 20
+    again = subprocess.run([sys.executable, "-m", "surgeon", "threshold", case, "--layer", "2", "--out", str(out)],
+                           capture_output=True, text=True, cwd=ROOT)
+    assert again.returncode == 2 and "--resume" in again.stderr
+    b = subprocess.run([sys.executable, "-m", "surgeon", "blend", case, "--layer", "0", "--component", "mlp_out",
+                        "--out", str(tmp_path / "bl")], capture_output=True, text=True, cwd=ROOT)
+    assert b.returncode == 0, b.stderr
+    assert "switching point" in b.stdout and (tmp_path / "bl" / "blend.png").exists()
