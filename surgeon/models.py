@@ -153,8 +153,12 @@ def _load_hf(ref: ModelRef, device: str, tdtype, n_devices: int):
     with tempfile.TemporaryDirectory(prefix="surgeon-ckpt-") as tmp:
         neutral = _neutral_view(ref.path, Path(tmp) / "checkpoint", hf_cfg)
         try:
-            cfg = loading.get_pretrained_model_config(str(neutral), hf_cfg=hf_cfg, device=device, n_devices=n_devices,
-                                                      dtype=tdtype, fold_ln=False, local_files_only=True)
+            if hf_cfg.get("model_type") == "gemma2":
+                cfg = _gemma2_config(hf_cfg, device, n_devices, tdtype)
+            else:
+                cfg = loading.get_pretrained_model_config(str(neutral), hf_cfg=hf_cfg, device=device,
+                                                          n_devices=n_devices, dtype=tdtype, fold_ln=False,
+                                                          local_files_only=True)
             state = loading.get_pretrained_state_dict(str(neutral), cfg, hf, dtype=tdtype)
         except Exception as e:
             raise ModelError(f"TransformerLens cannot convert {ref.path} ({hf_cfg.get('architectures')}): {e}",
@@ -167,6 +171,30 @@ def _load_hf(ref: ModelRef, device: str, tdtype, n_devices: int):
     model.to(device)
     model.eval()
     return model
+
+
+def _gemma2_config(c: dict, device, n_devices: int, dtype):
+    """TL 3.9 knows Gemma-2 only by official name (hard-coded sizes); build its config from the checkpoint's."""
+    import math
+
+    from transformer_lens import HookedTransformerConfig
+
+    n = c["num_hidden_layers"]
+    kinds = c.get("layer_types") or ["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(n)]
+    return HookedTransformerConfig(
+        d_model=c["hidden_size"], d_head=c["head_dim"], n_heads=c["num_attention_heads"], d_mlp=c["intermediate_size"],
+        n_layers=n, n_ctx=min(c.get("max_position_embeddings", 8192), 8192), eps=c["rms_norm_eps"],
+        d_vocab=c["vocab_size"], act_fn=c.get("hidden_activation") or "gelu_pytorch_tanh",
+        normalization_type="RMS", rotary_base=c.get("rope_theta", 10000.0), rotary_dim=c["head_dim"],
+        positional_embedding_type="rotary", use_attn_scale=True,
+        attn_scale=math.sqrt(c.get("query_pre_attn_scalar") or c["head_dim"]),
+        n_key_value_heads=c["num_key_value_heads"], window_size=c["sliding_window"], use_local_attn=True,
+        attn_types=["local" if k == "sliding_attention" else "global" for k in kinds],
+        attn_scores_soft_cap=c.get("attn_logit_softcapping") or -1.0,
+        output_logits_soft_cap=c.get("final_logit_softcapping") or -1.0, gated_mlp=True, final_rms=True,
+        use_normalization_before_and_after=True, original_architecture="Gemma2ForCausalLM",
+        device=device, n_devices=n_devices, dtype=dtype, default_prepend_bos=True, init_weights=False,
+        tokenizer_prepends_bos=True)
 
 
 def _neutral_view(src: Path, dest: Path, hf_cfg: dict) -> Path:

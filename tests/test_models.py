@@ -10,11 +10,11 @@ from surgeon.analyses.common import format_rows
 from surgeon.core import Contrast, Site
 from surgeon.models import load_model
 
-from .checkpoints import make_gpt2, make_llama, make_qwen2
+from .checkpoints import make_gemma2, make_gpt2, make_llama, make_qwen2
 from .conftest import ROOT
 from .reference import direct_patch_scores
 
-MAKERS = {"gpt2": make_gpt2, "tiny-llama-gqa": make_llama, "qwen2": make_qwen2}
+MAKERS = {"gpt2": make_gpt2, "tiny-llama-gqa": make_llama, "qwen2": make_qwen2, "gemma-2-local": make_gemma2}
 LLAMA_CASE = os.path.join(ROOT, "cases", "llama31_decimal.py")
 
 
@@ -36,7 +36,7 @@ def test_logits_equal_huggingface(checkpoint):
 
     model = load_model(str(checkpoint))
     hf = AutoModelForCausalLM.from_pretrained(str(checkpoint))
-    tokens = torch.randint(2, model.cfg.d_vocab, (3, 17))
+    tokens = torch.randint(2, model.cfg.d_vocab, (3, 90))  # longer than Gemma-2's sliding window (64)
     with torch.no_grad():
         torch.testing.assert_close(model(tokens), hf(tokens).logits, atol=1e-4, rtol=0)
 
@@ -89,3 +89,27 @@ def test_answer_that_tokenizes_to_nothing(tmp_path):
                  "    bad=['b'], items=[Item({'v': '1'}, correct=' 1', incorrect='\\u00e9')])\n")
     with pytest.raises(CaseError, match=r"field 'items\[0\].incorrect'.*tokenizes to nothing"):
         load_case(p)
+
+
+def test_hub_name_is_read_from_the_local_cache(tmp_path):
+    """A Hugging Face name works offline when the model is in the local cache (HF_HUB_CACHE)."""
+    import subprocess
+    import sys
+
+    snap = tmp_path / "hub" / "models--tiny-org--tiny-model" / "snapshots" / "0123abc"
+    make_llama(snap)
+    (tmp_path / "hub" / "models--tiny-org--tiny-model" / "refs").mkdir()
+    (tmp_path / "hub" / "models--tiny-org--tiny-model" / "refs" / "main").write_text("0123abc")
+    case = tmp_path / "case.py"
+    case.write_text("from surgeon import Case, Item\n"
+                    "case = Case(name='t', model='tiny-org/tiny-model', formats={'a': 'x {v} =', 'b': 'yy {v} ='},\n"
+                    "    good='a', bad=['b'], items=[Item({'v': str(i)}, correct=' 1', incorrect=' 2') for i in range(4)])\n")
+    env = dict(os.environ, HF_HUB_CACHE=str(tmp_path / "hub"), HF_HUB_OFFLINE="1")
+    r = subprocess.run([sys.executable, "-m", "surgeon", "diagnose", str(case)], capture_output=True, text=True,
+                       env=env, cwd=ROOT)
+    assert r.returncode == 0, r.stderr
+    assert "model tiny-org/tiny-model" in r.stdout
+    env["HF_HUB_CACHE"] = str(tmp_path / "empty")
+    r = subprocess.run([sys.executable, "-m", "surgeon", "diagnose", str(case)], capture_output=True, text=True,
+                       env=env, cwd=ROOT)
+    assert r.returncode == 2 and "nor in the local Hugging Face cache" in r.stderr and "Traceback" not in r.stderr
