@@ -86,3 +86,42 @@ def make_gemma2(path: Path) -> Path:
     Gemma2ForCausalLM(cfg).save_pretrained(path)
     tok.save_pretrained(path)
     return path
+
+
+def word_tokenizer(texts, specials=("<|endoftext|>",)):
+    """GPT-2-style pre-tokenization (byte-level, 'Ġ' for spaces) with one token per pre-token seen in
+    `texts`: a stand-in that splits the case's words like GPT-2 does (names are one token each)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    pre = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    words = sorted({w for t in texts for w, _ in pre.pre_tokenize_str(t)})
+    vocab = {t: i for i, t in enumerate(list(specials) + ["<unk>"] + words)}
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre
+    tok.decoder = decoders.ByteLevel()
+    return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token=specials[0], eos_token=specials[0],
+                                   unk_token="<unk>")
+
+
+def case_texts(case):
+    from surgeon.encoding import render
+
+    out = []
+    for it in case.items:
+        out += [render(f, it.values, None)[0] for f in case.formats.values()] + [it.correct, it.incorrect]
+    return out
+
+
+def make_gpt2_standin(path: Path, case) -> Path:
+    """GPT-2 small's layout (12 layers x 12 heads) with tiny widths and a vocabulary of the case's words."""
+    import torch
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    tok = word_tokenizer(case_texts(case))
+    cfg = GPT2Config(vocab_size=len(tok), n_embd=96, n_layer=12, n_head=12, n_positions=128, bos_token_id=0,
+                     eos_token_id=0)
+    torch.manual_seed(0)
+    GPT2LMHeadModel(cfg).save_pretrained(path)
+    tok.save_pretrained(path)
+    return path

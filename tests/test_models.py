@@ -1,6 +1,7 @@
 """Real architectures through the path users take: a checkpoint directory on disk -> load_model."""
 import os
 
+import numpy as np
 import pytest
 import torch
 
@@ -113,3 +114,21 @@ def test_hub_name_is_read_from_the_local_cache(tmp_path):
     r = subprocess.run([sys.executable, "-m", "surgeon", "diagnose", str(case)], capture_output=True, text=True,
                        env=env, cwd=ROOT)
     assert r.returncode == 2 and "nor in the local Hugging Face cache" in r.stderr and "Traceback" not in r.stderr
+
+
+@pytest.mark.parametrize("name", ["gpt2_ioi", "gpt2_greater_than"])
+def test_gpt2_cases_validate_and_patch_on_standin(tmp_path, name):
+    """The GPT-2 cases load, validate and run per-head patching on a stand-in with GPT-2 small's layout."""
+    from surgeon.analyses import patch_heads
+
+    from .checkpoints import make_gpt2_standin
+
+    path = os.path.join(ROOT, "cases", f"{name}.py")
+    draft = load_case(path, check_model=False)
+    standin = make_gpt2_standin(tmp_path / "gpt2-standin", draft)
+    case = load_case(path, model=str(standin))
+    model = load_model(case.model)
+    assert (model.cfg.n_layers, model.cfg.n_heads) == (12, 12)
+    assert "circuit" in case.notes
+    r = patch_heads(case, model, layers=[9, 10], component="z")  # index alignment: equal-length formats
+    assert r.fraction.shape == (2, 12) and np.isfinite(r.score).all()
