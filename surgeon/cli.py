@@ -22,6 +22,8 @@ def _common(p: argparse.ArgumentParser, case: bool = True) -> None:
     p.add_argument("--out", type=Path, help="write results.json, manifest.json and figures here")
     p.add_argument("--device", default=None, help="cpu, cuda, cuda:1, mps (default: cuda if available, else cpu)")
     p.add_argument("--dtype", default="float32", help="float32, bfloat16 or float16 (default: float32)")
+    p.add_argument("--n-devices", type=int, default=1,
+                   help="split the model's layers over this many GPUs (TransformerLens n_devices; default 1)")
     p.add_argument("--batch-size", type=int, default=256, help="rows per forward pass (default: 256)")
     p.add_argument("--seed", type=int, default=0, help="random seed (default: 0)")
     p.add_argument("--threads", type=int, default=None, help="CPU threads for torch (default: torch's choice)")
@@ -143,7 +145,7 @@ def _load(args):
     _setup(args)
     case = load_case(args.case, model=args.model)
     device = _device(args.device)
-    model = load_model(case.model, device=device, dtype=args.dtype)
+    model = load_model(case.model, device=device, dtype=args.dtype, n_devices=args.n_devices)
     return case, model, device
 
 

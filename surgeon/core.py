@@ -140,6 +140,7 @@ class Contrast:
         self.model = model
         self.cfg = model.cfg
         self.batch_size = max(1, int(batch_size))
+        self.backoffs = 0  # how often out-of-memory halved the batch size
         self.device = next(model.parameters()).device
         self.n_items = max(r.item for r in base_rows) + 1
         sites = [Site.coerce(x) for x in sites]
@@ -225,9 +226,12 @@ class Contrast:
             return readout(self.model, final, b.source_tgt_pos, b.tgt_tok, b.tgt_sign)[0]
         return None
 
-    @torch.no_grad()
     def _pass(self, tokens: Tensor, names: Sequence[str], final: bool):
         """One forward over `tokens` (in batches), caching `names`; the final residual too if `final`."""
+        return self._with_backoff(lambda: self._pass_once(tokens, names, final))
+
+    @torch.no_grad()
+    def _pass_once(self, tokens: Tensor, names: Sequence[str], final: bool):
         names = list(dict.fromkeys(names))
         out: dict[str, list[Tensor]] = defaultdict(list)
         finals = []
@@ -311,20 +315,45 @@ class Contrast:
         for b in self.buckets:
             self._ensure_base(b, start, list(masks))
             self._ensure_source(b, list(masks))
-            chunk = max(1, self.batch_size // b.n)
+            per_bucket.append(self._with_backoff(lambda: self._bucket_scores(b, start, masks, P, bar)))
+        if bar is not None:
+            bar.close()
+        return self._to_items(per_bucket)
+
+    def _bucket_scores(self, b: Bucket, start: int, masks: Mapping[Site, Tensor], P: int, bar) -> Tensor:
+        """[P, n] scores for one bucket: rows in slices of at most batch_size, patches in chunks that fill it."""
+        cols = []
+        for r0 in range(0, b.n, self.batch_size):
+            sb = b if b.n <= self.batch_size else _row_slice(b, r0, min(b.n, r0 + self.batch_size))
+            chunk = max(1, self.batch_size // sb.n)
             outs, kv = [], {}
             for lo in range(0, P, chunk):
                 sub = {s: m[lo: lo + chunk] for s, m in masks.items()}
                 c = min(chunk, P - lo)
                 if c not in kv:
-                    kv = {c: self._kv_cache(b, start, c)}
-                outs.append(self._run_chunk(b, start, sub, c, kv[c]))
+                    kv = {c: self._kv_cache(sb, start, c)}
+                outs.append(self._run_chunk(sb, start, sub, c, kv[c]))
                 if bar is not None:
-                    bar.update(c * b.n)
-            per_bucket.append(torch.cat(outs))
-        if bar is not None:
-            bar.close()
-        return self._to_items(per_bucket)
+                    bar.update(c * sb.n)
+            cols.append(torch.cat(outs))
+        return torch.cat(cols, dim=1)
+
+    def _with_backoff(self, fn):
+        """Run fn; on out-of-memory halve the batch size and try again (down to one row)."""
+        while True:
+            try:
+                return fn()
+            except torch.OutOfMemoryError:
+                for b in self.buckets:
+                    b.kv_rep, b.kv_copies = {}, 0
+                if self.device.type == "cuda":
+                    torch.cuda.empty_cache()
+                if self.batch_size == 1:
+                    raise AnalysisError("out of memory with a single row per forward pass", field="--batch-size",
+                                        fix="use --dtype bfloat16, fewer or shorter items, or a device with more memory"
+                                        ) from None
+                self.batch_size = max(1, self.batch_size // 2)
+                self.backoffs += 1
 
     def _run_chunk(self, b: Bucket, start: int, masks: Mapping[Site, Tensor], copies: int, kv_cache) -> Tensor:
         n, p0 = b.n, b.p0
@@ -340,8 +369,9 @@ class Contrast:
                 out = act.clone() if torch.is_grad_enabled() else act
                 x = _units_view(out, site.component, site.n_units(self.cfg))
                 x = x.view(copies, n, *x.shape[1:])
-                cur = x[:, idx, rel]  # [c, n, S, U, R]
-                x[:, idx, rel] = cur + m * (src - cur)
+                i, r = idx.to(x.device), rel.to(x.device)  # layers may sit on different GPUs
+                cur = x[:, i, r]  # [c, n, S, U, R]
+                x[:, i, r] = cur + m.to(x.device) * (src.to(x.device) - cur)
                 return out
 
             hooks.append((site.hook, mix))
@@ -349,6 +379,18 @@ class Contrast:
         with self.model.hooks(fwd_hooks=hooks):
             final = self.model(resid, start_at_layer=start, stop_at_layer=self.cfg.n_layers, past_kv_cache=kv_cache)
         return readout(self.model, final, b.tgt_pos - p0, b.tgt_tok, b.tgt_sign)
+
+
+def _row_slice(b: Bucket, r0: int, r1: int) -> Bucket:
+    """Rows r0:r1 of a bucket, with views of its caches (for buckets larger than a batch)."""
+    rows = slice(r0, r1)
+    return Bucket(
+        row_ids=b.row_ids[rows], items=b.items[rows], base_tokens=b.base_tokens[rows],
+        source_tokens=b.source_tokens[rows], base_pos=b.base_pos[rows], source_pos=b.source_pos[rows],
+        tgt_pos=b.tgt_pos[rows], source_tgt_pos=b.source_tgt_pos[rows], tgt_tok=b.tgt_tok[rows],
+        tgt_sign=b.tgt_sign[rows], slot_valid=b.slot_valid[rows], equal_lengths=b.equal_lengths, p0=b.p0,
+        resid={L: x[rows] for L, x in b.resid.items()}, kv={L: (k[rows], v[rows]) for L, (k, v) in b.kv.items()},
+        source_acts={s: x[rows] for s, x in b.source_acts.items()}, base_acts={s: x[rows] for s, x in b.base_acts.items()})
 
 
 def readout(model, resid: Tensor, tgt_rel: Tensor, tok: Tensor, sign: Tensor) -> Tensor:

@@ -168,7 +168,10 @@ def _load_hf(ref: ModelRef, device: str, tdtype, n_devices: int):
     model.load_and_process_state_dict(state, fold_ln=False, center_writing_weights=False, center_unembed=False,
                                       fold_value_biases=False, refactor_factored_attn_matrices=False)
     del state
-    model.to(device)
+    if n_devices > 1:
+        model.move_model_modules_to_device()  # TL spreads the layers over the GPUs
+    else:
+        model.to(device)
     model.eval()
     return model
 

@@ -124,3 +124,38 @@ def test_pattern_needs_equal_lengths(random_model):
     c = Contrast(random_model, rows(random_model, LONG), rows(random_model, SHORT), "last")
     with pytest.raises(AnalysisError, match="equal length"):
         c.run({Site.of("pattern", 1): torch.eye(4)})
+
+
+def test_out_of_memory_halves_the_batch_and_gives_the_same_numbers(random_model):
+    """A forward pass over more than 6 rows 'runs out of memory' (raised from a real hook, as CUDA would);
+    the core halves its batch size until it fits, and the scores do not change."""
+    b, s = rows(random_model, LONG), rows(random_model, SHORT)
+    site = Site.of("z", 1)
+    want = Contrast(random_model, b, s, "last", batch_size=256).run({site: torch.eye(4)})
+
+    def limit(module, inputs, output):
+        if output.shape[0] > 6:
+            raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
+
+    handle = random_model.blocks[1].register_forward_hook(limit)
+    try:
+        c = Contrast(random_model, b, s, "last", batch_size=256)
+        got = c.run({site: torch.eye(4)})
+    finally:
+        handle.remove()
+    assert c.backoffs >= 5 and c.batch_size <= 6
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=0)
+
+
+def test_bfloat16_model_gives_the_float32_answer(decimal_case):
+    """The organism in bfloat16: same verdicts, patch effects close to float32's."""
+    from surgeon.analyses import diagnose, patch_heads
+    from surgeon.models import load_model
+
+    m32, m16 = load_model("organism:decimal"), load_model("organism:decimal", dtype="bfloat16")
+    assert next(m16.parameters()).dtype == torch.bfloat16
+    assert diagnose(decimal_case, m16).reproduced == {"qa": True, "chat": True}
+    a = patch_heads(decimal_case, m32, layers=[0])
+    b = patch_heads(decimal_case, m16, layers=[0])
+    assert abs(b.clean_base.value - a.clean_base.value) < 0.2
+    assert float(abs(b.fraction - a.fraction).max()) < 0.05
