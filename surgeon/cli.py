@@ -39,6 +39,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("diagnose", help="accuracy and score per format, with intervals: is the failure there?")
     _common(p)
+    p.add_argument("--generate", type=int, default=0, metavar="N",
+                   help="also generate N tokens greedily per focus item and judge them (what the paper did)")
 
     p = sub.add_parser("patch", help="patch each head (unit) of each layer from one format into the other")
     _common(p)
@@ -70,6 +72,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--chunk", type=int, default=256, help="subsets per saved chunk (default 256)")
     p.add_argument("--shard", help="i/n: evaluate only every n-th chunk (merge shards with surgeon merge)")
     p.add_argument("--resume", action="store_true", help="continue the search saved in --out")
+    p.add_argument("--generate", type=int, default=0, metavar="N",
+                   help="also check the minimal subsets and all candidates by greedy generation of N tokens")
 
     p = sub.add_parser("merge", help="merge threshold shards into the result one run gives")
     p.add_argument("dirs", nargs="+", type=Path, help="the --out directories of the shards")
@@ -154,7 +158,7 @@ def cmd_diagnose(args) -> int:
     from .analyses import diagnose
 
     case, model, device = _load(args)
-    d = diagnose(case, model, batch_size=args.batch_size)
+    d = diagnose(case, model, batch_size=args.batch_size, generate=args.generate)
     print(report.diagnosis_text(d, case))
     if args.out:
         report.save(args.out, "diagnose", d, case, args, device, figures={"accuracy.png": figures.diagnosis_figure})
@@ -218,7 +222,8 @@ def cmd_threshold(args) -> int:
         r = threshold_search(case, model, layer=args.layer, heads=args.heads, groups=groups, groups_spec=spec, grid=grid,
                              budget=args.budget, grid_budget=args.grid_budget, item_rate=args.item_rate, x=args.x,
                              component=args.component, bad=args.bad, tag=args.tag, batch_size=args.batch_size,
-                             chunk=args.chunk, seed=args.seed, out=out, shard=args.shard, progress=True)
+                             chunk=args.chunk, seed=args.seed, out=out, shard=args.shard, generate=args.generate,
+                             progress=True)
     except Interrupted as e:
         _write_threshold(out, e.partial, case, args, device)
         print(report.threshold_text(e.partial))

@@ -355,9 +355,11 @@ class Contrast:
                 self.batch_size = max(1, self.batch_size // 2)
                 self.backoffs += 1
 
-    def _run_chunk(self, b: Bucket, start: int, masks: Mapping[Site, Tensor], copies: int, kv_cache) -> Tensor:
-        n, p0 = b.n, b.p0
-        rel = (b.base_pos - p0).to(self.device)
+    def _mix_hooks(self, b: Bucket, masks: Mapping[Site, Tensor], copies: int, offset: int) -> list:
+        """The mixing hooks for one chunk: act <- act + m * (source - act) at the patched positions
+        (given relative to `offset`, the first position the forward pass sees)."""
+        n = b.n
+        rel = (b.base_pos - offset).to(self.device)
         idx = torch.arange(n, device=self.device)[:, None]
         hooks = []
         for site, m in masks.items():
@@ -375,10 +377,54 @@ class Contrast:
                 return out
 
             hooks.append((site.hook, mix))
+        return hooks
+
+    def _run_chunk(self, b: Bucket, start: int, masks: Mapping[Site, Tensor], copies: int, kv_cache) -> Tensor:
+        hooks = self._mix_hooks(b, masks, copies, offset=b.p0)
         resid = b.resid[start].repeat(copies, 1, 1)
         with self.model.hooks(fwd_hooks=hooks):
             final = self.model(resid, start_at_layer=start, stop_at_layer=self.cfg.n_layers, past_kv_cache=kv_cache)
-        return readout(self.model, final, b.tgt_pos - p0, b.tgt_tok, b.tgt_sign)
+        return readout(self.model, final, b.tgt_pos - b.p0, b.tgt_tok, b.tgt_sign)
+
+    @torch.no_grad()
+    def generate(self, masks: Mapping[Site | str, Tensor], n_new: int) -> Tensor:
+        """Greedy continuations [P, n_items, n_new] of the base prompts with each patch applied to the
+        prompt's patched positions (generated positions are not patched). Build the Contrast from
+        prompt-only rows (`surgeon.encoding.prompt_rows`): one row per item."""
+        masks = {Site.coerce(k): v for k, v in masks.items()}
+        P = next(iter(masks.values())).shape[0]
+        out = torch.zeros(P, self.n_items, n_new, dtype=torch.long)
+        for b in self.buckets:
+            self._ensure_source(b, list(masks))
+            lengths = b.tgt_pos[:, 0] + 1  # prompt rows: the target marks the last prompt token
+            chunk = max(1, self.batch_size // b.n)
+            for lo in range(0, P, chunk):
+                c = min(chunk, P - lo)
+                hooks = self._mix_hooks(b, {s: m[lo: lo + c] for s, m in masks.items()}, c, offset=0)
+                gen = greedy(self.model, b.base_tokens.repeat(c, 1), lengths.repeat(c), n_new, hooks)
+                out[lo: lo + c, b.items.cpu()] = gen.view(c, b.n, n_new).cpu()
+        return out
+
+
+@torch.no_grad()
+def greedy(model, tokens: Tensor, lengths: Tensor, n_new: int, hooks: Sequence = ()) -> Tensor:
+    """Greedy decoding of right-padded rows (`lengths` real tokens each), `hooks` active on every step.
+    Full forward passes (no key/value cache), so position-indexed hooks stay valid. Returns [rows, n_new]."""
+    rows = tokens.shape[0]
+    cur = torch.cat([tokens, torch.zeros((rows, n_new), dtype=tokens.dtype, device=tokens.device)], dim=1)
+    lengths = lengths.clone().to(tokens.device)
+    ar = torch.arange(rows, device=tokens.device)
+    out = []
+    first = tokens.shape[1]  # never narrower than the padded prompts: hooks may index their padding
+    with model.hooks(fwd_hooks=list(hooks)):
+        for _ in range(n_new):
+            width = max(first, int(lengths.max()))
+            logits = model(cur[:, :width])
+            nxt = logits[ar, lengths - 1].argmax(-1)
+            cur[ar, lengths] = nxt
+            lengths += 1
+            out.append(nxt)
+    return torch.stack(out, dim=1)
 
 
 def _row_slice(b: Bucket, r0: int, r1: int) -> Bucket:

@@ -128,3 +128,13 @@ def align(base: Row, source: Row, how: str, base_fmt: str = "base", source_fmt: 
                         "fast tokenizer and placeholders in both)", field="align", fix="use align='last'")
     pairs = sorted({(b, s) for b, s in zip(pb + tail_b, ps + tail_s)})
     return [b for b, _ in pairs], [s for _, s in pairs]
+
+
+def prompt_rows(fmt: Format, items: Sequence[Item], tokenizer, prepend_bos: bool) -> list[Row]:
+    """One row per item holding just the prompt, for generation; its one target marks the last prompt
+    token (token 0, sign 0: it scores nothing)."""
+    rows = []
+    for i, it in enumerate(items):
+        prompt, anchors = encode_prompt(fmt, it.values, tokenizer, prepend_bos)
+        rows.append(Row(i, tuple(prompt), len(prompt), ((len(prompt) - 1, 0, 0.0),), anchors))
+    return rows

@@ -27,6 +27,12 @@ def diagnosis_text(d, case) -> str:
         a = d.get(b, focus).accuracy
         verdict = "REPRODUCED" if yes else "not reproduced"
         lines.append(f"failure in {b!r} on {focus} items: {verdict} — accuracy {a.pct()} vs {g.pct()} in {d.good!r}")
+    if d.generations:
+        lines += ["", f"greedy generation ({d.generations[0].n_new} new tokens) on {focus} items, judged against the answers:"]
+        for g in d.generations:
+            c = g.counts()
+            lines.append(f"{g.format:10s} correct {g.accuracy.pct()}   incorrect {c['incorrect']}, other {c['other']}   "
+                         f"e.g. " + ", ".join(repr(t) for t in g.texts[:3]))
     return "\n".join(lines)
 
 
@@ -129,6 +135,12 @@ def threshold_text(r) -> str:
         lines.append("  " + "+".join(m))
     if r.n_minimal > 10:
         lines.append(f"  ... {r.n_minimal - 10} more in results.json")
+    if r.generation:
+        lines += ["", "greedy generation with the subset patched at the prompt's aligned positions (correct answer first):"]
+        for g in r.generation:
+            name = "all candidates" if g["subset"] == r.units else "+".join(g["subset"])
+            lines.append(f"  {name}: {100 * g['correct']:5.1f}% [{100 * g['lo']:5.1f}, {100 * g['hi']:5.1f}] "
+                         f"(n={g['n']}), e.g. {', '.join(repr(t) for t in g['examples'])}")
     return "\n".join(lines)
 
 

@@ -28,12 +28,13 @@ class Diagnosis:
     focus: str | None
     stats: tuple[FormatStats, ...]
     reproduced: dict[str, bool]  # per failing format: its accuracy interval lies below the good format's
+    generations: tuple = ()  # per format, with generate > 0: greedy continuations and their verdicts
 
     def get(self, fmt: str, tag: str = "all") -> FormatStats:
         return next(s for s in self.stats if s.format == fmt and s.tag == tag)
 
 
-def diagnose(case: Case, model, *, batch_size: int = 256, progress: bool = False) -> Diagnosis:
+def diagnose(case: Case, model, *, batch_size: int = 256, generate: int = 0, progress: bool = False) -> Diagnosis:
     """Score every item in every format. The failure is *reproduced* for a failing format when, on the
     focus items (all items if the case names none), its accuracy's 95% interval lies entirely below the
     good format's."""
@@ -55,4 +56,9 @@ def diagnose(case: Case, model, *, batch_size: int = 256, progress: bool = False
     d = Diagnosis(case.name, case.model, case.good, case.bad_formats, case.focus, tuple(stats), {})
     good = d.get(case.good, focus).accuracy
     reproduced = {b: d.get(b, focus).accuracy.hi < good.lo for b in case.bad_formats}
-    return Diagnosis(case.name, case.model, case.good, case.bad_formats, case.focus, tuple(stats), reproduced)
+    gens = ()
+    if generate:
+        from .generation import generate_format
+
+        gens = tuple(generate_format(case, model, f, case.items_for(case.focus), generate, batch_size) for f in formats)
+    return Diagnosis(case.name, case.model, case.good, case.bad_formats, case.focus, tuple(stats), reproduced, gens)

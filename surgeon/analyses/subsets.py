@@ -286,6 +286,7 @@ class ThresholdResult:
     chunks_total: int
     subsets_evaluated: int
     options: dict = field(default_factory=dict)
+    generation: list = field(default_factory=list)  # with --generate: greedy check of chosen subsets
 
     def size(self, family: str, k: int) -> SizeRow:
         return next(r for r in self.sizes if r.family == family and r.key == (k,))

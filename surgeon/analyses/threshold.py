@@ -23,12 +23,13 @@ def threshold_search(case: Case, model, *, layer: int | None = None, heads: str 
                      item_rate: float = 1.0, x: float = 0.5, component: str = "z", direction: Direction = "denoise",
                      bad: str | None = None, tag: str | None = None, batch_size: int = 256, chunk: int = 256,
                      seed: int = 0, out: str | Path | None = None, shard: str | None = None,
-                     progress: bool = False) -> ThresholdResult | None:
+                     generate: int = 0, progress: bool = False) -> ThresholdResult | None:
     """Search head subsets at `layer` (or the heads named in `heads`); see `surgeon.analyses.subsets`.
 
     With `out`, finished chunks are saved under `out/parts` and a rerun resumes from them; with
     `shard="i/n"` only every n-th chunk is evaluated and None is returned (merge the shards with
-    `merge`). Without `out` a temporary directory is used.
+    `merge`). Without `out` a temporary directory is used. With `generate=N`, the minimal repairing
+    subsets (up to 20) and the full candidate set are also checked by greedy generation of N tokens.
     """
     from ..core import Site
     from ..sites import component as get_component
@@ -70,7 +71,35 @@ def threshold_search(case: Case, model, *, layer: int | None = None, heads: str 
     result = collect(Path(out))
     if tmp is not None:
         tmp.cleanup()
+    if generate:
+        result.generation = generation_check(case, model, result, n_new=generate, component=component, bad=bad,
+                                             tag=tag, batch_size=batch_size)
     return result
+
+
+def generation_check(case: Case, model, result: ThresholdResult, *, n_new: int, component: str = "z",
+                     bad: str | None = None, tag: str | None = None, batch_size: int = 256) -> list[dict]:
+    """Greedy generation with each minimal repairing subset (up to 20) and with every candidate patched."""
+    import torch
+
+    from ..core import Site
+    from .generation import generate_patched
+
+    subsets = [list(m) for m in result.minimal[:20]] + [list(result.units)]
+    units = parse_units(",".join(result.units), None, model.cfg.n_layers, Site.of(component, 0).n_units(model.cfg))
+    masks = {}
+    for L in sorted({u.layer for u in units}):
+        site = Site.of(component, L)
+        m = torch.zeros(len(subsets), site.n_units(model.cfg))
+        for p, sub in enumerate(subsets):
+            for lab in sub:
+                u = units[result.units.index(lab)]
+                if u.layer == L:
+                    m[p, u.head] = 1
+        masks[site] = m
+    gens = generate_patched(case, model, masks, n_new, bad=bad, tag=tag, batch_size=batch_size)
+    return [dict(subset=sub, correct=g.accuracy.value, lo=g.accuracy.lo, hi=g.accuracy.hi, n=g.accuracy.n,
+                 counts=g.counts(), examples=list(g.texts[:3])) for sub, g in zip(subsets, gens)]
 
 
 class Interrupted(KeyboardInterrupt):

@@ -1,0 +1,79 @@
+"""Generation-based scoring, as the original paper judged success: greedy continuations, matched
+against the answers. Logit scores stay the default; this is the check beside them."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal, Sequence
+
+from ..case import Case, Item
+from ..stats import Estimate, wilson
+from .common import format_rows, pick_bad, pick_items, prepend_bos
+
+Verdict = Literal["correct", "incorrect", "other"]
+
+
+def judge(text: str, item: Item) -> Verdict:
+    """`correct` when the continuation starts with the correct answer, `incorrect` when it starts with the
+    incorrect one (leading white space ignored; when both match, the longer answer wins), else `other`."""
+    t = text.lstrip()
+    hits = [(len(a.strip()), v) for a, v in ((item.correct, "correct"), (item.incorrect, "incorrect"))
+            if t.startswith(a.strip())]
+    return max(hits)[1] if hits else "other"
+
+
+@dataclass(frozen=True)
+class Generations:
+    format: str
+    n_new: int
+    texts: tuple[str, ...]
+    verdicts: tuple[str, ...]
+    accuracy: Estimate  # fraction judged correct
+
+    def counts(self) -> dict[str, int]:
+        return {v: self.verdicts.count(v) for v in ("correct", "incorrect", "other")}
+
+
+def _judged(fmt: str, n_new: int, texts: list[str], items: Sequence[Item]) -> Generations:
+    verdicts = tuple(judge(t, it) for t, it in zip(texts, items))
+    return Generations(fmt, n_new, tuple(texts), verdicts, wilson(verdicts.count("correct"), len(verdicts)))
+
+
+def generate_format(case: Case, model, fmt: str, items: Sequence[Item], n_new: int = 8,
+                    batch_size: int = 256) -> Generations:
+    """Greedy continuations of every item's prompt in one format, unpatched."""
+    import torch
+
+    from ..core import greedy
+    from ..encoding import prompt_rows
+
+    rows = prompt_rows(case.formats[fmt], items, model.tokenizer, prepend_bos(case, model))
+    device = next(model.parameters()).device
+    texts = [""] * len(rows)
+    for lo in range(0, len(rows), batch_size):
+        chunk = rows[lo: lo + batch_size]
+        W = max(len(r.tokens) for r in chunk)
+        tokens = torch.tensor([list(r.tokens) + [0] * (W - len(r.tokens)) for r in chunk], device=device)
+        lengths = torch.tensor([len(r.tokens) for r in chunk], device=device)
+        gen = greedy(model, tokens, lengths, n_new)
+        for r, g in zip(chunk, gen.tolist()):
+            texts[r.item] = model.tokenizer.decode(g)
+    return _judged(fmt, n_new, texts, items)
+
+
+def generate_patched(case: Case, model, masks: dict, n_new: int = 8, *, bad: str | None = None,
+                     tag: str | None = None, batch_size: int = 256) -> list[Generations]:
+    """Greedy continuations of the failing format with each of P patches (masks {site: [P, units]}) applied
+    at the case's aligned prompt positions; one Generations per patch."""
+    from ..core import Contrast
+    from ..encoding import prompt_rows
+
+    bad = pick_bad(case, bad)
+    _, items = pick_items(case, tag)
+    pb = prepend_bos(case, model)
+    base = prompt_rows(case.formats[bad], items, model.tokenizer, pb)
+    source = prompt_rows(case.formats[case.good], items, model.tokenizer, pb)
+    align = "end" if case.align == "last" else case.align  # prompts only: no answer tokens to match
+    c = Contrast(model, base, source, align, batch_size=batch_size, base_name=bad, source_name=case.good,
+                 sites=list(masks))
+    ids = c.generate(masks, n_new)
+    return [_judged(bad, n_new, [model.tokenizer.decode(g) for g in ids[p].tolist()], items) for p in range(ids.shape[0])]
