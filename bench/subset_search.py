@@ -55,9 +55,9 @@ def main():
         store = ChunkStore(tmp, "bench")
         evaluate(contrast, plan, store, chunk=512)
         t_ours = time.perf_counter() - t0
-        chunks = store.load()
+        chunks = list(store.iter())
     ours = {}
-    for ch in chunks.values():
+    for ch in chunks:
         for row, sc in zip(ch["masks"], ch["scores"]):
             ours[sum(1 << i for i, x in enumerate(row) if x)] = sc
     print(f"surgeon: {t_ours:.1f} s for {len(subsets)} subsets = {len(subsets) / t_ours:.0f} subsets/s")

@@ -257,7 +257,7 @@ def _per_subset(out):
     from .jobs import ChunkStore
 
     meta = _meta(out)
-    return summarize_chunks(ChunkStore(out, meta["digest"]).load().values(), np.array(meta["clean_base"]),
+    return summarize_chunks(ChunkStore(out, meta["digest"]).iter(), np.array(meta["clean_base"]),
                             np.array(meta["clean_source"]))
 
 

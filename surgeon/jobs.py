@@ -53,12 +53,14 @@ class ChunkStore:
         np.savez(tmp, **arrays)
         os.replace(tmp, self.dir / f"chunk-{index:06d}.npz")
 
-    def load(self) -> dict[int, dict[str, np.ndarray]]:
-        out = {}
-        for p in sorted(self.dir.glob("chunk-*.npz")):
+    def files(self) -> dict[int, Path]:
+        return {int(p.stem.split("-")[1]): p for p in sorted(self.dir.glob("chunk-*.npz"))}
+
+    def iter(self, files: dict[int, Path] | None = None):
+        """Finished chunks one at a time (never all in memory)."""
+        for _, p in sorted((files or self.files()).items()):
             with np.load(p) as z:
-                out[int(p.stem.split("-")[1])] = {k: z[k] for k in z.files}
-        return out
+                yield {k: z[k] for k in z.files}
 
     @staticmethod
     def digest_of(root: Path) -> str | None:

@@ -163,3 +163,30 @@ def test_cli_threshold_writes_outputs_and_blend(tmp_path):
                         "--out", str(tmp_path / "bl")], capture_output=True, text=True, cwd=ROOT)
     assert b.returncode == 0, b.stderr
     assert "switching point" in b.stdout and (tmp_path / "bl" / "blend.png").exists()
+
+
+def test_ctrl_c_leaves_valid_partial_results_and_resume_finishes(tmp_path):
+    """SIGINT in the middle of a search: exit 130, finished chunks kept, results.json marked partial;
+    --resume completes it."""
+    import signal
+    import time
+
+    case = f"{ROOT}/cases/decimal_organism.py"
+    out = tmp_path / "th"
+    args = [sys.executable, "-m", "surgeon", "threshold", case, "--heads", "L0H0,L0H1,L0H2,L0H3,L1H0,L1H1,L1H2,L1H3",
+            "--groups", "none", "--chunk", "8", "--threads", "1", "--out", str(out)]
+    p = subprocess.Popen(args, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 120
+    while time.time() < deadline and len(list((out / "parts").glob("chunk-*.npz"))) < 3:
+        time.sleep(0.2)
+    p.send_signal(signal.SIGINT)
+    stdout, stderr = p.communicate(timeout=120)
+    assert p.returncode == 130, stderr
+    assert "partial" in stderr.lower() or "interrupted" in stderr.lower()
+    res = json.loads((out / "results.json").read_text())["result"]
+    assert res["complete"] is False and 3 <= res["chunks_done"] < res["chunks_total"] == 32
+    assert "PARTIAL" in stdout
+    r = subprocess.run(args + ["--resume"], cwd=ROOT, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    res = json.loads((out / "results.json").read_text())["result"]
+    assert res["complete"] is True and res["subsets_evaluated"] == 256

@@ -122,15 +122,16 @@ def collect(root: Path, item_rate: float | None = None, x: float | None = None, 
     """Aggregate the finished chunks under `root` (and `extra_roots`, for shards) into a result."""
     meta = _meta(root)
     plan = plan_from_options(meta["options"])
-    chunks = {}
+    files = {}
     for r in [root, *extra_roots]:
         m = _meta(r)
         if m["digest"] != meta["digest"]:
             raise AnalysisError(f"{r} was planned differently from {root}", field="merge",
                                 fix="merge only shards of one search (same case, heads, groups, budget and seed)")
-        chunks.update(ChunkStore(Path(r), m["digest"]).load())
+        files.update(ChunkStore(Path(r), m["digest"]).files())
     base, source = np.array(meta["clean_base"]), np.array(meta["clean_source"])
-    per_subset = summarize_chunks(chunks.values(), base, source)
+    per_subset = summarize_chunks(ChunkStore(Path(root), meta["digest"]).iter(files), base, source)
+    chunks = files
     total = math.ceil(len(plan.unique) / meta["chunk"])
     return aggregate(plan, per_subset, case=meta["case"], component=meta["component"], base=meta["base"],
                      source=meta["source"], tag=meta["tag"], n_items=meta["n_items"],
