@@ -15,6 +15,18 @@ def _plt():
     return plt
 
 
+def _save(fig, path: Path) -> None:
+    import matplotlib.pyplot as plt
+
+    _save(fig, path)
+
+
+def _yerr(value, lo, hi) -> np.ndarray:
+    """Error bars [2, n] from a value and its interval (clipped at 0 against rounding)."""
+    value, lo, hi = (np.asarray(x, dtype=float) for x in (value, lo, hi))
+    return np.clip(np.stack([value - lo, hi - value]), 0, None)
+
+
 def diagnosis_figure(d, path: Path) -> None:
     """Accuracy per format and item tag, with 95% Wilson intervals."""
     plt = _plt()
@@ -26,16 +38,14 @@ def diagnosis_figure(d, path: Path) -> None:
         vals = [d.get(f, tag).accuracy for f in formats]
         x = np.arange(len(formats)) + (j - (len(tags) - 1) / 2) * width
         y = np.array([v.value for v in vals])
-        err = np.clip(np.array([[v.value - v.lo for v in vals], [v.hi - v.value for v in vals]]), 0, None)
+        err = _yerr(y, [v.lo for v in vals], [v.hi for v in vals])
         ax.bar(x, y, width, yerr=err, capsize=3, label=f"{tag} (n={vals[0].n})")
     ax.set_xticks(np.arange(len(formats)), [f"{f}\n({'good' if f == d.good else 'bad'})" for f in formats])
     ax.set_ylim(0, 1.05)
     ax.set_ylabel("accuracy (correct answer wins)")
     ax.set_title(f"{d.case}: accuracy per format (95% CI)")
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=150)
-    plt.close(fig)
+    _save(fig, path)
 
 
 def patch_heatmap(r, path: Path) -> None:
@@ -54,9 +64,7 @@ def patch_heatmap(r, path: Path) -> None:
         if np.isfinite(v):
             ax.text(j, i, f"{v:.2f}", ha="center", va="center", fontsize=6)
     fig.colorbar(im, ax=ax, fraction=0.046)
-    fig.tight_layout()
-    fig.savefig(path, dpi=150)
-    plt.close(fig)
+    _save(fig, path)
 
 
 def threshold_figure(r, path: Path) -> None:
@@ -69,7 +77,7 @@ def threshold_figure(r, path: Path) -> None:
         rows = sorted((s for s in r.sizes if s.family == fam and s.evaluated), key=lambda s: s.key)
         k = np.array([s.key[0] for s in rows])
         y = np.array([s.fraction for s in rows])
-        err = np.clip(np.array([[s.fraction - s.lo for s in rows], [s.hi - s.fraction for s in rows]]), 0, None)
+        err = _yerr(y, [s.lo for s in rows], [s.hi for s in rows])
         ax.errorbar(k, y, yerr=err, marker="o", capsize=3, label=f"{fam} ({len(r.units) if fam == 'all' else len(r.groups[fam])} heads)")
     ax.set_xlabel("subset size k")
     ax.set_ylabel(f"fraction of subsets repairing (>= {r.item_rate:.0%} items)")
@@ -79,22 +87,17 @@ def threshold_figure(r, path: Path) -> None:
     ax = axes[1]
     u = r.unit_stats
     x = np.arange(len(u))
-    def err(v, lo, hi):
-        return np.clip(np.array([[a - b for a, b in zip(v, lo)], [c - a for a, c in zip(v, hi)]]), 0, None)
-
     w = [s.rate_with for s in u]
     wo = [s.rate_without for s in u]
-    ax.bar(x - 0.2, w, 0.4, yerr=err(w, [s.rate_with_lo for s in u], [s.rate_with_hi for s in u]), capsize=2,
+    ax.bar(x - 0.2, w, 0.4, yerr=_yerr(w, [s.rate_with_lo for s in u], [s.rate_with_hi for s in u]), capsize=2,
            label="with head")
-    ax.bar(x + 0.2, wo, 0.4, yerr=err(wo, [s.rate_without_lo for s in u], [s.rate_without_hi for s in u]), capsize=2,
+    ax.bar(x + 0.2, wo, 0.4, yerr=_yerr(wo, [s.rate_without_lo for s in u], [s.rate_without_hi for s in u]), capsize=2,
            label="without head")
     ax.set_xticks(x, [s.unit for s in u], rotation=90, fontsize=7)
     ax.set_ylabel("fraction of subsets repairing")
     ax.set_title("necessity per head", fontsize=9)
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=150)
-    plt.close(fig)
+    _save(fig, path)
 
 
 def blend_figure(r, path: Path) -> None:
@@ -114,6 +117,4 @@ def blend_figure(r, path: Path) -> None:
     ax.set_xlabel("switching point a*")
     ax.set_ylabel("items")
     ax.set_title(f"a* per item ({r.never} never repaired)", fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path, dpi=150)
-    plt.close(fig)
+    _save(fig, path)

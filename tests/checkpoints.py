@@ -29,6 +29,12 @@ def char_bpe_tokenizer(specials: list[str], chat_template: str | None = None):
     return fast
 
 
+def _save(model, tok, path: Path) -> Path:
+    model.save_pretrained(path)
+    tok.save_pretrained(path)
+    return path
+
+
 def make_llama(path: Path, n_layers: int = 2, n_heads: int = 4, n_kv_heads: int = 2, hidden: int = 64) -> Path:
     """A tiny Llama; make_llama(p, 32, 32, 8, 256) has Llama-3.1-8B's layer and head layout."""
     import torch
@@ -40,10 +46,7 @@ def make_llama(path: Path, n_layers: int = 2, n_heads: int = 4, n_kv_heads: int 
                       num_attention_heads=n_heads, num_key_value_heads=n_kv_heads, max_position_embeddings=256,
                       rope_theta=500000.0, bos_token_id=0, eos_token_id=1, tie_word_embeddings=False)
     torch.manual_seed(0)
-    model = LlamaForCausalLM(cfg)
-    model.save_pretrained(path)
-    tok.save_pretrained(path)
-    return path
+    return _save(LlamaForCausalLM(cfg), tok, path)
 
 
 def make_gpt2(path: Path) -> Path:
@@ -54,10 +57,7 @@ def make_gpt2(path: Path) -> Path:
     cfg = GPT2Config(vocab_size=len(tok), n_embd=64, n_layer=2, n_head=4, n_positions=128,
                      bos_token_id=0, eos_token_id=0)
     torch.manual_seed(0)
-    model = GPT2LMHeadModel(cfg)
-    model.save_pretrained(path)
-    tok.save_pretrained(path)
-    return path
+    return _save(GPT2LMHeadModel(cfg), tok, path)
 
 
 def make_qwen2(path: Path) -> Path:
@@ -69,9 +69,7 @@ def make_qwen2(path: Path) -> Path:
                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
                       tie_word_embeddings=False)
     torch.manual_seed(0)
-    Qwen2ForCausalLM(cfg).save_pretrained(path)
-    tok.save_pretrained(path)
-    return path
+    return _save(Qwen2ForCausalLM(cfg), tok, path)
 
 
 def make_gemma2(path: Path) -> Path:
@@ -83,9 +81,7 @@ def make_gemma2(path: Path) -> Path:
                        num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=128,
                        sliding_window=64, query_pre_attn_scalar=16)
     torch.manual_seed(0)
-    Gemma2ForCausalLM(cfg).save_pretrained(path)
-    tok.save_pretrained(path)
-    return path
+    return _save(Gemma2ForCausalLM(cfg), tok, path)
 
 
 def word_tokenizer(texts, specials=("<|endoftext|>",)):
@@ -122,6 +118,4 @@ def make_gpt2_standin(path: Path, case) -> Path:
     cfg = GPT2Config(vocab_size=len(tok), n_embd=96, n_layer=12, n_head=12, n_positions=128, bos_token_id=0,
                      eos_token_id=0)
     torch.manual_seed(0)
-    GPT2LMHeadModel(cfg).save_pretrained(path)
-    tok.save_pretrained(path)
-    return path
+    return _save(GPT2LMHeadModel(cfg), tok, path)
