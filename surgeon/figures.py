@@ -18,7 +18,9 @@ def _plt():
 def _save(fig, path: Path) -> None:
     import matplotlib.pyplot as plt
 
-    _save(fig, path)
+    fig.tight_layout()
+    fig.savefig(path, dpi=150)
+    plt.close(fig)
 
 
 def _yerr(value, lo, hi) -> np.ndarray:
