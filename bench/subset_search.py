@@ -1,12 +1,15 @@
 """Exhaustive head-subset search on the decimal organism: surgeon vs one TransformerLens forward per subset.
 
 The organism has 8 heads per layer, so the 16 candidate heads are the 8 of layer 1 and the 8 of
-layer 2: all C(16, 8) = 12,870 subsets of size 8, patched (good format into the failing one, at the
-last prompt token and the answer tokens) on 32 trap items. The baseline is a straightforward loop:
-one `run_with_hooks` forward per subset over all rows (right-padded), timed on a sample of subsets
-in the same run and checked to give the same item scores.
+layer 2: all C(16, 8) = 12,870 subsets of size 8, patched good format into the failing one, on 32
+trap items, in two modes:
+  sequence  the case as shipped: whole answers scored, the last prompt token and the answer tokens patched;
+  decision  first-token logit difference, patched only at the position that predicts that token
+            (the usual last-position setting: one position to recompute from layer 1 on).
+The baseline is a straightforward loop: one `run_with_hooks` forward per subset over all rows
+(right-padded), timed on a sample of subsets in the same run and checked to give the same scores.
 
-    python bench/subset_search.py [--items 32] [--baseline 60] [--threads 2]
+    python bench/subset_search.py [--mode both] [--items 32] [--baseline 60] [--threads 2]
 """
 from __future__ import annotations
 
@@ -25,28 +28,41 @@ def main():
     ap.add_argument("--baseline", type=int, default=60, help="subsets timed with the baseline loop")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--batch-size", type=int, default=512)
+    ap.add_argument("--mode", choices=["sequence", "decision", "both"], default="both",
+                    help="sequence: the case as shipped (whole answers scored, last prompt token and answer tokens "
+                         "patched); decision: first-token logit difference, patched at the position that decides it")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
 
     from surgeon import load_case
-    from surgeon.analyses.common import format_rows, make_contrast
-    from surgeon.analyses.subsets import Unit, evaluate, make_plan
-    from surgeon.encoding import align
-    from surgeon.jobs import ChunkStore
     from surgeon.models import load_model
 
-    case = load_case("cases/decimal_organism.py")
-    case = replace(case, items=case.items_for("trap")[: args.items], focus=None)
-    model = load_model(case.model)
+    shipped = load_case("cases/decimal_organism.py")
+    shipped = replace(shipped, items=shipped.items_for("trap")[: args.items], focus=None)
+    model = load_model(shipped.model)
+    modes = ["sequence", "decision"] if args.mode == "both" else [args.mode]
+    ok = True
+    for mode in modes:
+        case = shipped if mode == "sequence" else replace(shipped, score="first_token", align="decision")
+        print(f"\n== mode {mode}: score={case.score}, align={case.align}")
+        ok &= run(case, model, args)
+    return 0 if ok else 1
+
+
+def run(case, model, args) -> bool:
+    import tempfile
+
+    from surgeon.analyses.common import format_rows, make_contrast
+    from surgeon.analyses.subsets import Unit, evaluate, make_plan
+    from surgeon.core import Site
+    from surgeon.encoding import align
+    from surgeon.jobs import ChunkStore
+
     units = [Unit(L, h) for L in (1, 2) for h in range(8)]
     subsets = [sum(1 << i for i in c) for c in itertools.combinations(range(16), 8)]
     print(f"decimal organism: C(16, 8) = {len(subsets)} subsets of heads L1H0-7 + L2H0-7, {len(case.items)} items")
 
     # --- surgeon: the subset search's own evaluation path (chunks saved to disk as they finish)
-    import tempfile
-
-    from surgeon.core import Site
-
     plan = make_plan(units, {}, budget=len(subsets))
     plan = replace(plan, unique=tuple(subsets))
     t0 = time.perf_counter()
@@ -69,7 +85,7 @@ def main():
     pad = model.tokenizer.pad_token_id
     toks = torch.tensor([list(r.tokens) + [pad] * (W - len(r.tokens)) for r in bad])
     src_toks = torch.tensor([list(r.tokens) + [pad] * (W - len(r.tokens)) for r in good])
-    pairs = [align(b, g, "last") for b, g in zip(bad, good)]
+    pairs = [align(b, g, case.align) for b, g in zip(bad, good)]
     _, cache = model.run_with_cache(src_toks, names_filter=lambda n: n.endswith("hook_z"))
     rng = np.random.default_rng(0)
     sample = [subsets[i] for i in rng.choice(len(subsets), args.baseline, replace=False)]
@@ -104,7 +120,7 @@ def main():
     print(f"max |score difference| on the sampled subsets: {err:.1e}")
     ok = err < 1e-3
     print("scores agree" if ok else "SCORES DISAGREE")
-    return 0 if ok else 1
+    return ok
 
 
 if __name__ == "__main__":

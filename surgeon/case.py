@@ -30,9 +30,13 @@ from .errors import CaseError
 # last: the last prompt token and the answer tokens, matched from the end (default)
 # end: the last prompt token only
 # anchors: each placeholder's tokens, plus what "last" matches
+# decision: only the position that predicts the first token where the answers differ
 # index: position i to position i (prompts of equal length)
-Align = Literal["last", "end", "anchors", "index"]
-ALIGNS: tuple[str, ...] = ("last", "end", "anchors", "index")
+Align = Literal["last", "end", "decision", "anchors", "index"]
+ALIGNS: tuple[str, ...] = ("last", "end", "decision", "anchors", "index")
+# sequence: log P(correct) - log P(incorrect) over the whole continuations (teacher-forced)
+# first_token: logit difference at the first token where the answers differ (the literature's usual metric)
+SCORES: tuple[str, ...] = ("sequence", "first_token")
 
 
 @dataclass(frozen=True)
@@ -73,6 +77,7 @@ class Case:
     bad: str | Sequence[str] | None = None
     items: Sequence[Item] | None = None
     align: str = "last"
+    score: str = "sequence"
     focus: str | None = None  # tag of the items that patching analyses use by default (None: all)
     layers: Sequence[int] | None = None  # default layers to examine (None: all)
     components: Sequence[str] = ("z",)
@@ -214,6 +219,8 @@ def validate(case: Case, where: str | None = None) -> None:
             fail(fld, f"correct and incorrect are the same ({it.correct!r})", "give two different answers")
     if case.align not in ALIGNS:
         fail("align", f"is {case.align!r}", f"use one of: {', '.join(ALIGNS)}")
+    if case.score not in SCORES:
+        fail("score", f"is {case.score!r}", f"use one of: {', '.join(SCORES)}")
     if case.focus is not None and case.focus not in case.tags:
         fail("focus", f"no item has tag {case.focus!r}", f"use one of the item tags: {', '.join(case.tags)} (or None)")
     from .sites import COMPONENTS

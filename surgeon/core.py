@@ -24,6 +24,7 @@ from typing import Mapping, Sequence
 import torch
 from torch import Tensor
 
+from . import prefix_attention
 from .encoding import Row
 from .errors import AnalysisError
 from .sites import COMPONENTS, Component
@@ -132,7 +133,8 @@ class Contrast:
 
     def __init__(self, model, base_rows: Sequence[Row], source_rows: Sequence[Row], align: str = "last",
                  *, batch_size: int = 256, base_name: str = "base", source_name: str = "source",
-                 sites: Sequence[Site | str] = (), start_layer: int | None = None):
+                 sites: Sequence[Site | str] = (), start_layer: int | None = None,
+                 shared_prefix: bool | None = None):
         from .encoding import align as align_rows
 
         if len(base_rows) != len(source_rows) or not base_rows:
@@ -141,6 +143,8 @@ class Contrast:
         self.cfg = model.cfg
         self.batch_size = max(1, int(batch_size))
         self.backoffs = 0  # how often out-of-memory halved the batch size
+        # attend to the shared prefix without copying it per patch, where the architecture allows
+        self.shared_prefix = prefix_attention.supported(model) if shared_prefix is None else shared_prefix
         self.device = next(model.parameters()).device
         self.n_items = max(r.item for r in base_rows) + 1
         sites = [Site.coerce(x) for x in sites]
@@ -331,7 +335,8 @@ class Contrast:
                 sub = {s: m[lo: lo + chunk] for s, m in masks.items()}
                 c = min(chunk, P - lo)
                 if c not in kv:
-                    kv = {c: self._kv_cache(sb, start, c)}
+                    kv = {c: prefix_attention.prefix_cache(self.model, sb.p0, start) if self.shared_prefix
+                          else self._kv_cache(sb, start, c)}
                 outs.append(self._run_chunk(sb, start, sub, c, kv[c]))
                 if bar is not None:
                     bar.update(c * sb.n)
@@ -382,9 +387,16 @@ class Contrast:
     def _run_chunk(self, b: Bucket, start: int, masks: Mapping[Site, Tensor], copies: int, kv_cache) -> Tensor:
         hooks = self._mix_hooks(b, masks, copies, offset=b.p0)
         resid = b.resid[start].repeat(copies, 1, 1)
-        with self.model.hooks(fwd_hooks=hooks):
+        with self.model.hooks(fwd_hooks=hooks), self._prefix_mode(b, start):
             final = self.model(resid, start_at_layer=start, stop_at_layer=self.cfg.n_layers, past_kv_cache=kv_cache)
         return readout(self.model, final, b.tgt_pos - b.p0, b.tgt_tok, b.tgt_sign)
+
+    def _prefix_mode(self, b: Bucket, start: int):
+        if not self.shared_prefix:
+            from contextlib import nullcontext
+
+            return nullcontext()
+        return prefix_attention.shared_prefix(self.model, b.kv, b.n, b.p0, start)
 
     @torch.no_grad()
     def generate(self, masks: Mapping[Site | str, Tensor], n_new: int) -> Tensor:

@@ -70,7 +70,10 @@ def encode_prompt(fmt: Format, values: Mapping[str, str], tokenizer, prepend_bos
     return ids, anchors
 
 
-def encode_rows(fmt: Format, items: Sequence[Item], tokenizer, prepend_bos: bool) -> list[Row]:
+def encode_rows(fmt: Format, items: Sequence[Item], tokenizer, prepend_bos: bool,
+                score: str = "sequence") -> list[Row]:
+    """Rows for `items` in one format. `score="sequence"`: log-probability of the whole continuation;
+    `score="first_token"`: logit difference at the first token where the answers differ (one row each)."""
     rows: list[Row] = []
     for i, it in enumerate(items):
         prompt, anchors = encode_prompt(fmt, it.values, tokenizer, prepend_bos)
@@ -81,6 +84,13 @@ def encode_rows(fmt: Format, items: Sequence[Item], tokenizer, prepend_bos: bool
             common += 1
         head = prompt + good[:common]
         last = len(head) - 1
+        if score == "first_token":
+            if common == min(len(good), len(bad)):
+                raise CaseError(f"item {i}: one answer ({it.correct!r} / {it.incorrect!r}) is a prefix of the other, so "
+                                "they have no first differing token", field="score",
+                                fix='use score="sequence" (log-probability of the whole answer)')
+            rows.append(Row(i, tuple(head), len(prompt), ((last, good[common], 1.0), (last, bad[common], -1.0)), anchors))
+            continue
         if len(good) == common + 1 and len(bad) == common + 1:
             rows.append(Row(i, tuple(head), len(prompt), ((last, good[common], 1.0), (last, bad[common], -1.0)), anchors))
             continue
@@ -107,6 +117,8 @@ def align(base: Row, source: Row, how: str, base_fmt: str = "base", source_fmt: 
         return tail_b, tail_s
     if how == "end":
         return tail_b[:1], tail_s[:1]
+    if how == "decision":  # the position whose output predicts the first token where the answers differ
+        return [base.targets[0][0]], [source.targets[0][0]]
     if how == "index":
         if nb != ns:
             raise CaseError(f"align='index' needs prompts of equal length, but item {base.item} has {nb} tokens in "

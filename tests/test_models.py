@@ -132,3 +132,29 @@ def test_gpt2_cases_validate_and_patch_on_standin(tmp_path, name):
     assert "circuit" in case.notes
     r = patch_heads(case, model, layers=[9, 10], component="z")  # index alignment: equal-length formats
     assert r.fraction.shape == (2, 12) and np.isfinite(r.score).all()
+
+
+def test_patching_through_the_core_on_every_architecture(checkpoint):
+    """Per-head patching through the core (with and without the shared-prefix attention) equals one
+    hooked forward per row, on GPT-2, Llama (GQA), Qwen2 and Gemma-2 (soft-capping, sliding window:
+    the prompts are longer than its window of 64)."""
+    from surgeon import Item
+    from surgeon.encoding import encode_rows
+
+    model = load_model(str(checkpoint))
+    filler = "it was a long day and the sun was low over the hills when they came back "
+    items = [Item({"a": a, "b": b}, correct=f" {c}", incorrect=f" {d}") for a, b, c, d in
+             [("9.8", "9.11", "9.8", "9.11"), ("3.4", "3.25", "3.4", "3.25"), ("1.2", "1.3", "1.3", "1.2")]]
+    bad = encode_rows(filler + "Q: is {a} or {b} bigger?\nA:", items, model.tokenizer, True)
+    good = encode_rows(filler + "which of {a} and {b} is bigger? answer:", items, model.tokenizer, True)
+    assert max(len(r.tokens) for r in bad) > 64
+    assert Contrast(model, bad, good, "last").shared_prefix  # these architectures use the shared-prefix attention
+    for shared in (True, False):
+        c = Contrast(model, bad, good, "last", shared_prefix=shared, batch_size=5)
+        for comp in ("z", "v"):
+            site = Site.of(comp, 1)
+            U = c.units(site)
+            got = c.run({site: torch.eye(U)})
+            for u in range(U):
+                want = direct_patch_scores(model, bad, good, "last", site, torch.eye(U)[u])
+                torch.testing.assert_close(got[u], want, atol=3e-4, rtol=0)
