@@ -9,7 +9,11 @@ Three ways, same patches, measured side by side in one run (this machine is nois
 TL's utility needs equal-length prompts, so the source run is the same Q&A prompt with the two numbers
 swapped (equal length, the organism's own format). The numbers are checked to agree.
 
-    python bench/patch_sweep.py [--items 256] [--threads 2] [--skip-tl]
+Two modes: `sequence` scores whole answers (multi-token) and patches the last prompt token;
+`decision` scores the first-token logit difference and patches the last input position, the one
+whose logits are read (the classic single-token setting).
+
+    python bench/patch_sweep.py [--mode both] [--items 256] [--threads 2] [--skip-tl]
 """
 from __future__ import annotations
 
@@ -26,9 +30,19 @@ def main():
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--skip-tl", action="store_true", help="skip (a), the slowest")
     ap.add_argument("--repeat", type=int, default=3, help="time surgeon and (b) this many times, keep the fastest")
+    ap.add_argument("--mode", choices=["sequence", "decision", "both"], default="both",
+                    help="sequence: whole answers scored, patch at the last prompt token; decision: first-token "
+                         "logit difference, patch at the last position of the input (the one whose logits are read)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
+    ok = True
+    for mode in (["sequence", "decision"] if args.mode == "both" else [args.mode]):
+        print(f"\n== mode {mode}")
+        ok &= run(mode, args)
+    return 0 if ok else 1
 
+
+def run(mode: str, args) -> bool:
     from transformer_lens import patching
 
     from surgeon.analyses.behaviour import decimal_items
@@ -38,18 +52,23 @@ def main():
     from surgeon.organisms import decimal as org
 
     model = load_model("organism:decimal")
-    items = decimal_items(n_trap=args.items // 2, n_control=args.items - args.items // 2)
+    items = decimal_items(n_trap=args.items // 2, n_control=2 * args.items)
+    if mode == "decision":  # the first differing token must exist: drop pairs like 14.9 / 14.96
+        items = [it for it in items if not it.correct.startswith(it.incorrect) and not it.incorrect.startswith(it.correct)]
+    items = items[: args.items // 2] + [it for it in items if it.tag == "control"][: args.items - args.items // 2]
     qa = org.FORMATS["qa"]
     swapped = qa.replace("{a}", "{X}").replace("{b}", "{a}").replace("{X}", "{b}")
-    base = encode_rows(qa, items, model.tokenizer, True)
-    source = encode_rows(swapped, items, model.tokenizer, True)
+    score, align = ("sequence", "end") if mode == "sequence" else ("first_token", "decision")
+    base = encode_rows(qa, items, model.tokenizer, True, score)
+    source = encode_rows(swapped, items, model.tokenizer, True, score)
     L, H, n = model.cfg.n_layers, model.cfg.n_heads, len(items)
-    print(f"decimal organism: {L} layers x {H} heads, {n} items ({len(base)} rows), patch z at the last prompt token")
+    where = "the last prompt token" if mode == "sequence" else "the last input position"
+    print(f"decimal organism: {L} layers x {H} heads, {n} items ({len(base)} rows), patch z at {where}")
 
     # --- surgeon (everything from the token rows on, caches included)
     def surgeon():
         with torch.no_grad():
-            c = Contrast(model, base, source, "end", batch_size=512, sites=[Site.of("z", l) for l in range(L)])
+            c = Contrast(model, base, source, align, batch_size=512, sites=[Site.of("z", l) for l in range(L)])
             return torch.stack([c.run({Site.of("z", l): torch.eye(H)}).mean(-1) for l in range(L)])
 
     t_ours = float("inf")
@@ -61,7 +80,7 @@ def main():
     # rows grouped by length, as TL needs equal-length batches
     groups = defaultdict(list)
     for i, r in enumerate(base):
-        groups[(len(r.tokens), len(r.targets), r.n_prompt)].append(i)
+        groups[(len(r.tokens), len(r.targets), r.n_prompt, r.targets[0][0])].append(i)
 
     def bucket(ids):
         toks = torch.tensor([base[i].tokens for i in ids])
@@ -74,7 +93,8 @@ def main():
         def metric(logits):  # this bucket's contribution to the mean item score
             return (logits.log_softmax(-1)[idx, tp, tt] * ts).sum() / n
 
-        return toks, src, metric, base[ids[0]].n_prompt - 1
+        pos = base[ids[0]].n_prompt - 1 if mode == "sequence" else base[ids[0]].targets[0][0]
+        return toks, src, metric, pos
 
     # --- (b) one TL forward per (layer, head)
     def tl_loop():
@@ -119,7 +139,7 @@ def main():
         print(f"(a) TL by_pos utility   {t_tl:8.2f} s   ratio {t_tl / t_ours:6.1f}x   max |diff| {err_tl:.1e}")
     ok = err_loop < 1e-4 and (args.skip_tl or err_tl < 1e-4)
     print("numbers agree" if ok else "NUMBERS DISAGREE")
-    return 0 if ok else 1
+    return ok
 
 
 if __name__ == "__main__":
