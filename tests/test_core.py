@@ -63,39 +63,11 @@ def test_blend_and_multi_site_masks(random_model):
 
 
 def test_matches_transformer_lens_patching(random_model):
-    """Equal-length prompts, index alignment: per-head, per-position patching equals TL's utilities."""
+    """Equal-length prompts, index alignment: per-head, per-position and pattern patching equal TL's utilities."""
     items = [it for it in ITEMS if len(it.values["a"]) == 3 and len(it.values["b"]) == 3]
-    fa, fb = "X: {a} or {b}?", "Y; {a} vs {b}:"
-    b, s = rows(random_model, fa, items), rows(random_model, fb, items)
-    lens = {len(r.tokens) for r in b + s}
-    assert len(lens) == 1
-    c = Contrast(random_model, b, s, "index")
-    corrupted = torch.tensor([r.tokens for r in b])
-    _, clean_cache = random_model.run_with_cache(torch.tensor([r.tokens for r in s]))
-    idx = torch.arange(len(b))[:, None]
-    tp = torch.tensor([[p for p, _, _ in r.targets] for r in b])
-    tt = torch.tensor([[t for _, t, _ in r.targets] for r in b])
-    ts = torch.tensor([[g for _, _, g in r.targets] for r in b])
-    item = torch.tensor([r.item for r in b])
-    n_items = len(items)
-
-    def metric(logits):
-        per_row = (logits.log_softmax(-1)[idx, tp, tt] * ts).sum(-1)
-        return torch.zeros(n_items).index_add(0, item, per_row).mean()
-
-    H, L, P = random_model.cfg.n_heads, random_model.cfg.n_layers, lens.pop()
-    tl_all = patching.get_act_patch_attn_head_out_all_pos(random_model, corrupted, clean_cache, metric)
-    ours = torch.stack([c.run({Site.of("z", l): torch.eye(H)}).mean(-1) for l in range(L)])
-    torch.testing.assert_close(ours, tl_all, atol=1e-4, rtol=0)
-    tl_pos = patching.get_act_patch_attn_head_out_by_pos(random_model, corrupted, clean_cache, metric)
-    masks = torch.zeros(P * H, P, H)
-    for p in range(P):
-        masks[p * H: (p + 1) * H, p] = torch.eye(H)
-    ours = torch.stack([c.run({Site.of("z", l): masks}).mean(-1).view(P, H) for l in range(L)])
-    torch.testing.assert_close(ours, tl_pos, atol=1e-4, rtol=0)
-    tl_pat = patching.get_act_patch_attn_head_pattern_all_pos(random_model, corrupted, clean_cache, metric)
-    ours = torch.stack([c.run({Site.of("pattern", l): torch.eye(H)}).mean(-1) for l in range(L)])
-    torch.testing.assert_close(ours, tl_pat, atol=1e-4, rtol=0)
+    b, s = rows(random_model, "X: {a} or {b}?", items), rows(random_model, "Y; {a} vs {b}:", items)
+    assert len({len(r.tokens) for r in b + s}) == 1
+    _tl_check(random_model, b, s, pattern=True)
 
 
 def test_mask_gradients_are_attribution(random_model):
@@ -159,3 +131,59 @@ def test_bfloat16_model_gives_the_float32_answer(decimal_case):
     b = patch_heads(decimal_case, m16, layers=[0])
     assert abs(b.clean_base.value - a.clean_base.value) < 0.2
     assert float(abs(b.fraction - a.fraction).max()) < 0.05
+
+
+def _tl_check(model, b, s, pattern=False):
+    """Our per-head patching (all positions, per position, and optionally attention patterns) equals
+    TransformerLens's patching utilities on equal-length rows."""
+    c = Contrast(model, b, s, "index")
+    corrupted = torch.tensor([r.tokens for r in b])
+    _, clean_cache = model.run_with_cache(torch.tensor([r.tokens for r in s]))
+    idx = torch.arange(len(b))[:, None]
+    tp = torch.tensor([[p for p, _, _ in r.targets] for r in b])
+    tt = torch.tensor([[t for _, t, _ in r.targets] for r in b])
+    ts = torch.tensor([[g for _, _, g in r.targets] for r in b])
+    item = torch.tensor([r.item for r in b])
+    n_items = c.n_items
+
+    def metric(logits):
+        per_row = (logits.log_softmax(-1)[idx, tp, tt] * ts).sum(-1)
+        return torch.zeros(n_items).index_add(0, item, per_row).mean()
+
+    H, L, P = model.cfg.n_heads, model.cfg.n_layers, corrupted.shape[1]
+    tl_all = patching.get_act_patch_attn_head_out_all_pos(model, corrupted, clean_cache, metric)
+    ours = torch.stack([c.run({Site.of("z", l): torch.eye(H)}).mean(-1) for l in range(L)])
+    torch.testing.assert_close(ours, tl_all, atol=1e-4, rtol=0)
+    tl_pos = patching.get_act_patch_attn_head_out_by_pos(model, corrupted, clean_cache, metric)
+    masks = torch.zeros(P * H, P, H)
+    for p in range(P):
+        masks[p * H: (p + 1) * H, p] = torch.eye(H)
+    ours = torch.stack([c.run({Site.of("z", l): masks}).mean(-1).view(P, H) for l in range(L)])
+    torch.testing.assert_close(ours, tl_pos, atol=1e-4, rtol=0)
+    if pattern:
+        tl_pat = patching.get_act_patch_attn_head_pattern_all_pos(model, corrupted, clean_cache, metric)
+        ours = torch.stack([c.run({Site.of("pattern", l): torch.eye(H)}).mean(-1) for l in range(L)])
+        torch.testing.assert_close(ours, tl_pat, atol=1e-4, rtol=0)
+
+
+def test_organisms_match_transformer_lens_patching(decimal_model, induction_model, decimal_case):
+    from surgeon.organisms import decimal as org
+
+    # decimal: the Q&A prompt against itself with the numbers swapped (equal length), one length group
+    qa = org.FORMATS["qa"]
+    swapped = qa.replace("{a}", "{X}").replace("{b}", "{a}").replace("{X}", "{b}")
+    items = [it for it in decimal_case.items_for("trap") if len(it.values["a"]) + len(it.values["b"]) == 7]
+    items = [it for it in items if len(it.correct) == 4][:6]
+    b, s = (encode_rows(f, items, decimal_model.tokenizer, True, "first_token") for f in (qa, swapped))
+    assert len({len(r.tokens) for r in b + s}) == 1 and len(items) >= 3
+    _tl_check(decimal_model, b, s)
+    # induction: repeated vs fresh first half, one cue length
+    from surgeon import load_case
+
+    from .conftest import ROOT
+
+    case = load_case(f"{ROOT}/cases/induction_organism.py")
+    k = len(case.items[0].values["cue"])
+    items = [it for it in case.items if len(it.values["cue"]) == k][:6]
+    b, s = (encode_rows(case.formats[f], items, induction_model.tokenizer, True) for f in ("fresh", "repeat"))
+    _tl_check(induction_model, b, s)

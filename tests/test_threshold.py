@@ -190,3 +190,19 @@ def test_ctrl_c_leaves_valid_partial_results_and_resume_finishes(tmp_path):
     assert r.returncode == 0, r.stderr
     res = json.loads((out / "results.json").read_text())["result"]
     assert res["complete"] is True and res["subsets_evaluated"] == 256
+
+
+def test_mixed_grid_cells_hold_i_from_a_and_j_from_b():
+    units = [Unit(1, h) for h in range(8)]
+    groups = make_groups(units, ["even", "odd"])
+    plan = make_plan(units, groups, grid=("even", "odd"), grid_budget=10)
+    cells = [f for f in plan.families if f.name == "even x odd"]
+    assert len(cells) == 25
+    for f in cells:
+        i, j = f.key
+        assert f.total == math.comb(4, i) * math.comb(4, j)
+        assert len(f.masks) == min(10, f.total) and len(set(f.masks)) == len(f.masks)
+        assert f.enumerated == (f.total <= 10)
+        for m in f.masks:
+            assert sum((m >> h) & 1 for h in groups["even"]) == i
+            assert sum((m >> h) & 1 for h in groups["odd"]) == j
