@@ -46,7 +46,8 @@ def run(mode: str, args) -> bool:
     from transformer_lens import patching
 
     from surgeon.analyses.behaviour import decimal_items
-    from surgeon.core import Contrast, Site
+    from surgeon.core import Contrast
+    from surgeon.sites import Site
     from surgeon.encoding import encode_rows
     from surgeon.models import load_model
     from surgeon.organisms import decimal as org

@@ -54,7 +54,7 @@ def run(case, model, args) -> bool:
 
     from surgeon.analyses.common import format_rows, make_contrast
     from surgeon.analyses.subsets import Unit, evaluate, make_plan
-    from surgeon.core import Site
+    from surgeon.sites import Site
     from surgeon.encoding import align
     from surgeon.jobs import ChunkStore
 

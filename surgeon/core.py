@@ -16,7 +16,6 @@ patches stacked in the batch dimension.
 """
 from __future__ import annotations
 
-import re
 from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Mapping, Sequence
@@ -27,62 +26,7 @@ from torch import Tensor
 from . import prefix_attention
 from .encoding import Row
 from .errors import AnalysisError
-from .sites import COMPONENTS, Component
-
-_HOOK_RE = re.compile(r"^blocks\.(\d+)\.")
-
-
-def hook_layer(hook: str) -> int:
-    m = _HOOK_RE.match(hook)
-    if not m:
-        raise AnalysisError(f"cannot patch at {hook!r}: only hook points inside blocks are supported")
-    return int(m.group(1))
-
-
-def hook_component(hook: str) -> Component:
-    """The default component at a hook point (`o_slices` must be asked for with a Site)."""
-    for c in COMPONENTS.values():
-        if re.fullmatch(c.hook.replace(".", r"\.").replace("{layer}", r"\d+"), hook) and c.units != "slice":
-            return c
-    raise AnalysisError(f"unknown hook point {hook!r}", fix=f"use one of the components: {', '.join(COMPONENTS)}")
-
-
-@dataclass(frozen=True)
-class Site:
-    """A hook point and how its activation splits into units."""
-
-    hook: str
-    component: Component
-
-    @property
-    def layer(self) -> int:
-        return hook_layer(self.hook)
-
-    @staticmethod
-    def of(comp: str, layer: int) -> "Site":
-        c = COMPONENTS[comp]
-        return Site(c.hook.format(layer=layer), c)
-
-    @staticmethod
-    def coerce(key: "Site | str") -> "Site":
-        return key if isinstance(key, Site) else Site(key, hook_component(key))
-
-    def n_units(self, cfg) -> int:
-        if self.component.units == "whole":
-            return 1
-        if self.component.units == "kv_head":
-            return getattr(cfg, "n_key_value_heads", None) or cfg.n_heads
-        return cfg.n_heads
-
-
-def _units_view(x: Tensor, comp: Component, n_units: int) -> Tensor:
-    """View an activation as [batch, pos, unit, rest]."""
-    if comp.pattern_like:
-        return x.transpose(1, 2)  # [batch, query_pos, head, key_pos]
-    if x.dim() == 3:
-        return x.view(x.shape[0], x.shape[1], n_units, -1)
-    return x
-
+from .sites import Site, hook_layer, units_view
 
 @dataclass
 class Bucket:
@@ -249,7 +193,7 @@ class Contrast:
         return (torch.cat(finals) if final else None), {n: torch.cat(v) for n, v in out.items()}
 
     def _gather(self, act: Tensor, site: Site, pos: Tensor) -> Tensor:
-        x = _units_view(act, site.component, site.n_units(self.cfg))
+        x = units_view(act, site.component, site.n_units(self.cfg))
         idx = torch.arange(x.shape[0], device=x.device)[:, None]
         return x[idx, pos.to(x.device)]  # [n, S, unit, rest]
 
@@ -374,7 +318,7 @@ class Contrast:
 
             def mix(act, hook, src=src, m=m, site=site):
                 out = act.clone() if torch.is_grad_enabled() else act
-                x = _units_view(out, site.component, site.n_units(self.cfg))
+                x = units_view(out, site.component, site.n_units(self.cfg))
                 x = x.view(copies, n, *x.shape[1:])
                 i, r = idx.to(x.device), rel.to(x.device)  # layers may sit on different GPUs
                 cur = x[:, i, r]  # [c, n, S, U, R]
@@ -502,8 +446,3 @@ def _to_items(buckets: Sequence[Bucket], per_bucket: list[Tensor], n_items: int)
     for b, s in zip(buckets, per_bucket):
         out = out.index_add(1, b.items.to(out.device), s)
     return out
-
-
-def one_hot_masks(n_units: int, device=None) -> Tensor:
-    """[n_units, n_units]: patch k patches unit k alone."""
-    return torch.eye(n_units, device=device)

@@ -6,8 +6,12 @@ the whole vector, or equal slices of it).
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
+
+if TYPE_CHECKING:
+    from torch import Tensor
 
 Units = Literal["head", "kv_head", "whole", "slice"]
 
@@ -72,3 +76,62 @@ def unit_label(comp: str, layer: int, unit: int) -> str:
         return f"{c.name}{layer}"
     prefix = {"head": "", "kv_head": "kv", "slice": "s"}[c.units]
     return f"L{layer}.{prefix}H{unit}" if c.units != "head" else f"L{layer}H{unit}"
+
+
+_HOOK_RE = re.compile(r"^blocks\.(\d+)\.")
+
+
+def hook_layer(hook: str) -> int:
+    from .errors import AnalysisError
+
+    m = _HOOK_RE.match(hook)
+    if not m:
+        raise AnalysisError(f"cannot patch at {hook!r}: only hook points inside blocks are supported")
+    return int(m.group(1))
+
+
+def hook_component(hook: str) -> Component:
+    """The default component at a hook point (`o_slices` must be asked for with a Site)."""
+    from .errors import AnalysisError
+
+    for c in COMPONENTS.values():
+        if re.fullmatch(c.hook.replace(".", r"\.").replace("{layer}", r"\d+"), hook) and c.units != "slice":
+            return c
+    raise AnalysisError(f"unknown hook point {hook!r}", fix=f"use one of the components: {', '.join(COMPONENTS)}")
+
+
+@dataclass(frozen=True)
+class Site:
+    """A hook point and how its activation splits into units."""
+
+    hook: str
+    component: Component
+
+    @property
+    def layer(self) -> int:
+        return hook_layer(self.hook)
+
+    @staticmethod
+    def of(comp: str, layer: int) -> "Site":
+        c = COMPONENTS[comp]
+        return Site(c.hook.format(layer=layer), c)
+
+    @staticmethod
+    def coerce(key: "Site | str") -> "Site":
+        return key if isinstance(key, Site) else Site(key, hook_component(key))
+
+    def n_units(self, cfg) -> int:
+        if self.component.units == "whole":
+            return 1
+        if self.component.units == "kv_head":
+            return getattr(cfg, "n_key_value_heads", None) or cfg.n_heads
+        return cfg.n_heads
+
+
+def units_view(x: Tensor, comp: Component, n_units: int) -> Tensor:
+    """View an activation as [batch, pos, unit, rest]."""
+    if comp.pattern_like:
+        return x.transpose(1, 2)  # [batch, query_pos, head, key_pos]
+    if x.dim() == 3:
+        return x.view(x.shape[0], x.shape[1], n_units, -1)
+    return x

@@ -4,7 +4,8 @@ import torch
 from transformer_lens import patching
 
 from surgeon.case import Item
-from surgeon.core import Contrast, Site
+from surgeon.core import Contrast
+from surgeon.sites import Site
 from surgeon.encoding import encode_rows
 from surgeon.errors import AnalysisError
 

@@ -8,7 +8,8 @@ import torch
 from surgeon import CaseError, load_case
 from surgeon.analyses import diagnose
 from surgeon.analyses.common import format_rows
-from surgeon.core import Contrast, Site
+from surgeon.core import Contrast
+from surgeon.sites import Site
 from surgeon.models import load_model
 
 from .checkpoints import make_gemma2, make_gpt2, make_llama, make_qwen2

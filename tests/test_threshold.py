@@ -13,7 +13,7 @@ from surgeon.analyses.blend import blend
 from surgeon.analyses.common import format_rows
 from surgeon.analyses.subsets import Unit, make_groups, make_plan, parse_units
 from surgeon.analyses.threshold import collect, merge, threshold_search
-from surgeon.core import Site
+from surgeon.sites import Site
 from surgeon.errors import AnalysisError
 
 from .conftest import ROOT

@@ -41,7 +41,7 @@ def blend(case: Case, model, *, layer: int, heads: list[int] | None = None, comp
     item's switching point a* by linear interpolation between the grid points around its sign change."""
     import torch
 
-    from ..core import Site
+    from ..sites import Site
 
     if not 0 < step <= 0.5:
         raise AnalysisError(f"step {step} is not in (0, 0.5]", field="--step", fix="e.g. 0.01")

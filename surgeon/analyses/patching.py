@@ -56,7 +56,7 @@ def patch_heads(case: Case, model, *, layers=None, component: str = "z", directi
     """
     import torch
 
-    from ..core import Site
+    from ..sites import Site
     from ..errors import AnalysisError
     from ..sites import component as get_component
 

@@ -190,7 +190,7 @@ def evaluate(contrast, plan: Plan, store, *, component: str = "z", chunk: int = 
     """Evaluate this shard's missing chunks of the plan, saving each as it finishes. Returns chunks done now."""
     import torch
 
-    from ..core import Site
+    from ..sites import Site
 
     n_units = len(plan.units)
     layers = sorted({u.layer for u in plan.units})

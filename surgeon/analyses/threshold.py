@@ -31,7 +31,7 @@ def threshold_search(case: Case, model, *, layer: int | None = None, heads: str 
     `merge`). Without `out` a temporary directory is used. With `generate=N`, the minimal repairing
     subsets (up to 20) and the full candidate set are also checked by greedy generation of N tokens.
     """
-    from ..core import Site
+    from ..sites import Site
     from ..sites import component as get_component
 
     if not 0 < item_rate <= 1:
@@ -82,7 +82,7 @@ def generation_check(case: Case, model, result: ThresholdResult, *, n_new: int, 
     """Greedy generation with each minimal repairing subset (up to 20) and with every candidate patched."""
     import torch
 
-    from ..core import Site
+    from ..sites import Site
     from .generation import generate_patched
 
     subsets = [list(m) for m in result.minimal[:20]] + [list(result.units)]
