@@ -64,6 +64,18 @@ def patch_text(r, top: int = 10) -> str:
     return "\n".join(lines)
 
 
+def _model_info(case) -> dict | None:
+    """Where the case's model came from: spec, kind, resolved path (a cache snapshot names its revision)."""
+    if case is None:
+        return None
+    from .models import resolve, shape
+
+    ref = resolve(case.model)
+    shp = shape(ref)
+    return {"spec": ref.spec, "kind": ref.kind, "path": str(ref.path) if ref.path else None,
+            "n_layers": shp.n_layers, "n_heads": shp.n_heads, "n_kv_heads": shp.n_kv_heads}
+
+
 def save(out: Path, command: str, result, case, args, device: str | None, figures: dict | None = None,
          tables: dict | None = None) -> None:
     """results.json + manifest.json + figures (name -> draw(result, path)) + CSV tables, all or nothing."""
@@ -76,7 +88,8 @@ def save(out: Path, command: str, result, case, args, device: str | None, figure
     with staging(out) as tmp:
         write_json(tmp / "results.json", {"command": command, "result": asdict(result)})
         write_json(tmp / "manifest.json", manifest(command, case, seed=getattr(args, "seed", None), device=device,
-                                                   dtype=getattr(args, "dtype", None), options=opts))
+                                                   dtype=getattr(args, "dtype", None), options=opts,
+                                                   model_info=_model_info(case)))
         for name, draw in (figures or {}).items():
             draw(result, tmp / name)
         for name, rows in (tables or {}).items():

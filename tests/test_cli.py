@@ -25,6 +25,7 @@ def test_diagnose_reproduces_the_failure(tmp_path):
     res = json.loads((tmp_path / "results.json").read_text())["result"]
     man = json.loads((tmp_path / "manifest.json").read_text())
     assert man["case"]["sha256"] and man["versions"]["torch"] and man["seed"] == 0
+    assert man["model"]["kind"] == "organism" and man["model"]["n_layers"] == 3
     assert (tmp_path / "accuracy.png").stat().st_size > 1000
     stats = {(s["format"], s["tag"]): s for s in res["stats"]}
     assert stats[("plain", "trap")]["accuracy"]["n"] == 64
