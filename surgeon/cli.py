@@ -51,6 +51,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--bad", help="which failing format (default: the case's first)")
     p.add_argument("--tag", help="only items with this tag ('all' for every item; default: the case's focus)")
 
+    p = sub.add_parser("attribute", help="estimate every unit's patching effect from one backward pass "
+                                         "(gradients w.r.t. the masks); --compare checks it against exact patching")
+    _common(p)
+    p.add_argument("--layers", help="layers, e.g. 0,1,2 or 0-2 (default: the case's, else all)")
+    p.add_argument("--component", default="z", choices=list(COMPONENTS), help="what to attribute (default: z)")
+    p.add_argument("--direction", default="denoise", choices=["denoise", "noise"])
+    p.add_argument("--bad", help="which failing format (default: the case's first)")
+    p.add_argument("--tag", help="only items with this tag ('all' for every item; default: the case's focus)")
+    p.add_argument("--compare", action="store_true", help="also run exact per-unit patching and correlate")
+
     p = sub.add_parser("threshold", help="search head subsets that repair: fraction repairing per size k, "
                                          "threshold k*, minimal subsets, per-head necessity")
     _common(p)
@@ -183,6 +193,23 @@ def cmd_patch(args) -> int:
     return 0
 
 
+def cmd_attribute(args) -> int:
+    from . import figures, report
+    from .analyses import attribute
+
+    case, model, device = _load(args)
+    layers = parse_layers(args.layers)
+    if layers is None and case.layers is not None:
+        layers = list(case.layers)
+    r = attribute(case, model, layers=layers, component=args.component, direction=args.direction, bad=args.bad,
+                  tag=args.tag, batch_size=args.batch_size, compare=args.compare)
+    print(report.attribution_text(r))
+    if args.out:
+        report.save(args.out, "attribute", r, case, args, device, figures={"attribution.png": figures.attribution_heatmap})
+        print(f"\nwrote {args.out}/results.json, manifest.json, attribution.png")
+    return 0
+
+
 def _int_list(text: str | None, field: str):
     if text is None:
         return None
@@ -308,7 +335,8 @@ def cmd_organisms(args) -> int:
     return 0
 
 
-COMMANDS = {"diagnose": cmd_diagnose, "patch": cmd_patch, "threshold": cmd_threshold, "merge": cmd_merge,
+COMMANDS = {"diagnose": cmd_diagnose, "patch": cmd_patch, "attribute": cmd_attribute, "threshold": cmd_threshold,
+            "merge": cmd_merge,
             "blend": cmd_blend, "organisms": cmd_organisms}
 
 

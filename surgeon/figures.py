@@ -50,23 +50,35 @@ def diagnosis_figure(d, path: Path) -> None:
     _save(fig, path)
 
 
-def patch_heatmap(r, path: Path) -> None:
-    """Repair (or damage) fraction per layer and unit."""
+def _layer_unit_heatmap(values: np.ndarray, layers, component: str, title: str, path: Path) -> None:
     plt = _plt()
-    fig, ax = plt.subplots(figsize=(1.5 + 0.45 * r.n_units, 1.2 + 0.45 * len(r.layers)))
-    lim = max(1.0, float(np.nanmax(np.abs(r.fraction))) if np.isfinite(r.fraction).any() else 1.0)
-    im = ax.imshow(r.fraction, cmap="RdBu", vmin=-lim, vmax=lim, aspect="auto")
-    ax.set_yticks(range(len(r.layers)), [str(L) for L in r.layers])
-    ax.set_xticks(range(r.n_units), [str(u) for u in range(r.n_units)])
-    ax.set_xlabel("head" if r.component in ("z", "q", "pattern", "o_slices") else "unit")
+    n_units = values.shape[1]
+    fig, ax = plt.subplots(figsize=(1.5 + 0.45 * n_units, 1.2 + 0.45 * len(layers)))
+    lim = max(1.0, float(np.nanmax(np.abs(values))) if np.isfinite(values).any() else 1.0)
+    im = ax.imshow(values, cmap="RdBu", vmin=-lim, vmax=lim, aspect="auto")
+    ax.set_yticks(range(len(layers)), [str(L) for L in layers])
+    ax.set_xticks(range(n_units), [str(u) for u in range(n_units)])
+    ax.set_xlabel("head" if component in ("z", "q", "pattern", "o_slices") else "unit")
     ax.set_ylabel("layer")
-    what = "repair" if r.direction == "denoise" else "damage"
-    ax.set_title(f"{r.case}: {what} fraction, {r.component} {r.source}->{r.base} (n={r.n_items})", fontsize=9)
-    for (i, j), v in np.ndenumerate(r.fraction):
+    ax.set_title(title, fontsize=9)
+    for (i, j), v in np.ndenumerate(values):
         if np.isfinite(v):
             ax.text(j, i, f"{v:.2f}", ha="center", va="center", fontsize=6)
     fig.colorbar(im, ax=ax, fraction=0.046)
     _save(fig, path)
+
+
+def patch_heatmap(r, path: Path) -> None:
+    """Repair (or damage) fraction per layer and unit."""
+    what = "repair" if r.direction == "denoise" else "damage"
+    _layer_unit_heatmap(r.fraction, r.layers, r.component,
+                        f"{r.case}: {what} fraction, {r.component} {r.source}->{r.base} (n={r.n_items})", path)
+
+
+def attribution_heatmap(r, path: Path) -> None:
+    """Estimated repair fraction per layer and unit (gradient w.r.t. the mask, over the gap)."""
+    _layer_unit_heatmap(r.estimate, r.layers, r.component,
+                        f"{r.case}: attribution estimate, {r.component} {r.source}->{r.base} (n={r.n_items})", path)
 
 
 def threshold_figure(r, path: Path) -> None:

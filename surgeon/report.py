@@ -172,3 +172,21 @@ def blend_text(r) -> str:
               f"  correct already at a = 0: {r.already}; never repaired up to a = 1: {r.never}; "
               f"items whose score changes sign more than once: {int((r.crossings > 1).sum())}"]
     return "\n".join(lines)
+
+
+def attribution_text(r, top: int = 10) -> str:
+    what = "repair" if r.direction == "denoise" else "damage"
+    lines = [f"case {r.case} · attribution of {r.component} from {r.source!r} into {r.base!r} ({r.direction}) · "
+             f"{r.n_items} items ({r.tag or 'all'}) · one forward and one backward pass",
+             f"estimated {what} fraction of patching each unit alone (gradient w.r.t. its mask at 0, over the gap):",
+             "layer " + "".join(f"{u:>7d}" for u in range(r.n_units))]
+    for i, L in enumerate(r.layers):
+        lines.append(f"{L:5d} " + "".join(f"{v:7.2f}" if np.isfinite(v) else "    nan" for v in r.estimate[i]))
+    if r.exact is not None:
+        lines += ["", f"against exact per-unit patching: Pearson r = {r.pearson:.3f}, Spearman rho = {r.spearman:.3f}",
+                  f"{'unit':8s} {'estimate':>9s} {'exact':>9s}"]
+        order = np.argsort(-np.nan_to_num(r.exact, nan=-np.inf), axis=None)[:top]
+        for k in order:
+            i, u = divmod(int(k), r.n_units)
+            lines.append(f"L{r.layers[i]}.{u:<5d} {r.estimate[i, u]:+9.3f} {r.exact[i, u]:+9.3f}")
+    return "\n".join(lines)

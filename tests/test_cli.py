@@ -49,3 +49,11 @@ def test_bad_option_values_exit_cleanly(tmp_path):
     assert r.returncode == 2 and "--layers" in r.stderr
     r = run("patch", CASE, "--tag", "nope")
     assert r.returncode == 2 and "tag" in r.stderr
+
+
+def test_attribute_command(tmp_path):
+    r = run("attribute", CASE, "--layers", "1", "--compare", "--out", str(tmp_path))
+    assert r.returncode == 0, r.stderr
+    assert "Pearson r =" in r.stdout and (tmp_path / "attribution.png").exists()
+    res = json.loads((tmp_path / "results.json").read_text())["result"]
+    assert len(res["estimate"]) == 1 and len(res["estimate"][0]) == 8

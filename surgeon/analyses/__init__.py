@@ -2,9 +2,10 @@
 
 `REGISTRY` maps an analysis name to its function; the CLI's subcommands come from the same table.
 """
+from .attribution import AttributionResult, attribute
 from .diagnose import Diagnosis, diagnose
 from .patching import PatchResult, patch_heads
 
-REGISTRY = {"diagnose": diagnose, "patch": patch_heads}
+REGISTRY = {"diagnose": diagnose, "patch": patch_heads, "attribute": attribute}
 
-__all__ = ["REGISTRY", "diagnose", "Diagnosis", "patch_heads", "PatchResult"]
+__all__ = ["REGISTRY", "diagnose", "Diagnosis", "patch_heads", "PatchResult", "attribute", "AttributionResult"]
