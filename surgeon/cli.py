@@ -222,8 +222,7 @@ def _int_list(text: str | None, field: str):
 def cmd_threshold(args) -> int:
     import json
 
-    from . import figures, report
-    from .analyses.subsets import subsets_csv_rows
+    from . import report
     from .analyses.threshold import Interrupted, threshold_search
 
     out = args.out or Path("out") / f"threshold-{Path(args.case).stem}-L{args.layer if args.layer is not None else 'x'}"
@@ -268,7 +267,6 @@ def cmd_threshold(args) -> int:
 def _write_threshold(out, r, case, args, device):
     from . import figures, report
     from .analyses.subsets import plan_from_options, subsets_csv_rows
-    from .analyses.threshold import _meta
 
     plan = plan_from_options(r.options)
     per_subset = _per_subset(out)

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Mapping, Sequence
 
-from .case import Case, Chat, Format, Item
+from .case import Chat, Format, Item
 from .errors import AnalysisError, CaseError
 
 

@@ -134,7 +134,6 @@ def _load_hf(ref: ModelRef, device: str, tdtype, n_devices: int):
     import tempfile
 
     _offline()
-    import torch
     from transformer_lens import HookedTransformer, loading
     from transformers import AutoModelForCausalLM
 

@@ -59,7 +59,7 @@ def patch_text(r, top: int = 10) -> str:
         lines.append(f"L{L}.{u:<5d} {f:+.3f} [{lo:+.3f}, {hi:+.3f}]        "
                      f"{100 * a:5.1f}% [{100 * alo:5.1f}, {100 * ahi:5.1f}] (n={r.n_items})")
     if r.noop:
-        lines += ["", f"no-op patches (source activation equals base at the patched positions): "
+        lines += ["", "no-op patches (source activation equals base at the patched positions): "
                       + ", ".join(f"L{L}.{u}" for L, u in r.noop[:20]) + (" ..." if len(r.noop) > 20 else "")]
     return "\n".join(lines)
 

@@ -7,7 +7,7 @@ from typing import Literal, Sequence
 
 from ..case import Case, Item
 from ..stats import Estimate, wilson
-from .common import format_rows, pick_bad, pick_items, prepend_bos
+from .common import pick_bad, pick_items, prepend_bos
 
 Verdict = Literal["correct", "incorrect", "other"]
 

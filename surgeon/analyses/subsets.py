@@ -18,8 +18,7 @@ import json
 import math
 import random
 import re
-from dataclasses import asdict, dataclass, field
-from pathlib import Path
+from dataclasses import dataclass, field
 from typing import Iterable, Sequence
 
 import numpy as np

@@ -13,7 +13,7 @@ from ..case import Case
 from ..errors import AnalysisError
 from ..jobs import ChunkStore, parse_shard
 from .common import Direction, make_contrast
-from .subsets import (BUILTIN_GROUPS, ThresholdResult, aggregate, evaluate, make_groups, make_plan, parse_units,
+from .subsets import (ThresholdResult, aggregate, evaluate, make_groups, make_plan, parse_units,
                       plan_from_options, summarize_chunks)
 
 

@@ -19,7 +19,6 @@ def vocab() -> dict[str, int]:
 def build_tokenizer(name: str = "surgeon-charset"):
     """A `transformers.PreTrainedTokenizerFast` over single characters (BOS added by the caller)."""
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
 
     tok = Tokenizer(models.WordLevel(vocab=vocab(), unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.Split(Regex("[\\s\\S]"), behavior="isolated")
