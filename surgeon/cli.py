@@ -176,14 +176,18 @@ def cmd_diagnose(args) -> int:
     return 0
 
 
+def _layers(args, case):
+    """--layers if given, else the case's default layers, else None (all)."""
+    layers = parse_layers(args.layers)
+    return list(case.layers) if layers is None and case.layers is not None else layers
+
+
 def cmd_patch(args) -> int:
     from . import figures, report
     from .analyses import patch_heads
 
     case, model, device = _load(args)
-    layers = parse_layers(args.layers)
-    if layers is None and case.layers is not None:
-        layers = list(case.layers)
+    layers = _layers(args, case)
     r = patch_heads(case, model, layers=layers, component=args.component, direction=args.direction, bad=args.bad,
                     tag=args.tag, batch_size=args.batch_size, progress=True)
     print(report.patch_text(r))
@@ -198,9 +202,7 @@ def cmd_attribute(args) -> int:
     from .analyses import attribute
 
     case, model, device = _load(args)
-    layers = parse_layers(args.layers)
-    if layers is None and case.layers is not None:
-        layers = list(case.layers)
+    layers = _layers(args, case)
     r = attribute(case, model, layers=layers, component=args.component, direction=args.direction, bad=args.bad,
                   tag=args.tag, batch_size=args.batch_size, compare=args.compare)
     print(report.attribution_text(r))

@@ -12,8 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..case import Case
-from ..errors import AnalysisError
-from .common import Direction, make_contrast
+from .common import Direction, layer_sites, make_contrast
 
 
 @dataclass(frozen=True)
@@ -45,16 +44,8 @@ def attribute(case: Case, model, *, layers=None, component: str = "z", direction
               compare: bool = False) -> AttributionResult:
     import torch
 
-    from ..sites import Site, component as get_component
 
-    get_component(component)
-    n_layers = model.cfg.n_layers
-    layers = tuple(range(n_layers)) if layers is None else tuple(layers)
-    bad_layers = [L for L in layers if not 0 <= L < n_layers]
-    if bad_layers:
-        raise AnalysisError(f"layers {bad_layers} are out of range (0..{n_layers - 1})", field="layers",
-                            fix=f"use layers between 0 and {n_layers - 1}")
-    sites = [Site.of(component, L) for L in layers]
+    layers, sites = layer_sites(model, layers, component)
     contrast, info = make_contrast(case, model, bad=bad, direction=direction, tag=tag, batch_size=batch_size,
                                    sites=sites)
     U = contrast.units(sites[0])

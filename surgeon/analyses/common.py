@@ -53,3 +53,17 @@ def make_contrast(case: Case, model, *, bad: str | None = None, direction: Direc
     c = Contrast(model, rows_b, rows_s, case.align, batch_size=batch_size, base_name=base, source_name=source,
                  sites=sites)
     return c, dict(base=base, source=source, bad=bad, tag=tag, n_items=len(items), direction=direction)
+
+
+def layer_sites(model, layers, component: str):
+    """The layers to examine (all when None), checked against the model, and one site per layer."""
+    from ..sites import Site, component as get_component
+
+    get_component(component)
+    n_layers = model.cfg.n_layers
+    layers = tuple(range(n_layers)) if layers is None else tuple(layers)
+    for L in layers:
+        if not 0 <= L < n_layers:
+            raise AnalysisError(f"layer {L} is out of range (the model has layers 0..{n_layers - 1})", field="layers",
+                                fix=f"use layers between 0 and {n_layers - 1}")
+    return layers, [Site.of(component, L) for L in layers]

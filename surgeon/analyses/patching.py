@@ -7,7 +7,7 @@ import numpy as np
 
 from ..case import Case
 from ..stats import Estimate, bootstrap_fraction, bootstrap_mean, bootstrap_means, wilson, wilson_many
-from .common import Direction, make_contrast
+from .common import Direction, layer_sites, make_contrast
 
 
 @dataclass(frozen=True)
@@ -56,18 +56,8 @@ def patch_heads(case: Case, model, *, layers=None, component: str = "z", directi
     """
     import torch
 
-    from ..sites import Site
-    from ..errors import AnalysisError
-    from ..sites import component as get_component
 
-    get_component(component)
-    n_layers = model.cfg.n_layers
-    layers = tuple(range(n_layers)) if layers is None else tuple(layers)
-    for L in layers:
-        if not 0 <= L < n_layers:
-            raise AnalysisError(f"layer {L} is out of range (the model has layers 0..{n_layers - 1})", field="layers",
-                                fix=f"use layers between 0 and {n_layers - 1}")
-    sites = [Site.of(component, L) for L in layers]
+    layers, sites = layer_sites(model, layers, component)
     contrast, info = make_contrast(case, model, bad=bad, direction=direction, tag=tag, batch_size=batch_size,
                                    sites=sites)
     U = contrast.units(sites[0])
