@@ -81,11 +81,13 @@ def run(case, model, args) -> bool:
     # --- baseline: one TL forward per subset
     bad = format_rows(case, model, "qa", case.items)
     good = format_rows(case, model, "plain", case.items)
-    W = max(len(r.tokens) for r in bad + good)
-    pad = model.tokenizer.pad_token_id
-    toks = torch.tensor([list(r.tokens) + [pad] * (W - len(r.tokens)) for r in bad])
-    src_toks = torch.tensor([list(r.tokens) + [pad] * (W - len(r.tokens)) for r in good])
     pairs = [align(b, g, case.align) for b, g in zip(bad, good)]
+    # the loop, too, runs only the positions up to the last one patched or scored
+    Wb = max(max(*pb, *(t[0] for t in r.targets)) for r, (pb, _) in zip(bad, pairs)) + 1
+    Ws = max(max(pg) for _, pg in pairs) + 1
+    pad = model.tokenizer.pad_token_id
+    toks = torch.tensor([list(r.tokens[:Wb]) + [pad] * (Wb - len(r.tokens[:Wb])) for r in bad])
+    src_toks = torch.tensor([list(r.tokens[:Ws]) + [pad] * (Ws - len(r.tokens[:Ws])) for r in good])
     _, cache = model.run_with_cache(src_toks, names_filter=lambda n: n.endswith("hook_z"))
     rng = np.random.default_rng(0)
     sample = [subsets[i] for i in rng.choice(len(subsets), args.baseline, replace=False)]

@@ -33,7 +33,8 @@ class Bucket:
     """Rows that share their first patched position p0, right-padded to one width.
 
     Right padding is exact for a causal model: real positions never attend to the padding after
-    them. Padded patch slots point at the last column (then always padding); padded targets have sign 0.
+    them. Columns after the last position patched or scored are cut off. Padded patch slots point at
+    an extra last column and their masks are zeroed; padded targets have sign 0.
     """
 
     row_ids: list[int]
@@ -106,22 +107,27 @@ class Contrast:
         for p0, ids in sorted(groups.items()):
             B, Sr = [base_rows[i] for i in ids], [source_rows[i] for i in ids]
             S = max(len(aligned[i][0]) for i in ids)
-            ragged = any(len(aligned[i][0]) < S for i in ids)  # padded slots need a padding column to write to
-            W = max(len(r.tokens) for r in B + Sr) + int(ragged)
+            ragged = any(len(aligned[i][0]) < S for i in ids)  # padded slots need a column of their own
+            # a causal model never needs positions after the last one patched or scored: cut them off
+            Wb = max(max(*aligned[i][0], *(t[0] for t in base_rows[i].targets)) for i in ids) + 1 + int(ragged)
+            Ws = max(max(*aligned[i][1], *(t[0] for t in source_rows[i].targets)) for i in ids) + 1 + int(ragged)
+            equal = all(len(b.tokens) == len(s.tokens) for b, s in zip(B, Sr))
+            if equal:  # patterns are patched key by key: keep the key positions of both runs alike
+                Wb = Ws = max(Wb, Ws)
             T = max(len(r.targets) for r in B)
             bucket = Bucket(
                 row_ids=list(ids),
                 items=torch.tensor([r.item for r in B], device=dev),
-                base_tokens=_padded([r.tokens for r in B], W, pad, dev),
-                source_tokens=_padded([r.tokens for r in Sr], W, pad, dev),
-                base_pos=_padded([aligned[i][0] for i in ids], S, W - 1, dev),
-                source_pos=_padded([aligned[i][1] for i in ids], S, W - 1, dev),
+                base_tokens=_padded([r.tokens[:Wb] for r in B], Wb, pad, dev),
+                source_tokens=_padded([r.tokens[:Ws] for r in Sr], Ws, pad, dev),
+                base_pos=_padded([aligned[i][0] for i in ids], S, Wb - 1, dev),
+                source_pos=_padded([aligned[i][1] for i in ids], S, Ws - 1, dev),
                 tgt_pos=_padded([[t[0] for t in r.targets] for r in B], T, p0, dev),
-                source_tgt_pos=_padded([[t[0] for t in r.targets] for r in Sr], T, W - 1, dev),
+                source_tgt_pos=_padded([[t[0] for t in r.targets] for r in Sr], T, Ws - 1, dev),
                 tgt_tok=_padded([[t[1] for t in r.targets] for r in B], T, 0, dev),
                 tgt_sign=_padded([[t[2] for t in r.targets] for r in B], T, 0.0, dev, torch.float32),
                 slot_valid=_padded([[1.0] * len(aligned[i][0]) for i in ids], S, 0.0, dev, torch.float32),
-                equal_lengths=all(len(b.tokens) == len(s.tokens) for b, s in zip(B, Sr)),
+                equal_lengths=equal,
                 p0=p0,
             )
             self.buckets.append(bucket)
@@ -273,7 +279,10 @@ class Contrast:
         cols = []
         for r0 in range(0, b.n, self.batch_size):
             sb = b if b.n <= self.batch_size else _row_slice(b, r0, min(b.n, r0 + self.batch_size))
-            chunk = max(1, self.batch_size // sb.n)
+            # a patch recomputes only the W - p0 positions from p0 on, so as many patched rows fit in a
+            # forward pass as positions of batch_size full rows would (memory stays that of a full pass)
+            width = sb.base_tokens.shape[1]
+            chunk = max(1, self.batch_size * width // (sb.n * (width - sb.p0)))
             outs, kv = [], {}
             for lo in range(0, P, chunk):
                 sub = {s: m[lo: lo + chunk] for s, m in masks.items()}
@@ -311,10 +320,12 @@ class Contrast:
         rel = (b.base_pos - offset).to(self.device)
         idx = torch.arange(n, device=self.device)[:, None]
         hooks = []
+        valid = b.slot_valid[:, :, None, None]  # padded slots are left alone
         for site, m in masks.items():
             src = b.source_acts[site]
             m = m.to(src.device, src.dtype)
             m = m[:, None, None, :, None] if m.dim() == 2 else m[:, None, :, :, None]  # [c, 1, S|1, U, 1]
+            m = m * valid.to(m.device, m.dtype)  # [c, n, S, U, 1]
 
             def mix(act, hook, src=src, m=m, site=site):
                 out = act.clone() if torch.is_grad_enabled() else act

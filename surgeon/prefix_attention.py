@@ -3,10 +3,11 @@
 The core runs P patches of n rows as one batch of P * n rows that share the same first p0 positions.
 TransformerLens's key/value cache would need those keys and values repeated P times (and copied again
 inside attention); here each attention layer reads them once, shape [n, p0, kv_heads, d_head], and
-broadcasts them over the patches. Everything else is TransformerLens's own attention code: only the
-score and value products (and the rotary offset of the new keys) are replaced, inside a context manager
-that always restores the modules. Hook points (q, k, v, attn_scores, pattern, z) fire with their usual
-shapes, so interventions on them behave as in a full forward pass.
+broadcasts them over the patches. The attention forward is replaced (inside a context manager that
+always restores the modules) by one that does what TransformerLens's does for the configurations
+`supported` admits, projections, rotary and causal mask by TransformerLens's own methods; hook points
+(q, k, v, rot_q, rot_k, attn_scores, pattern, z) fire with their usual shapes, so interventions on
+them behave as in a full forward pass.
 """
 from __future__ import annotations
 
@@ -27,6 +28,7 @@ def supported(model) -> bool:
     return (cfg.positional_embedding_type in ("standard", "rotary")
             and getattr(cfg, "attention_dir", "causal") == "causal"
             and not any(getattr(cfg, f, False) for f in flags)
+            and getattr(cfg, "clip_qkv", None) is None
             and getattr(cfg, "original_architecture", None) not in ("OlmoeForCausalLM", "Olmo2ForCausalLM",
                                                                     "Olmo3ForCausalLM")
             and all(type(b.attn).__name__ in _ATTENTION_CLASSES for b in model.blocks))
@@ -54,48 +56,67 @@ def shared_prefix(model, prefix: Mapping[int, tuple[Tensor, Tensor]], n: int, p0
     """While active, attention of layers >= start attends to `prefix[L]` (keys and values of the first p0
     positions, [n, p0, kv_heads, d_head], before rotary) plus the new positions of each row. The batch
     is patch-major: row b belongs to prefix row b % n."""
-    from transformer_lens.utilities.activation_functions import apply_softcap
-
     patched = []
     try:
         for L in range(start, model.cfg.n_layers):
             attn = model.blocks[L].attn
-            H = attn.cfg.n_heads
-            k_pre, v_pre = prefix[L]
-            original_rotary = attn.apply_rotary
-            if attn.cfg.positional_embedding_type == "rotary":
-                k_pre = original_rotary(k_pre, 0, None)
-            k_pre, v_pre = _heads(k_pre, H), _heads(v_pre, H)  # [n, p0, H, d]
-
-            def scores(q, k, attn=attn, k_pre=k_pre):
-                B, Q, _, D = q.shape
-                c = B // n
-                pre = torch.einsum("cnqhd,nkhd->cnhqk", q.reshape(c, n, Q, H, D), k_pre.to(q.dtype))
-                new = torch.einsum("bqhd,bkhd->bhqk", q, _heads(k, H))
-                s = torch.cat([pre.reshape(B, H, Q, p0), new], dim=-1) / attn.attn_scale
-                return apply_softcap(s, attn.cfg.attn_scores_soft_cap)
-
-            def z_scores(v, pattern, attn=attn, v_pre=v_pre):
-                B, _, Q, _ = pattern.shape
-                c = B // n
-                pre = torch.einsum("cnhqk,nkhd->cnqhd", pattern[..., :p0].reshape(c, n, H, Q, p0), v_pre.to(v.dtype))
-                new = torch.einsum("bhqk,bkhd->bqhd", pattern[..., p0:], _heads(v, H))
-                return attn.hook_z(pre.reshape(B, Q, H, -1) + new)
-
-            def rotary(x, past_kv_pos_offset=0, attention_mask=None, original=original_rotary):
-                # TransformerLens rotates queries from offset p0 and (cached + new) keys from 0; the keys
-                # here are only the new ones, which start at p0 too.
-                return original(x, p0, attention_mask)
-
-            attn.calculate_attention_scores = scores
-            attn.calculate_z_scores = z_scores
-            attn.apply_rotary = rotary
+            attn.forward = _suffix_forward(attn, *prefix[L], n, p0)
             patched.append(attn)
         yield
     finally:
         for attn in patched:
-            for name in ("calculate_attention_scores", "calculate_z_scores", "apply_rotary"):
-                attn.__dict__.pop(name, None)
+            attn.__dict__.pop("forward", None)
+
+
+def _suffix_forward(attn, k_pre: Tensor, v_pre: Tensor, n: int, p0: int):
+    """TransformerLens's attention forward (for the configurations `supported` admits) for new positions
+    p0.. of rows that share their first p0 keys and values, with the same hook points firing in the same
+    order and shapes. Beyond reading the prefix once per batch it leaves out work that cannot change the
+    result here: the causal mask when it masks nothing (one new position, no window cutting in), and the
+    NaN guard for fully masked rows (every query sees at least itself). Queries are scaled before the
+    score product rather than the scores after it."""
+    import torch.nn.functional as F
+    from transformer_lens.utilities.activation_functions import apply_softcap
+
+    cfg = attn.cfg
+    H = cfg.n_heads
+    rotary = cfg.positional_embedding_type == "rotary"
+    if rotary:
+        k_pre = attn.apply_rotary(k_pre, 0, None)
+    k_pre, v_pre = _heads(k_pre, H), _heads(v_pre, H)  # [n, p0, H, d]
+    w_out = attn.W_O.reshape(H * cfg.d_head, cfg.d_model).T.contiguous()  # [d_model, H * d_head]
+    masks: dict[int, Tensor | None] = {}
+
+    def causal(Q: int, device) -> Tensor | None:
+        """TransformerLens's causal (and sliding-window) mask for Q new queries, or None if it masks nothing."""
+        if Q not in masks:
+            m = attn._make_causal_mask(query_ctx_length=Q, key_ctx_length=p0 + Q, past_kv_pos_offset=p0,
+                                       device=torch.device("cpu"))
+            masks[Q] = None if bool(m.all()) else m.to(device)
+        return masks[Q]
+
+    def forward(query_input, key_input, value_input, past_kv_cache_entry=None, attention_mask=None, **_):
+        q, k, v = attn.calculate_qkv_matrices(query_input, key_input, value_input)
+        if rotary:  # the new keys, like the queries, start at position p0
+            q = attn.hook_rot_q(attn.apply_rotary(q, p0, attention_mask))
+            k = attn.hook_rot_k(attn.apply_rotary(k, p0, attention_mask))
+        B, Q, _, D = q.shape
+        c = B // n
+        q = q / attn.attn_scale
+        pre = torch.einsum("cnqhd,nkhd->cnhqk", q.reshape(c, n, Q, H, D), k_pre.to(q.dtype))
+        new = torch.einsum("bqhd,bkhd->bhqk", q, _heads(k, H))
+        scores = apply_softcap(torch.cat([pre.reshape(B, H, Q, p0), new], dim=-1), cfg.attn_scores_soft_cap)
+        mask = causal(Q, scores.device)
+        if mask is not None:
+            scores = torch.where(mask, scores, attn.IGNORE.to(scores.device))
+        pattern = attn.hook_pattern(F.softmax(attn.hook_attn_scores(scores), dim=-1)).to(v.dtype)
+        z_pre = torch.einsum("cnhqk,nkhd->cnqhd", pattern[..., :p0].reshape(c, n, H, Q, p0), v_pre.to(v.dtype))
+        z_new = torch.einsum("bhqk,bkhd->bqhd", pattern[..., p0:], _heads(v, H))
+        z = attn.hook_z(z_pre.reshape(B, Q, H, -1) + z_new)
+        z = z.reshape(B, Q, H * D).to(w_out.dtype)
+        return F.linear(z, w_out.to(z.device), attn.b_O.to(z.device))
+
+    return forward
 
 
 def prefix_cache(model, p0: int, start: int):

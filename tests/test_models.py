@@ -146,8 +146,8 @@ def test_patching_through_the_core_on_every_architecture(checkpoint):
     filler = "it was a long day and the sun was low over the hills when they came back "
     items = [Item({"a": a, "b": b}, correct=f" {c}", incorrect=f" {d}") for a, b, c, d in
              [("9.8", "9.11", "9.8", "9.11"), ("3.4", "3.25", "3.4", "3.25"), ("1.2", "1.3", "1.3", "1.2")]]
-    bad = encode_rows(filler + "Q: is {a} or {b} bigger?\nA:", items, model.tokenizer, True)
-    good = encode_rows(filler + "which of {a} and {b} is bigger? answer:", items, model.tokenizer, True)
+    bad_fmt, good_fmt = filler + "Q: is {a} or {b} bigger?\nA:", filler + "which of {a} and {b} is bigger? answer:"
+    bad, good = encode_rows(bad_fmt, items, model.tokenizer, True), encode_rows(good_fmt, items, model.tokenizer, True)
     assert max(len(r.tokens) for r in bad) > 64
     assert Contrast(model, bad, good, "last").shared_prefix  # these architectures use the shared-prefix attention
     for shared in (True, False):
@@ -159,3 +159,14 @@ def test_patching_through_the_core_on_every_architecture(checkpoint):
             for u in range(U):
                 want = direct_patch_scores(model, bad, good, "last", site, torch.eye(U)[u])
                 torch.testing.assert_close(got[u], want, atol=3e-4, rtol=0)
+    # the decision setting: first-token scores, patched where that token is predicted; the core then
+    # recomputes that one position only (no causal mask needed, except where Gemma-2's window cuts in)
+    bad, good = (encode_rows(f, items, model.tokenizer, True, score="first_token") for f in (bad_fmt, good_fmt))
+    c = Contrast(model, bad, good, "decision", batch_size=5)
+    assert all(b.base_tokens.shape[1] - b.p0 == 1 for b in c.buckets)
+    site = Site.of("z", 1)
+    U = c.units(site)
+    got = c.run({site: torch.eye(U)})
+    for u in range(U):
+        want = direct_patch_scores(model, bad, good, "decision", site, torch.eye(U)[u])
+        torch.testing.assert_close(got[u], want, atol=3e-4, rtol=0)
