@@ -53,6 +53,7 @@ class Bucket:
     # caches, filled on demand
     resid: dict[int, Tensor] = field(default_factory=dict)  # layer -> resid_pre[:, p0:]
     kv: dict[int, tuple[Tensor, Tensor]] = field(default_factory=dict)  # layer -> keys/values[:, :p0]
+    z: dict[int, Tensor] = field(default_factory=dict)  # layer -> head outputs z[:, p0:]
     source_acts: dict[Site, Tensor] = field(default_factory=dict)  # site -> [n, S, unit, rest]
     base_acts: dict[Site, Tensor] = field(default_factory=dict)  # site -> [n, S, unit, rest]
     kv_rep: dict[int, tuple[Tensor, Tensor]] = field(default_factory=dict)  # kv repeated kv_copies times
@@ -150,13 +151,14 @@ class Contrast:
         if not layers and not sites and not score:
             return None
         names = [f"blocks.{L}.hook_resid_pre" for L in layers]
-        names += [f"blocks.{L}.attn.hook_{kv}" for L in layers for kv in "kv"]
+        names += [f"blocks.{L}.attn.hook_{x}" for L in layers for x in "kvz"]
         names += [s.hook for s in sites]
         final, cache = self._pass(b.base_tokens, names, score)
         for L in layers:  # copies of the slices, so the full activations can be freed
             b.resid[L] = cache[f"blocks.{L}.hook_resid_pre"][:, b.p0:].clone()
             b.kv[L] = (cache[f"blocks.{L}.attn.hook_k"][:, : b.p0].clone(),
                        cache[f"blocks.{L}.attn.hook_v"][:, : b.p0].clone())
+            b.z[L] = cache[f"blocks.{L}.attn.hook_z"][:, b.p0:].clone()
         for s in sites:
             b.base_acts[s] = self._gather(cache[s.hook], s, b.base_pos)
         if score:
@@ -342,16 +344,20 @@ class Contrast:
     def _run_chunk(self, b: Bucket, start: int, masks: Mapping[Site, Tensor], copies: int, kv_cache) -> Tensor:
         hooks = self._mix_hooks(b, masks, copies, offset=b.p0)
         resid = b.resid[start].repeat(copies, 1, 1)
-        with self.model.hooks(fwd_hooks=hooks), self._prefix_mode(b, start):
+        with self.model.hooks(fwd_hooks=hooks), self._prefix_mode(b, start, masks):
             final = self.model(resid, start_at_layer=start, stop_at_layer=self.cfg.n_layers, past_kv_cache=kv_cache)
         return readout(self.model, final, b.tgt_pos - b.p0, b.tgt_tok, b.tgt_sign)
 
-    def _prefix_mode(self, b: Bucket, start: int):
+    def _prefix_mode(self, b: Bucket, start: int, masks: Mapping[Site, Tensor]):
         if not self.shared_prefix:
             from contextlib import nullcontext
 
             return nullcontext()
-        return prefix_attention.shared_prefix(self.model, b.kv, b.n, b.p0, start)
+        # patches that act at or after the head outputs of the first layer leave everything before them in
+        # that layer as in the base run: start from its cached head outputs
+        after_z = {f"blocks.{start}.{h}" for h in ("attn.hook_z", "hook_attn_out", "hook_mlp_out")}
+        z = b.z[start] if all(s.hook in after_z for s in masks if s.layer == start) else None
+        return prefix_attention.shared_prefix(self.model, b.kv, b.n, b.p0, start, z_start=z)
 
     @torch.no_grad()
     def generate(self, masks: Mapping[Site | str, Tensor], n_new: int) -> Tensor:
@@ -403,6 +409,7 @@ def _row_slice(b: Bucket, r0: int, r1: int) -> Bucket:
         tgt_pos=b.tgt_pos[rows], source_tgt_pos=b.source_tgt_pos[rows], tgt_tok=b.tgt_tok[rows],
         tgt_sign=b.tgt_sign[rows], slot_valid=b.slot_valid[rows], equal_lengths=b.equal_lengths, p0=b.p0,
         resid={L: x[rows] for L, x in b.resid.items()}, kv={L: (k[rows], v[rows]) for L, (k, v) in b.kv.items()},
+        z={L: x[rows] for L, x in b.z.items()},
         source_acts={s: x[rows] for s, x in b.source_acts.items()}, base_acts={s: x[rows] for s, x in b.base_acts.items()})
 
 

@@ -52,15 +52,21 @@ def _heads(x: Tensor, n_heads: int) -> Tensor:
 
 
 @contextmanager
-def shared_prefix(model, prefix: Mapping[int, tuple[Tensor, Tensor]], n: int, p0: int, start: int):
+def shared_prefix(model, prefix: Mapping[int, tuple[Tensor, Tensor]], n: int, p0: int, start: int,
+                  z_start: Tensor | None = None):
     """While active, attention of layers >= start attends to `prefix[L]` (keys and values of the first p0
     positions, [n, p0, kv_heads, d_head], before rotary) plus the new positions of each row. The batch
-    is patch-major: row b belongs to prefix row b % n."""
+    is patch-major: row b belongs to prefix row b % n. With `z_start` (the head outputs of layer `start`
+    at the new positions, [n, Q, heads, d_head]), that layer's attention is not recomputed: its output
+    is made from `z_start` (through hook_z, so patches of z apply); hooks before hook_z do not fire there."""
     patched = []
     try:
         for L in range(start, model.cfg.n_layers):
             attn = model.blocks[L].attn
-            attn.forward = _suffix_forward(attn, *prefix[L], n, p0)
+            if L == start and z_start is not None:
+                attn.forward = _output_forward(attn, z_start)
+            else:
+                attn.forward = _suffix_forward(attn, *prefix[L], n, p0)
             patched.append(attn)
         yield
     finally:
@@ -84,7 +90,7 @@ def _suffix_forward(attn, k_pre: Tensor, v_pre: Tensor, n: int, p0: int):
     if rotary:
         k_pre = attn.apply_rotary(k_pre, 0, None)
     k_pre, v_pre = _heads(k_pre, H), _heads(v_pre, H)  # [n, p0, H, d]
-    w_out = attn.W_O.reshape(H * cfg.d_head, cfg.d_model).T.contiguous()  # [d_model, H * d_head]
+    w_out = _w_out(attn)
     masks: dict[int, Tensor | None] = {}
 
     def causal(Q: int, device) -> Tensor | None:
@@ -112,11 +118,34 @@ def _suffix_forward(attn, k_pre: Tensor, v_pre: Tensor, n: int, p0: int):
         pattern = attn.hook_pattern(F.softmax(attn.hook_attn_scores(scores), dim=-1)).to(v.dtype)
         z_pre = torch.einsum("cnhqk,nkhd->cnqhd", pattern[..., :p0].reshape(c, n, H, Q, p0), v_pre.to(v.dtype))
         z_new = torch.einsum("bhqk,bkhd->bqhd", pattern[..., p0:], _heads(v, H))
-        z = attn.hook_z(z_pre.reshape(B, Q, H, -1) + z_new)
-        z = z.reshape(B, Q, H * D).to(w_out.dtype)
-        return F.linear(z, w_out.to(z.device), attn.b_O.to(z.device))
+        return _project(attn, attn.hook_z(z_pre.reshape(B, Q, H, -1) + z_new), w_out)
 
     return forward
+
+
+def _output_forward(attn, z: Tensor):
+    """An attention forward that takes its head outputs as given ([n, Q, heads, d_head], the same for every
+    patch) instead of computing them: hook_z, then the output projection."""
+    w_out = _w_out(attn)
+
+    def forward(query_input, key_input, value_input, past_kv_cache_entry=None, attention_mask=None, **_):
+        c = query_input.shape[0] // z.shape[0]
+        return _project(attn, attn.hook_z(z.to(query_input.device).repeat(c, 1, 1, 1)), w_out)
+
+    return forward
+
+
+def _w_out(attn) -> Tensor:
+    """W_O as TransformerLens's output projection uses it: [d_model, heads * d_head]."""
+    return attn.W_O.reshape(-1, attn.cfg.d_model).T.contiguous()
+
+
+def _project(attn, z: Tensor, w_out: Tensor) -> Tensor:
+    """Head outputs [B, Q, heads, d_head] -> attention output [B, Q, d_model], as TransformerLens computes it."""
+    import torch.nn.functional as F
+
+    z = z.reshape(*z.shape[:2], -1).to(w_out.dtype)
+    return F.linear(z, w_out.to(z.device), attn.b_O.to(z.device))
 
 
 def prefix_cache(model, p0: int, start: int):
