@@ -93,13 +93,19 @@ def _suffix_forward(attn, k_pre: Tensor, v_pre: Tensor, n: int, p0: int):
     w_out = _w_out(attn)
     masks: dict[int, Tensor | None] = {}
 
-    def causal(Q: int, device) -> Tensor | None:
-        """TransformerLens's causal (and sliding-window) mask for Q new queries, or None if it masks nothing."""
+    k_t, v_h = k_pre.permute(0, 2, 3, 1).contiguous(), v_pre.permute(0, 2, 1, 3).contiguous()  # [n, H, d|p0, p0|d]
+
+    def masked(scores: Tensor) -> Tensor:
+        """Soft-capping, then TransformerLens's causal (and sliding-window) mask for the new queries, applied
+        only where it masks something (not for a single new position, unless a window cuts in)."""
+        scores = apply_softcap(scores, cfg.attn_scores_soft_cap)
+        Q = scores.shape[-2]
         if Q not in masks:
             m = attn._make_causal_mask(query_ctx_length=Q, key_ctx_length=p0 + Q, past_kv_pos_offset=p0,
                                        device=torch.device("cpu"))
-            masks[Q] = None if bool(m.all()) else m.to(device)
-        return masks[Q]
+            masks[Q] = None if bool(m.all()) else m.to(scores.device)
+        m = masks[Q]
+        return scores if m is None else torch.where(m, scores, attn.IGNORE.to(scores.device))
 
     def forward(query_input, key_input, value_input, past_kv_cache_entry=None, attention_mask=None, **_):
         q, k, v = attn.calculate_qkv_matrices(query_input, key_input, value_input)
@@ -109,16 +115,26 @@ def _suffix_forward(attn, k_pre: Tensor, v_pre: Tensor, n: int, p0: int):
         B, Q, _, D = q.shape
         c = B // n
         q = q / attn.attn_scale
-        pre = torch.einsum("cnqhd,nkhd->cnhqk", q.reshape(c, n, Q, H, D), k_pre.to(q.dtype))
-        new = torch.einsum("bqhd,bkhd->bhqk", q, _heads(k, H))
-        scores = apply_softcap(torch.cat([pre.reshape(B, H, Q, p0), new], dim=-1), cfg.attn_scores_soft_cap)
-        mask = causal(Q, scores.device)
-        if mask is not None:
-            scores = torch.where(mask, scores, attn.IGNORE.to(scores.device))
-        pattern = attn.hook_pattern(F.softmax(attn.hook_attn_scores(scores), dim=-1)).to(v.dtype)
-        z_pre = torch.einsum("cnhqk,nkhd->cnqhd", pattern[..., :p0].reshape(c, n, H, Q, p0), v_pre.to(v.dtype))
-        z_new = torch.einsum("bhqk,bkhd->bqhd", pattern[..., p0:], _heads(v, H))
-        return _project(attn, attn.hook_z(z_pre.reshape(B, Q, H, -1) + z_new), w_out)
+        new = torch.einsum("bqhd,bkhd->bhqk", q, _heads(k, H))  # scores of the new keys [B, H, Q, Q]
+        if attn.hook_attn_scores._forward_hooks or attn.hook_pattern._forward_hooks:
+            # hooks see scores and pattern as [B, H, Q, keys], as in TransformerLens
+            pre = torch.einsum("cnqhd,nkhd->cnhqk", q.reshape(c, n, Q, H, D), k_pre.to(q.dtype))
+            scores = torch.cat([pre.reshape(B, H, Q, p0), new], dim=-1)
+            pattern = attn.hook_pattern(F.softmax(attn.hook_attn_scores(masked(scores)), dim=-1)).to(v.dtype)
+            z_pre = torch.einsum("cnhqk,nkhd->cnqhd", pattern[..., :p0].reshape(c, n, H, Q, p0), v_pre.to(v.dtype))
+            z_new = torch.einsum("bhqk,bkhd->bqhd", pattern[..., p0:], _heads(v, H))
+            z = z_pre.reshape(B, Q, H, D) + z_new
+        else:
+            # nobody looks at scores or pattern: keep them item-major, [n, H, patch, Q, keys], where both
+            # products with the prefix are plain batched matrix products and no layout change is copied
+            qi = q.view(c, n, Q, H, D).permute(1, 3, 0, 2, 4).reshape(n, H, c * Q, D)
+            pre = torch.matmul(qi, k_t.to(q.dtype)).view(n, H, c, Q, p0)
+            scores = torch.cat([pre, new.view(c, n, H, Q, Q).permute(1, 2, 0, 3, 4)], dim=-1)
+            pattern = F.softmax(masked(scores), dim=-1).to(v.dtype)
+            z_pre = torch.matmul(pattern[..., :p0].reshape(n, H, c * Q, p0), v_h.to(v.dtype))
+            z_new = torch.einsum("nhcqk,cnkhd->cnqhd", pattern[..., p0:], _heads(v, H).view(c, n, Q, H, D))
+            z = (z_pre.view(n, H, c, Q, D).permute(2, 0, 3, 1, 4) + z_new).reshape(B, Q, H, D)
+        return _project(attn, attn.hook_z(z), w_out)
 
     return forward
 
