@@ -162,7 +162,7 @@ class Contrast:
         for s in sites:
             b.base_acts[s] = self._gather(cache[s.hook], s, b.base_pos)
         if score:
-            return readout(self.model, final, b.tgt_pos, b.tgt_tok, b.tgt_sign)[0]
+            return readout(self.model, final, b.tgt_pos, b.tgt_tok, b.tgt_sign, max_rows=self.batch_size)[0]
         return None
 
     def _ensure_source(self, b: Bucket, sites: Sequence[Site], score: bool = False):
@@ -179,7 +179,7 @@ class Contrast:
         for s in sites:
             b.source_acts[s] = self._gather(cache[s.hook], s, b.source_pos)
         if score:
-            return readout(self.model, final, b.source_tgt_pos, b.tgt_tok, b.tgt_sign)[0]
+            return readout(self.model, final, b.source_tgt_pos, b.tgt_tok, b.tgt_sign, max_rows=self.batch_size)[0]
         return None
 
     def _pass(self, tokens: Tensor, names: Sequence[str], final: bool):
@@ -281,10 +281,12 @@ class Contrast:
         cols = []
         for r0 in range(0, b.n, self.batch_size):
             sb = b if b.n <= self.batch_size else _row_slice(b, r0, min(b.n, r0 + self.batch_size))
-            # a patch recomputes only the W - p0 positions from p0 on, so as many patched rows fit in a
-            # forward pass as positions of batch_size full rows would (memory stays that of a full pass)
+            # a patch recomputes only the W - p0 positions from p0 on, so with the prefix shared (not
+            # copied per patch) as many patched rows fit in a forward pass as positions of batch_size
+            # full rows would: its memory stays that of a full pass
             width = sb.base_tokens.shape[1]
-            chunk = max(1, self.batch_size * width // (sb.n * (width - sb.p0)))
+            per_row = width - sb.p0 if self.shared_prefix else width
+            chunk = max(1, self.batch_size * width // (sb.n * per_row))
             outs, kv = [], {}
             for lo in range(0, P, chunk):
                 sub = {s: m[lo: lo + chunk] for s, m in masks.items()}
@@ -346,7 +348,7 @@ class Contrast:
         resid = b.resid[start].repeat(copies, 1, 1)
         with self.model.hooks(fwd_hooks=hooks), self._prefix_mode(b, start, masks):
             final = self.model(resid, start_at_layer=start, stop_at_layer=self.cfg.n_layers, past_kv_cache=kv_cache)
-        return readout(self.model, final, b.tgt_pos - b.p0, b.tgt_tok, b.tgt_sign)
+        return readout(self.model, final, b.tgt_pos - b.p0, b.tgt_tok, b.tgt_sign, max_rows=self.batch_size)
 
     def _prefix_mode(self, b: Bucket, start: int, masks: Mapping[Site, Tensor]):
         if not self.shared_prefix:
@@ -413,9 +415,10 @@ def _row_slice(b: Bucket, r0: int, r1: int) -> Bucket:
         source_acts={s: x[rows] for s, x in b.source_acts.items()}, base_acts={s: x[rows] for s, x in b.base_acts.items()})
 
 
-def readout(model, resid: Tensor, tgt_rel: Tensor, tok: Tensor, sign: Tensor) -> Tensor:
+def readout(model, resid: Tensor, tgt_rel: Tensor, tok: Tensor, sign: Tensor, max_rows: int | None = None) -> Tensor:
     """Scores [chunk, n] from final-layer residuals [chunk * n, pos, d]: sum of sign * log P(token) at the
-    target positions (given relative to the residual's first position). Unembeds only those positions."""
+    target positions (given relative to the residual's first position). Unembeds only those positions,
+    at most `max_rows` rows at a time (the logits over a large vocabulary dominate memory)."""
     cfg = model.cfg
     n = tok.shape[0]
     r = resid.view(-1, n, *resid.shape[1:])
@@ -423,15 +426,19 @@ def readout(model, resid: Tensor, tgt_rel: Tensor, tok: Tensor, sign: Tensor) ->
     sel = r[:, idx, tgt_rel.to(r.device)]  # [chunk, n, T, d]
     c, _, T, d = sel.shape
     x = sel.reshape(c * n, T, d)
-    if cfg.normalization_type is not None:
-        x = model.ln_final(x)
-    logits = model.unembed(x).float()
-    cap = getattr(cfg, "output_logits_soft_cap", -1.0) or -1.0
-    if cap > 0:
-        logits = cap * torch.tanh(logits / cap)
-    logp = logits.log_softmax(-1)
-    picked = logp.gather(-1, tok.to(logp.device).repeat(c, 1)[..., None])[..., 0].view(c, n, T)
-    return (picked * sign.to(picked.device)).sum(-1)
+    toks = tok.to(x.device).repeat(c, 1)[..., None]
+    step = max_rows or c * n
+    picked = []
+    for lo in range(0, c * n, step):
+        h = x[lo: lo + step]
+        if cfg.normalization_type is not None:
+            h = model.ln_final(h)
+        logits = model.unembed(h).float()
+        cap = getattr(cfg, "output_logits_soft_cap", -1.0) or -1.0
+        if cap > 0:
+            logits = cap * torch.tanh(logits / cap)
+        picked.append(logits.log_softmax(-1).gather(-1, toks[lo: lo + step])[..., 0])
+    return (torch.cat(picked).view(c, n, T) * sign.to(x.device)).sum(-1)
 
 
 @torch.no_grad()
