@@ -64,6 +64,23 @@ class Bucket:
         return self.base_tokens.shape[0]
 
 
+@dataclass
+class _Groups:
+    """Patches grouped by their masks below the last patched layer (see `Contrast._groups`)."""
+
+    last: int  # the last patched layer
+    lower: dict[Site, Tensor]  # masks below it, one per group [G, ...]
+    upper: dict[Site, Tensor]  # masks at it, one per patch [P, ...]
+    group: Tensor  # [P] each patch's group
+    order: Tensor  # [P] patches sorted by group
+    ends: Tensor  # [G] cumulative group sizes
+
+
+def _after_z(layer: int) -> set[str]:
+    """Hook points of a layer at or after its head outputs: patches there leave its attention as it was."""
+    return {f"blocks.{layer}.{h}" for h in ("attn.hook_z", "hook_attn_out", "hook_mlp_out")}
+
+
 def _padded(seqs: Sequence[Sequence], width: int, fill, device, dtype=torch.long) -> Tensor:
     return torch.tensor([list(x) + [fill] * (width - len(x)) for x in seqs], device=device, dtype=dtype)
 
@@ -267,16 +284,18 @@ class Contrast:
 
             bar = tqdm(total=P * sum(b.n for b in self.buckets), unit="run", leave=False,
                        desc=progress if isinstance(progress, str) else "patching")
+        groups = self._groups(masks, start, P)
         per_bucket = []
         for b in self.buckets:
             self._ensure_base(b, start, list(masks))
             self._ensure_source(b, list(masks))
-            per_bucket.append(self._with_backoff(lambda: self._bucket_scores(b, start, masks, P, bar)))
+            per_bucket.append(self._with_backoff(lambda: self._bucket_scores(b, start, masks, P, bar, groups)))
         if bar is not None:
             bar.close()
         return self._to_items(per_bucket)
 
-    def _bucket_scores(self, b: Bucket, start: int, masks: Mapping[Site, Tensor], P: int, bar) -> Tensor:
+    def _bucket_scores(self, b: Bucket, start: int, masks: Mapping[Site, Tensor], P: int, bar,
+                       groups: "_Groups | None" = None) -> Tensor:
         """[P, n] scores for one bucket: rows in slices of at most batch_size, patches in chunks that fill it."""
         cols = []
         for r0 in range(0, b.n, self.batch_size):
@@ -287,6 +306,9 @@ class Contrast:
             width = sb.base_tokens.shape[1]
             per_row = width - sb.p0 if self.shared_prefix else width
             chunk = max(1, self.batch_size * width // (sb.n * per_row))
+            if groups is not None:
+                cols.append(self._grouped_scores(sb, start, groups, chunk, bar))
+                continue
             outs, kv = [], {}
             for lo in range(0, P, chunk):
                 sub = {s: m[lo: lo + chunk] for s, m in masks.items()}
@@ -299,6 +321,66 @@ class Contrast:
                     bar.update(c * sb.n)
             cols.append(torch.cat(outs))
         return torch.cat(cols, dim=1)
+
+    def _groups(self, masks: Mapping[Site, Tensor], start: int, P: int) -> "_Groups | None":
+        """How patches that also act at a later layer share work, or None where that does not pay.
+
+        Patches whose masks agree below the last patched layer `last` agree on everything up to that
+        layer's head outputs. When every patch at `last` acts at or after them, those are computed once
+        per group of agreeing patches, and each patch runs only from there on (a subset search over the
+        heads of two layers computes the lower layer's 2^8 head combinations, not one per subset)."""
+        last = max(s.layer for s in masks)
+        if (not self.shared_prefix or last == start or any(m.requires_grad for m in masks.values())
+                or not all(s.hook in _after_z(last) for s in masks if s.layer == last)):
+            return None
+        lower = {s: m for s, m in masks.items() if s.layer < last}
+        key = torch.cat([m.reshape(P, -1) for m in lower.values()], dim=1)
+        _, group = torch.unique(key, dim=0, return_inverse=True)
+        G = int(group.max()) + 1
+        if 2 * G > P:
+            return None
+        first = torch.full((G,), P, dtype=torch.long, device=group.device).scatter_reduce(
+            0, group, torch.arange(P, device=group.device), "amin")
+        return _Groups(last, {s: m[first] for s, m in lower.items()},
+                       {s: m for s, m in masks.items() if s.layer == last}, group,
+                       torch.argsort(group, stable=True), torch.bincount(group, minlength=G).cumsum(0))
+
+    def _grouped_scores(self, b: Bucket, start: int, g: "_Groups", chunk: int, bar) -> Tensor:
+        """[P, n] scores, each group's state at its last layer computed once (see `_groups`)."""
+        G, n, out, done = len(g.ends), b.n, None, 0
+        for g0 in range(0, G, chunk):
+            g1 = min(G, g0 + chunk)
+            resid, z = self._group_states(b, start, g.last, {s: m[g0:g1] for s, m in g.lower.items()}, g1 - g0)
+            resid, z = resid.view(g1 - g0, n, *resid.shape[1:]), z.view(g1 - g0, n, *z.shape[1:])
+            ids = g.order[done: int(g.ends[g1 - 1])]
+            done = int(g.ends[g1 - 1])
+            kv = prefix_attention.prefix_cache(self.model, b.p0, g.last)
+            for lo in range(0, len(ids), chunk):
+                p = ids[lo: lo + chunk]
+                sel = (g.group[p] - g0).to(resid.device)
+                c = len(p)
+                scores = self._run_chunk(b, g.last, {s: m[p] for s, m in g.upper.items()}, c, kv,
+                                         resid=resid[sel].flatten(0, 1), z=z[sel.to(z.device)].flatten(0, 1))
+                if out is None:
+                    out = torch.empty(len(g.group), n, device=scores.device, dtype=scores.dtype)
+                out[p.to(out.device)] = scores
+                if bar is not None:
+                    bar.update(c * n)
+        return out
+
+    def _group_states(self, b: Bucket, start: int, last: int, masks: Mapping[Site, Tensor], copies: int):
+        """Residual stream entering layer `last` and head outputs there [copies * n, ...] under each patch."""
+        names = (f"blocks.{last}.hook_resid_pre", f"blocks.{last}.attn.hook_z")
+        kept = {}
+
+        def keep(act, hook):
+            kept[hook.name] = act
+
+        hooks = self._mix_hooks(b, masks, copies, offset=b.p0) + [(name, keep) for name in names]
+        with self.model.hooks(fwd_hooks=hooks), self._prefix_mode(b, start, masks):
+            self.model(b.resid[start].repeat(copies, 1, 1), start_at_layer=start, stop_at_layer=last + 1,
+                       past_kv_cache=prefix_attention.prefix_cache(self.model, b.p0, start))
+        return kept[names[0]], kept[names[1]]
 
     def _with_backoff(self, fn):
         """Run fn; on out-of-memory halve the batch size and try again (down to one row)."""
@@ -343,22 +425,26 @@ class Contrast:
             hooks.append((site.hook, mix))
         return hooks
 
-    def _run_chunk(self, b: Bucket, start: int, masks: Mapping[Site, Tensor], copies: int, kv_cache) -> Tensor:
+    def _run_chunk(self, b: Bucket, start: int, masks: Mapping[Site, Tensor], copies: int, kv_cache,
+                   resid: Tensor | None = None, z: Tensor | None = None) -> Tensor:
+        """[copies, n] scores; `resid` (entering layer `start`) and `z` (its head outputs) per patched row
+        where they differ from the base run's."""
         hooks = self._mix_hooks(b, masks, copies, offset=b.p0)
-        resid = b.resid[start].repeat(copies, 1, 1)
-        with self.model.hooks(fwd_hooks=hooks), self._prefix_mode(b, start, masks):
+        if resid is None:
+            resid = b.resid[start].repeat(copies, 1, 1)
+        with self.model.hooks(fwd_hooks=hooks), self._prefix_mode(b, start, masks, z):
             final = self.model(resid, start_at_layer=start, stop_at_layer=self.cfg.n_layers, past_kv_cache=kv_cache)
         return readout(self.model, final, b.tgt_pos - b.p0, b.tgt_tok, b.tgt_sign, max_rows=self.batch_size)
 
-    def _prefix_mode(self, b: Bucket, start: int, masks: Mapping[Site, Tensor]):
+    def _prefix_mode(self, b: Bucket, start: int, masks: Mapping[Site, Tensor], z: Tensor | None = None):
         if not self.shared_prefix:
             from contextlib import nullcontext
 
             return nullcontext()
         # patches that act at or after the head outputs of the first layer leave everything before them in
         # that layer as in the base run: start from its cached head outputs
-        after_z = {f"blocks.{start}.{h}" for h in ("attn.hook_z", "hook_attn_out", "hook_mlp_out")}
-        z = b.z[start] if all(s.hook in after_z for s in masks if s.layer == start) else None
+        if z is None and all(s.hook in _after_z(start) for s in masks if s.layer == start):
+            z = b.z[start]
         return prefix_attention.shared_prefix(self.model, b.kv, b.n, b.p0, start, z_start=z)
 
     @torch.no_grad()

@@ -57,8 +57,9 @@ def shared_prefix(model, prefix: Mapping[int, tuple[Tensor, Tensor]], n: int, p0
     """While active, attention of layers >= start attends to `prefix[L]` (keys and values of the first p0
     positions, [n, p0, kv_heads, d_head], before rotary) plus the new positions of each row. The batch
     is patch-major: row b belongs to prefix row b % n. With `z_start` (the head outputs of layer `start`
-    at the new positions, [n, Q, heads, d_head]), that layer's attention is not recomputed: its output
-    is made from `z_start` (through hook_z, so patches of z apply); hooks before hook_z do not fire there."""
+    at the new positions, [n, Q, heads, d_head] for all patches or [batch, Q, heads, d_head] one per row),
+    that layer's attention is not recomputed: its output is made from `z_start` (through hook_z, so
+    patches of z apply); hooks before hook_z do not fire there."""
     patched = []
     try:
         for L in range(start, model.cfg.n_layers):
@@ -141,7 +142,7 @@ def _suffix_forward(attn, k_pre: Tensor, v_pre: Tensor, n: int, p0: int):
 
 def _output_forward(attn, z: Tensor):
     """An attention forward that takes its head outputs as given ([n, Q, heads, d_head], the same for every
-    patch) instead of computing them: hook_z, then the output projection."""
+    patch, or one per row of the batch) instead of computing them: hook_z, then the output projection."""
     w_out = _w_out(attn)
 
     def forward(query_input, key_input, value_input, past_kv_cache_entry=None, attention_mask=None, **_):

@@ -15,25 +15,29 @@ def units_of(act, comp, n_units):
     return act
 
 
-def direct_patch_scores(model, base_rows, source_rows, how, site, mask):
-    """Item scores [n_items] for one patch: mask [units] at `site`, one hooked forward per row."""
+def direct_patch_scores(model, base_rows, source_rows, how, site, mask, extra=()):
+    """Item scores [n_items] for one patch: mask [units] at `site` (and at the (site, mask) pairs in
+    `extra`), one hooked forward per row."""
     n_items = max(r.item for r in base_rows) + 1
     out = torch.zeros(n_items)
-    n_units = mask.shape[-1]
+    patches = [(site, mask), *extra]
     for b, s in zip(base_rows, source_rows):
         pb, ps = align(b, s, how)
-        _, cache = model.run_with_cache(torch.tensor([s.tokens]), names_filter=site.hook)
-        src = units_of(cache[site.hook], site.component, n_units)[0]
+        _, cache = model.run_with_cache(torch.tensor([s.tokens]), names_filter=[x.hook for x, _ in patches])
+        hooks = []
+        for x, m in patches:
+            src = units_of(cache[x.hook], x.component, m.shape[-1])[0]
 
-        def hook(act, hook):
-            act = act.clone()
-            x = units_of(act, site.component, n_units)[0]
-            for p, q in zip(pb, ps):
-                cur = x[p].clone()
-                x[p] = cur + mask[:, None].to(cur.dtype) * (src[q] - cur)
-            return act
+            def hook(act, hook, x=x, m=m, src=src, pb=pb, ps=ps):
+                act = act.clone()
+                u = units_of(act, x.component, m.shape[-1])[0]
+                for p, q in zip(pb, ps):
+                    cur = u[p].clone()
+                    u[p] = cur + m[:, None].to(cur.dtype) * (src[q] - cur)
+                return act
 
-        logits = model.run_with_hooks(torch.tensor([b.tokens]), fwd_hooks=[(site.hook, hook)])[0]
+            hooks.append((x.hook, hook))
+        logits = model.run_with_hooks(torch.tensor([b.tokens]), fwd_hooks=hooks)[0]
         logp = logits.float().log_softmax(-1)
         out[b.item] += sum(sign * logp[p, t] for p, t, sign in b.targets)
     return out

@@ -63,6 +63,27 @@ def test_blend_and_multi_site_masks(random_model):
     assert r.shape == (1, len(ITEMS))
 
 
+@pytest.mark.parametrize("how", ["last", "decision"])
+def test_patches_agreeing_below_the_last_layer_share_work_and_give_the_same_scores(random_model, how):
+    """Masks at layers 0 and 2 where 12 patches share 3 lower-layer masks: the core computes the lower
+    layers once per group; every score equals that patch run on its own (the ungrouped path)."""
+    score = "first_token" if how == "decision" else "sequence"
+    b, s = (encode_rows(f, ITEMS, random_model.tokenizer, True, score) for f in (LONG, SHORT))
+    c = Contrast(random_model, b, s, how, batch_size=4)  # row slices, several chunks of groups and of patches
+    g = torch.Generator().manual_seed(0)
+    lo, hi, mlp = Site.of("v", 0), Site.of("z", 2), Site.of("mlp_out", 2)
+    masks = {lo: torch.rand(3, c.units(lo), generator=g)[torch.arange(12) % 3],
+             hi: (torch.rand(12, c.units(hi), generator=g) > 0.5).float(), mlp: torch.rand(12, 1, generator=g)}
+    groups = c._groups(masks, 0, 12)
+    assert groups is not None and len(groups.ends) == 3
+    together = c.run(masks)
+    alone = torch.cat([c.run({k: m[i: i + 1] for k, m in masks.items()}) for i in range(12)])
+    torch.testing.assert_close(together, alone, atol=1e-5, rtol=0)
+    one = {k: m[5] for k, m in masks.items()}  # and one of them against one hooked forward per row
+    want = direct_patch_scores(random_model, b, s, how, hi, one[hi], extra=[(lo, one[lo]), (mlp, one[mlp])])
+    torch.testing.assert_close(together[5], want, atol=2e-4, rtol=0)
+
+
 def test_matches_transformer_lens_patching(random_model):
     """Equal-length prompts, index alignment: per-head, per-position and pattern patching equal TL's utilities."""
     items = [it for it in ITEMS if len(it.values["a"]) == 3 and len(it.values["b"]) == 3]
