@@ -91,13 +91,14 @@ class Contrast:
     Denoising (repair) is base = failing format, source = good format; noising is the reverse.
     `run(masks)` returns each item's score (log P(correct) - log P(incorrect)) under each patch.
     `sites` and `start_layer` say up front what will be patched, so one forward pass per format
-    fills every cache (they are filled lazily otherwise).
+    fills every cache (they are filled lazily otherwise). `clean=False` skips the clean scores (and
+    the passes that compute them) where only `generate` is needed.
     """
 
     def __init__(self, model, base_rows: Sequence[Row], source_rows: Sequence[Row], align: str = "last",
                  *, batch_size: int = 256, base_name: str = "base", source_name: str = "source",
                  sites: Sequence[Site | str] = (), start_layer: int | None = None,
-                 shared_prefix: bool | None = None):
+                 shared_prefix: bool | None = None, clean: bool = True):
         from .encoding import align as align_rows
 
         if len(base_rows) != len(source_rows) or not base_rows:
@@ -149,6 +150,9 @@ class Contrast:
                 p0=p0,
             )
             self.buckets.append(bucket)
+        self.clean_base = self.clean_source = None  # without `clean` (generation needs neither)
+        if not clean:
+            return
         base_scores, source_scores = [], []
         with torch.no_grad():
             for b in self.buckets:

@@ -74,6 +74,6 @@ def generate_patched(case: Case, model, masks: dict, n_new: int = 8, *, bad: str
     source = prompt_rows(case.formats[case.good], items, model.tokenizer, pb)
     align = "end" if case.align == "last" else case.align  # prompts only: no answer tokens to match
     c = Contrast(model, base, source, align, batch_size=batch_size, base_name=bad, source_name=case.good,
-                 sites=list(masks))
+                 clean=False)
     ids = c.generate(masks, n_new)
     return [_judged(bad, n_new, [model.tokenizer.decode(g) for g in ids[p].tolist()], items) for p in range(ids.shape[0])]
