@@ -81,6 +81,36 @@ def _after_z(layer: int) -> set[str]:
     return {f"blocks.{layer}.{h}" for h in ("attn.hook_z", "hook_attn_out", "hook_mlp_out")}
 
 
+def _merge_rows(base: Sequence[Row], source: Sequence[Row], aligned: Sequence[tuple]):
+    """Rows of one item whose computation is a prefix of another's, merged into it (targets joined).
+
+    Scoring whole answers gives each item a row per answer; " 9.8" and " 9.11" read the same tokens up
+    to the point where the shorter answer's row ends, so that row's positions are computed once, in the
+    longer row, under every patch. Exact for a causal model: the merged row reads the same tokens and
+    gets the same patches at those positions, in the base and in the source run alike."""
+    from dataclasses import replace
+
+    out_b, out_s, out_a = list(base), list(source), list(aligned)
+    alive = [True] * len(base)
+    by_item: dict[int, list[int]] = defaultdict(list)
+    for i, r in enumerate(base):
+        by_item[r.item].append(i)
+    for ids in by_item.values():
+        ids = sorted(ids, key=lambda i: len(base[i].tokens))
+        for k, a in enumerate(ids):
+            na, sa = len(base[a].tokens), len(source[a].tokens)
+            for c in ids[k + 1:]:
+                pairs_c = [(p, q) for p, q in zip(*out_a[c]) if p < na]
+                if (alive[c] and base[c].tokens[:na] == base[a].tokens and source[c].tokens[:sa] == source[a].tokens
+                        and pairs_c == list(zip(*aligned[a]))):
+                    out_b[c] = replace(out_b[c], targets=out_b[c].targets + out_b[a].targets)
+                    out_s[c] = replace(out_s[c], targets=out_s[c].targets + out_s[a].targets)
+                    alive[a] = False
+                    break
+    keep = [i for i in range(len(base)) if alive[i]]
+    return [out_b[i] for i in keep], [out_s[i] for i in keep], [out_a[i] for i in keep]
+
+
 def _padded(seqs: Sequence[Sequence], width: int, fill, device, dtype=torch.long) -> Tensor:
     return torch.tensor([list(x) + [fill] * (width - len(x)) for x in seqs], device=device, dtype=dtype)
 
@@ -115,11 +145,10 @@ class Contrast:
         if start_layer is None:
             start_layer = min((x.layer for x in sites), default=0)
         pad = getattr(model.tokenizer, "pad_token_id", None) or 0
+        aligned = [align_rows(b, s, align, base_name, source_name) for b, s in zip(base_rows, source_rows)]
+        base_rows, source_rows, aligned = _merge_rows(base_rows, source_rows, aligned)
         groups: dict[int, list[int]] = defaultdict(list)
-        aligned = []
-        for i, (b, s) in enumerate(zip(base_rows, source_rows)):
-            pb, ps = align_rows(b, s, align, base_name, source_name)
-            aligned.append((pb, ps))
+        for i, (pb, _) in enumerate(aligned):
             groups[min(pb)].append(i)
         self.buckets: list[Bucket] = []
         dev = self.device

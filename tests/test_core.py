@@ -36,6 +36,24 @@ def test_zero_mask_is_clean_and_clean_matches_direct(random_model):
         torch.testing.assert_close(out[0], c.clean_base, atol=1e-5, rtol=0)
 
 
+@pytest.mark.parametrize("how", ["last", "anchors", "index"])
+def test_an_answer_row_read_within_another_is_computed_once(random_model, how):
+    """Whole-answer scoring gives an item a row per answer (one, where the answers differ only in their
+    last token). " 9.8" reads ' 9.', a prefix of what " 9.11" reads; " 12.5" / " 2.5" part at their
+    first digit. So the 8 rows become 6, and the scores stay those of one forward per original row."""
+    b, s = rows(random_model, LONG), rows(random_model, LONG.replace("Question", "Querying"))
+    assert len(b) == 8
+    c = Contrast(random_model, b, s, how)
+    assert sum(bk.n for bk in c.buckets) == 6
+    torch.testing.assert_close(c.clean_base, clean_scores(random_model, b), atol=1e-4, rtol=0)
+    torch.testing.assert_close(c.clean_source, clean_scores(random_model, s), atol=1e-4, rtol=0)
+    site = Site.of("z", 1)
+    got = c.run({site: torch.eye(c.units(site))[:2]})
+    for u in range(2):
+        want = direct_patch_scores(random_model, b, s, how, site, torch.eye(c.units(site))[u])
+        torch.testing.assert_close(got[u], want, atol=2e-4, rtol=0)
+
+
 @pytest.mark.parametrize("how", ["last", "anchors"])
 @pytest.mark.parametrize("comp", ["z", "q", "k", "v", "attn_out", "o_slices", "mlp_out", "resid_pre"])
 def test_every_unit_equals_direct_hooked_forward(random_model, how, comp):
