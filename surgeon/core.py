@@ -409,10 +409,8 @@ class Contrast:
         def keep(act, hook):
             kept[hook.name] = act
 
-        hooks = self._mix_hooks(b, masks, copies, offset=b.p0) + [(name, keep) for name in names]
-        with self.model.hooks(fwd_hooks=hooks), self._prefix_mode(b, start, masks):
-            self.model(b.resid[start].repeat(copies, 1, 1), start_at_layer=start, stop_at_layer=last + 1,
-                       past_kv_cache=prefix_attention.prefix_cache(self.model, b.p0, start))
+        self._forward(b, start, masks, copies, prefix_attention.prefix_cache(self.model, b.p0, start),
+                      stop=last + 1, extra_hooks=[(name, keep) for name in names])
         return kept[names[0]], kept[names[1]]
 
     def _with_backoff(self, fn):
@@ -460,14 +458,21 @@ class Contrast:
 
     def _run_chunk(self, b: Bucket, start: int, masks: Mapping[Site, Tensor], copies: int, kv_cache,
                    resid: Tensor | None = None, z: Tensor | None = None) -> Tensor:
-        """[copies, n] scores; `resid` (entering layer `start`) and `z` (its head outputs) per patched row
-        where they differ from the base run's."""
-        hooks = self._mix_hooks(b, masks, copies, offset=b.p0)
+        """[copies, n] scores under `copies` patches."""
+        final = self._forward(b, start, masks, copies, kv_cache, resid=resid, z=z)
+        return readout(self.model, final, b.tgt_pos - b.p0, b.tgt_tok, b.tgt_sign, max_rows=self.batch_size)
+
+    def _forward(self, b: Bucket, start: int, masks: Mapping[Site, Tensor], copies: int, kv_cache, *,
+                 resid: Tensor | None = None, z: Tensor | None = None, stop: int | None = None,
+                 extra_hooks: Sequence = ()) -> Tensor:
+        """Layers start..stop of the patched positions under `copies` patches, from the base run's residual
+        stream (or `resid`, and head outputs `z` at layer `start`, per patched row where they differ)."""
+        hooks = self._mix_hooks(b, masks, copies, offset=b.p0) + list(extra_hooks)
         if resid is None:
             resid = b.resid[start].repeat(copies, 1, 1)
         with self.model.hooks(fwd_hooks=hooks), self._prefix_mode(b, start, masks, z):
-            final = self.model(resid, start_at_layer=start, stop_at_layer=self.cfg.n_layers, past_kv_cache=kv_cache)
-        return readout(self.model, final, b.tgt_pos - b.p0, b.tgt_tok, b.tgt_sign, max_rows=self.batch_size)
+            return self.model(resid, start_at_layer=start, stop_at_layer=stop or self.cfg.n_layers,
+                              past_kv_cache=kv_cache)
 
     def _prefix_mode(self, b: Bucket, start: int, masks: Mapping[Site, Tensor], z: Tensor | None = None):
         if not self.shared_prefix:
