@@ -9,10 +9,14 @@ heads, slices, the whole vector) and optionally over patch slots (aligned positi
 patching, subset search, blends and attribution (gradients w.r.t. `m`) are different masks here.
 
 Compute only what changes: a patch at layer L and positions >= p0 leaves layers < L and positions
-< p0 untouched. So the base run is computed once per bucket of equal-length rows, caching the residual
-stream entering each layer (at positions >= p0) and the keys/values of positions < p0; a batch of
-patches then runs only layers >= L on positions >= p0, attending to the cached keys/values, with all
-patches stacked in the batch dimension.
+< p0 untouched. So the base run is computed once per bucket of rows that share p0, caching the residual
+stream entering each layer (at positions >= p0), the head outputs there, and the keys/values of
+positions < p0; a batch of patches then runs only layers >= L on positions >= p0 (none after the last
+position patched or scored), attending to the cached keys/values, with all patches stacked in the
+batch dimension. Further:
+- a patch that acts at or after layer L's head outputs starts from the cached ones (no attention at L);
+- patches that agree below their last patched layer share the work up to that layer's head outputs;
+- an answer row whose tokens another row of the same item reads is merged into it.
 """
 from __future__ import annotations
 
