@@ -169,10 +169,17 @@ def cmd_diagnose(args) -> int:
 
     case, model, device = _load(args)
     d = diagnose(case, model, batch_size=args.batch_size, generate=args.generate)
-    print(report.diagnosis_text(d, case))
+    return _report(args, "diagnose", d, case, device, report.diagnosis_text(d, case), {"accuracy.png": figures.diagnosis_figure})
+
+
+def _report(args, kind: str, result, case, device, text: str, figures: dict) -> int:
+    """Print a command's report; with --out, save results, manifest and figures and say so."""
+    from . import report
+
+    print(text)
     if args.out:
-        report.save(args.out, "diagnose", d, case, args, device, figures={"accuracy.png": figures.diagnosis_figure})
-        print(f"\nwrote {args.out}/results.json, manifest.json, accuracy.png")
+        report.save(args.out, kind, result, case, args, device, figures=figures)
+        print(f"\nwrote {args.out}/" + ", ".join(["results.json", "manifest.json", *figures]))
     return 0
 
 
@@ -190,11 +197,7 @@ def cmd_patch(args) -> int:
     layers = _layers(args, case)
     r = patch_heads(case, model, layers=layers, component=args.component, direction=args.direction, bad=args.bad,
                     tag=args.tag, batch_size=args.batch_size, progress=True)
-    print(report.patch_text(r))
-    if args.out:
-        report.save(args.out, "patch", r, case, args, device, figures={"heatmap.png": figures.patch_heatmap})
-        print(f"\nwrote {args.out}/results.json, manifest.json, heatmap.png")
-    return 0
+    return _report(args, "patch", r, case, device, report.patch_text(r), {"heatmap.png": figures.patch_heatmap})
 
 
 def cmd_attribute(args) -> int:
@@ -205,11 +208,8 @@ def cmd_attribute(args) -> int:
     layers = _layers(args, case)
     r = attribute(case, model, layers=layers, component=args.component, direction=args.direction, bad=args.bad,
                   tag=args.tag, batch_size=args.batch_size, compare=args.compare)
-    print(report.attribution_text(r))
-    if args.out:
-        report.save(args.out, "attribute", r, case, args, device, figures={"attribution.png": figures.attribution_heatmap})
-        print(f"\nwrote {args.out}/results.json, manifest.json, attribution.png")
-    return 0
+    return _report(args, "attribute", r, case, device, report.attribution_text(r),
+                   {"attribution.png": figures.attribution_heatmap})
 
 
 def _int_list(text: str | None, field: str):
@@ -306,11 +306,7 @@ def cmd_blend(args) -> int:
     case, model, device = _load(args)
     r = blend(case, model, layer=args.layer, heads=_int_list(args.heads, "--heads"), component=args.component,
               step=args.step, bad=args.bad, tag=args.tag, batch_size=args.batch_size)
-    print(report.blend_text(r))
-    if args.out:
-        report.save(args.out, "blend", r, case, args, device, figures={"blend.png": figures.blend_figure})
-        print(f"\nwrote {args.out}/results.json, manifest.json, blend.png")
-    return 0
+    return _report(args, "blend", r, case, device, report.blend_text(r), {"blend.png": figures.blend_figure})
 
 
 def cmd_organisms(args) -> int:
