@@ -24,7 +24,9 @@ def _common(p: argparse.ArgumentParser, case: bool = True) -> None:
     p.add_argument("--dtype", default="float32", help="float32, bfloat16 or float16 (default: float32)")
     p.add_argument("--n-devices", type=int, default=1,
                    help="split the model's layers over this many GPUs (TransformerLens n_devices; default 1)")
-    p.add_argument("--batch-size", type=int, default=256, help="rows per forward pass (default: 256); patched runs that recompute only the last positions fit proportionally more rows in the same memory")
+    p.add_argument("--batch-size", type=int, default=256,
+                   help="rows per forward pass (default: 256); patched runs that recompute only the last positions "
+                        "fit proportionally more rows in the same memory")
     p.add_argument("--seed", type=int, default=0, help="random seed (default: 0)")
     p.add_argument("--threads", type=int, default=None, help="CPU threads for torch (default: torch's choice)")
     p.add_argument("--debug", action="store_true", help="show tracebacks")
@@ -169,7 +171,8 @@ def cmd_diagnose(args) -> int:
 
     case, model, device = _load(args)
     d = diagnose(case, model, batch_size=args.batch_size, generate=args.generate)
-    return _report(args, "diagnose", d, case, device, report.diagnosis_text(d, case), {"accuracy.png": figures.diagnosis_figure})
+    return _report(args, "diagnose", d, case, device, report.diagnosis_text(d, case),
+                   {"accuracy.png": figures.diagnosis_figure})
 
 
 def _report(args, kind: str, result, case, device, text: str, figures: dict) -> int:
