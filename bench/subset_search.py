@@ -7,7 +7,8 @@ trap items, in two modes:
   decision  first-token logit difference, patched only at the position that predicts that token
             (the usual last-position setting: one position to recompute from layer 1 on).
 The baseline is a straightforward loop: one `run_with_hooks` forward per subset over all rows
-(right-padded), timed on a sample of subsets in the same run and checked to give the same scores.
+(right-padded, cut after the last position patched or scored, as surgeon's are), timed on a sample
+of subsets in the same run and checked to give the same scores.
 
     python bench/subset_search.py [--mode both] [--items 32] [--baseline 60] [--threads 2]
 """
