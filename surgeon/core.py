@@ -41,7 +41,6 @@ class Bucket:
     an extra last column and their masks are zeroed; padded targets have sign 0.
     """
 
-    row_ids: list[int]
     items: Tensor  # [n] item index of each row
     base_tokens: Tensor  # [n, W]
     source_tokens: Tensor  # [n, W]
@@ -168,7 +167,6 @@ class Contrast:
                 Wb = Ws = max(Wb, Ws)
             T = max(len(r.targets) for r in B)
             bucket = Bucket(
-                row_ids=list(ids),
                 items=torch.tensor([r.item for r in B], device=dev),
                 base_tokens=_padded([r.tokens[:Wb] for r in B], Wb, pad, dev),
                 source_tokens=_padded([r.tokens[:Ws] for r in Sr], Ws, pad, dev),
@@ -534,7 +532,7 @@ def _row_slice(b: Bucket, r0: int, r1: int) -> Bucket:
     """Rows r0:r1 of a bucket, with views of its caches (for buckets larger than a batch)."""
     rows = slice(r0, r1)
     return Bucket(
-        row_ids=b.row_ids[rows], items=b.items[rows], base_tokens=b.base_tokens[rows],
+        items=b.items[rows], base_tokens=b.base_tokens[rows],
         source_tokens=b.source_tokens[rows], base_pos=b.base_pos[rows], source_pos=b.source_pos[rows],
         tgt_pos=b.tgt_pos[rows], source_tgt_pos=b.source_tgt_pos[rows], tgt_tok=b.tgt_tok[rows],
         tgt_sign=b.tgt_sign[rows], slot_valid=b.slot_valid[rows], equal_lengths=b.equal_lengths, p0=b.p0,
