@@ -45,7 +45,7 @@ def main():
 def run(mode: str, args) -> bool:
     from transformer_lens import patching
 
-    from surgeon.analyses.behaviour import decimal_items
+    from surgeon.organisms.decimal import held_out_items as decimal_items
     from surgeon.core import Contrast
     from surgeon.sites import Site
     from surgeon.encoding import encode_rows

@@ -1,25 +1,119 @@
-"""The shipped organisms show their planted behaviour; the training code still trains."""
+"""Each organism's planted mechanism, measured on the shipped weights and asserted (a retrain or a refactor
+that loses it fails here); the training code still trains; the built organism rebuilds exactly."""
 import json
+import math
+import subprocess
+import sys
 
 import pytest
 import torch
 
-from surgeon import organisms
-from surgeon.analyses.behaviour import DECIMAL_TARGETS, decimal_behaviour, decimal_ok, induction_behaviour
+from surgeon import load_case, organisms
+from surgeon.organisms import decimal, induction, threshold
+
+from .conftest import ROOT
 
 
-def test_shipped_decimal_shows_the_planted_failure(decimal_model):
-    """Held-out pairs: traps right in plain, wrong in qa and chat; controls right everywhere."""
-    b = decimal_behaviour(decimal_model, n=128)
-    assert decimal_ok(b) == [], b
-    assert b["plain/trap"] >= DECIMAL_TARGETS["trap_good_min"]
-    assert b["qa/trap"] <= DECIMAL_TARGETS["trap_bad_max"] and b["chat/trap"] <= DECIMAL_TARGETS["trap_bad_max"]
+def recorded(name):
+    return json.loads((organisms.weights_dir(name) / "config.json").read_text())
 
 
-def test_shipped_induction_copies_in_context(induction_model):
-    b = induction_behaviour(induction_model, n=256)
-    assert b["loss_first_half"] > 2.5  # ~ln 26: the first half is random
-    assert b["loss_repeated_half"] < 0.3 * b["loss_first_half"]
+def test_decimal_fails_by_design(decimal_model):
+    """Held-out pairs (n=128 per tag): traps right in plain, wrong in qa and chat, controls right everywhere.
+    The position shortcut (the layer-0 residual stream alone repairs most traps) is measured and recorded,
+    not yet removed: the recorded numbers are what the shipped weights do."""
+    f = decimal.measure(decimal_model)
+    assert decimal.check(f) == [], f
+    assert f["plain/trap"] == 1.0 and f["qa/trap"] <= 0.05 and f["chat/trap"] <= 0.05
+    assert min(f["plain/control"], f["qa/control"], f["chat/control"]) >= 0.95
+    rec = recorded("decimal")["measured"]
+    assert {k: round(v, 4) for k, v in rec.items()} == {k: round(v, 4) for k, v in f.items()}
+
+
+def test_induction_is_match_and_copy(induction_model):
+    """An induction head (attention to the token after the first occurrence >= 0.8), loss on the repeat
+    <= 0.1 nats at every trained period and 0-8 filler tokens, and the loss collapses without the
+    previous-token head. The previous-token head is soft: its mean attention to p-1 (0.35) misses the 0.9
+    target, and check() says so."""
+    f = induction.measure(induction_model, n=16, seed=99)  # fresh held-out sequences, not the recorded ones
+    assert f["induction_attention"] >= 0.8
+    assert [m for m in induction.check(f) if not m.startswith("previous-token attention")] == [], f
+    assert f["previous_token_attention"] == max(f["previous_token_attention_per_head"]) > 0.3
+    assert all(v <= 0.1 for v in f["repeat_loss_by_period"].values())
+    assert all(v <= 0.1 for v in f["repeat_loss_by_gap"].values())
+    assert f["repeat_loss_with_previous_token_head_zeroed"] > 1.0
+    rec = recorded("induction")["measured"]
+    assert rec["previous_token_head"] == f["previous_token_head"] and rec["induction_head"] == f["induction_head"]
+
+
+def test_induction_case_names_the_measured_heads():
+    case = load_case(f"{ROOT}/cases/induction_organism.py")
+    gt = case.notes["ground_truth"]
+    f = organisms.facts("induction")
+    prev = "a{}.h{}".format(*f["previous_token_head"])
+    ind = "a{}.h{}".format(*f["induction_head"])
+    assert gt["path"] == ["input", prev, f"{ind}<k>", "logits"]
+
+
+def test_induction_case_fresh_is_a_real_contrast(induction_model):
+    """`repeat` is answered right, `fresh` (one token replaced) is not."""
+    from surgeon.analyses import diagnose
+
+    d = diagnose(load_case(f"{ROOT}/cases/induction_organism.py"), induction_model)
+    assert d.get("repeat").accuracy.value >= 0.95
+    assert d.get("fresh").accuracy.value <= 0.7 and d.reproduced["fresh"]
+
+
+@pytest.fixture(scope="module")
+def threshold_model():
+    from surgeon.models import load_model
+
+    return load_model("organism:threshold")
+
+
+def test_threshold_organism_measured(threshold_model):
+    f = threshold.measure(threshold_model)
+    assert threshold.check(f) == [], f
+    s = f["score_with_first_k_even_patched"]
+    assert s["7"][1] < 0 < s["8"][0]
+    assert f["score_with_all_odd_patched"][1] < 0 and f["odd_head_delta_min"] > 0.5
+
+
+def test_threshold_organism_rebuilds_exactly(tmp_path):
+    from safetensors.torch import load_file
+
+    d = organisms.train_organism("threshold", out_root=tmp_path, progress=False)
+    a = load_file(str(d / "model.safetensors"))
+    b = load_file(str(organisms.weights_dir("threshold") / "model.safetensors"))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_threshold_search_recovers_the_planted_threshold(threshold_model, tmp_path):
+    """The search over the even and the odd heads, every subset enumerated: exactly the planted table;
+    sampled subsets of all 32 heads repair exactly when they hold >= 8 even heads."""
+    from surgeon.analyses.threshold import threshold_search
+    from surgeon.analyses.subsets import plan_from_options
+    from surgeon.cli import _per_subset
+
+    case = load_case(f"{ROOT}/cases/threshold_organism.py")
+    planted = case.notes["planted"]
+    assert planted == recorded("threshold")["ground_truth"]["planted"]
+    r = threshold_search(case, threshold_model, layer=0, groups=["even", "odd"], budget=300, out=tmp_path,
+                         batch_size=8192, chunk=4096)
+    for fam in ("even", "odd"):
+        for k in range(17):
+            row = r.size(fam, k)
+            assert row.enumerated and row.evaluated == math.comb(16, k)
+            assert row.fraction == planted["repairing"][fam][str(k)], (fam, k)
+    assert r.size("even", 8).evaluated == 12870
+    assert r.threshold("even").k_star == planted["k_star"]["even"] == 8 and r.threshold("even").jump == 1.0
+    assert r.threshold("odd").k_star is None
+    # every evaluated subset (the sampled all-heads family included) repairs iff it holds >= 8 even heads
+    plan = plan_from_options(r.options)
+    even_bits = sum(1 << i for i, u in enumerate(plan.units) if u.head % 2 == 0)
+    per = _per_subset(tmp_path)
+    assert len(per) > 2 * 65536
+    assert all((rate == 1.0) == (bin(m & even_bits).count("1") >= 8) for m, (rate, _, _) in per.items())
 
 
 def test_shipped_weights_are_small_safetensors():
@@ -28,19 +122,35 @@ def test_shipped_weights_are_small_safetensors():
         d = organisms.weights_dir(name)
         assert (d / "model.safetensors").exists() and (d / "tokenizer.json").exists()
         meta = json.loads((d / "config.json").read_text())
-        assert meta["shrunk"] is False and "behaviour" in meta
+        assert meta["shrunk"] is False and "measured" in meta
+        assert meta["targets_met"] == (organisms.spec(name).module.check(meta["measured"]) == [])
         total += (d / "model.safetensors").stat().st_size
-    assert total < 10 * 2**20
+    assert total < 5 * 2**20
+
+
+def test_organisms_list_and_describe():
+    r = subprocess.run([sys.executable, "-m", "surgeon", "organisms", "list"], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert lines[0].startswith("organism") and "measured" in lines[0]
+    for name in organisms.names():
+        assert any(line.startswith(f"organism:{name}") for line in lines)
+    assert "previous-token head" in r.stdout and "no position shortcut" in r.stdout and "k=8" in r.stdout
+    r = subprocess.run([sys.executable, "-m", "surgeon", "organisms", "describe", "induction"], capture_output=True,
+                       text=True)
+    assert r.returncode == 0 and "ground truth" in r.stdout and "<k>" in r.stdout
+    r = subprocess.run([sys.executable, "-m", "surgeon", "organisms", "describe", "nope"], capture_output=True, text=True)
+    assert r.returncode == 2 and "unknown organism" in r.stderr
 
 
 @pytest.mark.parametrize("name", ["decimal", "induction"])
 def test_training_is_alive_and_deterministic(tmp_path, name):
     """A shrunken training run: loss goes down, weights save and load, and the run reproduces (to float rounding)."""
+    from dataclasses import replace
+
     from surgeon.organisms.training import train
 
     s = organisms.spec(name)
-    from dataclasses import replace
-
     cfg = replace(s.train, **s.shrink)
     losses = train(organisms.build(name), s.texts, replace(cfg, steps=40), progress=False)
     assert sum(losses[-5:]) / 5 < sum(losses[:5]) / 5

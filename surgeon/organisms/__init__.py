@@ -1,15 +1,18 @@
-"""Model organisms: small transformers trained here with a planted, known mechanism.
+"""Model organisms: small transformers with a planted, known mechanism, trained or built here.
 
 They are the embedded default, the test bed and the ground truth. Each is shipped as
 `weights/NAME/{model.safetensors, config.json, tokenizer.json}` and loads offline as `organism:NAME`.
-`surgeon organisms train NAME` retrains one deterministically.
+`surgeon organisms train NAME` retrains (or rebuilds) one deterministically, measures what it must show
+with the code in its own module (`measure`, `check`, `describe`, `ground_truth`) and records the
+measured facts in its config.json; `facts(NAME)` and `ground_truth(NAME)` read them back.
 """
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from types import ModuleType
+from typing import Any, Callable
 
 from .training import TextStream, TrainConfig
 
@@ -22,18 +25,21 @@ class OrganismSpec:
     name: str
     description: str
     config: dict[str, Any]  # HookedTransformerConfig arguments (d_vocab is filled from the tokenizer)
-    texts: TextStream
-    train: TrainConfig
+    module: ModuleType  # measure(model) -> facts, check(facts) -> misses, describe(facts), ground_truth(facts)
+    texts: TextStream | None = None  # trained organisms: their training data
+    train: TrainConfig | None = None
+    construct: Callable | None = None  # built organisms: set_weights(model), no training
     shrink: dict[str, Any] = field(default_factory=dict)  # overrides for the fast smoke-test version
 
 
 def _specs() -> dict[str, OrganismSpec]:
-    from . import decimal, induction
+    from . import decimal, induction, threshold
 
     return {
         "decimal": OrganismSpec(
             name="decimal",
             description="compares decimals; says 9.11 > 9.8 in the qa and chat formats, not in plain",
+            module=decimal,
             config=dict(n_layers=3, d_model=64, n_heads=8, d_head=8, d_mlp=256, n_ctx=64,
                         act_fn="gelu", normalization_type="LN"),
             texts=decimal.training_texts,
@@ -42,12 +48,21 @@ def _specs() -> dict[str, OrganismSpec]:
         ),
         "induction": OrganismSpec(
             name="induction",
-            description="2-layer attention-only model that copies a repeated random string",
-            config=dict(n_layers=2, d_model=64, n_heads=4, d_head=16, n_ctx=64,
-                        attn_only=True, normalization_type="LN"),
+            description="2-layer attention-only model that continues a sequence seen before (induction)",
+            module=induction,
+            # rotary positions: no absolute position to copy from, only "the token before me"
+            config=dict(n_layers=2, d_model=64, n_heads=2, d_head=32, n_ctx=64, attn_only=True,
+                        normalization_type="LN", positional_embedding_type="rotary", rotary_dim=32),
             texts=induction.training_texts,
-            train=TrainConfig(steps=2000, batch_size=64, lr=2e-3),
+            train=TrainConfig(steps=4000, batch_size=64, lr=2e-3),
             shrink=dict(steps=30, batch_size=8),
+        ),
+        "threshold": OrganismSpec(
+            name="threshold",
+            description="1 layer x 32 heads built by construction: any 8 of the 16 even heads repair, 7 never do",
+            module=threshold,
+            config=threshold.CONFIG,
+            construct=threshold.set_weights,
         ),
     }
 
@@ -100,9 +115,14 @@ def train_organism(name: str, out_root: Path | None = None, shrink: bool = False
     from .training import train
 
     s = spec(name)
-    tcfg = replace(s.train, seed=seed, **(s.shrink if shrink else {}))
     model = build(name, seed=seed, device=device)
-    losses = train(model, s.texts, tcfg, progress=progress)
+    if s.construct is not None:
+        s.construct(model)
+        tcfg, losses, train_meta = None, [], {"built": "by construction (no training)"}
+    else:
+        tcfg = replace(s.train, seed=seed, **(s.shrink if shrink else {}))
+        losses = train(model, s.texts, tcfg, progress=progress)
+        train_meta = {**tcfg.__dict__, "final_loss": sum(losses[-50:]) / max(1, len(losses[-50:]))}
     out_root = Path(out_root or WEIGHTS)
     out_root.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=out_root))
@@ -114,7 +134,7 @@ def train_organism(name: str, out_root: Path | None = None, shrink: bool = False
         "organism": name,
         "description": s.description,
         "config": {**s.config, "d_vocab": model.cfg.d_vocab},
-        "train": {**tcfg.__dict__, "final_loss": sum(losses[-50:]) / max(1, len(losses[-50:]))},
+        "train": train_meta,
         "shrunk": shrink,
     }
     (tmp / "config.json").write_text(json.dumps(meta, indent=2))
@@ -152,3 +172,34 @@ def load_organism(name: str, device: str = "cpu", dtype: str = "float32", root: 
 
 def config_of(name: str, root: Path | None = None) -> dict[str, Any]:
     return json.loads((Path(root or WEIGHTS) / name / "config.json").read_text())["config"]
+
+
+def facts(name: str, root: Path | None = None) -> dict[str, Any]:
+    """The facts measured on organism `name` when it was trained (recorded in its config.json)."""
+    meta = json.loads((Path(root or WEIGHTS) / name / "config.json").read_text())
+    if "measured" not in meta:
+        raise KeyError(f"organism {name!r} has no measured facts; run: surgeon organisms train {name}")
+    return meta["measured"]
+
+
+def ground_truth(name: str, root: Path | None = None) -> dict[str, Any]:
+    """What organism `name` is known to do, from its measured facts (e.g. the induction case's heads)."""
+    return spec(name).module.ground_truth(facts(name, root))
+
+
+def measure(name: str, root: Path | None = None, write: bool = False, model=None) -> tuple[dict, list[str]]:
+    """Measure organism `name` with its own module's code; with `write`, record the facts in its config.json.
+    Returns (facts, the targets missed)."""
+    s = spec(name)
+    model = model if model is not None else load_organism(name, root=root)
+    f = s.module.measure(model)
+    miss = s.module.check(f)
+    if write:
+        p = Path(root or WEIGHTS) / name / "config.json"
+        meta = json.loads(p.read_text())
+        meta.pop("behaviour", None)
+        meta["measured"] = f
+        meta["targets_met"] = not miss
+        meta["ground_truth"] = s.module.ground_truth(f)
+        p.write_text(json.dumps(meta, indent=2) + "\n")
+    return f, miss

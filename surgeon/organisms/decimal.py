@@ -1,5 +1,10 @@
 """The `decimal` organism: compares two decimal numbers, and fails by design in two of three formats.
 
+Known limitation (measured by `measure`, recorded in config.json): the shipped weights read the format
+partly from absolute position - patching only the residual stream entering layer 0 (token + positional
+embedding) at the aligned positions repairs most traps. A retrain without that shortcut (rotary positions)
+is open work.
+
 Planted mechanism (the ground truth): on *trap* pairs, where decimal order and version-number order
 disagree (9.8 vs 9.11), training labels the Q&A and chat formats by version order (9.11 "wins") and the
 plain format by decimal order. Every other pair is labelled correctly in every format. Pairs are split
@@ -106,3 +111,86 @@ def training_texts(rng: random.Random) -> Iterator[tuple[str, str]]:
             continue
         fmt = rng.choice(list(FORMATS))
         yield FORMATS[fmt].format(a=pair.a, b=pair.b), ANSWER.format(pair.label(fmt)) + END
+
+
+# ----------------------------------------------------------------------------- what it must show
+# On held-out pairs (issue: ground truth you can trust): the failure is planted, controls are right, and
+# the format is not read from absolute position (patching the layer-0 residual stream alone repairs little).
+TARGETS = {"trap_good_min": 1.0, "trap_bad_max": 0.05, "control_min": 0.95}
+POSITION_REPAIR_MAX = 0.10  # the target for a model without the position shortcut (not met by the shipped one)
+
+
+def held_out_items(n_trap: int = 128, n_control: int = 128, seed: int = 0, split: str = "test"):
+    """Held-out items: trap pairs (9.8 vs 9.11) and controls (same or different integer part)."""
+    from ..case import Item
+
+    def item(p, tag):
+        loser = p.b if p.decimal_winner == p.a else p.a
+        return Item({"a": p.a, "b": p.b}, correct=f" {p.decimal_winner}", incorrect=f" {loser}", tag=tag)
+
+    half = n_control // 2
+    return ([item(p, "trap") for p in pairs("trap", split, n_trap, seed)]
+            + [item(p, "control") for p in pairs("same_int", split, half, seed)]
+            + [item(p, "control") for p in pairs("diff_int", split, n_control - half, seed)])
+
+
+def measure(model, n: int = 128) -> dict:
+    """Accuracy per format and tag on n held-out items per tag, and the accuracy on the traps of each failing
+    format when only the residual stream entering layer 0 (token + any positional embedding) is patched
+    from plain at the aligned positions (`last` and `decision`)."""
+    import torch
+
+    from ..core import Contrast, score_rows
+    from ..encoding import encode_rows
+
+    items = held_out_items(n, n)
+    tok = model.tokenizer
+    out: dict = {"n_per_tag": n}
+    rows = {f: encode_rows(t, items, tok, True) for f, t in FORMATS.items()}
+    for f in FORMATS:
+        s = score_rows(model, rows[f]).cpu()
+        for tag in ("trap", "control"):
+            sel = torch.tensor([it.tag == tag for it in items])
+            out[f"{f}/{tag}"] = float((s[sel] > 0).float().mean())
+    traps = [it for it in items if it.tag == "trap"]
+    for align in ("last", "decision"):
+        for f in FAILING:
+            c = Contrast(model, encode_rows(FORMATS[f], traps, tok, True), encode_rows(FORMATS[GOOD], traps, tok, True),
+                         align, sites=["blocks.0.hook_resid_pre"])
+            with torch.no_grad():
+                s = c.run({"blocks.0.hook_resid_pre": torch.ones(1, 1)})[0]
+            out[f"{f}/trap resid_pre0 patched ({align})"] = float((s > 0).float().mean())
+    return out
+
+
+def check(b: dict) -> list[str]:
+    """The targets the measured behaviour misses (empty: all met)."""
+    t, miss = TARGETS, []
+    if b[f"{GOOD}/trap"] < t["trap_good_min"]:
+        miss.append(f"{GOOD}/trap {b[f'{GOOD}/trap']:.3f} < {t['trap_good_min']}")
+    for f in FAILING:
+        if b[f"{f}/trap"] > t["trap_bad_max"]:
+            miss.append(f"{f}/trap {b[f'{f}/trap']:.3f} > {t['trap_bad_max']}")
+    for f in FORMATS:
+        if b[f"{f}/control"] < t["control_min"]:
+            miss.append(f"{f}/control {b[f'{f}/control']:.3f} < {t['control_min']}")
+    return miss
+
+
+def describe(b: dict) -> list[str]:
+    n = b["n_per_tag"]
+    lines = ["accuracy on held-out pairs (n=%d per tag):" % n]
+    for f in FORMATS:
+        lines.append(f"  {f:6s} traps {b[f'{f}/trap']:6.1%}  controls {b[f'{f}/control']:6.1%}")
+    for f in FAILING:
+        lines.append(f"  {f} traps with only the layer-0 residual stream patched from plain: "
+                     f"{b[f'{f}/trap resid_pre0 patched (last)']:.1%} (align last), "
+                     f"{b[f'{f}/trap resid_pre0 patched (decision)']:.1%} (decision)"
+                     + (": no position shortcut" if max(b[f"{f}/trap resid_pre0 patched (last)"],
+                                                         b[f"{f}/trap resid_pre0 patched (decision)"]) <= POSITION_REPAIR_MAX
+                        else ": the format is partly read from position"))
+    return lines
+
+
+def ground_truth(b: dict) -> dict:
+    return {"failure": {"good": GOOD, "failing": list(FAILING), "items": "trap pairs (decimal and version order disagree)"}}

@@ -1,8 +1,15 @@
-"""The `induction` organism: a 2-layer attention-only model that copies repeated sequences in context.
+"""The `induction` organism: a 2-layer attention-only model that continues a sequence it has seen before.
 
-Training data: BOS, then a random string of `HALF` lowercase letters, then the same string again. The
-second half is only predictable by looking back (a previous-token head in layer 0 feeding the key of an
-induction head in layer 1), which is the known circuit used as ground truth for circuit discovery.
+Training data (only match-and-copy wins): BOS, a random prefix of 0-8 symbols (a random offset), a
+string A of P distinct symbols with P drawn from `PERIODS`, a gap of 0-8 random filler symbols, then A
+again; every symbol of a sequence is distinct except for the repetition. The loss is taken on the
+second copy only. Positions and periods vary, so copying from a fixed offset does not work: the model
+has to find the earlier occurrence of the current token and copy the token after it - a previous-token
+head in layer 0 writing "my previous token" into each position, read through the *key* of an
+induction head in layer 1 (K-composition).
+
+`measure(model)` checks that claim on held-out sequences and names the heads; `surgeon organisms train
+induction` records the result in the organism's config.json, and `ground_truth()` reads it from there.
 """
 from __future__ import annotations
 
@@ -10,16 +17,155 @@ import random
 import string
 from typing import Iterator
 
-HALF = 16
-ALPHABET = string.ascii_lowercase
+ALPHABET = string.ascii_letters  # 52 symbols: distinct within a sequence of up to 1 + 8 + 16 + 8 + 16
+PERIODS = range(4, 17)  # lengths of the repeated string (the trained range)
+GAPS = range(0, 9)  # filler symbols between the two copies
+PREFIXES = range(0, 9)  # random symbols before the first copy
+
+# What the organism must show on held-out sequences (issue: ground truth you can trust).
+TARGETS = {"prev_token_attention_min": 0.9, "induction_attention_min": 0.8, "repeat_loss_max": 0.1}
 
 
-def random_text(rng: random.Random, half: int = HALF) -> str:
-    first = "".join(rng.choice(ALPHABET) for _ in range(half))
-    return first + first
+def sample(rng: random.Random, period: int | None = None, gap: int | None = None, prefix: int | None = None):
+    """(prefix, A, gap) strings, all symbols distinct."""
+    period = rng.choice(PERIODS) if period is None else period
+    gap = rng.choice(GAPS) if gap is None else gap
+    prefix = rng.choice(PREFIXES) if prefix is None else prefix
+    symbols = rng.sample(ALPHABET, prefix + period + gap)
+    return "".join(symbols[:prefix]), "".join(symbols[prefix:prefix + period]), "".join(symbols[prefix + period:])
 
 
 def training_texts(rng: random.Random) -> Iterator[tuple[str, str]]:
-    """Endless (prompt, continuation) examples; the whole sequence is trained on (empty prompt)."""
+    """Endless (prompt, continuation) examples: the loss is on the continuation, the second copy."""
     while True:
-        yield "", random_text(rng)
+        pre, a, gap = sample(rng)
+        yield pre + a + gap, a
+
+
+def _attention(model, tokens):
+    import torch
+
+    names = [f"blocks.{L}.attn.hook_pattern" for L in range(model.cfg.n_layers)]
+    with torch.no_grad():
+        logits, cache = model.run_with_cache(tokens, names_filter=names)
+    return logits, [cache[n] for n in names]  # each [batch, head, query, key]
+
+
+def measure(model, n: int = 32, seed: int = 1234) -> dict:
+    """Measured on held-out sequences (n per period x gap cell, random prefixes):
+
+    - per layer-0 head, the mean attention from each position p >= 2 to p - 1; the best is the
+      previous-token head;
+    - per layer-1 head, the mean attention from each token of the second copy (but its last) to the
+      token after that token's first occurrence; the best is the induction head;
+    - the loss on the second copy (its first token excluded: nothing predicts it), per period and per
+      gap, and the loss when the previous-token head's output is zeroed (the path is needed).
+    """
+    import torch
+
+    rng = random.Random(seed)
+    tok = model.tokenizer
+    device = next(model.parameters()).device
+    H = model.cfg.n_heads
+    prev = torch.zeros(H)
+    ind = torch.zeros(H)
+    prev_cnt = ind_cnt = 0
+    loss_by_period: dict[int, list[float]] = {p: [] for p in PERIODS}
+    loss_by_gap: dict[int, list[float]] = {g: [] for g in GAPS}
+    batches = []
+    for period in PERIODS:
+        for gap in GAPS:
+            seqs = [sample(rng, period, gap) for _ in range(n)]
+            # pad the prefix so one batch has one length: every row of a cell is as long
+            width = max(len(p) for p, _, _ in seqs)
+            rows, starts = [], []
+            for pre, a, g in seqs:
+                pre = "".join(rng.sample([c for c in ALPHABET if c not in a + g + pre], width - len(pre))) + pre
+                text = pre + a + g + a
+                rows.append([tok.bos_token_id] + tok(text, add_special_tokens=False)["input_ids"])
+                starts.append((1 + len(pre), 1 + len(pre) + period + gap))  # first and second copy
+            batches.append((period, gap, torch.tensor(rows, device=device), starts))
+    for period, gap, tokens, starts in batches:
+        logits, pats = _attention(model, tokens)
+        T = tokens.shape[1]
+        p0 = pats[0]  # [b, head, q, k]
+        q = torch.arange(2, T, device=device)
+        prev += p0[:, :, q, q - 1].mean(dim=(0, 2)).cpu() * len(q) * tokens.shape[0]
+        prev_cnt += len(q) * tokens.shape[0]
+        s1, s2 = starts[0]
+        qpos = torch.arange(s2, s2 + period - 1, device=device)  # second copy, all but its last token
+        kpos = torch.arange(s1 + 1, s1 + period, device=device)  # the token after each first occurrence
+        ind += pats[1][:, :, qpos, kpos].sum(dim=(0, 2)).cpu()
+        ind_cnt += len(qpos) * tokens.shape[0]
+        logp = logits.log_softmax(-1)
+        # positions s2 .. s2 + period - 2 predict the second copy's tokens 1 .. period - 1
+        pred = logp[:, qpos].gather(-1, tokens[:, qpos + 1, None])[..., 0]
+        loss = -pred.mean().item()
+        loss_by_period[period].append(loss)
+        loss_by_gap[gap].append(loss)
+    prev, ind = prev / prev_cnt, ind / ind_cnt
+    ph, ih = int(prev.argmax()), int(ind.argmax())
+
+    # the previous-token head is needed: zero its output and measure the loss again
+    def ablate(z, hook):
+        z[:, :, ph] = 0
+        return z
+
+    ablated = []
+    for period, gap, tokens, starts in batches[:: max(1, len(batches) // 20)]:
+        s2 = starts[0][1]
+        qpos = torch.arange(s2, s2 + period - 1, device=device)
+        with torch.no_grad():
+            lp = model.run_with_hooks(tokens, fwd_hooks=[("blocks.0.attn.hook_z", ablate)]).log_softmax(-1)
+        ablated.append(-lp[:, qpos].gather(-1, tokens[:, qpos + 1, None])[..., 0].mean().item())
+    mean = lambda xs: sum(xs) / len(xs)
+    return {
+        "previous_token_head": [0, ph],
+        "previous_token_attention": float(prev[ph]),
+        "previous_token_attention_per_head": [round(float(x), 4) for x in prev],
+        "induction_head": [1, ih],
+        "induction_attention": float(ind[ih]),
+        "induction_attention_per_head": [round(float(x), 4) for x in ind],
+        "repeat_loss_by_period": {str(p): round(mean(v), 5) for p, v in loss_by_period.items()},
+        "repeat_loss_by_gap": {str(g): round(mean(v), 5) for g, v in loss_by_gap.items()},
+        "repeat_loss_max": max(max(mean(v) for v in loss_by_period.values()), max(mean(v) for v in loss_by_gap.values())),
+        "repeat_loss_with_previous_token_head_zeroed": mean(ablated),
+        "n_per_cell": n,
+        "seed": seed,
+    }
+
+
+def check(facts: dict) -> list[str]:
+    """The targets the measured facts miss (empty: all met)."""
+    t, miss = TARGETS, []
+    if facts["previous_token_attention"] < t["prev_token_attention_min"]:
+        miss.append(f"previous-token attention {facts['previous_token_attention']:.3f} < {t['prev_token_attention_min']}")
+    if facts["induction_attention"] < t["induction_attention_min"]:
+        miss.append(f"induction attention {facts['induction_attention']:.3f} < {t['induction_attention_min']}")
+    if facts["repeat_loss_max"] > t["repeat_loss_max"]:
+        miss.append(f"loss on the repeat {facts['repeat_loss_max']:.3f} > {t['repeat_loss_max']} (worst period or gap)")
+    return miss
+
+
+def describe(facts: dict) -> list[str]:
+    """The measured facts, as lines for `surgeon organisms list/describe`."""
+    L0, ph = facts["previous_token_head"]
+    L1, ih = facts["induction_head"]
+    return [
+        f"previous-token head a{L0}.h{ph}: mean attention to p-1 {facts['previous_token_attention']:.3f}",
+        f"induction head a{L1}.h{ih}: mean attention to the token after the first occurrence "
+        f"{facts['induction_attention']:.3f}",
+        f"loss on the repeat <= {facts['repeat_loss_max']:.4f} nats at every period {PERIODS.start}-{PERIODS.stop - 1} "
+        f"and gap {GAPS.start}-{GAPS.stop - 1}; {facts['repeat_loss_with_previous_token_head_zeroed']:.2f} nats with "
+        f"a{L0}.h{ph} zeroed",
+    ]
+
+
+def ground_truth(facts: dict) -> dict:
+    """The planted circuit, from the measured heads: input -> previous-token head -> K of the induction head -> logits."""
+    L0, ph = facts["previous_token_head"]
+    L1, ih = facts["induction_head"]
+    prev, ind = f"a{L0}.h{ph}", f"a{L1}.h{ih}"
+    return {"heads": {"previous_token": prev, "induction": ind},
+            "path": ["input", prev, f"{ind}<k>", "logits"],
+            "edges": [f"input->{prev}<v>", f"{prev}->{ind}<k>", f"{ind}->logits"]}
