@@ -103,18 +103,52 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--bad", help="which failing format (default: the case's first)")
     p.add_argument("--tag", help="only items with this tag ('all' for every item; default: the case's focus)")
 
-    p = sub.add_parser("organisms", help="list or retrain the model organisms")
+    p = sub.add_parser("circuit", help="path-level circuit discovery: score every edge, prune a faithful circuit, "
+                                       "rank complete paths by path patching, export the graph")
+    _common(p)
+    p.add_argument("--method", default="eap-ig", choices=["eap", "eap-ig", "exact"],
+                   help="edge scores: eap (gradient at mask 0), eap-ig (averaged along the mask), exact (default: eap-ig)")
+    p.add_argument("--ig-steps", type=int, default=5, help="points along the mask for eap-ig (default: 5)")
+    p.add_argument("--ablation", default="resample", choices=["resample", "mean", "zero"],
+                   help="what a patched edge carries: the other format's activation (resample, default), its mean "
+                        "over items per aligned position (mean), or zero")
+    p.add_argument("--direction", default="denoise", choices=["denoise", "noise"],
+                   help="denoise: good format's edges into the failing run (default); noise: the reverse")
+    p.add_argument("--faithfulness", type=float, default=0.9,
+                   help="prune to the smallest top-scoring edge set with at least this faithfulness (default: 0.9)")
+    p.add_argument("--edges", type=int, help="keep the top N edges instead of a faithfulness target")
+    p.add_argument("--paths", type=int, default=10, help="complete paths to rank and verify by path patching (default: 10)")
+    p.add_argument("--verify", type=int, default=50, help="top edges whose estimate is checked by exact patching (default: 50)")
+    p.add_argument("--export", nargs="+", type=Path, default=[], metavar="FILE",
+                   help="write the circuit graph; format from the suffix: .graphml .gexf .json .mib.json .dot .svg .pdf .tex .png")
+    p.add_argument("--bad", help="which failing format (default: the case's first)")
+    p.add_argument("--tag", help="only items with this tag ('all' for every item; default: the case's focus)")
+
+    p = sub.add_parser("circuit-eval", help="faithfulness of a circuit read from a file (our JSON exports, "
+                                            "or an EAP-IG / MIB circuit JSON)")
+    _common(p)
+    p.add_argument("graph", type=Path, help="the circuit file (.json or .mib.json)")
+    p.add_argument("--ablation", default="resample", choices=["resample", "mean", "zero"],
+                   help="what a patched edge carries (default: resample)")
+    p.add_argument("--direction", default="denoise", choices=["denoise", "noise"], help="default: denoise")
+    p.add_argument("--bad", help="which failing format (default: the case's first)")
+    p.add_argument("--tag", help="only items with this tag ('all' for every item; default: the case's focus)")
+
+    p = sub.add_parser("organisms", help="list, describe or retrain the model organisms")
     osub = p.add_subparsers(dest="action", required=True)
-    q = osub.add_parser("list", help="the organisms and whether their weights are present")
-    q.add_argument("--debug", action="store_true")
-    q = osub.add_parser("train", help="retrain an organism deterministically")
-    q.add_argument("name")
+    q = osub.add_parser("list", help="the organisms, their state and their measured facts")
+    q.add_argument("--debug", action="store_true", help="show tracebacks")
+    q = osub.add_parser("describe", help="an organism's planted mechanism, measured facts and ground truth")
+    q.add_argument("name", help="the organism, e.g. induction")
+    q.add_argument("--debug", action="store_true", help="show tracebacks")
+    q = osub.add_parser("train", help="retrain (or rebuild) an organism deterministically and measure it")
+    q.add_argument("name", help="the organism, e.g. decimal")
     q.add_argument("--out", type=Path, help="write weights under OUT/NAME (default: the package's weights)")
     q.add_argument("--shrink", action="store_true", help="a few steps only (smoke test)")
-    q.add_argument("--seed", type=int, default=0)
-    q.add_argument("--device", default="cpu")
-    q.add_argument("--threads", type=int, default=None)
-    q.add_argument("--debug", action="store_true")
+    q.add_argument("--seed", type=int, default=0, help="random seed (default: 0)")
+    q.add_argument("--device", default="cpu", help="device to train on (default: cpu)")
+    q.add_argument("--threads", type=int, default=None, help="CPU threads for torch (default: torch's choice)")
+    q.add_argument("--debug", action="store_true", help="show tracebacks")
     return parser
 
 
@@ -316,25 +350,119 @@ def cmd_organisms(args) -> int:
     from . import organisms
 
     if args.action == "list":
+        print(f"{'organism':22s} {'weights':8s} what it is / what was measured")
         for name in organisms.names():
             s = organisms.spec(name)
-            state = "trained" if organisms.is_available(name) else "no weights (run: surgeon organisms train %s)" % name
-            print(f"organism:{name:10s} {state:8s}  {s.description}")
+            state = "present" if organisms.is_available(name) else "missing"
+            print(f"organism:{name:13s} {state:8s} {s.description}")
+            if state == "missing":
+                print(f"{'':31s} run: surgeon organisms train {name}")
+                continue
+            try:
+                lines = s.module.describe(organisms.facts(name))
+            except KeyError:
+                lines = [f"not measured yet; run: surgeon organisms train {name}"]
+            for line in lines:
+                print(f"{'':31s} {line}")
         return 0
-    _setup(args)
     if args.name not in organisms.names():
         raise SurgeonError(f"unknown organism {args.name!r}", field="name", fix=f"use one of: {', '.join(organisms.names())}")
-    from .analyses.behaviour import measure
+    if args.action == "describe":
+        import json
 
+        s = organisms.spec(args.name)
+        print(f"organism:{args.name} - {s.description}\n")
+        print((s.module.__doc__ or "").strip() + "\n")
+        if not organisms.is_available(args.name):
+            print(f"no weights; run: surgeon organisms train {args.name}")
+            return 0
+        f = organisms.facts(args.name)
+        print("measured:")
+        for line in s.module.describe(f):
+            print(f"  {line}")
+        print("\nground truth:\n" + json.dumps(organisms.ground_truth(args.name), indent=2))
+        return 0
+    _setup(args)
     dest = organisms.train_organism(args.name, out_root=args.out, shrink=args.shrink, seed=args.seed,
                                     device=args.device, progress=True)
     print(f"saved {dest}")
-    for line in measure(args.name, root=dest.parent, write=True):
-        print(line)
+    facts, miss = organisms.measure(args.name, root=dest.parent, write=True)
+    print(f"measured organism:{args.name}:")
+    for line in organisms.spec(args.name).module.describe(facts):
+        print(f"  {line}")
+    print("  targets met" if not miss else "  targets MISSED: " + "; ".join(miss))
     return 0
 
 
-COMMANDS = {"diagnose": cmd_diagnose, "patch": cmd_patch, "attribute": cmd_attribute, "threshold": cmd_threshold,
+def cmd_circuit(args) -> int:
+    from . import figures, report
+    from .analyses.circuit import discover
+    from .circuits.export import FORMATS, suffix
+
+    for f in args.export:  # refuse before computing
+        if suffix(f) not in FORMATS:
+            raise SurgeonError(f"cannot export to {f.name!r}", field="--export",
+                               fix=f"use a file ending in one of: {', '.join(FORMATS)}")
+    case, model, device = _load(args)
+    r = discover(case, model, method=args.method, ablation=args.ablation, direction=args.direction, bad=args.bad,
+                 tag=args.tag, target=None if args.edges else args.faithfulness, n_edges=args.edges,
+                 n_paths=args.paths, ig_steps=args.ig_steps, verify=args.verify, batch_size=args.batch_size)
+    code = _report(args, "circuit", r, case, device, report.circuit_text(r),
+                   {"faithfulness.png": figures.faithfulness_figure, "circuit.png": _circuit_png(model)})
+    if args.export:
+        export_circuit(r, model, args.export)
+        print("exported " + ", ".join(str(f) for f in args.export))
+    return code
+
+
+def _circuit_png(model):
+    def draw(r, path):
+        from .circuits.export import png
+
+        png(circuit_graph(r, model), path, f"{r.case}: {len(r.circuit)} edges, f = {r.circuit_faithfulness:.2f}")
+    return draw
+
+
+def circuit_graph(r, model):
+    from .circuits.graph import build_graph
+    from .edges import EdgeSite
+
+    return build_graph(EdgeSite.of(model.cfg, r.ablation), r.scores, r.exact, r.circuit)
+
+
+def export_circuit(r, model, files) -> None:
+    from .circuits.export import write
+
+    g = circuit_graph(r, model)
+    for f in files:
+        f = Path(f)
+        f.parent.mkdir(parents=True, exist_ok=True)
+        write(g, f, model.cfg, title=f"{r.case}: {r.source} -> {r.base}, {len(r.circuit)} edges")
+
+
+def cmd_circuit_eval(args) -> int:
+    from .analyses.circuit import evaluate_circuit
+    from .circuits.export import read_edges
+
+    edges = read_edges(args.graph)
+    case, model, device = _load(args)
+    r = evaluate_circuit(case, model, edges, ablation=args.ablation, direction=args.direction, bad=args.bad,
+                         tag=args.tag, batch_size=args.batch_size)
+    lo, hi = r["faithfulness_ci"] or (float("nan"), float("nan"))
+    text = (f"case {r['case']} · circuit {args.graph} · {r['n_edges']} of {r['of_edges']} edges patched from "
+            f"{r['source']!r} into {r['base']!r} · {r['n_items']} items\n"
+            f"m(empty) = {r['empty']:+.3f}, m(circuit) = {r['circuit']:+.3f}, m(full) = {r['full']:+.3f}\n"
+            f"faithfulness = {r['faithfulness']:.3f} [{lo:.3f}, {hi:.3f}] (95% CI over items)")
+    print(text)
+    if args.out:
+        from .report import save
+
+        save(args.out, "circuit-eval", r, case, args, device)
+        print(f"\nwrote {args.out}/results.json, manifest.json")
+    return 0
+
+
+COMMANDS = {"diagnose": cmd_diagnose, "circuit": cmd_circuit, "circuit-eval": cmd_circuit_eval, "patch": cmd_patch, "attribute": cmd_attribute, "threshold": cmd_threshold,
             "merge": cmd_merge,
             "blend": cmd_blend, "organisms": cmd_organisms}
 

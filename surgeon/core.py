@@ -27,7 +27,9 @@ from typing import Mapping, Sequence
 import torch
 from torch import Tensor
 
+from . import edges as edges_mod
 from . import prefix_attention
+from .edges import EdgeSite
 from .encoding import Row
 from .errors import AnalysisError
 from .sites import Site, hook_layer, units_view
@@ -59,6 +61,7 @@ class Bucket:
     z: dict[int, Tensor] = field(default_factory=dict)  # layer -> head outputs z[:, p0:]
     source_acts: dict[Site, Tensor] = field(default_factory=dict)  # site -> [n, S, unit, rest]
     base_acts: dict[Site, Tensor] = field(default_factory=dict)  # site -> [n, S, unit, rest]
+    senders: dict[tuple, tuple[Tensor, Tensor]] = field(default_factory=dict)  # edge site -> sender outputs
     kv_rep: dict[int, tuple[Tensor, Tensor]] = field(default_factory=dict)  # kv repeated kv_copies times
     kv_copies: int = 0
 
@@ -302,7 +305,7 @@ class Contrast:
         `masks[site]` is [P, units] (the same mask at every patched position) or [P, slots, units]. Masks
         may require grad: the scores are differentiable w.r.t. them (attribution).
         """
-        masks = {Site.coerce(k): v for k, v in masks.items()}
+        masks = {_key(k): v for k, v in masks.items()}
         if not masks:
             raise AnalysisError("no masks given")
         Ps = {m.shape[0] for m in masks.values()}
@@ -321,9 +324,10 @@ class Contrast:
                        desc=progress if isinstance(progress, str) else "patching")
         groups = self._groups(masks, start, P)
         per_bucket = []
+        nodes = _node_sites(masks)
         for b in self.buckets:
-            self._ensure_base(b, start, list(masks))
-            self._ensure_source(b, list(masks))
+            self._ensure_base(b, start, nodes)
+            self._ensure_source(b, nodes)
             per_bucket.append(self._with_backoff(lambda: self._bucket_scores(b, start, masks, P, bar, groups)))
         if bar is not None:
             bar.close()
@@ -365,7 +369,7 @@ class Contrast:
         per group of agreeing patches, and each patch runs only from there on (a subset search over the
         heads of two layers computes the lower layer's 2^8 head combinations, not one per subset)."""
         last = max(s.layer for s in masks)
-        if (not self.shared_prefix or last == start or any(m.requires_grad for m in masks.values())
+        if (not self.shared_prefix or last == start or any(isinstance(s, EdgeSite) for s in masks) or any(m.requires_grad for m in masks.values())
                 or not all(s.hook in _after_z(last) for s in masks if s.layer == last)):
             return None
         lower = {s: m for s, m in masks.items() if s.layer < last}
@@ -432,7 +436,7 @@ class Contrast:
                 self.batch_size = max(1, self.batch_size // 2)
                 self.backoffs += 1
 
-    def _mix_hooks(self, b: Bucket, masks: Mapping[Site, Tensor], copies: int, offset: int) -> list:
+    def _mix_hooks(self, b: Bucket, masks: Mapping[Site, Tensor], copies: int, offset: int, start: int = 0) -> list:
         """The mixing hooks for one chunk: act <- act + m * (source - act) at the patched positions
         (given relative to `offset`, the first position the forward pass sees)."""
         n = b.n
@@ -441,6 +445,9 @@ class Contrast:
         hooks = []
         valid = b.slot_valid[:, :, None, None]  # padded slots are left alone
         for site, m in masks.items():
+            if isinstance(site, EdgeSite):
+                hooks += self._edge_hooks(b, site, m, copies, offset, start)
+                continue
             src = b.source_acts[site]
             m = m.to(src.device, src.dtype)
             m = m[:, None, None, :, None] if m.dim() == 2 else m[:, None, :, :, None]  # [c, 1, S|1, U, 1]
@@ -458,6 +465,17 @@ class Contrast:
             hooks.append((site.hook, mix))
         return hooks
 
+    def _edge_hooks(self, b: Bucket, site: EdgeSite, m: Tensor, copies: int, offset: int, start: int) -> list:
+        """Hooks that patch the edges of mask m [copies, n_edges] (see `surgeon.edges`)."""
+        key = (site.ablation, site.senders)
+        if key not in b.senders:
+            src = edges_mod.sender_outputs(self.model, site, b.source_acts)
+            base = edges_mod.sender_outputs(self.model, site, b.base_acts)
+            b.senders[key] = (edges_mod.ablated_source(site, src, base, b.slot_valid), base)
+        src, base = b.senders[key]
+        return edges_mod.edge_hooks(self.model, site, m.to(src.device, src.dtype), src, base, copies, b.n,
+                                    b.base_pos - offset, b.slot_valid, start)
+
     def _run_chunk(self, b: Bucket, start: int, masks: Mapping[Site, Tensor], copies: int, kv_cache,
                    resid: Tensor | None = None, z: Tensor | None = None) -> Tensor:
         """[copies, n] scores under `copies` patches."""
@@ -469,10 +487,12 @@ class Contrast:
                  extra_hooks: Sequence = ()) -> Tensor:
         """Layers start..stop of the patched positions under `copies` patches, from the base run's residual
         stream (or `resid`, and head outputs `z` at layer `start`, per patched row where they differ)."""
-        hooks = self._mix_hooks(b, masks, copies, offset=b.p0) + list(extra_hooks)
+        hooks = self._mix_hooks(b, masks, copies, offset=b.p0, start=start) + list(extra_hooks)
         if resid is None:
             resid = b.resid[start].repeat(copies, 1, 1)
-        with self.model.hooks(fwd_hooks=hooks), self._prefix_mode(b, start, masks, z):
+        split = any(isinstance(s, EdgeSite) for s in masks)
+        with (self.model.hooks(fwd_hooks=hooks), self._prefix_mode(b, start, masks, z),
+              edges_mod.split_inputs(self.model) if split else _nothing()):
             return self.model(resid, start_at_layer=start, stop_at_layer=stop or self.cfg.n_layers,
                               past_kv_cache=kv_cache)
 
@@ -526,6 +546,24 @@ def greedy(model, tokens: Tensor, lengths: Tensor, n_new: int, hooks: Sequence =
             lengths += 1
             out.append(nxt)
     return torch.stack(out, dim=1)
+
+
+def _key(k):
+    return k if isinstance(k, EdgeSite) else Site.coerce(k)
+
+
+def _node_sites(masks) -> list[Site]:
+    """The node sites whose activations the masks need cached (edge sites need their senders' outputs)."""
+    out: list[Site] = []
+    for s in masks:
+        out += s.node_sites() if isinstance(s, EdgeSite) else [s]
+    return list(dict.fromkeys(out))
+
+
+def _nothing():
+    from contextlib import nullcontext
+
+    return nullcontext()
 
 
 def _row_slice(b: Bucket, r0: int, r1: int) -> Bucket:

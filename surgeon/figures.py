@@ -132,3 +132,21 @@ def blend_figure(r, path: Path) -> None:
     ax.set_ylabel("items")
     ax.set_title(f"a* per item ({r.never} never repaired)", fontsize=9)
     _save(fig, path)
+
+
+def faithfulness_figure(r, path: Path) -> None:
+    """Faithfulness vs fraction of edges kept (top-scoring first), with CPR and CMD."""
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(5, 3.4))
+    x = np.array(r.curve_fractions[1:])
+    ax.plot(x, r.curve[1:], marker="o")
+    ax.axhline(1.0, color="grey", lw=0.8, ls="--")
+    if r.target is not None:
+        ax.axhline(r.target, color="C1", lw=0.8, ls=":", label=f"target {r.target}")
+    ax.set_xscale("log")
+    ax.set_xlabel("fraction of edges in the circuit (top-scoring)")
+    ax.set_ylabel("faithfulness")
+    ax.set_title(f"{r.case}: {r.method}, {r.ablation} (CPR {r.cpr:.3f}, CMD {r.cmd:.3f})", fontsize=9)
+    if r.target is not None:
+        ax.legend(fontsize=8)
+    _save(fig, path)

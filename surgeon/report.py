@@ -1,7 +1,6 @@
 """Plain-text reports and saved results (results.json + manifest.json + figures) for the CLI."""
 from __future__ import annotations
 
-from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
@@ -86,7 +85,7 @@ def save(out: Path, command: str, result, case, args, device: str | None, figure
     opts = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()
             if k not in ("debug", "out", "case")}
     with staging(out) as tmp:
-        write_json(tmp / "results.json", {"command": command, "result": asdict(result)})
+        write_json(tmp / "results.json", {"command": command, "result": result})
         write_json(tmp / "manifest.json", manifest(command, case, seed=getattr(args, "seed", None), device=device,
                                                    dtype=getattr(args, "dtype", None), options=opts,
                                                    model_info=_model_info(case)))
@@ -189,4 +188,44 @@ def attribution_text(r, top: int = 10) -> str:
         for k in order:
             i, u = divmod(int(k), r.n_units)
             lines.append(f"L{r.layers[i]}.{u:<5d} {r.estimate[i, u]:+9.3f} {r.exact[i, u]:+9.3f}")
+    return "\n".join(lines)
+
+
+def circuit_text(r, top: int = 10) -> str:
+    gap = r.full - r.empty
+    what = {"eap": "EAP (gradient at mask 0)", "eap-ig": f"EAP-IG ({r.options.get('ig_steps')} steps)",
+            "exact": "exact edge patching"}[r.method]
+    lines = [f"case {r.case} · circuit of edges from {r.source!r} into {r.base!r} ({r.direction}, {r.ablation}) · "
+             f"{r.n_items} items ({r.tag or 'all'}) · {r.n_edges} edges scored by {what}",
+             f"m(empty) = {r.empty:+.3f} (unpatched), m(full) = {r.full:+.3f} (every edge patched); "
+             f"faithfulness f = (m(circuit) - m(empty)) / (m(full) - m(empty))", ""]
+    order = np.argsort(-np.abs(r.scores))[:top]
+    lines.append(f"top {len(order)} edges by |score| (effect on the mean score of patching the edge alone):")
+    lines.append(f"  {'edge':28s} {'score':>9s} {'exact':>9s}")
+    for e in order:
+        ex = r.exact.get(int(e))
+        lines.append(f"  {r.edge_names[e]:28s} {r.scores[e]:+9.3f} " + (f"{ex:+9.3f}" if ex is not None else f"{'-':>9s}"))
+    if r.verify_pearson is not None:
+        lines.append(f"  estimate vs exact over the top {len(r.exact)} edges: Pearson r = {r.verify_pearson:.3f}")
+    lines += ["", "faithfulness curve (top-scoring edges, MIB's fractions):",
+              "  " + "  ".join(f"{100 * x:g}%:{n}" for x, n in zip(r.curve_fractions, r.curve_edges)),
+              "  " + "  ".join(f"{v:.3f}" for v in r.curve),
+              f"  CPR (area under f) = {r.cpr:.3f}, CMD (area under |1 - f|) = {r.cmd:.3f}", ""]
+    how = f"smallest top-k edge set with f >= {r.target}" if r.target is not None else "the top edges asked for"
+    lo, hi = r.circuit_faithfulness_ci
+    lines.append(f"circuit ({how}, less edges on no complete path): {len(r.circuit)} edges, "
+                 f"f = {r.circuit_faithfulness:.3f} [{lo:.3f}, {hi:.3f}] (95% CI over items)")
+    nodes = sorted({n.split("->")[0] for n in r.names(r.circuit)} - {"input"})
+    lines.append("  nodes: " + (", ".join(nodes) if nodes else "(none)"))
+    if r.paths:
+        lines += ["", f"strongest complete paths, verified by path patching (effect on the score; share of the full "
+                      f"patch's effect, per item; skill path: share >= {r.options['min_share']} on >= "
+                      f"{100 * r.options['min_items']:.0f}% of items):"]
+        for i, p in enumerate(r.paths, 1):
+            e, s = p.effect, p.share
+            lines.append(f"  {i:2d}. {' -> '.join(p.nodes)}")
+            lines.append(f"      effect {e.value:+.3f} [{e.lo:+.3f}, {e.hi:+.3f}] (n={e.n}), share {s.value:.3f}"
+                         f"{' · skill path' if p.skill else ''}")
+    if abs(gap) < 1e-9:
+        lines += ["", "warning: the two formats score the same (m(full) = m(empty)): faithfulness is undefined"]
     return "\n".join(lines)

@@ -1,0 +1,280 @@
+"""Edges as a site of the intervention core: masks over (sender, receiver) pairs.
+
+The model's computation as a graph (EAP-IG / MIB conventions): senders are the input embedding
+(`input`), every attention head's output (`a{l}.h{h}`, z_h @ W_O[h]) and every MLP (`m{l}`); receivers
+are every head's query, key and value inputs (`a{l}.h{h}<q>`; under grouped-query attention the key and
+value receivers are the key/value heads, `a{l}.g{g}<k>`), every MLP's input (`m{l}`) and the logits. An
+edge s -> r exists when s writes the residual stream before r reads it.
+
+Patching edge s -> r with mask value m means: r's input, at the case's aligned positions, becomes
+
+    input_r + m * (source_s - current_s)
+
+where current_s is sender s's output in this (possibly already patched) run and source_s its output in
+the other run (or an ablation value: the mean over items, or zero). All other positions, and all
+receivers of unpatched edges, read this run's values. With every edge patched, every receiver reads the
+other run's residual stream: the full patch equals the source run; with none, the base run.
+
+`EdgeSite` is the mask key `Contrast.run` accepts beside node sites: masks [P, n_edges] put P edge sets
+in the batch dimension, and masks that require grad give d(score)/d(mask) for every edge from one
+backward pass (edge attribution patching).
+"""
+from __future__ import annotations
+
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Literal
+
+import torch
+from torch import Tensor
+
+from .errors import AnalysisError
+from .sites import Site
+
+Ablation = Literal["resample", "mean", "zero"]
+ABLATIONS = ("resample", "mean", "zero")
+
+
+@dataclass(frozen=True)
+class Receiver:
+    name: str  # a1.h2<q>, a1.g0<k>, m1, logits
+    layer: int  # the layer whose input it is (n_layers for the logits)
+    kind: str  # q | k | v | mlp | logits
+    unit: int  # head (q), key/value head (k, v), 0 otherwise
+
+
+@dataclass(frozen=True)
+class Sender:
+    name: str  # input, a0.h1, m0
+    layer: int  # -1 for the input
+    kind: str  # input | head | mlp
+    unit: int
+
+
+def head_name(layer: int, head: int) -> str:
+    return f"a{layer}.h{head}"
+
+
+@dataclass(frozen=True, eq=False)
+class EdgeSite:
+    """Every edge of a model's graph, in a fixed order; the key of an edge mask [P, n_edges] in `Contrast.run`."""
+
+    senders: tuple[Sender, ...]
+    receivers: tuple[Receiver, ...]
+    edges: tuple[tuple[int, int], ...]  # (sender index, receiver index)
+    n_layers: int
+    ablation: str = "resample"
+    hook: str = "edges"  # not a hook point: the core dispatches edge sites here
+    component: object = None
+    _index: dict = field(default_factory=dict, repr=False)
+
+    # ------------------------------------------------------------------ construction
+    @staticmethod
+    def of(cfg, ablation: Ablation = "resample") -> "EdgeSite":
+        if ablation not in ABLATIONS:
+            raise AnalysisError(f"unknown ablation {ablation!r}", field="--ablation", fix=f"use one of: {', '.join(ABLATIONS)}")
+        if getattr(cfg, "parallel_attn_mlp", False):
+            raise AnalysisError("edge graphs of parallel attention/MLP blocks are not supported", field="model",
+                                fix="use node patching (surgeon patch) for this architecture")
+        L, H = cfg.n_layers, cfg.n_heads
+        G = getattr(cfg, "n_key_value_heads", None) or H
+        attn_only = bool(getattr(cfg, "attn_only", False))
+        senders = [Sender("input", -1, "input", 0)]
+        receivers: list[Receiver] = []
+        for layer in range(L):
+            receivers += [Receiver(f"{head_name(layer, h)}<q>", layer, "q", h) for h in range(H)]
+            kv = (lambda g: head_name(layer, g)) if G == H else (lambda g: f"a{layer}.g{g}")
+            receivers += [Receiver(f"{kv(g)}<{x}>", layer, x, g) for x in "kv" for g in range(G)]
+            senders += [Sender(head_name(layer, h), layer, "head", h) for h in range(H)]
+            if not attn_only:
+                receivers.append(Receiver(f"m{layer}", layer, "mlp", 0))
+                senders.append(Sender(f"m{layer}", layer, "mlp", 0))
+        receivers.append(Receiver("logits", L, "logits", 0))
+        edges = []
+        for ri, r in enumerate(receivers):
+            for si, s in enumerate(senders):
+                if s.layer < r.layer or (r.kind == "mlp" and s.kind == "head" and s.layer == r.layer):
+                    edges.append((si, ri))
+        return EdgeSite(tuple(senders), tuple(receivers), tuple(edges), L, ablation)
+
+    @property
+    def layer(self) -> int:
+        """The first layer an edge acts at (receivers at layer 0 read the input)."""
+        return min(self.receivers[r].layer for _, r in self.edges)
+
+    @property
+    def names(self) -> list[str]:
+        """EAP-IG edge names: `a0.h1->a1.h2<k>`, `input->m0`, `m1->logits`."""
+        return [f"{self.senders[s].name}->{self.receivers[r].name}" for s, r in self.edges]
+
+    def n_units(self, cfg=None) -> int:
+        return len(self.edges)
+
+    def index(self, name: str) -> int:
+        if not self._index:
+            self._index.update({n: i for i, n in enumerate(self.names)})
+        if name not in self._index:
+            raise AnalysisError(f"no edge {name!r} in this model's graph", field="edges",
+                                fix="name edges as sender->receiver, e.g. a0.h1->a1.h2<k>, input->m0, m1->logits")
+        return self._index[name]
+
+    def mask(self, edge_sets, device=None) -> Tensor:
+        """[P, n_edges] 0/1 masks from P collections of edge names (or indices)."""
+        m = torch.zeros(len(edge_sets), len(self.edges), device=device)
+        for p, es in enumerate(edge_sets):
+            for e in es:
+                m[p, self.index(e) if isinstance(e, str) else int(e)] = 1
+        return m
+
+    # ------------------------------------------------------------------ what the core needs
+    def node_sites(self) -> list[Site]:
+        """Node sites whose activations (base and source, at the aligned positions) give the senders' outputs."""
+        layers = sorted({s.layer for s in self.senders if s.layer >= 0})
+        out = [Site.of("resid_pre", 0)] + [Site.of("z", L) for L in layers]
+        out += [Site.of("mlp_out", L) for L in layers if any(s.kind == "mlp" and s.layer == L for s in self.senders)]
+        return out
+
+    def _groups(self):
+        """Per receiver group (layer, kind): receiver units, and the dense [sender, receiver] index of each edge."""
+        if "groups" not in self._index:
+            groups: dict[tuple[int, str], list[int]] = {}
+            for ri, r in enumerate(self.receivers):
+                groups.setdefault((r.layer, r.kind), []).append(ri)
+            pos = {ri: (key, j) for key, ris in groups.items() for j, ri in enumerate(ris)}
+            per: dict[tuple[int, str], tuple[list[int], list[int], list[int]]] = {k: ([], [], []) for k in groups}
+            for e, (si, ri) in enumerate(self.edges):
+                key, j = pos[ri]
+                per[key][0].append(e)
+                per[key][1].append(si)
+                per[key][2].append(j)
+            self._index["groups"] = {k: (groups[k], *map(torch.tensor, per[k])) for k in groups if per[k][0]}
+        return self._index["groups"]
+
+
+def sender_outputs(model, site: EdgeSite, acts: dict[Site, Tensor]) -> Tensor:
+    """[..., n_senders, d_model] sender outputs from node activations gathered at the aligned positions
+    ([..., unit, rest] each): the input embedding, z_h @ W_O[h] per head, the MLP outputs."""
+    outs = []
+    cache: dict[int, Tensor] = {}
+    for s in site.senders:
+        if s.kind == "input":
+            outs.append(acts[Site.of("resid_pre", 0)][..., 0, :])
+        elif s.kind == "head":
+            if s.layer not in cache:
+                z = acts[Site.of("z", s.layer)]
+                W_O = model.blocks[s.layer].attn.W_O  # [H, d_head, d_model]
+                cache[s.layer] = torch.einsum("...hd,hdm->...hm", z, W_O.to(z.device, z.dtype))
+            outs.append(cache[s.layer][..., s.unit, :])
+        else:
+            outs.append(acts[Site.of("mlp_out", s.layer)][..., 0, :])
+    return torch.stack(outs, dim=-2)
+
+
+@contextmanager
+def split_inputs(model):
+    """TransformerLens's per-head query/key/value inputs and MLP-input hook, on while the block runs."""
+    cfg = model.cfg
+    old = (cfg.use_split_qkv_input, cfg.use_hook_mlp_in)
+    cfg.use_split_qkv_input, cfg.use_hook_mlp_in = True, True
+    try:
+        yield
+    finally:
+        cfg.use_split_qkv_input, cfg.use_hook_mlp_in = old
+
+
+def edge_hooks(model, site: EdgeSite, mask: Tensor, source: Tensor, base: Tensor, copies: int, n: int,
+               rel: Tensor, valid: Tensor, start: int) -> list:
+    """Forward hooks that patch the edges of `mask` [copies, n_edges] in one forward pass from layer `start`.
+
+    `source`, `base`: sender outputs [n, S, n_senders, d] of the other and of this run at the aligned
+    positions; `rel` [n, S] those positions relative to the first position the pass computes; `valid`
+    [n, S] 1 for real (not padded) slots. Senders at or after `start` are read live from the pass (their
+    current output, which upstream patches may have changed); earlier ones are this run's, unchanged."""
+    device = source.device
+    idx = torch.arange(n, device=device)[:, None]
+    cur: dict[int, Tensor] = {}  # sender index -> [copies, n, S, d] current output
+    layer_of = {i: s.layer for i, s in enumerate(site.senders)}
+    S_valid = valid.to(device, source.dtype)[None, :, :, None]  # [1, n, S, 1]
+
+    def gather(act: Tensor) -> Tensor:  # [copies * n, Q, ...] -> [copies, n, S, ...]
+        x = act.view(copies, n, *act.shape[1:])
+        return x[:, idx, rel.to(act.device)]
+
+    def capture_z(layer):
+        def hook(z, hook):
+            W_O = model.blocks[layer].attn.W_O
+            out = torch.einsum("cnshd,hdm->cnshm", gather(z), W_O.to(z.device, z.dtype))
+            for i, s in enumerate(site.senders):
+                if s.kind == "head" and s.layer == layer:
+                    cur[i] = out[:, :, :, s.unit]
+            return z
+        return hook
+
+    def capture_mlp(layer):
+        def hook(x, hook):
+            i = next(i for i, s in enumerate(site.senders) if s.kind == "mlp" and s.layer == layer)
+            cur[i] = gather(x)
+            return x
+        return hook
+
+    def capture_input(x, hook):
+        cur[0] = gather(x)
+        return x
+
+    def diffs(senders: Tensor) -> Tensor:
+        """[copies, n, S, len(senders), d]: source - current for each sender."""
+        outs = []
+        for i in senders.tolist():
+            c = cur[i] if (layer_of[i] >= start and i in cur) else base[:, :, i][None].expand(copies, -1, -1, -1)
+            outs.append(source[:, :, i][None] - c)
+        return torch.stack(outs, dim=3)
+
+    def patch(key, units):
+        _, e, si, ri = site._groups()[key]
+        s_used = torch.unique(si)
+        s_pos = torch.searchsorted(s_used, si)
+        dense = mask.new_zeros(copies, len(s_used), len(units))
+        dense = dense.index_put((torch.arange(copies)[:, None], s_pos[None], ri[None]), mask[:, e], accumulate=True)
+
+        def hook(act, hook):
+            d = diffs(s_used).to(act.dtype)  # [c, n, S, s, d]
+            delta = torch.einsum("cnsjd,cjr->cnsrd", d, dense.to(act.device, act.dtype)) * S_valid.to(act.dtype)[..., None]
+            out = act.clone()
+            x = out.view(copies, n, *out.shape[1:])
+            r = rel.to(act.device)
+            if x.dim() == 5:  # [c, n, Q, heads, d]: one receiver per head
+                x[:, idx, r] = x[:, idx, r] + delta.to(act.device)
+            else:  # [c, n, Q, d]: one receiver
+                x[:, idx, r] = x[:, idx, r] + delta[:, :, :, 0].to(act.device)
+            return out
+        return hook
+
+    hooks = []
+    if start == 0:
+        hooks.append(("blocks.0.hook_resid_pre", capture_input))
+    for L in range(start, site.n_layers):
+        hooks.append((f"blocks.{L}.attn.hook_z", capture_z(L)))
+        if any(s.kind == "mlp" and s.layer == L for s in site.senders):
+            hooks.append((f"blocks.{L}.hook_mlp_out", capture_mlp(L)))
+    groups = site._groups()
+    for (L, kind), (units, *_rest) in sorted(groups.items()):
+        if L < start:
+            continue
+        name = {"q": f"blocks.{L}.hook_q_input", "k": f"blocks.{L}.hook_k_input", "v": f"blocks.{L}.hook_v_input",
+                "mlp": f"blocks.{L}.hook_mlp_in", "logits": f"blocks.{site.n_layers - 1}.hook_resid_post"}[kind]
+        hooks.append((name, patch((L, kind), units)))
+    return hooks
+
+
+def ablated_source(site: EdgeSite, source: Tensor, base: Tensor, valid: Tensor) -> Tensor:
+    """The sender outputs edges carry: the other run's (resample), their mean over items per aligned
+    position (mean), zero, or this run's own (freeze: path patching holds the edges off a path at it)."""
+    if site.ablation == "resample":
+        return source
+    if site.ablation == "freeze":
+        return base
+    if site.ablation == "zero":
+        return torch.zeros_like(source)
+    w = valid.to(source.dtype)[:, :, None, None]
+    mean = (source * w).sum(0, keepdim=True) / w.sum(0, keepdim=True).clamp_min(1)
+    return mean.expand_as(source).contiguous()

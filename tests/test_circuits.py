@@ -1,0 +1,210 @@
+"""Edges on the intervention core and the circuit analyses built on them.
+
+Identities every edge implementation must satisfy, on random checkpoints of two architectures (GPT-2
+style, and Llama style with grouped-query attention), with and without the shared prefix, for prompts of
+equal and of different length; then the ground truth of the organisms; then the CLI and the exports."""
+import json
+import subprocess
+import sys
+
+import networkx as nx
+import pytest
+import torch
+
+from surgeon import Item, load_case
+from surgeon.core import Contrast
+from surgeon.edges import EdgeSite
+from surgeon.encoding import encode_rows
+
+from .conftest import ROOT
+
+ITEMS = [Item({"a": a, "b": b}, correct=" x", incorrect=" y") for a, b in [("ab", "cd"), ("ef", "gh"), ("ij", "kl")]]
+LAYOUTS = {"index": ("Q {a} {b}:", "P {a} {b}:"), "last": ("Q: {a} {b}?", "Answer {a} {b}:")}
+
+
+@pytest.fixture(params=[(a, s) for a in LAYOUTS for s in (True, False)], ids=lambda p: f"{p[0]}-shared{p[1]}")
+def contrast(request, random_model, charset):
+    align, shared = request.param
+    fb, fs = LAYOUTS[align]
+    site = EdgeSite.of(random_model.cfg)
+    c = Contrast(random_model, encode_rows(fb, ITEMS, charset, True), encode_rows(fs, ITEMS, charset, True), align,
+                 sites=site.node_sites(), shared_prefix=shared)
+    return c, site
+
+
+def run(c, site, m):
+    with torch.no_grad():
+        return c.run({site: m})
+
+
+def test_graph_shape_and_names(random_model):
+    cfg = random_model.cfg
+    site = EdgeSite.of(cfg)
+    L, H = cfg.n_layers, cfg.n_heads
+    G = cfg.n_key_value_heads or H
+    senders = 1 + L * H + (0 if cfg.attn_only else L)
+    assert len(site.senders) == senders
+    names = site.names
+    assert len(names) == len(set(names))
+    assert "input->a0.h0<q>" in names and "a0.h1->logits" in names and "input->m0" in names
+    assert "a1.h0->a0.h1<q>" not in names  # no edge backwards
+    assert "a0.h1->m0" in names  # an MLP reads its own layer's heads
+    kv = "a1.h0<k>" if G == H else "a1.g0<k>"
+    assert f"a0.h1->{kv}" in names
+    # receivers per layer: H queries, G keys, G values, one MLP
+    assert sum(1 for r in site.receivers if r.layer == 0) == H + 2 * G + 1
+
+
+def test_full_and_empty_edge_sets_are_the_two_runs(contrast):
+    c, site = contrast
+    E = len(site.edges)
+    torch.testing.assert_close(run(c, site, torch.ones(1, E))[0], c.clean_source, atol=2e-5, rtol=0)
+    torch.testing.assert_close(run(c, site, torch.zeros(1, E))[0], c.clean_base, atol=2e-5, rtol=0)
+
+
+def test_out_edges_of_a_head_equal_patching_its_output(contrast, random_model):
+    c, site = contrast
+    for L, h in [(0, 1), (1, 3), (2, 0)]:
+        m = site.mask([[e for e, n in enumerate(site.names) if n.startswith(f"a{L}.h{h}->")]])
+        z = torch.zeros(1, random_model.cfg.n_heads)
+        z[0, h] = 1
+        with torch.no_grad():
+            node = c.run({f"blocks.{L}.attn.hook_z": z})
+        torch.testing.assert_close(run(c, site, m), node, atol=1e-4, rtol=0)
+
+
+def test_in_edges_of_the_logits_equal_patching_the_final_residual(contrast, random_model):
+    """Every edge into a receiver patched = that receiver's input replaced by the other run's: for the logits,
+    the final residual stream at the aligned positions (which hold every scored position), i.e. the other
+    run's scores; and the same through a node patch of the last block's output."""
+    c, site = contrast
+    n_layers = random_model.cfg.n_layers
+    into_logits = site.mask([[e for e, n in enumerate(site.names) if n.endswith("->logits")]])
+    torch.testing.assert_close(run(c, site, into_logits)[0], c.clean_source, atol=2e-5, rtol=0)
+    with torch.no_grad():
+        node = c.run({f"blocks.{n_layers - 1}.hook_resid_pre": torch.ones(1, 1)})[0]
+    last_layer = site.mask([[e for e, n in enumerate(site.names)
+                             if n.endswith("->logits") and not n.startswith(f"a{n_layers - 1}.")
+                             and not n.startswith(f"m{n_layers - 1}->")]
+                            + [e for e, n in enumerate(site.names) if "->" in n and n.split("->")[1].startswith(
+                                (f"a{n_layers - 1}.", f"m{n_layers - 1}")) and not n.startswith(
+                                (f"a{n_layers - 1}.", f"m{n_layers - 1}->"))]])
+    # every edge from layers < L-1 into layer L-1 and the logits = the residual entering layer L-1 patched
+    torch.testing.assert_close(run(c, site, last_layer)[0], node, atol=1e-4, rtol=0)
+
+
+def test_eap_is_the_derivative_of_exact_edge_patching(contrast):
+    c, site = contrast
+    E = len(site.edges)
+    m = torch.zeros(1, E, requires_grad=True)
+    with torch.enable_grad():
+        c.run({site: m}).sum().backward()
+    g = m.grad[0]
+    top = g.abs().argsort(descending=True)[:6]
+    eps = 1e-3
+    P = torch.zeros(len(top), E)
+    P[torch.arange(len(top)), top] = eps
+    fd = (run(c, site, P).sum(1) - c.clean_base.sum()) / eps
+    torch.testing.assert_close(fd, g[top], atol=2e-2 * float(g.abs().max()), rtol=2e-2)
+
+
+def test_circuit_semantics(contrast):
+    """A circuit of every edge is the other run, of none this run; a circuit's edges off the input pass on
+    their senders' current values, so a head cut off from the input contributes nothing new."""
+    from surgeon.analyses.circuit import circuit_scores
+
+    c, site = contrast
+    E = len(site.edges)
+    s = circuit_scores(c, site, [list(range(E)), []])
+    # every edge = the input embedding of the aligned positions from the other run (all of it under index
+    # alignment: the other run), the positions outside keep this run's values
+    with torch.no_grad():
+        embed = c.run({"blocks.0.hook_resid_pre": torch.ones(1, 1)})[0]
+    torch.testing.assert_close(torch.tensor(s[0]), embed, atol=2e-5, rtol=0)
+    if all(b.equal_lengths for b in c.buckets) and c.buckets[0].base_pos.shape[1] == c.buckets[0].base_tokens.shape[1]:
+        torch.testing.assert_close(torch.tensor(s[0]), c.clean_source, atol=2e-5, rtol=0)
+    torch.testing.assert_close(torch.tensor(s[1]), c.clean_base, atol=2e-5, rtol=0)
+    # edges that never touch the input or never reach the logits change nothing
+    inner = [e for e, n in enumerate(site.names) if not n.startswith("input->") and "->logits" not in n][:20]
+    torch.testing.assert_close(torch.tensor(circuit_scores(c, site, [inner])[0]), c.clean_base, atol=2e-5, rtol=0)
+
+
+# ---------------------------------------------------------------------------------------------- organisms
+@pytest.fixture(scope="module")
+def induction_circuit(induction_model):
+    from surgeon.analyses.circuit import discover
+
+    case = load_case(f"{ROOT}/cases/induction_organism.py")
+    return case, discover(case, induction_model, method="eap-ig", n_paths=5)
+
+
+def test_induction_path_ranks_first(induction_circuit):
+    """input -> previous-token head -> K input of the induction head -> logits, first by path patching;
+    both heads in the pruned circuit."""
+    from surgeon.circuits.graph import matches
+
+    case, r = induction_circuit
+    gt = case.notes["ground_truth"]
+    assert r.paths and matches(r.paths[0].nodes, gt["path"]), [p.nodes for p in r.paths]
+    assert r.paths[0].effect.lo > 0
+    heads = {n.split("->")[0] for n in r.names(r.circuit)}
+    assert gt["heads"]["previous_token"] in heads and gt["heads"]["induction"] in heads
+    assert r.circuit_faithfulness >= 0.9
+
+
+def test_threshold_circuit_holds_the_even_heads_only(tmp_path):
+    from surgeon.analyses.circuit import discover
+    from surgeon.models import load_model
+
+    case = load_case(f"{ROOT}/cases/threshold_organism.py")
+    r = discover(case, load_model("organism:threshold"), target=1.0, n_paths=3)
+    heads = {n.split("->")[0] for n in r.names(r.circuit)} | {n.split("->")[1].split("<")[0] for n in r.names(r.circuit)}
+    heads = {h for h in heads if h.startswith("a0.h")}
+    assert heads == set(case.notes["ground_truth"]["heads"]["repairing"])
+    assert not heads & set(case.notes["ground_truth"]["heads"]["inert"])
+
+
+def test_decimal_circuit_overlaps_the_best_patched_heads(decimal_model, decimal_case):
+    """The heads with the largest repair fractions in `surgeon patch` appear in the failing format's circuit
+    (an honest overlap: at least half of the top 4)."""
+    import numpy as np
+
+    from surgeon.analyses import patch_heads
+    from surgeon.analyses.circuit import discover
+
+    p = patch_heads(decimal_case, decimal_model)
+    top = [f"a{L}.h{u}" for L, u, _ in p.top(4)]
+    r = discover(decimal_case, decimal_model, method="eap", n_paths=0, verify=0)
+    nodes = {n.split("->")[0] for n in r.names(r.circuit)}
+    assert np.mean([h in nodes for h in top]) >= 0.5, (top, sorted(nodes))
+
+
+# ---------------------------------------------------------------------------------------------- CLI, exports
+def test_circuit_cli_exports_and_eval(tmp_path):
+    case = f"{ROOT}/cases/threshold_organism.py"
+    files = [tmp_path / f"c{x}" for x in (".graphml", ".gexf", ".json", ".mib.json", ".dot", ".tex", ".png")]
+    r = subprocess.run([sys.executable, "-m", "surgeon", "circuit", case, "--faithfulness", "1.0", "--paths", "2",
+                        "--out", str(tmp_path / "out"), "--export", *map(str, files)], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert "faithfulness curve" in r.stdout and "CPR" in r.stdout
+    for f in files:
+        assert f.exists() and f.stat().st_size > 100, f
+    assert (tmp_path / "out" / "faithfulness.png").exists() and (tmp_path / "out" / "circuit.png").exists()
+    g = nx.read_graphml(files[0])
+    assert g.number_of_nodes() > 32
+    nx.read_gexf(files[1])
+    mib = json.loads(files[3].read_text())
+    assert set(mib) == {"cfg", "nodes", "edges"} and mib["cfg"]["n_heads"] == 32
+    inside = [n for n, d in mib["edges"].items() if d["in_graph"]]
+    assert len(inside) == 32 and all("score" in d for d in mib["edges"].values())
+    assert "rank=same" in files[4].read_text() and "\\begin{tikzpicture}" in files[5].read_text()
+    for f in (files[2], files[3]):
+        r = subprocess.run([sys.executable, "-m", "surgeon", "circuit-eval", case, str(f)], capture_output=True, text=True)
+        assert r.returncode == 0, r.stderr
+        assert "faithfulness = 1.000" in r.stdout
+
+
+def test_circuit_cli_refuses_bad_exports_before_computing(tmp_path):
+    r = subprocess.run([sys.executable, "-m", "surgeon", "circuit", f"{ROOT}/cases/threshold_organism.py", "--export",
+                        str(tmp_path / "c.xyz")], capture_output=True, text=True)
+    assert r.returncode == 2 and "--export" in r.stderr and "Traceback" not in r.stderr
