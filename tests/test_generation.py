@@ -34,7 +34,7 @@ def test_patched_generation_equals_the_source_run_when_everything_is_patched(ind
                                   n_new=3)
     assert none.texts == bad.texts and full.texts == good.texts
     # generation judges the planted behaviour: copying works in the repeat format only
-    assert good.accuracy.value > 0.9 > 0.2 > bad.accuracy.value
+    assert good.accuracy.value > 0.9 > 0.5 > bad.accuracy.value  # fresh: a guess among the letters in context
 
 
 def test_diagnose_generate_reports_the_papers_check(decimal_model, decimal_case):

@@ -103,16 +103,14 @@ def test_threshold_search_recovers_the_planted_threshold(threshold_model, tmp_pa
     for fam in ("even", "odd"):
         for k in range(17):
             row = r.size(fam, k)
-            assert row.enumerated and row.evaluated == math.comb(16, k)
+            assert row.enumerated == (math.comb(16, k) <= 300)
             assert row.fraction == planted["repairing"][fam][str(k)], (fam, k)
-    assert r.size("even", 8).evaluated == 12870
     assert r.threshold("even").k_star == planted["k_star"]["even"] == 8 and r.threshold("even").jump == 1.0
     assert r.threshold("odd").k_star is None
     # every evaluated subset (the sampled all-heads family included) repairs iff it holds >= 8 even heads
     plan = plan_from_options(r.options)
     even_bits = sum(1 << i for i, u in enumerate(plan.units) if u.head % 2 == 0)
     per = _per_subset(tmp_path)
-    assert len(per) > 2 * 65536
     assert all((rate == 1.0) == (bin(m & even_bits).count("1") >= 8) for m, (rate, _, _) in per.items())
 
 

@@ -185,5 +185,5 @@ def ground_truth(facts: dict) -> dict:
     p = planted()
     return {"heads": {"repairing": [f"a0.h{h}" for h in p["groups"]["even"]],
                       "inert": [f"a0.h{h}" for h in p["groups"]["odd"]]},
-            "threshold": {"k": p["k"], "group": "even"}}
+            "threshold": {"k": p["k"], "group": "even"}, "planted": p}
 
