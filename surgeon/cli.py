@@ -32,6 +32,12 @@ def _common(p: argparse.ArgumentParser, case: bool = True) -> None:
     p.add_argument("--debug", action="store_true", help="show tracebacks")
 
 
+def _items(p: argparse.ArgumentParser) -> None:
+    """Which failing format and which items an analysis runs on."""
+    p.add_argument("--bad", help="which failing format (default: the case's first)")
+    p.add_argument("--tag", help="only items with this tag ('all' for every item; default: the case's focus)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     from .sites import COMPONENTS
 
@@ -50,8 +56,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--component", default="z", choices=list(COMPONENTS), help="what to patch (default: z)")
     p.add_argument("--direction", default="denoise", choices=["denoise", "noise"],
                    help="denoise: good format into the failing one (repair); noise: the reverse")
-    p.add_argument("--bad", help="which failing format (default: the case's first)")
-    p.add_argument("--tag", help="only items with this tag ('all' for every item; default: the case's focus)")
+    _items(p)
 
     p = sub.add_parser("attribute", help="estimate every unit's patching effect from one backward pass "
                                          "(gradients w.r.t. the masks); --compare checks it against exact patching")
@@ -59,8 +64,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--layers", help="layers, e.g. 0,1,2 or 0-2 (default: the case's, else all)")
     p.add_argument("--component", default="z", choices=list(COMPONENTS), help="what to attribute (default: z)")
     p.add_argument("--direction", default="denoise", choices=["denoise", "noise"])
-    p.add_argument("--bad", help="which failing format (default: the case's first)")
-    p.add_argument("--tag", help="only items with this tag ('all' for every item; default: the case's focus)")
+    _items(p)
     p.add_argument("--compare", action="store_true", help="also run exact per-unit patching and correlate")
 
     p = sub.add_parser("threshold", help="search head subsets that repair: fraction repairing per size k, "
@@ -79,8 +83,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="a subset repairs when it fixes at least this fraction of items (default 1.0: all)")
     p.add_argument("--x", type=float, default=0.5, help="threshold k*: smallest k where this fraction of subsets repairs")
     p.add_argument("--component", default="z", choices=["z", "o_slices", "q", "k", "v"])
-    p.add_argument("--bad", help="which failing format (default: the case's first)")
-    p.add_argument("--tag", help="only items with this tag ('all' for every item; default: the case's focus)")
+    _items(p)
     p.add_argument("--chunk", type=int, default=256, help="subsets per saved chunk (default 256)")
     p.add_argument("--shard", help="i/n: evaluate only every n-th chunk (merge shards with surgeon merge)")
     p.add_argument("--resume", action="store_true", help="continue the search saved in --out")
@@ -100,8 +103,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="z: head outputs; attn_out: the whole layer output (the paper's 'pattern replacement'); "
                         "pattern: attention patterns (equal-length formats only)")
     p.add_argument("--step", type=float, default=0.01, help="grid step for a (default 0.01)")
-    p.add_argument("--bad", help="which failing format (default: the case's first)")
-    p.add_argument("--tag", help="only items with this tag ('all' for every item; default: the case's focus)")
+    _items(p)
 
     p = sub.add_parser("circuit", help="path-level circuit discovery: score every edge, prune a faithful circuit, "
                                        "rank complete paths by path patching, export the graph")
@@ -121,8 +123,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--verify", type=int, default=50, help="top edges whose estimate is checked by exact patching (default: 50)")
     p.add_argument("--export", nargs="+", type=Path, default=[], metavar="FILE",
                    help="write the circuit graph; format from the suffix: .graphml .gexf .json .mib.json .dot .svg .pdf .tex .png")
-    p.add_argument("--bad", help="which failing format (default: the case's first)")
-    p.add_argument("--tag", help="only items with this tag ('all' for every item; default: the case's focus)")
+    _items(p)
 
     p = sub.add_parser("circuit-eval", help="faithfulness of a circuit read from a file (our JSON exports, "
                                             "or an EAP-IG / MIB circuit JSON)")
@@ -131,8 +132,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--ablation", default="resample", choices=["resample", "mean", "zero"],
                    help="what a patched edge carries (default: resample)")
     p.add_argument("--direction", default="denoise", choices=["denoise", "noise"], help="default: denoise")
-    p.add_argument("--bad", help="which failing format (default: the case's first)")
-    p.add_argument("--tag", help="only items with this tag ('all' for every item; default: the case's focus)")
+    _items(p)
 
     p = sub.add_parser("organisms", help="list, describe or retrain the model organisms")
     osub = p.add_subparsers(dest="action", required=True)
