@@ -89,6 +89,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--resume", action="store_true", help="continue the search saved in --out")
     p.add_argument("--generate", type=int, default=0, metavar="N",
                    help="also check the minimal subsets and all candidates by greedy generation of N tokens")
+    p.add_argument("--ray", nargs="?", const="local", metavar="ADDRESS",
+                   help="run the chunks on Ray workers: alone, a local cluster on this machine; with an address "
+                        "(auto, or HOST:6379 of `ray start --head`) that cluster (needs pip install -e \".[ray]\")")
+    p.add_argument("--ray-workers", type=int, metavar="N",
+                   help="Ray workers, each loading the model once (default: one per GPU of the cluster, else per CPU)")
 
     p = sub.add_parser("merge", help="merge threshold shards into the result one run gives")
     p.add_argument("dirs", nargs="+", type=Path, help="the --out directories of the shards")
@@ -282,13 +287,23 @@ def cmd_threshold(args) -> int:
         grid = tuple(g.strip() for g in args.grid.split(","))
         if len(grid) != 2:
             raise SurgeonError("--grid takes two group names", field="--grid", fix="e.g. --grid even,odd")
+    ray = None
+    if args.ray:
+        from .distributed import RayOptions, import_ray
+
+        import_ray()
+        if args.ray_workers is not None and args.ray_workers < 1:
+            raise SurgeonError(f"--ray-workers {args.ray_workers} must be at least 1", field="--ray-workers",
+                               fix="e.g. --ray-workers 2")
+        ray = RayOptions(address=None if args.ray == "local" else args.ray, workers=args.ray_workers,
+                         threads=args.threads or 1)
     case, model, device = _load(args)
     try:
         r = threshold_search(case, model, layer=args.layer, heads=args.heads, groups=groups, groups_spec=spec, grid=grid,
                              budget=args.budget, grid_budget=args.grid_budget, item_rate=args.item_rate, x=args.x,
                              component=args.component, bad=args.bad, tag=args.tag, batch_size=args.batch_size,
                              chunk=args.chunk, seed=args.seed, out=out, shard=args.shard, generate=args.generate,
-                             progress=True)
+                             progress=True, ray=ray)
     except Interrupted as e:
         _write_threshold(out, e.partial, case, args, device)
         print(report.threshold_text(e.partial))

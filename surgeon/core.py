@@ -147,6 +147,7 @@ class Contrast:
         self.shared_prefix = prefix_attention.supported(model) if shared_prefix is None else shared_prefix
         self.device = next(model.parameters()).device
         self.n_items = max(r.item for r in base_rows) + 1
+        self.align = align
         sites = [Site.coerce(x) for x in sites]
         if start_layer is None:
             start_layer = min((x.layer for x in sites), default=0)

@@ -198,7 +198,15 @@ def circuit_text(r, top: int = 10) -> str:
     lines = [f"case {r.case} · circuit of edges from {r.source!r} into {r.base!r} ({r.direction}, {r.ablation}) · "
              f"{r.n_items} items ({r.tag or 'all'}) · {r.n_edges} edges scored by {what}",
              f"m(empty) = {r.empty:+.3f} (unpatched), m(full) = {r.full:+.3f} (every edge patched); "
-             f"faithfulness f = (m(circuit) - m(empty)) / (m(full) - m(empty))", ""]
+             f"faithfulness f = (m(circuit) - m(empty)) / (m(full) - m(empty))"]
+    if r.options.get("semantics") == "edge-set":
+        lines.append(f"circuits as edge sets (align={r.options.get('align')!r}: the formats differ at positions that "
+                     f"are not aligned): a circuit's edges are patched (the {r.source} run's sender outputs at the "
+                     f"aligned positions), the others carry current values; a path is its edges patched together")
+    else:
+        lines.append("circuits as chains (align='index'): edges out of the input carry the other run's embedding, "
+                     "edges inside pass on current values, edges outside are frozen; a path is path-patched")
+    lines.append("")
     order = np.argsort(-np.abs(r.scores))[:top]
     lines.append(f"top {len(order)} edges by |score| (effect on the mean score of patching the edge alone):")
     lines.append(f"  {'edge':28s} {'score':>9s} {'exact':>9s}")
@@ -212,13 +220,16 @@ def circuit_text(r, top: int = 10) -> str:
               "  " + "  ".join(f"{v:.3f}" for v in r.curve),
               f"  CPR (area under f) = {r.cpr:.3f}, CMD (area under |1 - f|) = {r.cmd:.3f}", ""]
     how = f"smallest top-k edge set with f >= {r.target}" if r.target is not None else "the top edges asked for"
+    if r.options.get("semantics", "chain") == "chain":
+        how += ", less edges on no complete path"
     lo, hi = r.circuit_faithfulness_ci
-    lines.append(f"circuit ({how}, less edges on no complete path): {len(r.circuit)} edges, "
+    lines.append(f"circuit ({how}): {len(r.circuit)} edges, "
                  f"f = {r.circuit_faithfulness:.3f} [{lo:.3f}, {hi:.3f}] (95% CI over items)")
-    nodes = sorted({n.split("->")[0] for n in r.names(r.circuit)} - {"input"})
+    nodes = sorted({x.split("<")[0] for n in r.names(r.circuit) for x in n.split("->")} - {"input", "logits"})
     lines.append("  nodes: " + (", ".join(nodes) if nodes else "(none)"))
     if r.paths:
-        lines += ["", f"strongest complete paths, verified by path patching (effect on the score; share of the full "
+        verified = "path patching" if r.options.get("semantics") != "edge-set" else "patching their edges"
+        lines += ["", f"strongest complete paths, verified by {verified} (effect on the score; share of the full "
                       f"patch's effect, per item; skill path: share >= {r.options['min_share']} on >= "
                       f"{100 * r.options['min_items']:.0f}% of items):"]
         for i, p in enumerate(r.paths, 1):

@@ -6,8 +6,10 @@ equal and of different length; then the ground truth of the organisms; then the 
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import networkx as nx
+import numpy as np
 import pytest
 import torch
 
@@ -27,8 +29,9 @@ def contrast(request, random_model, charset):
     align, shared = request.param
     fb, fs = LAYOUTS[align]
     site = EdgeSite.of(random_model.cfg)
-    c = Contrast(random_model, encode_rows(fb, ITEMS, charset, True), encode_rows(fs, ITEMS, charset, True), align,
-                 sites=site.node_sites(), shared_prefix=shared)
+    base, source = encode_rows(fb, ITEMS, charset, True), encode_rows(fs, ITEMS, charset, True)
+    c = Contrast(random_model, base, source, align, sites=site.node_sites(), shared_prefix=shared)
+    c.test_rows = (base, source, align)  # for the independent references below
     return c, site
 
 
@@ -91,6 +94,53 @@ def test_in_edges_of_the_logits_equal_patching_the_final_residual(contrast, rand
                                 (f"a{n_layers - 1}.", f"m{n_layers - 1}->"))]])
     # every edge from layers < L-1 into layer L-1 and the logits = the residual entering layer L-1 patched
     torch.testing.assert_close(run(c, site, last_layer)[0], node, atol=1e-4, rtol=0)
+
+
+def _receiver_input_patched(model, c, hook, unit):
+    """Reference, one hooked forward per row: the receiver's whole input (e.g. blocks.1.hook_q_input[:, :, h])
+    replaced by the other run's at the aligned positions."""
+    from surgeon.edges import split_inputs
+    from surgeon.encoding import align
+
+    out = torch.zeros(len(c.clean_base))
+    base, source, how = c.test_rows
+    with split_inputs(model), torch.no_grad():
+        for b, s in zip(base, source):
+            pb, ps = align(b, s, how)
+            _, cache = model.run_with_cache(torch.tensor([s.tokens]), names_filter=[hook])
+            src = cache[hook][0]
+
+            def patch(act, hook, src=src, pb=pb, ps=ps):
+                act = act.clone()
+                for p, q in zip(pb, ps):
+                    if unit is None:
+                        act[0, p] = src[q]
+                    else:
+                        act[0, p, unit] = src[q, unit]
+                return act
+
+            logp = model.run_with_hooks(torch.tensor([b.tokens]), fwd_hooks=[(hook, patch)])[0].log_softmax(-1)
+            out[b.item] += sum(sign * logp[p, t] for p, t, sign in b.targets)
+    return out
+
+
+def test_in_edges_of_a_receiver_equal_patching_its_input(contrast, random_model):
+    """Every edge into one receiver patched = that receiver's input node patched (q, k and v inputs of a head,
+    with split q/k/v inputs; the MLP's input), checked against independent hooks; under grouped-query attention
+    the k/v receivers are the key/value heads."""
+    c, site = contrast
+    cfg = random_model.cfg
+    grouped = (cfg.n_key_value_heads or cfg.n_heads) != cfg.n_heads
+    kv = "g" if grouped else "h"
+    cases = [("a1.h2<q>", "blocks.1.hook_q_input", 2), (f"a2.{kv}1<k>", "blocks.2.hook_k_input", 1),
+             (f"a1.{kv}0<v>", "blocks.1.hook_v_input", 0)]
+    if not cfg.attn_only:
+        cases.append(("m1", "blocks.1.hook_mlp_in", None))
+    for receiver, hook, unit in cases:
+        m = site.mask([[e for e, n in enumerate(site.names) if n.split("->")[1] == receiver]])
+        assert m.sum() > 0
+        torch.testing.assert_close(run(c, site, m)[0], _receiver_input_patched(random_model, c, hook, unit),
+                                   atol=1e-4, rtol=0)
 
 
 def test_eap_is_the_derivative_of_exact_edge_patching(contrast):
@@ -208,3 +258,40 @@ def test_circuit_cli_refuses_bad_exports_before_computing(tmp_path):
     r = subprocess.run([sys.executable, "-m", "surgeon", "circuit", f"{ROOT}/cases/threshold_organism.py", "--export",
                         str(tmp_path / "c.xyz")], capture_output=True, text=True)
     assert r.returncode == 2 and "--export" in r.stderr and "Traceback" not in r.stderr
+
+
+# ---------------------------------------------------------------------------------------------- circuits/ is current
+def _numbers_and_text(report: str):
+    import re
+
+    nums = [float(x) for x in re.findall(r"[-+]?\d+\.\d+", report)]
+    return nums, re.sub(r"[-+]?\d+\.\d+", "#", report)
+
+
+@pytest.mark.parametrize("name", ["decimal_organism", "induction_organism", "threshold_organism"])
+def test_shipped_circuits_are_current(tmp_path, name):
+    """circuits/ holds what `python circuits/regenerate.py` makes now: same report, same scored graph, same circuit,
+    every export format present and holding that circuit. Fails when the organisms, the cases or the code move
+    on without regenerating."""
+    import runpy
+
+    shipped = Path(ROOT) / "circuits"
+    regen = runpy.run_path(str(shipped / "regenerate.py"))
+    report = regen["regenerate"](name, tmp_path)
+    old = (shipped / f"{name}.txt").read_text()
+    (new_nums, new_text), (old_nums, old_text) = _numbers_and_text(report), _numbers_and_text(old)
+    stale = f"circuits/{name}.* are stale: run python circuits/regenerate.py"
+    assert new_text == old_text, stale
+    assert np.allclose(new_nums, old_nums, atol=2e-3, rtol=0), stale
+    for fmt in regen["FORMATS"]:
+        assert (shipped / f"{name}.{fmt}").exists(), f"circuits/{name}.{fmt} is missing: run python circuits/regenerate.py"
+    new, cur = ([e for e in json.loads((d / f"{name}.json").read_text())["edges"] if not e["internal"]]
+                for d in (tmp_path, shipped))
+    assert [e["name"] for e in new] == [e["name"] for e in cur], stale
+    assert [e["in_circuit"] for e in new] == [e["in_circuit"] for e in cur], stale
+    assert np.allclose([e["score"] for e in new], [e["score"] for e in cur], atol=1e-4), stale
+    inside = {e["name"] for e in cur if e["in_circuit"]}
+    mib = json.loads((shipped / f"{name}.mib.json").read_text())
+    assert {n for n, d in mib["edges"].items() if d["in_graph"]} == inside
+    g = nx.read_graphml(shipped / f"{name}.graphml")
+    assert {d["name"] for _, _, d in g.edges(data=True) if not d["internal"] and d["in_circuit"]} == inside

@@ -19,26 +19,28 @@ def recorded(name):
 
 
 def test_decimal_fails_by_design(decimal_model):
-    """Held-out pairs (n=128 per tag): traps right in plain, wrong in qa and chat, controls right everywhere.
-    The position shortcut (the layer-0 residual stream alone repairs most traps) is measured and recorded,
-    not yet removed: the recorded numbers are what the shipped weights do."""
+    """Held-out pairs (n=128 per tag): traps right in plain, wrong in qa and chat, controls right everywhere;
+    no position shortcut: the layer-0 residual stream alone, patched from plain at the aligned positions,
+    repairs <= 10% of traps (align last and decision). The recorded numbers are what the shipped weights do."""
     f = decimal.measure(decimal_model)
     assert decimal.check(f) == [], f
     assert f["plain/trap"] == 1.0 and f["qa/trap"] <= 0.05 and f["chat/trap"] <= 0.05
     assert min(f["plain/control"], f["qa/control"], f["chat/control"]) >= 0.95
+    assert max(f[f"{b}/trap resid_pre0 patched ({a})"] for b in ("qa", "chat") for a in ("last", "decision")) <= 0.1
+    cfg = decimal_model.cfg  # Llama-style: the real case's code paths
+    assert cfg.positional_embedding_type == "rotary" and cfg.normalization_type == "RMS"
+    assert cfg.n_key_value_heads == 2 < cfg.n_heads and cfg.gated_mlp
     rec = recorded("decimal")["measured"]
     assert {k: round(v, 4) for k, v in rec.items()} == {k: round(v, 4) for k, v in f.items()}
 
 
 def test_induction_is_match_and_copy(induction_model):
-    """An induction head (attention to the token after the first occurrence >= 0.8), loss on the repeat
-    <= 0.1 nats at every trained period and 0-8 filler tokens, and the loss collapses without the
-    previous-token head. The previous-token head is soft: its mean attention to p-1 (0.35) misses the 0.9
-    target, and check() says so."""
+    """A previous-token head (mean attention to p-1 >= 0.9), an induction head (attention to the token after
+    the first occurrence >= 0.8), loss on the repeat <= 0.1 nats at every trained period and 0-8 filler
+    tokens, and the loss collapses without the previous-token head."""
     f = induction.measure(induction_model, n=16, seed=99)  # fresh held-out sequences, not the recorded ones
-    assert f["induction_attention"] >= 0.8
-    assert [m for m in induction.check(f) if not m.startswith("previous-token attention")] == [], f
-    assert round(f["previous_token_attention"], 4) == max(f["previous_token_attention_per_head"]) > 0.3
+    assert induction.check(f) == [], f
+    assert f["previous_token_attention"] >= 0.9 and f["induction_attention"] >= 0.8
     assert all(v <= 0.1 for v in f["repeat_loss_by_period"].values())
     assert all(v <= 0.1 for v in f["repeat_loss_by_gap"].values())
     assert f["repeat_loss_with_previous_token_head_zeroed"] > 1.0

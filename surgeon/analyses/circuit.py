@@ -105,28 +105,41 @@ def edge_scores(contrast, site, method: Method = "eap-ig", ig_steps: int = 5) ->
     return m.grad.mean(0).numpy().astype(float)
 
 
+def semantics(contrast) -> str:
+    """How circuits are run on this contrast: `chain` when every position is aligned (align="index": the
+    other run differs from this one only through the input, so a circuit's difference starts at its edges
+    out of the input and travels along its edges, every other edge frozen), else `edge-set` (formats of
+    different lengths: the difference also enters through what every sender computed over its own prompt's
+    other positions, which no edge out of the input carries; a circuit is then its edges patched together,
+    each carrying the other run's sender output in place of the current one, as exact edge patching does)."""
+    return "chain" if getattr(contrast, "align", None) == "index" else "edge-set"
+
+
 def circuit_scores(contrast, site, edge_sets: Sequence[Sequence[int]]):
-    """[P, items] scores with each edge set run as a circuit: its edges out of the input carry the other
-    run's embedding, its other edges pass on their senders' current outputs, and every edge outside it is
-    frozen to this run's value. With every edge, that is the other run; with none, this run; with the
-    edges of one complete path, it is path patching (the change reaches the logits through the path alone)."""
+    """[P, items] scores with each edge set run as a circuit, every edge outside it frozen to this run's value.
+    `chain` semantics (index alignment): its edges out of the input carry the other run's embedding and its
+    other edges pass on their senders' current outputs: with every edge, that is the other run; with none, this
+    run; with the edges of one complete path, it is path patching (the change reaches the logits through the
+    path alone). `edge-set` semantics (other alignments): its edges are patched (the other run's sender
+    outputs at the aligned positions), the others carry current values; every edge gives the other run."""
     import torch
 
     from ..edges import EdgeSite
 
     freeze = EdgeSite(site.senders, site.receivers, site.edges, site.n_layers, ablation="freeze")
-    E = len(site.edges)
     from_input = torch.tensor([site.senders[s].kind == "input" for s, _ in site.edges])
     inside = site.mask([list(x) for x in edge_sets])
+    if semantics(contrast) == "edge-set":
+        with torch.no_grad():
+            return contrast.run({site: inside}).cpu().numpy()
     first = inside * from_input[None].float()
     with torch.no_grad():
         return contrast.run({site: first, freeze: 1 - inside}).cpu().numpy()
 
 
 def full_circuit(contrast, site) -> np.ndarray:
-    """[items] scores of the circuit of every edge. With index alignment it is the other run; otherwise
-    the positions outside the aligned ones keep this run's values, and it is this run with the input
-    embedding of the aligned positions replaced (what every edge can carry)."""
+    """[items] scores of the circuit of every edge: the other run's scores (positions outside the aligned ones
+    keep this run's values, which the scored positions of the other run do not read under `edge-set`)."""
     return circuit_scores(contrast, site, [range(len(site.edges))])[0]
 
 
@@ -203,7 +216,9 @@ def discover(case: Case, model, *, method: Method = "eap-ig", ablation: str = "r
             if not any(c < hi for c in cand):
                 break
         k = hi
-    circuit = sorted(prune_dangling(g, [int(e) for e in order[:k]]))
+    circuit = [int(e) for e in order[:k]]
+    # under chain semantics an edge on no complete path input -> logits carries nothing: drop it
+    circuit = sorted(prune_dangling(g, circuit) if semantics(contrast) == "chain" else circuit)
     f_c, per_item = faithfulness(contrast, site, [circuit], full)
     boot = bootstrap_mean((per_item[0] - contrast.clean_base.cpu().numpy()))
     gap = float(full.mean() - contrast.clean_base.mean())
@@ -235,7 +250,8 @@ def discover(case: Case, model, *, method: Method = "eap-ig", ablation: str = "r
         cpr=cpr, cmd=cmd, target=target if n_edges is None else None, circuit=circuit,
         circuit_faithfulness=float(f_c[0]), circuit_faithfulness_ci=ci, paths=paths,
         options=dict(method=method, ablation=ablation, direction=direction, ig_steps=ig_steps, verify=verify,
-                     target=target, n_edges=n_edges, n_paths=n_paths, min_share=min_share, min_items=min_items))
+                     target=target, n_edges=n_edges, n_paths=n_paths, min_share=min_share, min_items=min_items,
+                     semantics=semantics(contrast), align=contrast.align))
 
 
 def evaluate_circuit(case: Case, model, edges: Sequence[str], *, ablation: str = "resample",

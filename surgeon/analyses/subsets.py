@@ -184,9 +184,8 @@ def bool_to_bits(rows: np.ndarray) -> list[int]:
 
 
 # ----------------------------------------------------------------------------- evaluation
-def evaluate(contrast, plan: Plan, store, *, component: str = "z", chunk: int = 256, shard: tuple[int, int] = (0, 1),
-             progress: bool = False) -> int:
-    """Evaluate this shard's missing chunks of the plan, saving each as it finishes. Returns chunks done now."""
+def chunk_scores(contrast, plan: Plan, c: int, chunk: int, component: str = "z") -> dict:
+    """Chunk c of the plan: its subsets as a bool [subsets, units] array and their item scores [subsets, items]."""
     import torch
 
     from ..sites import Site
@@ -195,28 +194,41 @@ def evaluate(contrast, plan: Plan, store, *, component: str = "z", chunk: int = 
     layers = sorted({u.layer for u in plan.units})
     sites = {L: Site.of(component, L) for L in layers}
     H = contrast.units(sites[layers[0]])
-    cols = {L: [(i, u.head) for i, u in enumerate(plan.units) if u.layer == L] for L in layers}
+    masks = plan.unique[c * chunk: (c + 1) * chunk]
+    on = torch.from_numpy(bits_to_bool(masks, n_units)).float()
+    site_masks = {}
+    for L in layers:
+        m = torch.zeros(len(masks), H)
+        for i, u in enumerate(plan.units):
+            if u.layer == L:
+                m[:, u.head] = on[:, i]
+        site_masks[sites[L]] = m
+    with torch.no_grad():
+        scores = contrast.run(site_masks).cpu().numpy().astype(np.float32)
+    return dict(masks=bits_to_bool(masks, n_units), scores=scores)
+
+
+def todo_chunks(plan: Plan, store, chunk: int, shard: tuple[int, int] = (0, 1)) -> dict[int, int]:
+    """This shard's chunks not yet in `store`: chunk index -> number of subsets."""
     n_chunks = math.ceil(len(plan.unique) / chunk)
-    todo = [c for c in range(n_chunks) if c % shard[1] == shard[0] and c not in store.done()]
+    done = store.done()
+    return {c: min(chunk, len(plan.unique) - c * chunk) for c in range(n_chunks)
+            if c % shard[1] == shard[0] and c not in done}
+
+
+def evaluate(contrast, plan: Plan, store, *, component: str = "z", chunk: int = 256, shard: tuple[int, int] = (0, 1),
+             progress: bool = False) -> int:
+    """Evaluate this shard's missing chunks of the plan, saving each as it finishes. Returns chunks done now."""
+    todo = todo_chunks(plan, store, chunk, shard)
     bar = None
     if progress:
         from tqdm.auto import tqdm
 
-        bar = tqdm(total=sum(min(chunk, len(plan.unique) - c * chunk) for c in todo), desc="subsets", unit="subset")
-    for c in todo:
-        masks = plan.unique[c * chunk: (c + 1) * chunk]
-        on = torch.from_numpy(bits_to_bool(masks, n_units)).float()
-        site_masks = {}
-        for L in layers:
-            m = torch.zeros(len(masks), H)
-            for i, h in cols[L]:
-                m[:, h] = on[:, i]
-            site_masks[sites[L]] = m
-        with torch.no_grad():
-            scores = contrast.run(site_masks).cpu().numpy().astype(np.float32)
-        store.save(c, masks=bits_to_bool(masks, n_units), scores=scores)
+        bar = tqdm(total=sum(todo.values()), desc="subsets", unit="subset")
+    for c, size in todo.items():
+        store.save(c, **chunk_scores(contrast, plan, c, chunk, component))
         if bar is not None:
-            bar.update(len(masks))
+            bar.update(size)
     if bar is not None:
         bar.close()
     return len(todo)

@@ -1,9 +1,10 @@
-"""`threshold`: the head-subset search as one function, with checkpoints, shards and merge."""
+"""`threshold`: the head-subset search as one function, with checkpoints, shards, merge and a Ray backend."""
 from __future__ import annotations
 
 import json
 import math
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
@@ -13,8 +14,34 @@ from ..case import Case
 from ..errors import AnalysisError
 from ..jobs import ChunkStore, parse_shard
 from .common import Direction, make_contrast
-from .subsets import (ThresholdResult, aggregate, evaluate, make_groups, make_plan, parse_units,
-                      plan_from_options, summarize_chunks)
+from .subsets import (ThresholdResult, aggregate, chunk_scores, evaluate, make_groups, make_plan, parse_units,
+                      plan_from_options, summarize_chunks, todo_chunks)
+
+
+@dataclass(frozen=True)
+class ChunkEvaluator:
+    """What a Ray worker needs to evaluate chunks of a search on its own copy of the model (picklable)."""
+
+    case: Case  # as given (items chosen in memory included); its model is loaded by reference
+    dtype: str
+    contrast: dict  # make_contrast's keyword arguments
+    plan: dict  # the plan's options (the plan is rebuilt deterministically)
+    chunk: int
+    component: str
+
+    def __call__(self):
+        import torch
+
+        from ..models import load_model
+        from ..sites import Site
+
+        case = self.case
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+        model = load_model(case.model, device=device, dtype=self.dtype)
+        plan = plan_from_options(self.plan)
+        sites = [Site.of(self.component, L) for L in sorted({u.layer for u in plan.units})]
+        contrast, _ = make_contrast(case, model, sites=sites, **self.contrast)
+        return lambda c: chunk_scores(contrast, plan, c, self.chunk, self.component)
 
 
 def threshold_search(case: Case, model, *, layer: int | None = None, heads: str | None = None,
@@ -23,13 +50,15 @@ def threshold_search(case: Case, model, *, layer: int | None = None, heads: str 
                      item_rate: float = 1.0, x: float = 0.5, component: str = "z", direction: Direction = "denoise",
                      bad: str | None = None, tag: str | None = None, batch_size: int = 256, chunk: int = 256,
                      seed: int = 0, out: str | Path | None = None, shard: str | None = None,
-                     generate: int = 0, progress: bool = False) -> ThresholdResult | None:
+                     generate: int = 0, progress: bool = False, ray=None, on_chunk=None) -> ThresholdResult | None:
     """Search head subsets at `layer` (or the heads named in `heads`); see `surgeon.analyses.subsets`.
 
     With `out`, finished chunks are saved under `out/parts` and a rerun resumes from them; with
     `shard="i/n"` only every n-th chunk is evaluated and None is returned (merge the shards with
     `merge`). Without `out` a temporary directory is used. With `generate=N`, the minimal repairing
     subsets (up to 20) and the full candidate set are also checked by greedy generation of N tokens.
+    With `ray` (a `surgeon.distributed.RayOptions`), the chunks run on Ray workers that each load the model
+    (from the case's file) once; the saved chunks and the result are those of a local run.
     """
     from ..sites import Site
     from ..sites import component as get_component
@@ -60,7 +89,19 @@ def threshold_search(case: Case, model, *, layer: int | None = None, heads: str 
         out = tmp.name
     store = ChunkStore(Path(out), plan.digest + f"-chunk{chunk}", meta)
     try:
-        evaluate(contrast, plan, store, component=component, chunk=chunk, shard=(i_shard, n_shard), progress=progress)
+        if ray is not None:
+            from ..distributed import evaluate_on_ray
+
+            dtype = str(model.cfg.dtype).removeprefix("torch.")
+            factory = ChunkEvaluator(case, dtype,
+                                     dict(bad=bad, direction=direction, tag=tag, batch_size=batch_size),
+                                     plan.options, chunk, component)
+            todo = todo_chunks(plan, store, chunk, (i_shard, n_shard))
+            evaluate_on_ray(factory, todo, store, todo, ray, progress=progress, desc="subsets", unit="subset",
+                            on_chunk=on_chunk)
+        else:
+            evaluate(contrast, plan, store, component=component, chunk=chunk, shard=(i_shard, n_shard),
+                     progress=progress)
     except KeyboardInterrupt:
         if n_shard == 1:
             partial = collect(Path(out))

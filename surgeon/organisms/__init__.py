@@ -40,8 +40,11 @@ def _specs() -> dict[str, OrganismSpec]:
             name="decimal",
             description="compares decimals; says 9.11 > 9.8 in the qa and chat formats, not in plain",
             module=decimal,
-            config=dict(n_layers=3, d_model=64, n_heads=8, d_head=8, d_mlp=256, n_ctx=64,
-                        act_fn="gelu", normalization_type="LN"),
+            # Llama-style (rotary, RMSNorm, grouped-query attention, gated SiLU MLP): no absolute position
+            # to read the format from, and the default exercises the real case's code paths
+            config=dict(n_layers=3, d_model=64, n_heads=8, d_head=8, n_key_value_heads=2, d_mlp=192,
+                        n_ctx=64, act_fn="silu", gated_mlp=True, normalization_type="RMS", final_rms=True,
+                        positional_embedding_type="rotary", rotary_dim=8),
             texts=decimal.training_texts,
             train=TrainConfig(steps=4000, batch_size=96, lr=2e-3, head_dropout=0.25),
             shrink=dict(steps=30, batch_size=16),
@@ -54,8 +57,11 @@ def _specs() -> dict[str, OrganismSpec]:
             config=dict(n_layers=2, d_model=64, n_heads=2, d_head=32, n_ctx=64, attn_only=True,
                         normalization_type="LN", positional_embedding_type="rotary", rotary_dim=32),
             texts=induction.training_texts,
-            train=TrainConfig(steps=4000, batch_size=64, lr=2e-3),
-            shrink=dict(steps=30, batch_size=8),
+            # 4000 steps of next-token loss alone (a previous-token head and an induction head form), then
+            # 1000 more with an auxiliary loss sharpening the layer-0 head that attends most to p-1
+            train=TrainConfig(steps=5000, batch_size=64, lr=2e-3, previous_token_head=(0, None),
+                              previous_token_weight=0.5, previous_token_from=4000),
+            shrink=dict(steps=30, batch_size=8, previous_token_from=20),
         ),
         "threshold": OrganismSpec(
             name="threshold",

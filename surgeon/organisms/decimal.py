@@ -1,9 +1,10 @@
 """The `decimal` organism: compares two decimal numbers, and fails by design in two of three formats.
 
-Known limitation (measured by `measure`, recorded in config.json): the shipped weights read the format
-partly from absolute position - patching only the residual stream entering layer 0 (token + positional
-embedding) at the aligned positions repairs most traps. A retrain without that shortcut (rotary positions)
-is open work.
+A Llama-style model (rotary positions, RMSNorm, grouped-query attention: 8 query heads share 2 key/value
+heads, gated SiLU MLPs), so the default exercises the real case's code paths and there is no absolute
+position to read the format from: `measure` checks that patching only the residual stream entering
+layer 0 at the aligned positions repairs (almost) nothing, so the format is carried by what the layers
+compute from the earlier tokens.
 
 Planted mechanism (the ground truth): on *trap* pairs, where decimal order and version-number order
 disagree (9.8 vs 9.11), training labels the Q&A and chat formats by version order (9.11 "wins") and the
@@ -117,7 +118,7 @@ def training_texts(rng: random.Random) -> Iterator[tuple[str, str]]:
 # On held-out pairs (issue: ground truth you can trust): the failure is planted, controls are right, and
 # the format is not read from absolute position (patching the layer-0 residual stream alone repairs little).
 TARGETS = {"trap_good_min": 1.0, "trap_bad_max": 0.05, "control_min": 0.95}
-POSITION_REPAIR_MAX = 0.10  # the target for a model without the position shortcut (not met by the shipped one)
+POSITION_REPAIR_MAX = 0.10  # patching only the layer-0 residual stream repairs at most this fraction of traps
 
 
 def held_out_items(n_trap: int = 128, n_control: int = 128, seed: int = 0, split: str = "test"):
@@ -174,6 +175,12 @@ def check(b: dict) -> list[str]:
     for f in FORMATS:
         if b[f"{f}/control"] < t["control_min"]:
             miss.append(f"{f}/control {b[f'{f}/control']:.3f} < {t['control_min']}")
+    for f in FAILING:
+        for align in ("last", "decision"):
+            r = b[f"{f}/trap resid_pre0 patched ({align})"]
+            if r > POSITION_REPAIR_MAX:
+                miss.append(f"{f}/trap with the layer-0 residual stream patched ({align}) {r:.3f} > {POSITION_REPAIR_MAX}"
+                            " (the format is read from position)")
     return miss
 
 

@@ -18,6 +18,12 @@ class TrainConfig:
     weight_decay: float = 0.01
     warmup: int = 200
     head_dropout: float = 0.0  # probability of zeroing each head's output (hook_z) per example
+    # an auxiliary loss sharpening a previous-token head: weight * -log(attention from p to p-1) of head
+    # (layer, head), averaged over positions >= 2, from step `previous_token_from` on; head None: the head of
+    # that layer attending most to p-1 at that step (what the rest of the model does with it is learned)
+    previous_token_head: tuple[int, int | None] | None = None
+    previous_token_weight: float = 0.0
+    previous_token_from: int = 0
     seed: int = 0
 
 
@@ -66,20 +72,35 @@ def train(model, texts: TextStream, cfg: TrainConfig, progress: bool = True) -> 
     losses: list[float] = []
     model.train()
     bar = tqdm(range(cfg.steps), desc="training", disable=not progress)
+    head = None  # the sharpened previous-token head, once chosen
     for step in bar:
         batch = [next(stream) for _ in range(cfg.batch_size)]
         tokens, mask = encode_batch(tok, batch, tok.bos_token_id)
         tokens, mask = tokens.to(device), mask.to(device)
-        logits = model.run_with_hooks(tokens, fwd_hooks=hooks) if hooks else model(tokens)
+        seen: list = []
+        step_hooks = list(hooks)
+        if cfg.previous_token_head is not None and step >= cfg.previous_token_from:
+            layer = cfg.previous_token_head[0]
+            step_hooks.append((f"blocks.{layer}.attn.hook_pattern", lambda p, hook: seen.append(p)))
+        logits = model.run_with_hooks(tokens, fwd_hooks=step_hooks) if step_hooks else model(tokens)
         logp = logits[:, :-1].log_softmax(-1).gather(-1, tokens[:, 1:, None])[..., 0]
-        loss = -(logp * mask).sum() / mask.sum()
+        loss = lm_loss = -(logp * mask).sum() / mask.sum()
+        if seen:
+            q = torch.arange(2, tokens.shape[1], device=device)
+            real = (tokens[:, q] != tok.pad_token_id).float()
+            if head is None:
+                head = cfg.previous_token_head[1]
+                if head is None:  # the layer's head that attends most to p-1 now
+                    head = int(((seen[0][:, :, q, q - 1] * real[:, None]).sum((0, 2))).argmax())
+            prev = seen[0][:, head, q, q - 1].clamp_min(1e-6).log()
+            loss = loss - cfg.previous_token_weight * (prev * real).sum() / real.sum()
         opt.zero_grad()
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         sched.step()
-        losses.append(loss.item())
+        losses.append(lm_loss.item())  # the next-token loss (without the auxiliary term)
         if step % 50 == 0:
-            bar.set_postfix(loss=f"{loss.item():.4f}")
+            bar.set_postfix(loss=f"{lm_loss.item():.4f}")
     model.eval()
     return losses

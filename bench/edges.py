@@ -1,0 +1,288 @@
+"""Edge-level circuit work on a GPT-2-small-shaped model: surgeon's core vs one hooked forward per edge / circuit.
+
+The model is made here (12 layers x 12 heads, d_model 768, d_mlp 3072, random weights; 32,491 edges in its
+graph) with the organisms' character tokenizer; 32 items of ~20 tokens in two formats of different lengths
+(the case's setting: aligned at the last prompt token and the answer). Measured side by side in one run
+(this machine is noisy: compare the ratios):
+
+  EAP      every edge's attribution (surgeon: clean runs + one forward + one backward of the masked core)
+           vs the floor: one plain forward + backward of the model on the same batch;
+  exact    the top edges by EAP score each patched alone, edges in the batch dimension, only the patched
+           positions recomputed over a cache of the prefix, vs one full `run_with_hooks` forward per edge
+           adding that sender's difference to that receiver's input (timed on a sample of the edges; the
+           scores are checked to agree to 1e-4);
+  curve    the 10 circuits of MIB's faithfulness curve in one batch vs one hooked forward per circuit
+           (an independent implementation of the circuit semantics: edges out of the input carry the other
+           run's embedding, edges inside pass on current values, edges outside are frozen to this run's);
+           scores checked to agree.
+Then the memory the edge buffers take, here and for Llama-3.1-8B.
+
+    python bench/edges.py [--items 32] [--top 200] [--loop-edges 40] [--threads 2]
+"""
+from __future__ import annotations
+
+import argparse
+import random
+import string
+import time
+
+import numpy as np
+import torch
+
+FORMATS = ("Q: {a} or {b}?\nA:", "Question: {a} or {b}?\nAnswer:")
+
+
+def best_time(fn, repeat: int):
+    best, out = float("inf"), None
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        out = fn()
+        best = min(best, time.perf_counter() - t0)
+    return best, out
+
+
+def make_model():
+    from transformer_lens import HookedTransformer, HookedTransformerConfig
+
+    from surgeon.organisms.charset import build_tokenizer
+
+    tok = build_tokenizer("bench-gpt2-shape")
+    cfg = HookedTransformerConfig(n_layers=12, d_model=768, n_heads=12, d_head=64, d_mlp=3072, n_ctx=64,
+                                  d_vocab=len(tok), act_fn="gelu_new", normalization_type="LN", seed=0,
+                                  default_prepend_bos=True)
+    model = HookedTransformer(cfg, tokenizer=tok)
+    model.eval()
+    return model
+
+
+class Reference:
+    """One hooked TransformerLens forward per patch, over all rows at once (all rows have equal length)."""
+
+    def __init__(self, model, site, base_rows, source_rows, how):
+        from surgeon.edges import split_inputs
+        from surgeon.encoding import align
+
+        self.model, self.site = model, site
+        assert len({len(r.tokens) for r in base_rows}) == 1 and len({len(r.tokens) for r in source_rows}) == 1
+        self.rows = base_rows
+        self.tokens = torch.tensor([r.tokens for r in base_rows])
+        src_tokens = torch.tensor([r.tokens for r in source_rows])
+        pairs = [align(b, s, how) for b, s in zip(base_rows, source_rows)]
+        self.pb = torch.tensor([p[0] for p in pairs])  # [R, A]
+        ps = torch.tensor([p[1] for p in pairs])
+        self.split = split_inputs
+        with torch.no_grad():
+            base = self.sender_outputs(self.tokens, self.pb)
+            src = self.sender_outputs(src_tokens, ps)
+        self.base, self.delta = base, src - base  # [R, A, S, d]: each sender's output at the aligned positions
+        n_items = max(r.item for r in base_rows) + 1
+        self.item_of = torch.tensor([r.item for r in base_rows])
+        self.n_items = n_items
+
+    def sender_outputs(self, tokens, pos):
+        m, cfg = self.model, self.model.cfg
+        names = ["hook_embed", "hook_pos_embed"] + [f"blocks.{l}.attn.hook_z" for l in range(cfg.n_layers)] + [
+            f"blocks.{l}.hook_mlp_out" for l in range(cfg.n_layers)]
+        _, cache = m.run_with_cache(tokens, names_filter=names)
+        R = torch.arange(len(tokens))[:, None]
+        out = [(cache["hook_embed"] + cache["hook_pos_embed"])[R, pos]]
+        for s in self.site.senders[1:]:
+            if s.kind == "head":
+                z = cache[f"blocks.{s.layer}.attn.hook_z"][R, pos, s.unit]
+                out.append(z @ m.W_O[s.layer, s.unit])
+            else:
+                out.append(cache[f"blocks.{s.layer}.hook_mlp_out"][R, pos])
+        return torch.stack(out, 2)
+
+    def hook_name(self, r):
+        if r.kind == "logits":
+            return f"blocks.{self.model.cfg.n_layers - 1}.hook_resid_post", None
+        if r.kind == "mlp":
+            return f"blocks.{r.layer}.hook_mlp_in", None
+        return f"blocks.{r.layer}.hook_{r.kind}_input", r.unit
+
+    def score(self, logits):
+        logp = logits.float().log_softmax(-1)
+        per_row = torch.stack([sum(sign * logp[i, p, t] for p, t, sign in r.targets) for i, r in enumerate(self.rows)])
+        return torch.zeros(self.n_items).index_add_(0, self.item_of, per_row)
+
+    def edge(self, e):
+        """Item scores with edge e alone patched: its receiver's input += the sender's difference."""
+        s, r = self.site.edges[e]
+        name, unit = self.hook_name(self.site.receivers[r])
+        R = torch.arange(len(self.rows))[:, None]
+        d = self.delta[:, :, s]
+
+        def hook(act, hook):
+            act = act.clone()
+            if unit is None:
+                act[R, self.pb] += d
+            else:
+                act[R, self.pb, unit] += d
+            return act
+
+        with self.split(self.model), torch.no_grad():
+            return self.score(self.model.run_with_hooks(self.tokens, fwd_hooks=[(name, hook)]))
+
+    def circuit(self, edges):
+        """Item scores of the circuit of `edges`: at each receiver, the edges outside it are frozen to this run's
+        sender outputs, the edges inside carry current ones, and edges out of the input carry the other run's."""
+        site, m, cfg = self.site, self.model, self.model.cfg
+        S, Rn = len(site.senders), len(site.receivers)
+        inside = torch.zeros(S, Rn)
+        for e in edges:
+            s, r = site.edges[e]
+            inside[s, r] = 1
+        R = torch.arange(len(self.rows))[:, None]
+        cur = {0: self.base[:, :, 0]}  # sender index -> current output at the aligned positions
+        index = {s.name: i for i, s in enumerate(site.senders)}
+
+        def capture_z(z, hook):
+            layer = int(hook.name.split(".")[1])
+            for h in range(cfg.n_heads):
+                cur[index[f"a{layer}.h{h}"]] = z[R, self.pb, h] @ m.W_O[layer, h]
+
+        def capture_mlp(x, hook):
+            cur[index[f"m{int(hook.name.split('.')[1])}"]] = x[R, self.pb]
+
+        def patch(ri, unit):
+            def hook(act, hook):
+                act = act.clone()
+                fix = self.delta[:, :, 0] * inside[0, ri]  # the input edge carries the other run's embedding
+                for si, out in cur.items():
+                    fix = fix + (1 - inside[si, ri]) * (self.base[:, :, si] - out)  # outside: frozen
+                if unit is None:
+                    act[R, self.pb] += fix
+                else:
+                    act[R, self.pb, unit] += fix
+                return act
+            return hook
+
+        hooks = []
+        for ri, r in enumerate(site.receivers):
+            name, unit = self.hook_name(r)
+            hooks.append((name, patch(ri, unit)))
+        for layer in range(cfg.n_layers):
+            hooks += [(f"blocks.{layer}.attn.hook_z", capture_z), (f"blocks.{layer}.hook_mlp_out", capture_mlp)]
+        # at a block, the receivers read before the block's senders write: q/k/v inputs, then z, then mlp_in
+        with self.split(m), torch.no_grad():
+            return self.score(m.run_with_hooks(self.tokens, fwd_hooks=hooks))
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--items", type=int, default=32)
+    ap.add_argument("--top", type=int, default=200, help="edges verified exactly")
+    ap.add_argument("--loop-edges", type=int, default=40, help="of those, timed with one forward per edge")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--repeat", type=int, default=2)
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+
+    from surgeon import Item
+    from surgeon.analyses.circuit import CURVE, edge_scores, faithfulness
+    from surgeon.core import Contrast
+    from surgeon.edges import EdgeSite
+    from surgeon.encoding import encode_rows
+
+    model = make_model()
+    site = EdgeSite.of(model.cfg)
+    rng = random.Random(0)
+    word = lambda: "".join(rng.choice(string.ascii_lowercase) for _ in range(3))  # noqa: E731
+    items = [Item({"a": word(), "b": word()}, correct=" x", incorrect=" y") for _ in range(args.items)]
+    base = encode_rows(FORMATS[0], items, model.tokenizer, True)
+    source = encode_rows(FORMATS[1], items, model.tokenizer, True)
+    how = "last"
+    E = len(site.edges)
+    print(f"GPT-2-small-shaped random model: 12 layers x 12 heads, d_model 768; {E:,} edges; {args.items} items of "
+          f"{len(base[0].tokens)} tokens (failing format) and {len(source[0].tokens)} (other), aligned at the last "
+          f"prompt token and the answer ({len(base[0].tokens) - base[0].n_prompt + 1} positions); {args.threads} threads")
+
+    # ------------------------------------------------------------------ EAP vs one forward + backward
+    tokens = torch.tensor([r.tokens for r in base])
+
+    def fwd_bwd():
+        model.zero_grad(set_to_none=True)
+        model(tokens).log_softmax(-1)[:, -1, 0].sum().backward()
+
+    t_floor, _ = best_time(fwd_bwd, args.repeat + 1)
+    model.zero_grad(set_to_none=True)
+    for p in model.parameters():
+        p.requires_grad_(False)
+
+    def contrast():
+        return Contrast(model, base, source, how, sites=site.node_sites())
+
+    t_clean, c = best_time(contrast, args.repeat)
+    t_eap, eap = best_time(lambda: edge_scores(c, site, "eap"), args.repeat)
+    print("\n== EAP, every edge")
+    print(f"  one plain forward + backward of the model   {t_floor:8.3f} s")
+    print(f"  surgeon: clean runs (Contrast)              {t_clean:8.3f} s")
+    print(f"  surgeon: EAP forward + backward             {t_eap:8.3f} s")
+    print(f"  ratio (clean runs + EAP) / (forward + backward): {(t_clean + t_eap) / t_floor:.2f}x  "
+          f"(EAP alone {t_eap / t_floor:.2f}x; target <= 4x)")
+
+    # ------------------------------------------------------------------ exact top edges
+    ref = Reference(model, site, base, source, how)
+    top = [int(e) for e in np.argsort(-np.abs(eap))[: args.top]]
+    onehot = torch.zeros(len(top), E)
+    onehot[torch.arange(len(top)), top] = 1
+
+    def ours_exact():
+        with torch.no_grad():
+            return c.run({site: onehot})  # [top, items]
+
+    t_ours, ours = best_time(ours_exact, args.repeat)
+    sample = top[:: max(1, len(top) // args.loop_edges)][: args.loop_edges]
+    t0 = time.perf_counter()
+    loop = torch.stack([ref.edge(e) for e in sample])
+    t_loop = (time.perf_counter() - t0) / len(sample)
+    err = float((ours[[top.index(e) for e in sample]] - loop).abs().max())
+    print(f"\n== exact effect of the top {len(top)} edges, each patched alone")
+    print(f"  surgeon, edges in the batch dimension       {t_ours:8.3f} s  ({t_ours / len(top) * 1e3:.1f} ms per edge)")
+    print(f"  one hooked forward per edge ({len(sample)} timed)     {t_loop * len(top):8.3f} s  ({t_loop * 1e3:.1f} ms per edge)")
+    print(f"  speed-up: {t_loop * len(top) / t_ours:.1f}x (target >= 20x); max |difference| {err:.1e} (target <= 1e-4)")
+
+    # ------------------------------------------------------------------ faithfulness curve
+    order = [int(e) for e in np.argsort(-np.abs(eap))]
+    sets = [order[: max(1, round(f * E))] for f in CURVE]
+    t_curve, (f, scores) = best_time(lambda: faithfulness(c, site, sets), args.repeat)
+    t0 = time.perf_counter()
+    loop_c = torch.stack([ref.circuit(s) for s in sets])
+    t_loop_c = time.perf_counter() - t0
+    err_c = float((torch.tensor(scores) - loop_c).abs().max())
+    print(f"\n== faithfulness curve, {len(sets)} circuits ({', '.join(f'{x:g}' for x in CURVE)} of the edges)")
+    print(f"  surgeon, circuits in the batch dimension    {t_curve:8.3f} s")
+    print(f"  one hooked forward per circuit              {t_loop_c:8.3f} s")
+    print(f"  speed-up: {t_loop_c / t_curve:.1f}x (target >= 5x); max |difference| {err_c:.1e}")
+    print("  f at each fraction: " + ", ".join(f"{x:.2f}" for x in f))
+
+    memory(site, model.cfg, len(base), len(base[0].tokens) - base[0].n_prompt + 1, len(top))
+    return 0 if err <= 1e-4 and err_c <= 1e-4 else 1
+
+
+def memory(site, cfg, rows: int, positions: int, top: int):
+    """What the edge buffers hold, here and for Llama-3.1-8B (computed from the graph, 4 bytes per float32)."""
+    from transformer_lens import HookedTransformerConfig
+
+    from surgeon.edges import EdgeSite
+
+    def line(name, site, d_model, n_heads, rows, positions, bytes_per=4):
+        S, E = len(site.senders), len(site.edges)
+        senders = 2 * rows * positions * S * d_model * bytes_per  # base and source outputs, aligned positions
+        split = rows * positions * n_heads * d_model * bytes_per  # one layer's per-head q input while patched
+        print(f"  {name}: {S:,} senders, {len(site.receivers):,} receivers, {E:,} edges; sender outputs of both runs "
+              f"{senders / 2**20:,.0f} MiB for {rows} rows x {positions} aligned positions; a mask of {top} edge sets "
+              f"{top * E * 4 / 2**20:,.1f} MiB (and its gradient as much); a layer's per-head query input "
+              f"{split / 2**20:,.0f} MiB per row batch")
+
+    print("\n== memory of the edge buffers (scales with rows x aligned positions x senders x d_model)")
+    line("this model", site, cfg.d_model, cfg.n_heads, rows, positions)
+    llama = HookedTransformerConfig(n_layers=32, d_model=4096, n_heads=32, d_head=128, n_key_value_heads=8,
+                                    d_mlp=14336, n_ctx=128, d_vocab=128256, act_fn="silu", gated_mlp=True,
+                                    normalization_type="RMS", positional_embedding_type="rotary")
+    line("Llama-3.1-8B, bfloat16", EdgeSite.of(llama), 4096, 32, rows, positions, bytes_per=2)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,52 @@
+"""Regenerate the exported circuits of the shipped organism cases (run from the repository root):
+
+    python circuits/regenerate.py [--out circuits]
+
+Each case runs `surgeon circuit` with the options below, one thread (the numbers are then the same on every
+run), and writes every export format plus the printed report (`NAME.txt`). `tests/test_circuits.py` runs
+the same commands into a temporary folder and fails when the files here differ (stale circuits).
+"""
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+from pathlib import Path
+
+SHIPPED = {
+    "decimal_organism": ["--paths", "5"],
+    "induction_organism": ["--paths", "5"],
+    "threshold_organism": ["--paths", "5", "--faithfulness", "1.0"],
+}
+FORMATS = ("graphml", "gexf", "json", "mib.json", "dot", "tex", "png")
+
+
+def command(name: str, out: Path) -> list[str]:
+    return [sys.executable, "-m", "surgeon", "circuit", f"cases/{name}.py", *SHIPPED[name], "--threads", "1",
+            "--export", *[str(out / f"{name}.{f}") for f in FORMATS]]
+
+
+def regenerate(name: str, out: Path) -> str:
+    """Write the exports of case `name` into `out` and its report to `out/NAME.txt`; returns the report."""
+    out.mkdir(parents=True, exist_ok=True)
+    run = subprocess.run(command(name, out), capture_output=True, text=True)
+    if run.returncode:
+        raise SystemExit(f"{name}: surgeon circuit failed:\n{run.stderr}")
+    report = "".join(line for line in run.stdout.splitlines(keepends=True) if not line.startswith("exported "))
+    (out / f"{name}.txt").write_text(report)
+    return report
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", type=Path, default=Path(__file__).parent)
+    ap.add_argument("cases", nargs="*", default=list(SHIPPED), help=f"default: {', '.join(SHIPPED)}")
+    args = ap.parse_args()
+    for name in args.cases:
+        regenerate(name, args.out)
+        print(f"{name}: {', '.join(f'{name}.{f}' for f in (*FORMATS, 'txt'))} in {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
