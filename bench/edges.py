@@ -124,9 +124,10 @@ class Reference:
         with self.split(self.model), torch.no_grad():
             return self.score(self.model.run_with_hooks(self.tokens, fwd_hooks=[(name, hook)]))
 
-    def circuit(self, edges):
-        """Item scores of the circuit of `edges`: at each receiver, the edges outside it are frozen to this run's
-        sender outputs, the edges inside carry current ones, and edges out of the input carry the other run's."""
+    def circuit(self, edges, chain: bool):
+        """Item scores of the circuit of `edges`. chain (align="index"): at each receiver, the edges outside it are
+        frozen to this run's sender outputs, the edges inside carry current ones, and edges out of the input carry
+        the other run's; edge set (other alignments): its edges carry the other run's sender outputs."""
         site, m, cfg = self.site, self.model, self.model.cfg
         S, Rn = len(site.senders), len(site.receivers)
         inside = torch.zeros(S, Rn)
@@ -148,9 +149,14 @@ class Reference:
         def patch(ri, unit):
             def hook(act, hook):
                 act = act.clone()
-                fix = self.delta[:, :, 0] * inside[0, ri]  # the input edge carries the other run's embedding
-                for si, out in cur.items():
-                    fix = fix + (1 - inside[si, ri]) * (self.base[:, :, si] - out)  # outside: frozen
+                if chain:
+                    fix = self.delta[:, :, 0] * inside[0, ri]  # the input edge carries the other run's embedding
+                    for si, out in cur.items():
+                        fix = fix + (1 - inside[si, ri]) * (self.base[:, :, si] - out)  # outside: frozen
+                else:  # edge set: its edges carry the other run's sender outputs, the rest current values
+                    fix = inside[0, ri] * self.delta[:, :, 0]
+                    for si, out in cur.items():
+                        fix = fix + inside[si, ri] * (self.base[:, :, si] + self.delta[:, :, si] - out)
                 if unit is None:
                     act[R, self.pb] += fix
                 else:
@@ -248,7 +254,9 @@ def main():
     sets = [order[: max(1, round(f * E))] for f in CURVE]
     t_curve, (f, scores) = best_time(lambda: faithfulness(c, site, sets), args.repeat)
     t0 = time.perf_counter()
-    loop_c = torch.stack([ref.circuit(s) for s in sets])
+    from surgeon.analyses.circuit import semantics
+
+    loop_c = torch.stack([ref.circuit(s, semantics(c) == "chain") for s in sets])
     t_loop_c = time.perf_counter() - t0
     err_c = float((torch.tensor(scores) - loop_c).abs().max())
     print(f"\n== faithfulness curve, {len(sets)} circuits ({', '.join(f'{x:g}' for x in CURVE)} of the edges)")

@@ -159,24 +159,24 @@ def test_eap_is_the_derivative_of_exact_edge_patching(contrast):
 
 
 def test_circuit_semantics(contrast):
-    """A circuit of every edge is the other run, of none this run; a circuit's edges off the input pass on
-    their senders' current values, so a head cut off from the input contributes nothing new."""
-    from surgeon.analyses.circuit import circuit_scores
+    """A circuit of every edge is the other run, of none this run. Under index alignment (chain semantics) a
+    circuit's edges off the input pass on their senders' current values, so edges that never touch the input
+    or never reach the logits change nothing; under other alignments (edge sets) a circuit is its edges
+    patched together, exactly what the core's edge mask does."""
+    from surgeon.analyses.circuit import circuit_scores, semantics
 
     c, site = contrast
     E = len(site.edges)
     s = circuit_scores(c, site, [list(range(E)), []])
-    # every edge = the input embedding of the aligned positions from the other run (all of it under index
-    # alignment: the other run), the positions outside keep this run's values
-    with torch.no_grad():
-        embed = c.run({"blocks.0.hook_resid_pre": torch.ones(1, 1)})[0]
-    torch.testing.assert_close(torch.tensor(s[0]), embed, atol=2e-5, rtol=0)
-    if all(b.equal_lengths for b in c.buckets) and c.buckets[0].base_pos.shape[1] == c.buckets[0].base_tokens.shape[1]:
-        torch.testing.assert_close(torch.tensor(s[0]), c.clean_source, atol=2e-5, rtol=0)
+    torch.testing.assert_close(torch.tensor(s[0]), c.clean_source, atol=2e-5, rtol=0)
     torch.testing.assert_close(torch.tensor(s[1]), c.clean_base, atol=2e-5, rtol=0)
-    # edges that never touch the input or never reach the logits change nothing
     inner = [e for e, n in enumerate(site.names) if not n.startswith("input->") and "->logits" not in n][:20]
-    torch.testing.assert_close(torch.tensor(circuit_scores(c, site, [inner])[0]), c.clean_base, atol=2e-5, rtol=0)
+    if semantics(c) == "chain":
+        assert c.test_rows[2] == "index"
+        torch.testing.assert_close(torch.tensor(circuit_scores(c, site, [inner])[0]), c.clean_base, atol=2e-5, rtol=0)
+    else:
+        torch.testing.assert_close(torch.tensor(circuit_scores(c, site, [inner])[0]), run(c, site, site.mask([inner]))[0],
+                                   atol=2e-5, rtol=0)
 
 
 # ---------------------------------------------------------------------------------------------- organisms
@@ -246,7 +246,9 @@ def test_circuit_cli_exports_and_eval(tmp_path):
     mib = json.loads(files[3].read_text())
     assert set(mib) == {"cfg", "nodes", "edges"} and mib["cfg"]["n_heads"] == 32
     inside = [n for n, d in mib["edges"].items() if d["in_graph"]]
-    assert len(inside) == 32 and all("score" in d for d in mib["edges"].values())
+    # edge-set semantics (align="last"): one edge into each even head's query carries the repair
+    assert sorted(inside) == sorted(f"input->a0.h{h}<q>" for h in range(0, 32, 2))
+    assert all("score" in d for d in mib["edges"].values())
     assert "rank=same" in files[4].read_text() and "\\begin{tikzpicture}" in files[5].read_text()
     for f in (files[2], files[3]):
         r = subprocess.run([sys.executable, "-m", "surgeon", "circuit-eval", case, str(f)], capture_output=True, text=True)
