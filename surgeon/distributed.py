@@ -49,9 +49,6 @@ class _Worker:
     def run(self, chunk: int) -> tuple[int, dict]:
         return chunk, self.evaluate(chunk)
 
-    def ready(self) -> bool:
-        return True
-
 
 def connect(opts: RayOptions):
     """ray.init once per process: a local cluster, or the one at `opts.address`."""
