@@ -4,6 +4,7 @@ Mirrors the Llama-3.1-8B-Instruct case (cases/llama31_decimal.py) on a 3-layer m
 whose failure was planted on purpose (see surgeon/organisms/decimal.py): the ground truth is known.
 """
 from surgeon import Case, Item
+from surgeon.organisms import sae_dir
 from surgeon.organisms import decimal as organism
 
 N_TRAP, N_CONTROL, SEED = 64, 64, 0
@@ -36,5 +37,6 @@ case = Case(
     focus="trap",  # patching analyses use the trap items by default
     align="last",  # formats differ in length: match the last prompt token and the answer tokens
     components=["z"],
+    saes={"dir": str(sae_dir("decimal") / "blocks.{layer}.hook_mlp_out")},  # shipped, see surgeon sae train
     description="Planted format-dependent decimal comparison failure (ground truth known).",
 )

@@ -8,6 +8,7 @@ set of odd heads does. `surgeon threshold cases/threshold_organism.py --layer 0 
 recover exactly that (the expected table is `planted` in the organism's config.json).
 """
 from surgeon import Case, Item
+from surgeon.organisms import sae_dir
 from surgeon.organisms import ground_truth
 from surgeon.organisms import threshold as organism
 
@@ -22,5 +23,6 @@ case = Case(
     layers=[0],
     components=["z"],
     notes={"planted": organism.planted(), "ground_truth": ground_truth("threshold")},
+    saes={"dir": str(sae_dir("threshold") / "blocks.{layer}.hook_attn_out")},  # shipped, see surgeon sae train
     description="Planted threshold: any 8 of the 16 even heads of layer 0 repair; 7 never do; odd heads never do.",
 )

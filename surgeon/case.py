@@ -83,6 +83,7 @@ class Case:
     components: Sequence[str] = ("z",)
     prepend_bos: bool | None = None  # None: the model's default
     description: str = ""
+    saes: Mapping[str, str] | None = None  # {"dir": "saes/blocks.{layer}.hook_mlp_out"} or {"release": ..., "id": ...}
     notes: Mapping[str, Any] = field(default_factory=dict)  # free-form: published results, sources
     source: str | None = None  # set by load_case: the file it came from
     digest: str | None = None  # set by load_case: sha256 of that file
@@ -228,6 +229,11 @@ def validate(case: Case, where: str | None = None) -> None:
     for c in case.components:
         if c not in COMPONENTS:
             fail("components", f"unknown component {c!r}", f"use any of: {', '.join(COMPONENTS)}")
+    if case.saes is not None:
+        keys = set(case.saes) if isinstance(case.saes, Mapping) else None
+        if keys not in ({"dir"}, {"release", "id"}) or not all(isinstance(v, str) and v for v in case.saes.values()):
+            fail("saes", f"is {case.saes!r}", 'use saes={"dir": "path/blocks.{layer}.hook_mlp_out"} or '
+                 'saes={"release": "llama_scope_lxm_8x", "id": "l{layer}m_8x"}')
     if case.layers is not None:
         if not all(isinstance(x, int) and not isinstance(x, bool) for x in case.layers):
             fail("layers", "must be a list of integers", "e.g. layers=[8, 9, 10]")

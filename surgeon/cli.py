@@ -139,6 +139,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--direction", default="denoise", choices=["denoise", "noise"], help="default: denoise")
     _items(p)
 
+    from .sae_cli import add_parser as add_sae
+
+    add_sae(sub, _common, _items)
+
     p = sub.add_parser("organisms", help="list, describe or retrain the model organisms")
     osub = p.add_subparsers(dest="action", required=True)
     q = osub.add_parser("list", help="the organisms, their state and their measured facts")
@@ -477,7 +481,13 @@ def cmd_circuit_eval(args) -> int:
     return 0
 
 
-COMMANDS = {"diagnose": cmd_diagnose, "circuit": cmd_circuit, "circuit-eval": cmd_circuit_eval, "patch": cmd_patch, "attribute": cmd_attribute, "threshold": cmd_threshold,
+def cmd_sae(args) -> int:
+    from .sae_cli import run
+
+    return run(args)
+
+
+COMMANDS = {"sae": cmd_sae, "diagnose": cmd_diagnose, "circuit": cmd_circuit, "circuit-eval": cmd_circuit_eval, "patch": cmd_patch, "attribute": cmd_attribute, "threshold": cmd_threshold,
             "merge": cmd_merge,
             "blend": cmd_blend, "organisms": cmd_organisms}
 

@@ -31,6 +31,7 @@ from . import edges as edges_mod
 from . import prefix_attention
 from .edges import EdgeSite
 from .encoding import Row
+from .features import FeatureSite, feature_hooks
 from .errors import AnalysisError
 from .sites import Site, hook_layer, units_view
 
@@ -284,7 +285,7 @@ class Contrast:
     # ----------------------------------------------------------------- the core
     def units(self, site: Site | str) -> int:
         """Number of units a mask at `site` addresses."""
-        return Site.coerce(site).n_units(self.cfg)
+        return _key(site).n_units(self.cfg)
 
     def deltas(self, sites: Sequence[Site | str]) -> dict[Site, Tensor]:
         """Mean norm of (source - base) activation per unit at the patched positions: 0 means a no-op patch."""
@@ -449,6 +450,9 @@ class Contrast:
             if isinstance(site, EdgeSite):
                 hooks += self._edge_hooks(b, site, m, copies, offset, start)
                 continue
+            if isinstance(site, FeatureSite):
+                hooks += feature_hooks(site, m, b.source_acts[site.node_sites()[0]], copies, n, rel, b.slot_valid)
+                continue
             src = b.source_acts[site]
             m = m.to(src.device, src.dtype)
             m = m[:, None, None, :, None] if m.dim() == 2 else m[:, None, :, :, None]  # [c, 1, S|1, U, 1]
@@ -508,6 +512,68 @@ class Contrast:
             z = b.z[start]
         return prefix_attention.shared_prefix(self.model, b.kv, b.n, b.p0, start, z_start=z)
 
+    def activations(self, site: Site | str, run: str = "source") -> Tensor:
+        """The unpatched activation of one run ("source" or "base") at the aligned positions,
+        [n_items, S, unit, rest] (one row per item: prompt rows; padded slots are zero)."""
+        site = Site.coerce(site)
+        S = max(b.base_pos.shape[1] for b in self.buckets)
+        out = None
+        for b in self.buckets:
+            if run == "source":
+                self._ensure_source(b, [site])
+                x = b.source_acts[site]
+            else:
+                self._ensure_base(b, site.layer, [site])
+                x = b.base_acts[site]
+            if out is None:
+                out = torch.zeros(self.n_items, S, *x.shape[2:], dtype=x.dtype)
+            out[b.items.cpu(), : x.shape[1]] = (x * b.slot_valid[:, :, None, None].to(x.dtype)).cpu()
+        return out
+
+    @torch.no_grad()
+    def probe(self, masks: Mapping[Site | str, Tensor], hook: str) -> tuple[Tensor, Tensor]:
+        """The activation at `hook` under each of P patches, at the aligned positions, instead of scores.
+
+        Returns ([P, n_items, S, d] activations, [n_items, S] 1 for real slots). The pass stops after
+        `hook`'s layer. Build the Contrast from prompt-only rows (one row per item), as for `generate`."""
+        masks = {_key(k): v for k, v in masks.items()}
+        P = next(iter(masks.values())).shape[0]
+        start = min(s.layer for s in masks)
+        at = hook_layer(hook)
+        if at < start or (at == start and hook.endswith(("hook_resid_pre", "attn.hook_q", "attn.hook_k", "attn.hook_v"))):
+            raise AnalysisError(f"{hook} is computed before the patched sites (layer {start}): no patch can change it",
+                                field="--sae-layer", fix=f"read features at layer {start} or later")
+        nodes = _node_sites(masks)
+        S = max(b.base_pos.shape[1] for b in self.buckets)
+        out = valid = None
+        for b in self.buckets:
+            self._ensure_base(b, start, nodes)
+            self._ensure_source(b, nodes)
+            if len({int(i) for i in b.items}) != b.n:
+                raise AnalysisError("internal: probe needs one row per item (prompt rows)")
+            chunk = max(1, self.batch_size // b.n)
+            rel = (b.base_pos - b.p0).to(self.device)
+            idx = torch.arange(b.n, device=self.device)[:, None]
+            for lo in range(0, P, chunk):
+                c = min(chunk, P - lo)
+                kept = {}
+
+                def keep(act, hook):
+                    x = act.view(c, b.n, *act.shape[1:])
+                    kept["x"] = x[:, idx.to(x.device), rel.to(x.device)]
+
+                kv = (prefix_attention.prefix_cache(self.model, b.p0, start) if self.shared_prefix
+                      else self._kv_cache(b, start, c))
+                self._forward(b, start, {s: m[lo: lo + c] for s, m in masks.items()}, c, kv, stop=at + 1,
+                              extra_hooks=[(hook, keep)])
+                x = kept["x"]
+                if out is None:
+                    out = torch.zeros(P, self.n_items, S, x.shape[-1], dtype=x.dtype)
+                    valid = torch.zeros(self.n_items, S)
+                out[lo: lo + c, b.items.cpu(), : x.shape[2]] = x.cpu()
+            valid[b.items.cpu(), : b.slot_valid.shape[1]] = b.slot_valid.cpu()
+        return out, valid
+
     @torch.no_grad()
     def generate(self, masks: Mapping[Site | str, Tensor], n_new: int) -> Tensor:
         """Greedy continuations [P, n_items, n_new] of the base prompts with each patch applied to the
@@ -550,14 +616,15 @@ def greedy(model, tokens: Tensor, lengths: Tensor, n_new: int, hooks: Sequence =
 
 
 def _key(k):
-    return k if isinstance(k, EdgeSite) else Site.coerce(k)
+    return k if isinstance(k, (EdgeSite, FeatureSite)) else Site.coerce(k)
 
 
 def _node_sites(masks) -> list[Site]:
-    """The node sites whose activations the masks need cached (edge sites need their senders' outputs)."""
+    """The node sites whose activations the masks need cached (edge sites need their senders' outputs,
+    feature sites the activation their SAE reads)."""
     out: list[Site] = []
     for s in masks:
-        out += s.node_sites() if isinstance(s, EdgeSite) else [s]
+        out += s.node_sites() if isinstance(s, (EdgeSite, FeatureSite)) else [s]
     return list(dict.fromkeys(out))
 
 

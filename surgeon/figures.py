@@ -150,3 +150,36 @@ def faithfulness_figure(r, path: Path) -> None:
     if r.target is not None:
         ax.legend(fontsize=8)
     _save(fig, path)
+
+
+def overlap_figure(r, path: Path) -> None:
+    """Per-layer top-k overlap (and Jaccard) between the good and each failing format, with 95% intervals."""
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(5.5, 3.4))
+    x = np.array(r.layers)
+    for i, b in enumerate(r.bad):
+        for m, ls in (("overlap", "-"), ("jaccard", ":")):
+            e = r.metrics[b][m]
+            v = np.array([q.value for q in e])
+            ax.errorbar(x, v, yerr=_yerr(v, [q.lo for q in e], [q.hi for q in e]), ls=ls, marker="o", color=f"C{i}",
+                        capsize=2, label=f"{b}: {m}")
+    ax.set_ylim(0, 1.02)
+    ax.set_xlabel("layer")
+    ax.set_ylabel(f"top-{r.k} feature overlap with {r.good}")
+    ax.set_title(f"{r.case}: where the formats separate and re-entangle", fontsize=9)
+    ax.legend(fontsize=7)
+    _save(fig, path)
+
+
+def head_feature_heatmap(r, path: Path) -> None:
+    """Heads (and groups) x features: mean change in feature activation when the head is patched."""
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(1 + 0.5 * len(r.features), 1 + 0.25 * len(r.units)))
+    v = np.asarray(r.effect)
+    lim = float(np.nanmax(np.abs(v))) or 1.0
+    im = ax.imshow(v, cmap="RdBu_r", vmin=-lim, vmax=lim, aspect="auto")
+    ax.set_yticks(range(len(r.units)), r.units, fontsize=6)
+    ax.set_xticks(range(len(r.features)), [f"f{j}" for j in r.features], fontsize=6, rotation=90)
+    ax.set_title(f"{r.case}: heads of layer {r.layer} -> SAE features at {r.hook}", fontsize=8)
+    fig.colorbar(im, ax=ax, label="activation change")
+    _save(fig, path)

@@ -240,3 +240,62 @@ def circuit_text(r, top: int = 10) -> str:
     if abs(gap) < 1e-9:
         lines += ["", "warning: the two formats score the same (m(full) = m(empty)): faithfulness is undefined"]
     return "\n".join(lines)
+
+
+def overlap_text(r) -> str:
+    lines = [f"case {r.case} · SAE features, top-{r.k} sets at the {r.position} position(s), {r.good!r} vs each "
+             f"failing format · {r.n_items} items · mean [95% CI] over items"]
+    for b in r.bad:
+        lines += ["", f"{r.good} vs {b}:", f"{'layer':>5}  {'overlap':<24} {'jaccard':<24} {'weighted jaccard':<24}"]
+        for i, L in enumerate(r.layers):
+            cells = [r.metrics[b][m][i] for m in ("overlap", "jaccard", "weighted_jaccard")]
+            lines.append(f"{L:>5}  " + " ".join(f"{e.value:.3f} [{e.lo:.3f}, {e.hi:.3f}]".ljust(24) for e in cells))
+        ov = [e.value for e in r.metrics[b]["overlap"]]
+        lo_i = min(range(len(ov)), key=lambda i: ov[i])
+        lines.append(f"formats most separate at layer {r.layers[lo_i]} (overlap {ov[lo_i]:.2f}); "
+                     f"last layer {r.layers[-1]}: {ov[-1]:.2f}")
+    return "\n".join(lines)
+
+
+def amplified_text(r, top: int = 20) -> str:
+    lines = [f"case {r.case} · SAE layer {r.layer} ({r.sae}) · {r.bad!r} / {r.good!r} activation ratio at the "
+             f"{r.position} position · {r.n_items} items",
+             f"features active in both formats on >= {r.min_items} items, highest mean ratio first:"]
+    if not r.ranked:
+        lines.append("  (none)")
+    for f in r.ranked[:top]:
+        extra = "".join(f"  {x}" for x in (f.label, f.link) if x)
+        lines.append(f"  feature {f.feature:>6}: ratio {f.ratio.value:6.2f} [{f.ratio.lo:.2f}, {f.ratio.hi:.2f}] "
+                     f"on {f.n_both} items · mean act {r.good} {f.mean_good:.3f}, {r.bad} {f.mean_bad:.3f}{extra}")
+    for name, lst, fmt in (("only in the failing format", r.only_bad, r.bad), ("only in the good format", r.only_good, r.good)):
+        lines.append(f"active {name} ({fmt}), by number of items: " +
+                     (", ".join(f"{j} ({c})" for j, c in lst) if lst else "(none)"))
+    return "\n".join(lines)
+
+
+def head_feature_text(r, top_units: int = 12) -> str:
+    lines = [f"case {r.case} · heads of layer {r.layer} patched from {r.good!r} into {r.bad!r}; features of the SAE "
+             f"at {r.hook} ({r.sae}) · {r.n_items} items",
+             "effect = feature activation patched - unpatched (mean over items); columns: the features differing most "
+             "between formats, with their gap (good - failing)",
+             f"{'':>8}" + "".join(f"{'f' + str(j):>9}" for j in r.features),
+             f"{'gap':>8}" + "".join(f"{g:>+9.3f}" for g in r.format_gap)]
+    order = sorted(range(len(r.units)), key=lambda i: -float(abs(r.effect[i]).sum()))
+    shown = [i for i in order if not r.units[i].startswith("L")] + [i for i in order if r.units[i].startswith("L")][:top_units]
+    for i in shown:
+        lines.append(f"{r.units[i]:>8}" + "".join(f"{v:>+9.3f}" for v in r.effect[i]))
+    lines.append("(95% intervals over items, and effect / gap per cell, are in results.json)")
+    return "\n".join(lines)
+
+
+def feature_repair_text(r) -> str:
+    lines = [f"case {r.case} · SAE features at {r.hook} ({r.sae}, {r.d_sae} features) patched from {r.source!r} into "
+             f"{r.base!r} · {r.n_items} items",
+             f"empty patch reproduces the model: max |score difference| {r.empty_patch_max_diff:.1e}",
+             f"repair fraction, whole activation patched: {r.whole_fraction:+.3f}; every feature patched (error term "
+             f"kept): {r.all_features_fraction:+.3f}",
+             "top features by attribution (one backward pass), with their exact single-feature repair fraction:"]
+    for j, est, exact in r.top:
+        lines.append(f"  feature {j:>6}: estimate {est:+.3f}, exact {exact:+.3f}")
+    lines += ["", "subsets of these features:", threshold_text(r.search)]
+    return "\n".join(lines)

@@ -38,6 +38,7 @@ _ALL = [
               "d_head-wide slices of the attention output *after* W_O (what the original paper called heads)"),
     Component("mlp_out", "blocks.{layer}.hook_mlp_out", "whole", "the MLP output"),
     Component("resid_pre", "blocks.{layer}.hook_resid_pre", "whole", "the residual stream entering the layer"),
+    Component("resid_post", "blocks.{layer}.hook_resid_post", "whole", "the residual stream leaving the layer"),
 ]
 COMPONENTS: dict[str, Component] = {c.name: c for c in _ALL}
 

@@ -31,11 +31,12 @@ from ..stats import wilson
 @dataclass(frozen=True, order=True)
 class Unit:
     layer: int
-    head: int
+    head: int  # a head, or an SAE feature (kind "F")
+    kind: str = "H"
 
     @property
     def label(self) -> str:
-        return f"L{self.layer}H{self.head}"
+        return f"L{self.layer}{self.kind}{self.head}"
 
 
 _UNIT_RE = re.compile(r"^(?:L?(\d+)[.H:])?H?(\d+)$", re.I)
@@ -168,7 +169,8 @@ def make_plan(units: Sequence[Unit], groups: dict[str, tuple[int, ...]], *, budg
 
 
 def plan_from_options(options: dict) -> Plan:
-    units = [Unit(int(m.group(1)), int(m.group(2))) for m in (re.match(r"L(\d+)H(\d+)", s) for s in options["units"])]
+    units = [Unit(int(m.group(1)), int(m.group(3)), m.group(2))
+             for m in (re.match(r"L(\d+)([HF])(\d+)", s) for s in options["units"])]
     groups = {k: tuple(v) for k, v in options["groups"].items()}
     return make_plan(units, groups, budget=options["budget"], grid=tuple(options["grid"]) if options["grid"] else None,
                      grid_budget=options["grid_budget"], seed=options["seed"])
@@ -184,15 +186,16 @@ def bool_to_bits(rows: np.ndarray) -> list[int]:
 
 
 # ----------------------------------------------------------------------------- evaluation
-def chunk_scores(contrast, plan: Plan, c: int, chunk: int, component: str = "z") -> dict:
-    """Chunk c of the plan: its subsets as a bool [subsets, units] array and their item scores [subsets, items]."""
+def chunk_scores(contrast, plan: Plan, c: int, chunk: int, component: str = "z", sites: dict | None = None) -> dict:
+    """Chunk c of the plan: its subsets as a bool [subsets, units] array and their item scores [subsets, items].
+    `sites` (layer -> site) overrides the component's sites, e.g. an SAE's `FeatureSite`."""
     import torch
 
     from ..sites import Site
 
     n_units = len(plan.units)
     layers = sorted({u.layer for u in plan.units})
-    sites = {L: Site.of(component, L) for L in layers}
+    sites = sites or {L: Site.of(component, L) for L in layers}
     H = contrast.units(sites[layers[0]])
     masks = plan.unique[c * chunk: (c + 1) * chunk]
     on = torch.from_numpy(bits_to_bool(masks, n_units)).float()

@@ -88,6 +88,11 @@ def weights_dir(name: str) -> Path:
     return WEIGHTS / name
 
 
+def sae_dir(name: str) -> Path:
+    """Where an organism's SAEs live (`surgeon sae train` writes one folder per hook point here)."""
+    return WEIGHTS.parent / "saes" / name
+
+
 def is_available(name: str, root: Path | None = None) -> bool:
     d = (root or WEIGHTS) / name
     return (d / "model.safetensors").exists() and (d / "config.json").exists()

@@ -1,0 +1,97 @@
+"""SAE features as a site of the intervention core: masks over an SAE's features at one hook point.
+
+An SAE reading hook point h splits the activation there into its reconstruction and an error term,
+
+    act = decode(f) + err,   f = encode(act),   err = act - decode(f).
+
+Patching features with mask m (one value per feature) keeps the error term and moves the features:
+
+    act <- act + decode(f + m * (f_source - f)) - decode(f)
+
+with f the features of this run's *current* activation (upstream patches may have changed it) and
+f_source those of the other run at the aligned positions. An empty mask leaves the activation exactly
+as it was (the two decodes are of the same tensor); a full mask on an SAE with a linear decoder moves
+the reconstruction to the other run's and keeps this run's error. `FeatureSite` is the mask key
+`Contrast.run` accepts beside node and edge sites: masks [P, d_sae] put P feature sets in the batch
+dimension, and masks that require grad give d(score)/d(mask) for every feature from one backward pass.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from .errors import AnalysisError
+from .sites import Site, hook_component, hook_layer
+
+
+@dataclass(frozen=True, eq=False)
+class FeatureSite:
+    """An SAE's features at its hook point; the key of a feature mask [P, d_sae] in `Contrast.run`."""
+
+    sae: object  # a sae-lens SAE (encode, decode, cfg.d_sae)
+    hook: str
+
+    @staticmethod
+    def of(sae, hook: str | None = None) -> "FeatureSite":
+        hook = hook or sae_hook(sae)
+        comp = hook_component(hook)
+        if comp.units != "whole":
+            raise AnalysisError(f"SAEs on {hook} are not supported as a patching site", field="--sae-id",
+                                fix="use SAEs that read the residual stream, the MLP output or the attention output")
+        return FeatureSite(sae, hook)
+
+    @property
+    def layer(self) -> int:
+        return hook_layer(self.hook)
+
+    @property
+    def component(self):
+        return hook_component(self.hook)
+
+    def n_units(self, cfg=None) -> int:
+        return int(self.sae.cfg.d_sae)
+
+    def node_sites(self) -> list[Site]:
+        """The node site whose activations (base and source, at the aligned positions) the features read."""
+        return [Site(self.hook, self.component)]
+
+    def encode(self, act: Tensor) -> Tensor:
+        sae = self.sae
+        return sae.encode(act.to(sae.W_enc.device, sae.W_enc.dtype))
+
+    def decode(self, f: Tensor) -> Tensor:
+        return self.sae.decode(f)
+
+
+def sae_hook(sae) -> str:
+    hook = getattr(getattr(sae.cfg, "metadata", None), "hook_name", None) or getattr(sae.cfg, "hook_name", None)
+    if not hook:
+        raise AnalysisError("the SAE does not say which hook point it reads (cfg.metadata.hook_name)", field="SAE config",
+                            fix="set metadata.hook_name in the SAE's cfg.json, e.g. blocks.3.hook_mlp_out")
+    return hook
+
+
+def feature_hooks(site: FeatureSite, mask: Tensor, source_act: Tensor, copies: int, n: int, rel: Tensor,
+                  valid: Tensor) -> list:
+    """The hook that patches features of mask [copies, d_sae] (or [copies, S, d_sae]) at the aligned positions.
+
+    `source_act`: the other run's activation there [n, S, 1, d]; `rel` [n, S] the positions relative to
+    the first position the pass computes; `valid` [n, S] 1 for real (not padded) slots."""
+    f_src = site.encode(source_act[:, :, 0])  # [n, S, F]
+    m = mask[:, None, None, :] if mask.dim() == 2 else mask[:, None]  # [c, 1, S|1, F]
+    m = m.to(f_src.device, f_src.dtype) * valid.to(f_src.device, f_src.dtype)[None, :, :, None]
+    idx = torch.arange(n)[:, None]
+
+    def hook(act, hook):
+        out = act.clone() if torch.is_grad_enabled() else act
+        x = out.view(copies, n, *out.shape[1:])
+        i, r = idx.to(x.device), rel.to(x.device)
+        cur = x[:, i, r]  # [c, n, S, d]
+        f = site.encode(cur)
+        moved = site.decode(f + m.to(f.device) * (f_src.to(f.device) - f)) - site.decode(f)
+        x[:, i, r] = cur + moved.to(x.device, x.dtype)
+        return out
+
+    return [(site.hook, hook)]

@@ -1,0 +1,125 @@
+"""Finding and loading SAEs offline: pretrained sae-lens releases from the local Hugging Face cache, or
+local directories (sae-lens's `save_model` layout: cfg.json + sae_weights.safetensors).
+
+An `SAESource` names one SAE per layer with `{layer}` templating: `release="llama_scope_lxm_8x",
+sae_id="l{layer}m_8x"` or `path="saes/blocks.{layer}.hook_mlp_out"`. A case file may name its SAEs as
+`saes={"release": ..., "id": ...}` or `saes={"dir": ...}` (a relative directory is read from the case
+file's folder). Nothing here touches the network.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..errors import SurgeonError
+
+# how surgeon loads a model (see surgeon.models): an SAE trained on a model loaded otherwise reads other activations
+_OUR_MODEL_PROCESSING = dict(fold_ln=False, center_writing_weights=False, center_unembed=False,
+                             fold_value_biases=False, refactor_factored_attn_matrices=False)
+
+
+class SAEError(SurgeonError):
+    """An SAE cannot be found, loaded, or used with this model."""
+
+
+@dataclass(frozen=True)
+class SAESource:
+    release: str | None = None
+    sae_id: str | None = None  # with {layer}
+    path: str | None = None  # with {layer}
+
+    def __post_init__(self):
+        if (self.path is None) == (self.release is None):
+            raise SAEError("name SAEs either by a sae-lens release and id or by a local directory", field="--sae-release",
+                           fix="give --sae-release R --sae-id 'l{layer}m_8x', or --sae-dir 'DIR/blocks.{layer}.hook_mlp_out'")
+        if self.release is not None and not self.sae_id:
+            raise SAEError(f"release {self.release!r} needs an SAE id", field="--sae-id",
+                           fix="e.g. --sae-id 'l{layer}m_8x' ({layer} is replaced by each layer)")
+
+    @staticmethod
+    def from_case(case, release: str | None = None, sae_id: str | None = None, path: str | None = None) -> "SAESource":
+        """Command-line choices first, then the case's `saes` (a relative dir from the case file's folder)."""
+        if release or sae_id or path:
+            return SAESource(release, sae_id, path)
+        spec = dict(getattr(case, "saes", None) or {})
+        if not spec:
+            raise SAEError(f"case {case.name!r} names no SAEs and none were given", field="--sae-dir",
+                           fix="give --sae-dir DIR (or --sae-release and --sae-id), or set saes={...} in the case file")
+        if "dir" in spec:
+            p = Path(str(spec["dir"])).expanduser()
+            if not p.is_absolute() and case.source:
+                p = Path(case.source).parent / p
+            return SAESource(path=str(p))
+        return SAESource(spec.get("release"), spec.get("id"))
+
+    def describe(self, layer: int) -> str:
+        return self.path.format(layer=layer) if self.path else f"{self.release}/{self.sae_id.format(layer=layer)}"
+
+    def neuronpedia(self, layer: int) -> str | None:
+        """The release's Neuronpedia id for this layer's SAE (feature pages are BASE/ID/FEATURE), if it has one."""
+        if self.release is None:
+            return None
+        from sae_lens.loading.pretrained_saes_directory import get_pretrained_saes_directory
+
+        entry = get_pretrained_saes_directory().get(self.release)
+        return (entry.neuronpedia_id or {}).get(self.sae_id.format(layer=layer)) if entry else None
+
+
+def neuronpedia_url(np_id: str | None, feature: int) -> str | None:
+    return f"https://www.neuronpedia.org/{np_id}/{feature}" if np_id else None
+
+
+def load_sae(source: SAESource, layer: int, device: str = "cpu", dtype: str = "float32"):
+    """The sae-lens SAE for one layer, from the local disk or cache only."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    from sae_lens import SAE
+
+    if source.path is not None:
+        p = Path(source.path.format(layer=layer)).expanduser()
+        if not (p / "cfg.json").is_file():
+            raise SAEError(f"{p} is not an SAE directory (no cfg.json)", field="--sae-dir",
+                           fix="point at a directory written by sae-lens (cfg.json + sae_weights.safetensors); "
+                               "use {layer} for the layer number")
+        try:
+            sae = SAE.load_from_disk(str(p), device=device, dtype=dtype)
+        except Exception as e:  # a broken file: say which
+            raise SAEError(f"cannot load the SAE in {p}: {type(e).__name__}: {e}", field="--sae-dir",
+                           fix="re-save it with sae-lens (sae.save_model(DIR))") from None
+        return sae
+    sae_id = source.sae_id.format(layer=layer)
+    _check_processing(source.release, sae_id)
+    try:
+        sae = SAE.from_pretrained(source.release, sae_id, device=device, dtype=dtype)
+    except ValueError as e:
+        raise SAEError(str(e).splitlines()[0], field="--sae-id",
+                       fix="check the release and id against sae-lens's pretrained_saes.yaml") from None
+    except Exception as e:
+        from huggingface_hub.errors import LocalEntryNotFoundError
+
+        if isinstance(e, (LocalEntryNotFoundError, FileNotFoundError, OSError)):
+            raise SAEError(f"SAE {source.release}/{sae_id} is not in the local Hugging Face cache (and surgeon works "
+                           "offline)", field="--sae-release",
+                           fix="download it on a connected machine (huggingface-cli download REPO) into the cache, "
+                               "or save it as a directory and use --sae-dir") from None
+        raise
+    return sae
+
+
+def _check_processing(release: str, sae_id: str) -> None:
+    """Refuse SAEs trained on a model loaded with weight processing surgeon does not do."""
+    from sae_lens.loading.pretrained_saes_directory import get_pretrained_saes_directory
+
+    entry = get_pretrained_saes_directory().get(release)
+    overrides = (entry.config_overrides or {}) if entry else {}
+    kwargs = overrides.get("model_from_pretrained_kwargs") or {}
+    differ = {k: v for k, v in kwargs.items() if k in _OUR_MODEL_PROCESSING and v != _OUR_MODEL_PROCESSING[k]}
+    if differ:
+        raise SAEError(f"SAE {release}/{sae_id} was trained on a model loaded with {differ}; surgeon loads models "
+                       "unprocessed, so its features would be read from other activations", field="--sae-release",
+                       fix="use an SAE trained on the unprocessed model, or one you trained (surgeon sae train)")
+
+
+def load_saes(source: SAESource, layers, device: str = "cpu", dtype: str = "float32") -> dict:
+    """{layer: SAE} for the given layers."""
+    return {L: load_sae(source, L, device, dtype) for L in layers}

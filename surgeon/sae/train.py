@@ -1,0 +1,106 @@
+"""Training SAEs for a case's model with sae-lens's own trainer (`SAETrainer`), on the model's activations
+over the case's text in every format (each item's prompt with each answer, every position but BOS).
+
+Deterministic: the SAE's initialisation and the batches drawn from the activations follow `seed`. The
+organisms' SAEs are small (TopK, 4 x d_model features) and ship beside their weights; `surgeon sae train`
+rebuilds them.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+import torch
+from torch import Tensor
+
+
+@dataclass(frozen=True)
+class TrainOptions:
+    expansion: int = 4  # d_sae = expansion x d_in
+    k: int = 8  # active features per token (TopK)
+    steps: int = 2000
+    batch: int = 256
+    lr: float = 3e-3
+    seed: int = 0
+
+
+@torch.no_grad()
+def collect_activations(case, model, hooks: Sequence[str], batch_size: int = 64) -> dict[str, Tensor]:
+    """[tokens, d] activations at each hook over every format's rows (prompt + each answer), BOS dropped."""
+    from ..analyses.common import format_rows, prepend_bos
+
+    rows = [r for fmt in case.formats for r in format_rows(case, model, fmt, case.items)]
+    skip = 1 if prepend_bos(case, model) else 0
+    out: dict[str, list[Tensor]] = {h: [] for h in hooks}
+    device = next(model.parameters()).device
+    pad = getattr(model.tokenizer, "pad_token_id", None) or 0
+    for lo in range(0, len(rows), batch_size):
+        chunk = rows[lo: lo + batch_size]
+        W = max(len(r.tokens) for r in chunk)
+        toks = torch.tensor([list(r.tokens) + [pad] * (W - len(r.tokens)) for r in chunk], device=device)
+        _, cache = model.run_with_cache(toks, names_filter=list(hooks))
+        for h in hooks:
+            for i, r in enumerate(chunk):  # right padding: real positions never read the pad after them
+                out[h].append(cache[h][i, skip: len(r.tokens)].float().cpu())
+    return {h: torch.cat(v) for h, v in out.items()}
+
+
+def train_sae(acts: Tensor, hook: str, opts: TrainOptions = TrainOptions(), model_name: str = "", progress: bool = False):
+    """A TopK SAE trained with sae-lens's SAETrainer on `acts` [tokens, d]; returned in training form."""
+    from sae_lens.config import SAETrainerConfig
+    from sae_lens.saes.sae import SAEMetadata
+    from sae_lens.saes.topk_sae import TopKTrainingSAE, TopKTrainingSAEConfig
+    from sae_lens.training.sae_trainer import SAETrainer
+
+    d = acts.shape[1]
+    torch.manual_seed(opts.seed)
+    cfg = TopKTrainingSAEConfig(d_in=d, d_sae=opts.expansion * d, k=opts.k,
+                                metadata=SAEMetadata(hook_name=hook, model_name=model_name, prepend_bos=True))
+    sae = TopKTrainingSAE(cfg)
+    gen = torch.Generator().manual_seed(opts.seed)
+
+    def batches():
+        while True:
+            yield acts[torch.randint(0, len(acts), (opts.batch,), generator=gen)]
+
+    window = max(100, opts.steps // 4)
+    tcfg = SAETrainerConfig(total_training_samples=opts.batch * opts.steps, train_batch_size_samples=opts.batch,
+                            lr=opts.lr, lr_end=opts.lr / 10, lr_scheduler_name="cosineannealing",
+                            dead_feature_window=window, feature_sampling_window=window)
+    if progress:
+        return SAETrainer(tcfg, sae, batches()).fit()
+    import contextlib
+    import io
+
+    with contextlib.redirect_stderr(io.StringIO()):  # sae-lens's own bar: surgeon shows one per SAE
+        return SAETrainer(tcfg, sae, batches()).fit()
+
+
+def save(sae, path: Path, record: dict | None = None) -> None:
+    """Write an SAE in the inference layout sae-lens loads (cfg.json + sae_weights.safetensors), atomically,
+    with `record` (how it was trained) as training.json beside it."""
+    import os
+    import shutil
+    import tempfile
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
+    try:
+        sae.save_inference_model(tmp)
+        if record is not None:
+            import json
+
+            (tmp / "training.json").write_text(json.dumps(record, indent=1, sort_keys=True) + "\n")
+        umask = os.umask(0)
+        os.umask(umask)
+        tmp.chmod(0o777 & ~umask)
+        for f in tmp.iterdir():  # mkdtemp and safetensors create private files: follow the umask
+            f.chmod(0o666 & ~umask)
+        if path.exists():
+            shutil.rmtree(path)
+        tmp.rename(path)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp)

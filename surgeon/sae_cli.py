@@ -1,0 +1,205 @@
+"""`surgeon sae ...`: the SAE commands (train, quality, overlap, amplified, heads, repair), thin over
+`surgeon.sae` and `surgeon.analyses.sae_*`."""
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from .errors import SurgeonError
+
+
+def add_parser(sub, common, items) -> None:
+    p = sub.add_parser("sae", help="SAE features across formats (sae-lens): train, quality, overlap, amplified, "
+                                   "heads, repair")
+    ssub = p.add_subparsers(dest="action", required=True)
+
+    def sae_opts(q, layers=True):
+        common(q)
+        q.add_argument("--sae-release", help="a sae-lens pretrained release, e.g. llama_scope_lxm_8x (local HF cache only)")
+        q.add_argument("--sae-id", help="the SAE id within the release; {layer} is replaced, e.g. 'l{layer}m_8x'")
+        q.add_argument("--sae-dir", help="local SAE directories (sae-lens layout); {layer} is replaced, "
+                                         "e.g. saes/blocks.{layer}.hook_mlp_out (default: the case's saes)")
+        if layers:
+            q.add_argument("--layers", help="layers, e.g. 7,10 or 0-31 (default: every layer with an SAE)")
+
+    q = ssub.add_parser("train", help="train SAEs on the case's text in every format with sae-lens's trainer")
+    common(q)
+    q.add_argument("--layers", help="layers (default: all)")
+    q.add_argument("--component", default="mlp_out", choices=["mlp_out", "attn_out", "resid_pre", "resid_post"],
+                   help="which activation the SAEs read (default: mlp_out, as Llama Scope's lxm SAEs)")
+    q.add_argument("--k", type=int, default=8, help="active features per token (TopK; default 8)")
+    q.add_argument("--expansion", type=int, default=4, help="features per input dimension (default 4)")
+    q.add_argument("--steps", type=int, default=2000, help="training steps of 256 activations (default 2000)")
+    q.add_argument("--sae-out", type=Path, help="write SAEs under this directory, one folder per hook "
+                                                 "(default: the organism's SAE folder for organism models)")
+
+    q = ssub.add_parser("quality", help="L0, explained variance, MSE, dead features and the score shift when the "
+                                        "reconstruction replaces the activation")
+    sae_opts(q)
+
+    q = ssub.add_parser("overlap", help="per layer: top-k feature overlap, Jaccard and weighted Jaccard between the "
+                                        "good and each failing format, with intervals over items")
+    sae_opts(q)
+    q.add_argument("--top-k", type=int, default=20, help="features per set (default 20, the paper's)")
+    q.add_argument("--position", default="last", choices=["last", "aligned"],
+                   help="last prompt token (default) or every position the case's align matches")
+    items(q)
+
+    q = ssub.add_parser("amplified", help="features active in both formats ranked by activation ratio failing/good, "
+                                          "and features active in one format only")
+    sae_opts(q, layers=False)
+    q.add_argument("--layer", type=int, required=True, help="the SAE's layer")
+    q.add_argument("--position", default="last", choices=["last", "aligned"], help="default: last")
+    q.add_argument("--labels", type=Path, help="JSON {feature: label} to print beside features")
+    q.add_argument("--top", type=int, default=20, help="features to list (default 20)")
+    q.add_argument("--min-items", type=int, help="rank only features active in both formats on at least this many "
+                                                  "items (default: 10%% of the items, at least 3)")
+    items(q)
+
+    q = ssub.add_parser("heads", help="how much each head (and head group), patched from the good format into the "
+                                      "failing one, moves the top SAE features")
+    sae_opts(q, layers=False)
+    q.add_argument("--layer", type=int, required=True, help="the heads' layer")
+    q.add_argument("--sae-layer", type=int, required=True, help="the SAE's layer (at or after --layer)")
+    q.add_argument("--top", type=int, default=10, help="features: the ones differing most between formats (default 10)")
+    q.add_argument("--groups", default="even,odd", help="head groups to patch together (default: even,odd)")
+    items(q)
+
+    q = ssub.add_parser("repair", help="feature-level repair: attribution over all features, then subsets of the top "
+                                       "ones, against patching the whole activation")
+    sae_opts(q, layers=False)
+    q.add_argument("--layer", type=int, required=True, help="the SAE's layer")
+    q.add_argument("--top", type=int, default=8, help="features to search subsets of (default 8, at most 24)")
+    q.add_argument("--budget", type=int, default=2000, help="subsets per size (default 2000)")
+    q.add_argument("--direction", default="denoise", choices=["denoise", "noise"], help="default: denoise")
+    items(q)
+
+
+def _source(args, case):
+    from .sae.load import SAESource
+
+    return SAESource.from_case(case, args.sae_release, args.sae_id, args.sae_dir)
+
+
+def _layers(args, model, source):
+    from .cli import parse_layers
+
+    n = model.cfg.n_layers
+    layers = parse_layers(getattr(args, "layers", None))
+    if layers is None:
+        if source.path is not None:
+            layers = [L for L in range(n) if (Path(source.path.format(layer=L)) / "cfg.json").is_file()]
+            if not layers:
+                raise SurgeonError(f"no SAE directory matches {source.path} for any layer 0..{n - 1}", field="--sae-dir",
+                                   fix="train them (surgeon sae train) or point --sae-dir at DIR/blocks.{layer}.hook_...")
+        else:
+            layers = list(range(n))
+    for L in layers:
+        if not 0 <= L < n:
+            raise SurgeonError(f"layer {L} is out of range (the model has layers 0..{n - 1})", field="--layers",
+                               fix=f"use layers between 0 and {n - 1}")
+    return layers
+
+
+def run(args) -> int:
+    from .cli import _load, _report
+
+    case, model, device = _load(args)
+    if args.action == "train":
+        return _train(args, case, model, device)
+    from . import figures, report
+    from .sae.load import load_sae
+
+    source = _source(args, case)
+    dtype = args.dtype
+    if args.action in ("quality", "overlap"):
+        layers = _layers(args, model, source)
+        saes = {L: load_sae(source, L, device, dtype) for L in layers}
+        where = {L: source.describe(L) for L in layers}
+        if args.action == "quality":
+            from .features import sae_hook
+            from .sae.quality import measure, quality_text
+            from .sae.train import collect_activations
+
+            hooks = {L: sae_hook(s) for L, s in saes.items()}
+            acts = collect_activations(case, model, sorted(set(hooks.values())))
+            qs = [measure(case, model, saes[L], L, hooks[L], acts[hooks[L]], where[L], args.batch_size) for L in layers]
+            return _report(args, "sae-quality", qs, case, device, quality_text(qs), {})
+        from .analyses.sae_features import overlap
+
+        r = overlap(case, model, saes, k=args.top_k, position=args.position, bad=args.bad, tag=args.tag or "all",
+                    sources=where)
+        return _report(args, "sae-overlap", r, case, device, report.overlap_text(r), {"overlap.png": figures.overlap_figure})
+    L = args.layer if args.action != "heads" else args.sae_layer
+    if not 0 <= L < model.cfg.n_layers:
+        raise SurgeonError(f"layer {L} is out of range (the model has layers 0..{model.cfg.n_layers - 1})",
+                           field="--sae-layer" if args.action == "heads" else "--layer",
+                           fix=f"use a layer between 0 and {model.cfg.n_layers - 1}")
+    sae = load_sae(source, L, device, dtype)
+    if args.action == "amplified":
+        from .analyses.sae_features import amplified
+
+        labels = None
+        if args.labels:
+            try:
+                labels = {str(k): str(v) for k, v in json.loads(Path(args.labels).read_text()).items()}
+            except (OSError, ValueError, AttributeError) as e:
+                raise SurgeonError(f"cannot read labels from {args.labels}: {e}", field="--labels",
+                                   fix='give a JSON object {"123": "label of feature 123", ...}') from None
+        r = amplified(case, model, sae, L, bad=args.bad, position=args.position, tag=args.tag or "all",
+                      min_items=args.min_items, top=args.top, labels=labels, neuronpedia=source.neuronpedia(L),
+                      source=source.describe(L))
+        return _report(args, "sae-amplified", r, case, device, report.amplified_text(r, args.top), {})
+    if args.action == "heads":
+        from .analyses.sae_heads import head_feature_effects
+
+        groups = [g for g in args.groups.split(",") if g.strip()]
+        r = head_feature_effects(case, model, sae, layer=args.layer, groups=groups, bad=args.bad, tag=args.tag,
+                                 top=args.top, batch_size=args.batch_size, source=source.describe(L))
+        return _report(args, "sae-heads", r, case, device, report.head_feature_text(r),
+                       {"heads_features.png": figures.head_feature_heatmap})
+    from .analyses.sae_repair import feature_repair
+
+    r = feature_repair(case, model, sae, top=args.top, direction=args.direction, bad=args.bad, tag=args.tag,
+                       budget=args.budget, batch_size=args.batch_size, source=source.describe(L), progress=True)
+    return _report(args, "sae-repair", r, case, device, report.feature_repair_text(r), {})
+
+
+def _train(args, case, model, device) -> int:
+    from . import organisms
+    from .models import resolve
+    from .sae.quality import measure, quality_text
+    from .sae.train import TrainOptions, collect_activations, save, train_sae
+
+    out = args.sae_out
+    if out is None:
+        ref = resolve(case.model)
+        if ref.kind != "organism":
+            raise SurgeonError("where should the SAEs go?", field="--sae-out", fix="give --sae-out DIR")
+        out = organisms.sae_dir(ref.name)
+    layers = _layers(argparse.Namespace(layers=args.layers), model, _AllLayers())
+    hooks = {L: f"blocks.{L}.hook_{args.component}" for L in layers}
+    acts = collect_activations(case, model, list(hooks.values()))
+    opts = TrainOptions(expansion=args.expansion, k=args.k, steps=args.steps, seed=args.seed)
+    from tqdm.auto import tqdm
+
+    qs = []
+    for L in tqdm(layers, desc="training SAEs", unit="SAE"):
+        sae = train_sae(acts[hooks[L]], hooks[L], opts, model_name=case.model)
+        save(sae, Path(out) / hooks[L], dict(case=case.name, model=case.model, hook=hooks[L], component=args.component,
+                                             n_activations=int(acts[hooks[L]].shape[0]), **opts.__dict__,
+                                             command=f"surgeon sae train {args.case} --layers {L} --component "
+                                                     f"{args.component} --k {opts.k} --expansion {opts.expansion} "
+                                                     f"--steps {opts.steps} --seed {opts.seed}"))
+        from .sae.load import SAESource, load_sae
+
+        inf = load_sae(SAESource(path=str(Path(out) / hooks[L])), L)
+        qs.append(measure(case, model, inf, L, hooks[L], acts[hooks[L]], str(Path(out) / hooks[L]), args.batch_size))
+    print(f"trained {len(layers)} SAEs ({acts[hooks[layers[0]]].shape[0]:,} activations each, {opts}) into {out}")
+    print(quality_text(qs))
+    return 0
+
+
+class _AllLayers:
+    path = None

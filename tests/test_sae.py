@@ -1,0 +1,301 @@
+"""SAE analysis: metrics on hand-built sets, feature patching on the core, loading paths, quality, and the
+organisms' shipped SAEs."""
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+from tests.conftest import ROOT
+
+
+@pytest.fixture(scope="module")
+def threshold_case():
+    from surgeon import load_case
+
+    return load_case(os.path.join(ROOT, "cases", "threshold_organism.py"))
+
+
+@pytest.fixture(scope="module")
+def threshold_model():
+    from surgeon.models import load_model
+
+    return load_model("organism:threshold")
+
+
+def shipped(name, layer):
+    from surgeon.organisms import sae_dir
+    from surgeon.sae.load import SAESource, load_sae
+
+    hook = {"decimal": "mlp_out", "threshold": "attn_out"}[name]
+    return load_sae(SAESource(path=str(sae_dir(name)) + "/blocks.{layer}.hook_" + hook), layer)
+
+
+# ----------------------------------------------------------------------------- metrics on hand-built sets
+def test_overlap_metrics_on_hand_built_sets():
+    from surgeon.analyses.sae_features import overlap_metrics
+
+    a = torch.tensor([[3.0, 2.0, 1.0, 0.0, 0.0],   # top-2 {0, 1}
+                      [1.0, 0.0, 0.0, 0.0, 0.0],   # one active feature
+                      [0.0, 0.0, 0.0, 0.0, 0.0]])  # nothing active
+    b = torch.tensor([[0.0, 2.0, 1.0, 3.0, 0.0],   # top-2 {3, 1}
+                      [2.0, 0.0, 0.0, 5.0, 0.0],
+                      [1.0, 0.0, 0.0, 0.0, 0.0]])
+    m = overlap_metrics(a, b, k=2)
+    assert m["overlap"][0] == pytest.approx(0.5)  # |{1}| / 2
+    assert m["jaccard"][0] == pytest.approx(1 / 3)  # |{1}| / |{0, 1, 3}|
+    assert m["weighted_jaccard"][0] == pytest.approx(3 / 9)  # (0+2+1+0+0) / (3+2+1+3+0)
+    assert m["overlap"][1] == pytest.approx(1.0)  # A = {0} is inside B = {3, 0}: / min(|A|, |B|)
+    assert m["jaccard"][1] == pytest.approx(0.5)
+    assert m["weighted_jaccard"][1] == pytest.approx(1 / 7)
+    assert np.isnan(m["overlap"][2]) and m["jaccard"][2] == 0 and m["weighted_jaccard"][2] == 0
+    same = overlap_metrics(b, b, k=2)
+    assert np.allclose(same["overlap"], 1) and np.allclose(same["weighted_jaccard"], 1)
+
+
+# ----------------------------------------------------------------------------- features on the core
+def test_empty_feature_patch_reproduces_the_model_and_gradients_match(decimal_case, decimal_model):
+    from surgeon.analyses.common import make_contrast
+    from surgeon.features import FeatureSite
+    from surgeon.sites import Site
+
+    sae = shipped("decimal", 1)
+    fs = FeatureSite.of(sae)
+    c, _ = make_contrast(decimal_case, decimal_model, sites=[Site.coerce(fs.hook)])
+    F = fs.n_units()
+    with torch.no_grad():
+        empty = c.run({fs: torch.zeros(1, F)})[0]
+    assert torch.allclose(empty, c.clean_base, atol=1e-5)  # reconstruction + error term = the activation
+    m = torch.zeros(1, F, requires_grad=True)
+    with torch.enable_grad():
+        c.run({fs: m}).mean().backward()
+    top = torch.argsort(m.grad[0].abs(), descending=True)[:4]
+    eps = 1e-2
+    with torch.no_grad():
+        fd = (c.run({fs: eps * torch.eye(F)[top]}).mean(1) - empty.mean()) / eps
+    assert torch.allclose(fd, m.grad[0, top], rtol=0.05, atol=1e-4)
+
+
+def test_feature_patch_equals_independent_hooks(decimal_case, decimal_model):
+    """Patching a feature set through the core = a hand-written hook that moves those features at the last
+    prompt token and the answer tokens (align='last') of every failing-format row."""
+    from surgeon.analyses.common import format_rows, make_contrast
+    from surgeon.core import score_rows
+    from surgeon.encoding import align
+    from surgeon.features import FeatureSite
+    from surgeon.sites import Site
+
+    sae = shipped("decimal", 2)
+    fs = FeatureSite.of(sae)
+    items = decimal_case.items_for("trap")[:6]
+    case = type(decimal_case)(**{**decimal_case.__dict__, "items": items, "focus": None})
+    c, _ = make_contrast(case, decimal_model, sites=[Site.coerce(fs.hook)], tag="all")
+    chosen = torch.tensor([3, 17, 40, 77, 200])
+    mask = torch.zeros(1, fs.n_units()).index_fill_(1, chosen, 1.0)
+    with torch.no_grad():
+        core = c.run({fs: mask})[0]
+    rows_b = format_rows(case, decimal_model, "qa", items)
+    rows_g = format_rows(case, decimal_model, "plain", items)
+    ref = []
+    for rb, rg in zip(rows_b, rows_g):
+        pb, pg = align(rb, rg, "last")
+        _, cache = decimal_model.run_with_cache(torch.tensor([rg.tokens]), names_filter=[fs.hook])
+        f_src = sae.encode(cache[fs.hook][0, pg])
+
+        def hook(act, hook, pb=pb, f_src=f_src):
+            act = act.clone()
+            f = sae.encode(act[0, pb])
+            f2 = f.clone()
+            f2[:, chosen] = f_src[:, chosen]
+            act[0, pb] = act[0, pb] + sae.decode(f2) - sae.decode(f)
+            return act
+        with decimal_model.hooks(fwd_hooks=[(fs.hook, hook)]), torch.no_grad():
+            ref.append(score_rows(decimal_model, [type(rb)(**{**rb.__dict__, "item": 0})]))
+    # items with two rows (whole-answer scoring) sum their rows' signed log-probabilities
+    per_item = torch.zeros(len(items))
+    for rb, s in zip(rows_b, ref):
+        per_item[rb.item] += s[0]
+    assert torch.allclose(core, per_item, atol=1e-4)
+
+
+# ----------------------------------------------------------------------------- head -> feature effects
+def test_head_feature_effects_match_hand_written_hooks(threshold_case, threshold_model):
+    """On the threshold organism (formats of equal length): the odd group's effect on each feature equals
+    patching the odd heads' z at the last prompt token with a hand-written hook and encoding attn_out."""
+    from surgeon.analyses.sae_heads import head_feature_effects
+    from surgeon.encoding import prompt_rows
+
+    sae = shipped("threshold", 0)
+    r = head_feature_effects(threshold_case, threshold_model, sae, layer=0, top=8)
+    H = threshold_model.cfg.n_heads
+    odd = torch.arange(1, H, 2)
+    items = threshold_case.items_for(threshold_case.focus)
+    qa = prompt_rows(threshold_case.formats["qa"], items, threshold_model.tokenizer, True)
+    plain = prompt_rows(threshold_case.formats["plain"], items, threshold_model.tokenizer, True)
+    tq, tp = torch.tensor([r_.tokens for r_ in qa]), torch.tensor([r_.tokens for r_ in plain])
+    hook_z, hook_out = "blocks.0.attn.hook_z", "blocks.0.hook_attn_out"
+    _, cp = threshold_model.run_with_cache(tp, names_filter=[hook_z])
+    _, cq = threshold_model.run_with_cache(tq, names_filter=[hook_out])
+
+    def patch(z, hook):
+        z = z.clone()
+        z[:, -1, odd] = cp[hook_z][:, -1, odd]
+        return z
+    kept = {}
+    with threshold_model.hooks(fwd_hooks=[(hook_z, patch), (hook_out, lambda a, hook: kept.setdefault("x", a))]):
+        threshold_model(tq)
+    with torch.no_grad():
+        eff = (sae.encode(kept["x"][:, -1]) - sae.encode(cq[hook_out][:, -1]))[:, r.features].mean(0)
+    assert np.allclose(r.effect[r.units.index("odd")], eff.numpy(), atol=1e-3)
+    # the planted symmetry: every head of one parity does the same
+    rows = {p: np.stack([r.effect[i] for i, u in enumerate(r.units[:H]) if int(u.split("H")[1]) % 2 == p]) for p in (0, 1)}
+    for p in (0, 1):
+        assert np.allclose(rows[p], rows[p][0], atol=1e-3)
+
+
+def test_threshold_sae_features_follow_the_format_marker_not_the_answer(threshold_case, threshold_model):
+    """Measured fact (recorded in the README): the trained SAE's features that differ most between formats
+    are carried by the odd heads, which write only the format marker (the answer ignores them); all 16
+    even heads together, which carry the answer, move the top feature by less than 10% of its gap."""
+    from surgeon.analyses.sae_heads import head_feature_effects
+
+    r = head_feature_effects(threshold_case, threshold_model, shipped("threshold", 0), layer=0, top=3)
+    odd, even = r.fraction[r.units.index("odd")], r.fraction[r.units.index("even")]
+    assert odd[0] > 0.9 and abs(even[0]) < 0.1
+
+
+# ----------------------------------------------------------------------------- analyses end to end
+def test_overlap_and_amplified_on_the_decimal_organism(decimal_case, decimal_model):
+    from surgeon.analyses.sae_features import amplified, overlap
+
+    saes = {L: shipped("decimal", L) for L in range(3)}
+    r = overlap(decimal_case, decimal_model, saes, k=20)
+    for b in ("qa", "chat"):
+        ov = r.metrics[b]["overlap"]
+        assert all(e.n == 128 and e.lo <= e.value <= e.hi for e in ov)
+        assert ov[0].value < ov[2].value  # the formats differ most early and converge by the last layer
+        assert all(0 < e.value < 1 for e in ov)
+    a = amplified(decimal_case, decimal_model, saes[1], 1)
+    ratios = [f.ratio.value for f in a.ranked]
+    assert ratios == sorted(ratios, reverse=True) and all(f.n_both >= a.min_items for f in a.ranked)
+    assert a.only_bad and a.only_good
+
+
+def test_feature_repair_runs_the_subset_search(decimal_case, decimal_model):
+    from surgeon.analyses.sae_repair import feature_repair
+
+    r = feature_repair(decimal_case, decimal_model, shipped("decimal", 1), top=4, budget=100)
+    assert r.empty_patch_max_diff < 1e-5
+    assert len(r.top) == 4 and r.search.subsets_evaluated == 16
+    for (j, est, exact) in r.top:  # first-order estimates agree with exact single-feature patching here
+        assert abs(est - exact) < 0.2 * abs(exact) + 1e-3
+    # the search's single-feature subsets are the exact single-feature patches
+    assert r.search.size("all", 1).mean_repair_fraction == pytest.approx(np.mean([e for _, _, e in r.top]), abs=1e-5)
+
+
+# ----------------------------------------------------------------------------- quality
+def test_quality_flags_a_poor_sae_and_passes_the_shipped_ones(decimal_case, decimal_model):
+    from sae_lens.saes.sae import SAEMetadata
+    from sae_lens.saes.topk_sae import TopKSAE, TopKSAEConfig
+
+    from surgeon.sae.quality import measure
+    from surgeon.sae.train import collect_activations
+
+    hook = "blocks.1.hook_mlp_out"
+    acts = collect_activations(decimal_case, decimal_model, [hook])[hook]
+    good = measure(decimal_case, decimal_model, shipped("decimal", 1), 1, hook, acts, "shipped")
+    assert not good.warnings and good.explained_variance > 0.9 and good.l0 == pytest.approx(8)
+    torch.manual_seed(0)
+    poor = TopKSAE(TopKSAEConfig(d_in=64, d_sae=256, k=2, metadata=SAEMetadata(hook_name=hook)))
+    bad = measure(decimal_case, decimal_model, poor, 1, hook, acts, "random")
+    assert bad.warnings and bad.explained_variance < 0.7
+
+
+def test_training_is_deterministic_and_reproduces_the_shipped_sae(threshold_case, threshold_model, tmp_path):
+    from safetensors.torch import load_file
+
+    from surgeon.organisms import sae_dir
+    from surgeon.sae.train import TrainOptions, collect_activations, save, train_sae
+
+    hook = "blocks.0.hook_attn_out"
+    rec = json.loads((sae_dir("threshold") / hook / "training.json").read_text())
+    acts = collect_activations(threshold_case, threshold_model, [hook])[hook]
+    assert len(acts) == rec["n_activations"]
+    sae = train_sae(acts, hook, TrainOptions(k=rec["k"], expansion=rec["expansion"], steps=rec["steps"], seed=rec["seed"]))
+    save(sae, tmp_path / hook)
+    ref = load_file(str(sae_dir("threshold") / hook / "sae_weights.safetensors"))
+    new = load_file(str(tmp_path / hook / "sae_weights.safetensors"))
+    assert set(new) == set(ref) and all(torch.allclose(new[k], ref[k], atol=1e-4) for k in ref)
+
+
+# ----------------------------------------------------------------------------- where SAEs come from
+def test_local_dir_templating_and_errors(tmp_path):
+    from surgeon.sae.load import SAEError, SAESource, load_sae
+
+    from surgeon.organisms import sae_dir
+
+    sae = load_sae(SAESource(path=str(sae_dir("decimal")) + "/blocks.{layer}.hook_mlp_out"), 2)
+    assert sae.cfg.metadata.hook_name == "blocks.2.hook_mlp_out"
+    with pytest.raises(SAEError, match="not an SAE directory"):
+        load_sae(SAESource(path=str(tmp_path / "L{layer}")), 0)
+    with pytest.raises(SAEError, match="needs an SAE id"):
+        SAESource(release="llama_scope_lxm_8x")
+    with pytest.raises(SAEError, match="center_writing_weights"):  # trained on a processed model: refused
+        load_sae(SAESource("gpt2-small-res-jb", "blocks.{layer}.hook_resid_pre"), 0)
+    with pytest.raises(SAEError, match="--sae-id"):
+        load_sae(SAESource("llama_scope_lxm_8x", "no_such_{layer}"), 0)
+
+
+HF_SCRIPT = r"""
+import sys, torch
+from surgeon.sae.load import SAESource, load_sae, SAEError
+src = SAESource("gpt2-small-res_sce-ajt", "blocks.{layer}.hook_resid_pre")
+sae = load_sae(src, int(sys.argv[1]))
+print(float(sae.W_dec.sum()), src.neuronpedia(int(sys.argv[1])))
+"""
+
+
+def test_pretrained_release_from_a_hugging_face_cache_layout(tmp_path):
+    """The release path reads a cache written the way huggingface_hub lays it out, offline; a layer that is
+    not cached gives one clear error."""
+    from sae_lens.saes.sae import SAEMetadata
+    from sae_lens.saes.standard_sae import StandardSAE, StandardSAEConfig
+
+    torch.manual_seed(0)
+    sae = StandardSAE(StandardSAEConfig(d_in=16, d_sae=32, metadata=SAEMetadata(hook_name="blocks.2.hook_resid_pre")))
+    with torch.no_grad():
+        sae.W_dec.normal_()
+    rev = "0" * 40
+    repo = tmp_path / "hub" / "models--neuronpedia--gpt2-small__res_sce-ajt"
+    (repo / "refs").mkdir(parents=True)
+    (repo / "refs" / "main").write_text(rev)
+    sae.save_model(repo / "snapshots" / rev / "2-res_sce-ajt")
+    env = {**os.environ, "HF_HOME": str(tmp_path), "HF_HUB_OFFLINE": "1", "PYTHONPATH": ROOT}
+    out = subprocess.run([sys.executable, "-c", HF_SCRIPT, "2"], capture_output=True, text=True, env=env, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    total, np_id = out.stdout.split()
+    assert float(total) == pytest.approx(float(sae.W_dec.detach().sum()), rel=1e-5)
+    assert np_id == "gpt2-small/2-res_sce-ajt"
+    out = subprocess.run([sys.executable, "-c", HF_SCRIPT, "6"], capture_output=True, text=True, env=env, timeout=120)
+    assert out.returncode != 0 and "not in the local Hugging Face cache" in out.stderr
+
+
+# ----------------------------------------------------------------------------- the command line
+def test_sae_commands_write_results_and_refuse_bad_input(tmp_path, capsys):
+    from surgeon.cli import main
+
+    out = tmp_path / "ov"
+    assert main(["sae", "overlap", os.path.join(ROOT, "cases", "decimal_organism.py"), "--layers", "0,2",
+                 "--out", str(out)]) == 0
+    res = json.loads((out / "results.json").read_text())
+    assert res["result"]["layers"] == [0, 2] and (out / "manifest.json").exists() and (out / "overlap.png").exists()
+    assert "formats most separate" in capsys.readouterr().out
+    assert main(["sae", "overlap", os.path.join(ROOT, "cases", "decimal_organism.py"), "--sae-dir",
+                 str(tmp_path / "none{layer}"), "--out", str(tmp_path / "x")]) == 2
+    assert "no SAE directory matches" in capsys.readouterr().err and not (tmp_path / "x").exists()
+    assert main(["sae", "heads", os.path.join(ROOT, "cases", "decimal_organism.py"), "--layer", "2",
+                 "--sae-layer", "1"]) == 2
+    assert "computed before the patched sites" in capsys.readouterr().err
