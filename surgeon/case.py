@@ -120,12 +120,18 @@ def load_case(path: str | Path, check_model: bool = True, model: str | None = No
     if not path.exists():
         raise CaseError("no such case file", where=where,
                         fix="give the path of a .py file that defines `case = Case(...)`, e.g. cases/decimal_organism.py")
+    if path.is_dir():
+        raise CaseError("is a directory, not a case file", where=where,
+                        fix="give the path of a .py file inside it, e.g. cases/decimal_organism.py")
     if path.suffix != ".py":
         raise CaseError("a case file is a Python file", where=where, fix="rename it to end in .py")
     try:
         ns = runpy.run_path(str(path), run_name="surgeon_case")
     except CaseError:
         raise
+    except SystemExit as e:
+        raise CaseError(f"the file called sys.exit({e.code!r}) while it was loaded", where=where,
+                        fix="a case file only defines `case = Case(...)`; remove the exit") from None
     except Exception as e:  # the user's file raised: report it with its line
         import traceback
 
@@ -143,6 +149,10 @@ def load_case(path: str | Path, check_model: bool = True, model: str | None = No
                         fix="build it with `from surgeon import Case, Item`")
     digest = hashlib.sha256(path.read_bytes()).hexdigest()
     case = replace(case, source=where, digest=digest, **({"model": model} if model else {}))
+    if isinstance(case.model, str) and not model:  # a relative checkpoint directory is read from the case's folder
+        local = path.parent / Path(case.model).expanduser()
+        if not Path(case.model).expanduser().is_absolute() and local.is_dir():
+            case = replace(case, model=str(local))
     validate(case, where)
     if check_model:
         from .models import check_case_against_model
@@ -181,6 +191,11 @@ def validate(case: Case, where: str | None = None) -> None:
         if bad_names:
             fail(f"formats[{fname!r}]", f"has placeholders that are not plain names: {bad_names}",
                  "use simple names like {a} and {b}")
+    if not isinstance(case.good, str):
+        fail("good", f"is a {type(case.good).__name__}; it names one format", f"e.g. good={names[0]!r}")
+    if isinstance(case.bad, Mapping) or not (isinstance(case.bad, str) or (
+            isinstance(case.bad, Sequence) and all(isinstance(b, str) for b in case.bad))):
+        fail("bad", f"is a {type(case.bad).__name__}; it names the failing formats", 'e.g. bad=["qa", "chat"] or bad="qa"')
     if case.good not in case.formats:
         fail("good", f"names unknown format {case.good!r}", f"use one of: {', '.join(names)}")
     bads = case.bad_formats
@@ -191,7 +206,10 @@ def validate(case: Case, where: str | None = None) -> None:
             fail("bad", f"names unknown format {b!r}", f"use formats from: {', '.join(names)}")
         if b == case.good:
             fail("bad", f"format {b!r} is both good and bad", "list only the failing formats in bad")
-    if not isinstance(case.items, Sequence) or isinstance(case.items, str) or len(case.items) == 0:
+    if not isinstance(case.items, Sequence) or isinstance(case.items, str):
+        fail("items", f"is a {type(case.items).__name__}, not a list of Items",
+             "give a list: items=[Item(values={...}, correct=..., incorrect=...), ...]")
+    if len(case.items) == 0:
         fail("items", "is empty", "give at least one Item(values={...}, correct=..., incorrect=...)")
     used = set().union(*fields_of.values())
     for i, it in enumerate(case.items):
@@ -216,8 +234,19 @@ def validate(case: Case, where: str | None = None) -> None:
             v = getattr(it, ans)
             if not isinstance(v, str) or v == "":
                 fail(f"{fld}.{ans}", "must be a non-empty string", 'the continuation after the prompt, e.g. " 9.8"')
+            if not v.strip():
+                fail(f"{fld}.{ans}", f"is only whitespace ({v!r})", 'give the answer text, e.g. " 9.8"')
         if it.correct == it.incorrect:
             fail(fld, f"correct and incorrect are the same ({it.correct!r})", "give two different answers")
+        if not isinstance(it.tag, str):
+            fail(fld + ".tag", f"is a {type(it.tag).__name__}", 'tags are strings, e.g. tag="trap" (or leave it out)')
+    seen: dict = {}
+    for i, it in enumerate(case.items):
+        key = (tuple(sorted(it.values.items())), it.correct, it.incorrect)
+        if key in seen:
+            fail(f"items[{i}]", f"repeats items[{seen[key]}] (same values and answers): it would count twice and "
+                 "narrow every interval", "remove the duplicate")
+        seen[key] = i
     if case.align not in ALIGNS:
         fail("align", f"is {case.align!r}", f"use one of: {', '.join(ALIGNS)}")
     if case.score not in SCORES:

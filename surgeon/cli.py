@@ -9,26 +9,41 @@ import argparse
 import sys
 from pathlib import Path
 
+from . import cli_types
 from .errors import SurgeonError
 
+# the shipped cases (the repository's cases/ folder, inside the package so they run from anywhere)
+CASES_DIR = Path(__file__).parent / "cases"
 DEFAULT_CASE = "cases/decimal_organism.py"
+
+
+def shipped_case(name: str) -> str:
+    """A case path as given, or the shipped case of that name when the path does not exist here."""
+    p = Path(name)
+    if p.exists():
+        return name
+    for cand in (CASES_DIR / p.name, CASES_DIR / f"{p.name}.py"):
+        if cand.is_file():
+            return str(cand)
+    return name
 
 
 def _common(p: argparse.ArgumentParser, case: bool = True) -> None:
     if case:
-        p.add_argument("case", nargs="?", default=DEFAULT_CASE, help=f"case file (default: {DEFAULT_CASE})")
+        p.add_argument("case", nargs="?", default=DEFAULT_CASE, type=shipped_case,
+                       help=f"case file, or the name of a shipped case (see `surgeon cases`; default: {DEFAULT_CASE})")
     p.add_argument("--model", help="run the case on this model instead (organism:NAME, a checkpoint directory, "
                                    "or a Hugging Face name in the local cache)")
     p.add_argument("--out", type=Path, help="write results.json, manifest.json and figures here")
     p.add_argument("--device", default=None, help="cpu, cuda, cuda:1, mps (default: cuda if available, else cpu)")
     p.add_argument("--dtype", default="float32", help="float32, bfloat16 or float16 (default: float32)")
-    p.add_argument("--n-devices", type=int, default=1,
+    p.add_argument("--n-devices", type=cli_types.positive, default=1,
                    help="split the model's layers over this many GPUs (TransformerLens n_devices; default 1)")
-    p.add_argument("--batch-size", type=int, default=256,
+    p.add_argument("--batch-size", type=cli_types.positive, default=256,
                    help="rows per forward pass (default: 256); patched runs that recompute only the last positions "
                         "fit proportionally more rows in the same memory")
     p.add_argument("--seed", type=int, default=0, help="random seed (default: 0)")
-    p.add_argument("--threads", type=int, default=None, help="CPU threads for torch (default: torch's choice)")
+    p.add_argument("--threads", type=cli_types.positive, default=None, help="CPU threads for torch (default: torch's choice)")
     p.add_argument("--debug", action="store_true", help="show tracebacks")
 
 
@@ -47,7 +62,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("diagnose", help="accuracy and score per format, with intervals: is the failure there?")
     _common(p)
-    p.add_argument("--generate", type=int, default=0, metavar="N",
+    p.add_argument("--generate", type=cli_types.nonnegative, default=0, metavar="N",
                    help="also generate N tokens greedily per focus item and judge them (what the paper did)")
 
     p = sub.add_parser("patch", help="patch each head (unit) of each layer from one format into the other")
@@ -70,29 +85,29 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("threshold", help="search head subsets that repair: fraction repairing per size k, "
                                          "threshold k*, minimal subsets, per-head necessity")
     _common(p)
-    p.add_argument("--layer", type=int, help="candidate heads: every head of this layer (or pick with --heads)")
+    p.add_argument("--layer", type=cli_types.layer, help="candidate heads: every head of this layer (or pick with --heads)")
     p.add_argument("--heads", help="candidate heads: 0,2,5 (of --layer) or L1H0,L2H3")
     p.add_argument("--groups", default="even,odd",
                    help="built-in groups to search within: even,odd,first_half,second_half or none (default: even,odd)")
     p.add_argument("--groups-file", type=Path, help='JSON {"name": ["L1H0", ...], ...}: your own groups')
     p.add_argument("--grid", help="two groups A,B: also search mixed subsets (i heads from A, j from B)")
-    p.add_argument("--budget", type=int, default=20000,
+    p.add_argument("--budget", type=cli_types.positive, default=20000,
                    help="per size k: enumerate all C(n, k) subsets up to this many, else sample this many (default 20000)")
-    p.add_argument("--grid-budget", type=int, default=200, help="subsets per grid cell (default 200)")
-    p.add_argument("--item-rate", type=float, default=1.0,
+    p.add_argument("--grid-budget", type=cli_types.positive, default=200, help="subsets per grid cell (default 200)")
+    p.add_argument("--item-rate", type=cli_types.fraction, default=1.0,
                    help="a subset repairs when it fixes at least this fraction of items (default 1.0: all)")
-    p.add_argument("--x", type=float, default=0.5, help="threshold k*: smallest k where this fraction of subsets repairs")
+    p.add_argument("--x", type=cli_types.fraction, default=0.5, help="threshold k*: smallest k where this fraction of subsets repairs")
     p.add_argument("--component", default="z", choices=["z", "o_slices", "q", "k", "v"])
     _items(p)
-    p.add_argument("--chunk", type=int, default=256, help="subsets per saved chunk (default 256)")
+    p.add_argument("--chunk", type=cli_types.positive, default=256, help="subsets per saved chunk (default 256)")
     p.add_argument("--shard", help="i/n: evaluate only every n-th chunk (merge shards with surgeon merge)")
     p.add_argument("--resume", action="store_true", help="continue the search saved in --out")
-    p.add_argument("--generate", type=int, default=0, metavar="N",
+    p.add_argument("--generate", type=cli_types.nonnegative, default=0, metavar="N",
                    help="also check the minimal subsets and all candidates by greedy generation of N tokens")
     p.add_argument("--ray", nargs="?", const="local", metavar="ADDRESS",
                    help="run the chunks on Ray workers: alone, a local cluster on this machine; with an address "
                         "(auto, or HOST:6379 of `ray start --head`) that cluster (needs pip install -e \".[ray]\")")
-    p.add_argument("--ray-workers", type=int, metavar="N",
+    p.add_argument("--ray-workers", type=cli_types.positive, metavar="N",
                    help="Ray workers, each loading the model once (default: one per GPU of the cluster, else per CPU)")
 
     p = sub.add_parser("merge", help="merge threshold shards into the result one run gives")
@@ -102,12 +117,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("blend", help="blend (1-a)*failing + a*good for chosen heads: where does repair switch on?")
     _common(p)
-    p.add_argument("--layer", type=int, required=True)
+    p.add_argument("--layer", type=cli_types.layer, required=True)
     p.add_argument("--heads", help="heads to blend, e.g. 0,2,4 (default: all heads of the layer)")
     p.add_argument("--component", default="z", choices=["z", "o_slices", "attn_out", "pattern", "mlp_out", "resid_pre"],
                    help="z: head outputs; attn_out: the whole layer output (the paper's 'pattern replacement'); "
                         "pattern: attention patterns (equal-length formats only)")
-    p.add_argument("--step", type=float, default=0.01, help="grid step for a (default 0.01)")
+    p.add_argument("--step", type=cli_types.fraction, default=0.01, help="grid step for a (default 0.01)")
     _items(p)
 
     p = sub.add_parser("circuit", help="path-level circuit discovery: score every edge, prune a faithful circuit, "
@@ -115,17 +130,17 @@ def build_parser() -> argparse.ArgumentParser:
     _common(p)
     p.add_argument("--method", default="eap-ig", choices=["eap", "eap-ig", "exact"],
                    help="edge scores: eap (gradient at mask 0), eap-ig (averaged along the mask), exact (default: eap-ig)")
-    p.add_argument("--ig-steps", type=int, default=5, help="points along the mask for eap-ig (default: 5)")
+    p.add_argument("--ig-steps", type=cli_types.positive, default=5, help="points along the mask for eap-ig (default: 5)")
     p.add_argument("--ablation", default="resample", choices=["resample", "mean", "zero"],
                    help="what a patched edge carries: the other format's activation (resample, default), its mean "
                         "over items per aligned position (mean), or zero")
     p.add_argument("--direction", default="denoise", choices=["denoise", "noise"],
                    help="denoise: good format's edges into the failing run (default); noise: the reverse")
-    p.add_argument("--faithfulness", type=float, default=0.9,
+    p.add_argument("--faithfulness", type=cli_types.fraction, default=0.9,
                    help="prune to the smallest top-scoring edge set with at least this faithfulness (default: 0.9)")
-    p.add_argument("--edges", type=int, help="keep the top N edges instead of a faithfulness target")
-    p.add_argument("--paths", type=int, default=10, help="complete paths to rank and verify by path patching (default: 10)")
-    p.add_argument("--verify", type=int, default=50, help="top edges whose estimate is checked by exact patching (default: 50)")
+    p.add_argument("--edges", type=cli_types.positive, help="keep the top N edges instead of a faithfulness target")
+    p.add_argument("--paths", type=cli_types.positive, default=10, help="complete paths to rank and verify by path patching (default: 10)")
+    p.add_argument("--verify", type=cli_types.nonnegative, default=50, help="top edges whose estimate is checked by exact patching (default: 50)")
     p.add_argument("--export", nargs="+", type=Path, default=[], metavar="FILE",
                    help="write the circuit graph; format from the suffix: .graphml .gexf .json .mib.json .dot .svg .pdf .tex .png")
     _items(p)
@@ -143,6 +158,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_sae(sub, _common, _items)
 
+    p = sub.add_parser("cases", help="the case files shipped with surgeon (copy one to start your own)")
+    p.add_argument("--debug", action="store_true", help="show tracebacks")
+
     p = sub.add_parser("organisms", help="list, describe or retrain the model organisms")
     osub = p.add_subparsers(dest="action", required=True)
     q = osub.add_parser("list", help="the organisms, their state and their measured facts")
@@ -156,7 +174,7 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--shrink", action="store_true", help="a few steps only (smoke test)")
     q.add_argument("--seed", type=int, default=0, help="random seed (default: 0)")
     q.add_argument("--device", default="cpu", help="device to train on (default: cpu)")
-    q.add_argument("--threads", type=int, default=None, help="CPU threads for torch (default: torch's choice)")
+    q.add_argument("--threads", type=cli_types.positive, default=None, help="CPU threads for torch (default: torch's choice)")
     q.add_argument("--debug", action="store_true", help="show tracebacks")
     return parser
 
@@ -170,11 +188,16 @@ def parse_layers(text: str | None):
             part = part.strip()
             if "-" in part[1:]:
                 a, b = part.split("-", 1)
+                if int(b) < int(a):
+                    raise SurgeonError(f"layer range {part!r} runs backwards", field="--layers",
+                                       fix=f"write it low to high: {b}-{a}")
                 out += range(int(a), int(b) + 1)
             elif part:
                 out.append(int(part))
     except ValueError:
         raise SurgeonError(f"cannot read layers {text!r}", field="--layers", fix="write e.g. 3 or 0,2,5 or 0-4") from None
+    if any(L < 0 for L in out):
+        raise SurgeonError(f"layers are numbered from 0, got {text!r}", field="--layers", fix="write e.g. 3 or 0,2,5 or 0-4")
     return out
 
 
@@ -182,8 +205,19 @@ def _device(arg: str | None) -> str:
     import torch
 
     if arg:
-        if arg.startswith("cuda") and not torch.cuda.is_available():
+        try:
+            dev = torch.device(arg)
+        except (RuntimeError, ValueError):
+            raise SurgeonError(f"unknown device {arg!r}", field="--device", fix="use cpu, cuda, cuda:1 or mps") from None
+        if dev.type == "cuda" and not torch.cuda.is_available():
             raise SurgeonError("CUDA was asked for but is not available", field="--device", fix="use --device cpu")
+        if dev.type == "cuda" and dev.index is not None and dev.index >= torch.cuda.device_count():
+            raise SurgeonError(f"there is no {arg} (this machine has {torch.cuda.device_count()} GPUs)", field="--device",
+                               fix="use cuda:0 .. cuda:N-1")
+        if dev.type == "mps" and not torch.backends.mps.is_available():
+            raise SurgeonError("MPS was asked for but is not available", field="--device", fix="use --device cpu")
+        if dev.type not in ("cpu", "cuda", "mps"):
+            raise SurgeonError(f"device {arg!r} is not supported", field="--device", fix="use cpu, cuda, cuda:1 or mps")
         return arg
     return "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -196,11 +230,44 @@ def _setup(args):
     torch.manual_seed(getattr(args, "seed", 0))
 
 
+def check_out(out) -> None:
+    """Refuse an --out that cannot be written before any work is done, and take a lock on it so that a
+    second run writing the same folder is refused (the lock lasts as long as this process)."""
+    import fcntl
+    import os
+
+    if out is None:
+        return
+    out = Path(out).expanduser().absolute()
+    if out.exists() and not out.is_dir():
+        raise SurgeonError(f"{out} exists and is a file", field="--out", fix="give a directory (new or existing)")
+    parent = out
+    while not parent.exists():
+        parent = parent.parent
+    if not parent.is_dir():
+        raise SurgeonError(f"{parent} is a file, so {out} cannot be made", field="--out", fix="choose another directory")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise SurgeonError(f"{parent} is not writable", field="--out", fix="choose a directory you can write to")
+    lock_dir = out.parent if out.parent.exists() else parent
+    fd = os.open(lock_dir / f".{out.name}.surgeon-lock", os.O_CREAT | os.O_RDWR, 0o666)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(fd)
+        raise SurgeonError(f"another surgeon run is writing {out}", field="--out",
+                           fix="wait for it to finish, or use another --out") from None
+    _LOCKS.append(fd)
+
+
+_LOCKS: list[int] = []
+
+
 def _load(args):
     """case -> model, for the analysis commands."""
     from .case import load_case
     from .models import load_model
 
+    check_out(getattr(args, "out", None))
     _setup(args)
     case = load_case(args.case, model=args.model)
     device = _device(args.device)
@@ -274,6 +341,7 @@ def cmd_threshold(args) -> int:
     from .analyses.threshold import Interrupted, threshold_search
 
     out = args.out or Path("out") / f"threshold-{Path(args.case).stem}-L{args.layer if args.layer is not None else 'x'}"
+    args.out = out  # the checkpoint needs a folder: out/threshold-CASE-LN unless --out says otherwise
     if (out / "parts").exists() and not args.resume and not args.shard:
         raise SurgeonError(f"{out} already holds a search", field="--out",
                            fix="add --resume to continue it, or choose another --out")
@@ -481,20 +549,40 @@ def cmd_circuit_eval(args) -> int:
     return 0
 
 
+def cmd_cases(args) -> int:
+    import ast
+
+    print(f"shipped cases (in {CASES_DIR.resolve()}; run one by name, e.g. `surgeon diagnose threshold_organism`):")
+    for f in sorted(CASES_DIR.glob("*.py")):
+        doc = (ast.get_docstring(ast.parse(f.read_text())) or "").strip().splitlines()
+        print(f"  {f.stem:<22} {doc[0] if doc else ''}")
+    return 0
+
+
 def cmd_sae(args) -> int:
     from .sae_cli import run
 
     return run(args)
 
 
-COMMANDS = {"sae": cmd_sae, "diagnose": cmd_diagnose, "circuit": cmd_circuit, "circuit-eval": cmd_circuit_eval, "patch": cmd_patch, "attribute": cmd_attribute, "threshold": cmd_threshold,
+COMMANDS = {"cases": cmd_cases, "sae": cmd_sae, "diagnose": cmd_diagnose, "circuit": cmd_circuit, "circuit-eval": cmd_circuit_eval, "patch": cmd_patch, "attribute": cmd_attribute, "threshold": cmd_threshold,
             "merge": cmd_merge,
             "blend": cmd_blend, "organisms": cmd_organisms}
 
 
+def _terminate(signum, frame):
+    raise KeyboardInterrupt  # SIGTERM (what schedulers send) ends a run as Ctrl-C does
+
+
 def main(argv: list[str] | None = None) -> int:
+    import signal
+
     parser = build_parser()
     args = parser.parse_args(argv)
+    try:
+        previous = signal.signal(signal.SIGTERM, _terminate)
+    except ValueError:  # not the main thread
+        previous = None
     try:
         return COMMANDS[args.command](args)
     except SurgeonError as e:
@@ -503,8 +591,16 @@ def main(argv: list[str] | None = None) -> int:
         print(f"surgeon: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print("surgeon: interrupted; nothing was written", file=sys.stderr)
+        out = getattr(args, "out", None)
+        parts = Path(out) / "parts" if out else None
+        if parts is not None and any(parts.glob("chunk-*.npz")):
+            print(f"surgeon: interrupted; the finished chunks in {parts} are kept (--resume continues)", file=sys.stderr)
+        else:
+            print("surgeon: interrupted; no results were written", file=sys.stderr)
         return 130
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
 
 
 if __name__ == "__main__":

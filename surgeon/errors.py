@@ -34,3 +34,10 @@ class ModelError(SurgeonError):
 
 class AnalysisError(SurgeonError):
     """An analysis was asked for something the case or model cannot give."""
+
+
+def warn(message: str) -> None:
+    """A warning for the user: one line on stderr, no traceback (tests capture it like any output)."""
+    import sys
+
+    print(f"surgeon: warning: {message}", file=sys.stderr)

@@ -45,12 +45,28 @@ class ChunkStore:
             _atomic_write(meta, json.dumps({"digest": digest, **(plan or {})}, indent=2).encode())
 
     def done(self) -> set[int]:
-        return {int(p.stem.split("-")[1]) for p in self.dir.glob("chunk-*.npz")}
+        """Indices of the chunks on disk; a chunk file that cannot be read (cut short by a kill or a full
+        disk) is set aside as `*.broken` with a warning, so the run evaluates it again."""
+        out = set()
+        for p in self.dir.glob("chunk-*.npz"):
+            try:
+                with np.load(p) as z:
+                    for k in z.files:
+                        z[k]
+            except Exception as e:
+                from .errors import warn
+
+                warn(f"{p} cannot be read ({type(e).__name__}); it is set aside as {p.name}.broken and evaluated again")
+                os.replace(p, p.with_name(p.name + ".broken"))
+                continue
+            out.add(int(p.stem.split("-")[1]))
+        return out
 
     def save(self, index: int, **arrays) -> None:
         fd, tmp = tempfile.mkstemp(prefix=".chunk-", suffix=".npz", dir=self.dir)
         os.close(fd)
         np.savez(tmp, **arrays)
+        _follow_umask(tmp)
         os.replace(tmp, self.dir / f"chunk-{index:06d}.npz")
 
     def files(self) -> dict[int, Path]:
@@ -68,8 +84,16 @@ class ChunkStore:
         return json.loads(meta.read_text()).get("digest") if meta.exists() else None
 
 
+def _follow_umask(path) -> None:
+    """mkstemp makes private files; give them the mode a plain open() would (others can merge shards)."""
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(path, 0o666 & ~umask)
+
+
 def _atomic_write(path: Path, data: bytes) -> None:
     fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=path.parent)
     with os.fdopen(fd, "wb") as f:
         f.write(data)
+    _follow_umask(tmp)
     os.replace(tmp, path)

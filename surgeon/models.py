@@ -59,6 +59,9 @@ def resolve(spec: str) -> ModelRef:
             raise ModelError(f"directory {p} has no config.json", field="model",
                              fix="point at a Hugging Face checkpoint directory (save_pretrained output)")
         return ModelRef(spec, "local", str(p), p.resolve())
+    if p.is_file():
+        raise ModelError(f"{spec} is a file; a checkpoint is a directory (config.json, weights, tokenizer)", field="model",
+                         fix="give the directory that holds the checkpoint's files")
     if spec.startswith((".", "/", "~")) or os.sep in spec and spec.count("/") != 1:
         raise ModelError(f"no such directory: {spec}", field="model",
                          fix="give an existing checkpoint directory, an organism:NAME or a Hugging Face name")
@@ -242,7 +245,49 @@ def check_case_against_model(case) -> None:
             if unk is not None and ref.kind == "organism" and unk in ids:
                 raise CaseError(f"answer {getattr(it, ans)!r} has characters the organism does not know", where=where,
                                 field=f"items[{i}].{ans}", fix="use printable ASCII characters")
+    if unk is not None and ref.kind == "organism":
+        for i, it in enumerate(case.items):
+            for k, v in it.values.items():
+                if unk in tok(v, add_special_tokens=False)["input_ids"]:
+                    raise CaseError(f"value {v!r} has characters the organism does not know (they would read as "
+                                    "<unk>)", where=where, field=f"items[{i}].values[{k!r}]",
+                                    fix="use printable ASCII characters")
+        for name, fmt in case.formats.items():
+            text = fmt.user if isinstance(fmt, Chat) else fmt
+            if unk in tok(text, add_special_tokens=False)["input_ids"]:
+                raise CaseError("the template has characters the organism does not know (they would read as <unk>)",
+                                where=where, field=f"formats[{name!r}]", fix="use printable ASCII characters")
+    _warn_answer_traps(case, tok, where)
     for name, fmt in case.formats.items():
         if isinstance(fmt, Chat) and not getattr(tok, "chat_template", None):
             raise CaseError(f"format {name!r} asks for the chat template, but the tokenizer has none", where=where,
                             field=f"formats[{name!r}]", fix="write the format out as a plain template string")
+
+
+def _warn_answer_traps(case, tok, where: str) -> None:
+    """Warn (once each) about answers that silently change what is scored: no leading space after a prompt
+    that ends in a word or punctuation, and one answer a prefix of the other."""
+    from .case import Chat
+    from .errors import warn
+
+    plain_ends = [f for f in case.formats.values() if not isinstance(f, Chat) and f and not f[-1].isspace()]
+    bare = [i for i, it in enumerate(case.items) if not it.correct[:1].isspace() and not it.incorrect[:1].isspace()]
+    if plain_ends and bare and len(bare) == len(case.items):
+        a = case.items[0].correct
+        spaced, plain = (tok(x, add_special_tokens=False)["input_ids"] for x in (" " + a, a))
+        it = case.items[0]
+        quoted = [k for ans in (it.correct, it.incorrect) for k, v in it.values.items() if v == ans]
+        spaced_in_prompt = len(quoted) == 2 and all(" {" + k + "}" in f or " {" + k + ":" in f
+                                                    for k in quoted for f in plain_ends)
+        # warn where the tokenizer merges the space into the word, or the answers are options the prompt
+        # itself writes after a space
+        if (len(spaced) == len(plain) and spaced != plain) or spaced_in_prompt:
+            warn(f"{where}: answers start without a space (e.g. {a!r}) after prompts that end in "
+                 f"{plain_ends[0][-1]!r}; the tokenizer reads {' ' + a!r} and {a!r} as different tokens, and a model "
+                 "usually continues with the spaced one. Write answers as the model would continue the prompt.")
+    pre = [i for i, it in enumerate(case.items) if it.correct.startswith(it.incorrect) or it.incorrect.startswith(it.correct)]
+    if pre and case.score == "sequence":
+        it = case.items[pre[0]]
+        warn(f"{where}: in {len(pre)} item(s), e.g. items[{pre[0]}] ({it.correct!r} / {it.incorrect!r}), one answer is "
+             "a prefix of the other: the shorter one is scored by its own tokens, not by ending there, so it can "
+             "rarely win. Give both answers an end marker, e.g. correct=' 4.5' + tokenizer.eos_token (or '\\n').")

@@ -70,16 +70,28 @@ def staging(out_dir: str | Path) -> Iterator[Path]:
     """
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
+    for old in out.glob(".staging-*"):  # left by a killed run (the CLI holds a lock on out while it writes)
+        shutil.rmtree(old, ignore_errors=True)
     tmp = Path(tempfile.mkdtemp(prefix=".staging-", dir=out))
     try:
         yield tmp
-        for f in sorted(tmp.rglob("*")):
-            if f.is_file():
-                dest = out / f.relative_to(tmp)
-                dest.parent.mkdir(parents=True, exist_ok=True)
-                os.replace(f, dest)
+        # manifest.json marks a complete set: it goes first and comes back last, so a kill while the files
+        # move leaves a folder without a manifest (incomplete), never a new manifest beside old results
+        (out / "manifest.json").unlink(missing_ok=True)
+        files = sorted((f for f in tmp.rglob("*") if f.is_file()), key=lambda f: f.name == "manifest.json")
+        for f in files:
+            dest = out / f.relative_to(tmp)
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            os.chmod(f, 0o666 & ~_umask())
+            os.replace(f, dest)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _umask() -> int:
+    m = os.umask(0)
+    os.umask(m)
+    return m
 
 
 def write_json(path: Path, data: Any) -> None:

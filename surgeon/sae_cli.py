@@ -6,6 +6,7 @@ import argparse
 import json
 from pathlib import Path
 
+from . import cli_types
 from .errors import SurgeonError
 
 
@@ -28,9 +29,9 @@ def add_parser(sub, common, items) -> None:
     q.add_argument("--layers", help="layers (default: all)")
     q.add_argument("--component", default="mlp_out", choices=["mlp_out", "attn_out", "resid_pre", "resid_post"],
                    help="which activation the SAEs read (default: mlp_out, as Llama Scope's lxm SAEs)")
-    q.add_argument("--k", type=int, default=8, help="active features per token (TopK; default 8)")
-    q.add_argument("--expansion", type=int, default=4, help="features per input dimension (default 4)")
-    q.add_argument("--steps", type=int, default=2000, help="training steps of 256 activations (default 2000)")
+    q.add_argument("--k", type=cli_types.positive, default=8, help="active features per token (TopK; default 8)")
+    q.add_argument("--expansion", type=cli_types.positive, default=4, help="features per input dimension (default 4)")
+    q.add_argument("--steps", type=cli_types.positive, default=2000, help="training steps of 256 activations (default 2000)")
     q.add_argument("--sae-out", type=Path, help="write SAEs under this directory, one folder per hook "
                                                  "(default: the organism's SAE folder for organism models)")
 
@@ -41,7 +42,7 @@ def add_parser(sub, common, items) -> None:
     q = ssub.add_parser("overlap", help="per layer: top-k feature overlap, Jaccard and weighted Jaccard between the "
                                         "good and each failing format, with intervals over items")
     sae_opts(q)
-    q.add_argument("--top-k", type=int, default=20, help="features per set (default 20, the paper's)")
+    q.add_argument("--top-k", type=cli_types.positive, default=20, help="features per set (default 20, the paper's)")
     q.add_argument("--position", default="last", choices=["last", "aligned"],
                    help="last prompt token (default) or every position the case's align matches")
     items(q)
@@ -49,29 +50,29 @@ def add_parser(sub, common, items) -> None:
     q = ssub.add_parser("amplified", help="features active in both formats ranked by activation ratio failing/good, "
                                           "and features active in one format only")
     sae_opts(q, layers=False)
-    q.add_argument("--layer", type=int, required=True, help="the SAE's layer")
+    q.add_argument("--layer", type=cli_types.layer, required=True, help="the SAE's layer")
     q.add_argument("--position", default="last", choices=["last", "aligned"], help="default: last")
     q.add_argument("--labels", type=Path, help="JSON {feature: label} to print beside features")
-    q.add_argument("--top", type=int, default=20, help="features to list (default 20)")
-    q.add_argument("--min-items", type=int, help="rank only features active in both formats on at least this many "
+    q.add_argument("--top", type=cli_types.positive, default=20, help="features to list (default 20)")
+    q.add_argument("--min-items", type=cli_types.positive, help="rank only features active in both formats on at least this many "
                                                   "items (default: 10%% of the items, at least 3)")
     items(q)
 
     q = ssub.add_parser("heads", help="how much each head (and head group), patched from the good format into the "
                                       "failing one, moves the top SAE features")
     sae_opts(q, layers=False)
-    q.add_argument("--layer", type=int, required=True, help="the heads' layer")
-    q.add_argument("--sae-layer", type=int, required=True, help="the SAE's layer (at or after --layer)")
-    q.add_argument("--top", type=int, default=10, help="features: the ones differing most between formats (default 10)")
+    q.add_argument("--layer", type=cli_types.layer, required=True, help="the heads' layer")
+    q.add_argument("--sae-layer", type=cli_types.layer, required=True, help="the SAE's layer (at or after --layer)")
+    q.add_argument("--top", type=cli_types.positive, default=10, help="features: the ones differing most between formats (default 10)")
     q.add_argument("--groups", default="even,odd", help="head groups to patch together (default: even,odd)")
     items(q)
 
     q = ssub.add_parser("repair", help="feature-level repair: attribution over all features, then subsets of the top "
                                        "ones, against patching the whole activation")
     sae_opts(q, layers=False)
-    q.add_argument("--layer", type=int, required=True, help="the SAE's layer")
-    q.add_argument("--top", type=int, default=8, help="features to search subsets of (default 8, at most 24)")
-    q.add_argument("--budget", type=int, default=2000, help="subsets per size (default 2000)")
+    q.add_argument("--layer", type=cli_types.layer, required=True, help="the SAE's layer")
+    q.add_argument("--top", type=cli_types.positive, default=8, help="features to search subsets of (default 8, at most 24)")
+    q.add_argument("--budget", type=cli_types.positive, default=2000, help="subsets per size (default 2000)")
     q.add_argument("--direction", default="denoise", choices=["denoise", "noise"], help="default: denoise")
     items(q)
 

@@ -62,6 +62,16 @@ BAD = [
      "does not know"),
     (dict(formats='{"plain": "{a} {b}", "qa": Chat(user="{a} {b}")}'), "formats['qa']", "chat template"),
     (dict(focus='"nothing"'), "focus", "no item has tag"),
+    (dict(good='["plain"]'), "good", "names one format"),
+    (dict(bad='{"qa": 1}'), "bad", "names the failing formats"),
+    (dict(items='{"x": Item({"a": "9.8", "b": "9.11"}, correct=" 9.8", incorrect=" 9.11")}'), "items", "not a list"),
+    (dict(items='[Item({"a": "9.8", "b": "9.11"}, correct="  ", incorrect=" 9.11")]'), "items[0].correct",
+     "only whitespace"),
+    (dict(items='[Item({"a": "9.8", "b": "9.11"}, correct=" 9.8", incorrect=" 9.11")] * 2'), "items[1]",
+     "repeats items[0]"),
+    (dict(items='[Item({"a": "9.8", "b": "9.11"}, correct=" 9.8", incorrect=" 9.11", tag=None)]'), "items[0].tag",
+     "NoneType"),
+    (dict(saes='{"path": "x"}'), "saes", "release"),
 ]
 
 
@@ -86,6 +96,23 @@ def test_file_problems(tmp_path):
     p = write_case(tmp_path, body="case = {'name': 't'}\n")
     with pytest.raises(CaseError, match="not a surgeon.Case"):
         load_case(p)
+    p = write_case(tmp_path, body="import sys\nsys.exit(3)\n")
+    with pytest.raises(CaseError, match=r"sys.exit\(3\)"):
+        load_case(p)
+    with pytest.raises(CaseError, match="is a directory"):
+        load_case(tmp_path)
+
+
+def test_relative_model_directory_is_read_from_the_case_folder(tmp_path, monkeypatch):
+    (tmp_path / "ckpt").mkdir()
+    p = write_case(tmp_path, model='"ckpt"')
+    monkeypatch.chdir("/")
+    c = load_case(p, check_model=False)
+    assert c.model == str(tmp_path / "ckpt")
+    (tmp_path / "weights.bin").write_text("x")
+    p = write_case(tmp_path, model=f'"{tmp_path / "weights.bin"}"')
+    with pytest.raises(CaseError, match="is a file; a checkpoint is a directory"):
+        load_case(p)
 
 
 def test_cli_bad_case_exits_nonzero_without_traceback(tmp_path):
@@ -96,3 +123,15 @@ def test_cli_bad_case_exits_nonzero_without_traceback(tmp_path):
     assert r.returncode == 2
     assert "field 'good'" in r.stderr and "Traceback" not in r.stderr
     assert not out.exists() or not any(out.iterdir())
+
+
+def test_answer_traps_are_warned(tmp_path, capsys):
+    load_case(write_case(tmp_path, items='[Item({"a": "9.8", "b": "9.11"}, correct="9.8", incorrect="9.11")]'))
+    assert "answers start without a space" in capsys.readouterr().err
+    load_case(write_case(tmp_path, items='[Item({"a": "4.5", "b": "4.53"}, correct=" 4.53", incorrect=" 4.5")]'))
+    assert "one answer is a prefix of the other" in capsys.readouterr().err
+    load_case(write_case(tmp_path))
+    assert "warning" not in capsys.readouterr().err
+    p = write_case(tmp_path, items='[Item({"a": "9.8\\u00e9", "b": "9.11"}, correct=" 9.8", incorrect=" 9.11")]')
+    with pytest.raises(CaseError, match="does not know"):
+        load_case(p)

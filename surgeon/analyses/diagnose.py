@@ -41,7 +41,7 @@ def diagnose(case: Case, model, *, batch_size: int = 256, generate: int = 0, pro
     from ..core import score_rows
 
     formats = [case.good] + list(case.bad_formats)
-    tags = ["all"] + (case.tags if len(case.tags) > 1 else [])
+    tags = ["all"] + [t for t in case.tags if len(case.tags) > 1 or t == case.focus]
     stats = []
     scores = {}
     for fmt in formats:

@@ -1,0 +1,43 @@
+"""Argument types for the command line: a bad number is refused by argparse (exit 2, usage, one line
+naming the option) before anything is loaded or computed."""
+from __future__ import annotations
+
+import argparse
+
+
+def _int(text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be an integer, got {text!r}") from None
+
+
+def positive(text: str) -> int:
+    v = _int(text)
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}")
+    return v
+
+
+def nonnegative(text: str) -> int:
+    v = _int(text)
+    if v < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more, got {text!r}")
+    return v
+
+
+def layer(text: str) -> int:
+    v = _int(text)
+    if v < 0:
+        raise argparse.ArgumentTypeError(f"layers are numbered from 0, got {text!r}")
+    return v
+
+
+def fraction(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number, got {text!r}") from None
+    if not 0 < v <= 1:
+        raise argparse.ArgumentTypeError(f"must be in (0, 1], got {text!r}")
+    return v

@@ -1,0 +1,132 @@
+"""Bad arguments are refused before any work, results are written whole or not at all, and the default runs
+from any directory."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from surgeon.cli import check_out, main
+
+from .conftest import ROOT
+
+CASE = f"{ROOT}/cases/decimal_organism.py"
+THRESHOLD = f"{ROOT}/cases/threshold_organism.py"
+
+
+@pytest.mark.parametrize("argv,words", [
+    (["threshold", CASE, "--layer", "1", "--chunk", "0"], "--chunk: must be a positive integer"),
+    (["patch", CASE, "--threads", "-2"], "--threads: must be a positive integer"),
+    (["patch", CASE, "--batch-size", "-5"], "--batch-size: must be a positive integer"),
+    (["patch", CASE, "--n-devices", "0"], "--n-devices: must be a positive integer"),
+    (["diagnose", CASE, "--generate", "-1"], "--generate: must be 0 or more"),
+    (["blend", CASE, "--layer", "-1"], "--layer: layers are numbered from 0"),
+    (["threshold", CASE, "--layer", "1", "--x", "0"], "--x: must be in (0, 1]"),
+])
+def test_bad_numbers_are_refused_by_the_parser(tmp_path, capsys, argv, words):
+    with pytest.raises(SystemExit) as e:
+        main(argv + ["--out", str(tmp_path / "o")])
+    assert e.value.code == 2 and words in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("argv,words", [
+    (["patch", CASE, "--device", "tpu9"], "unknown device 'tpu9'"),
+    (["patch", CASE, "--layers", "2-0"], "runs backwards"),
+])
+def test_bad_values_get_one_message(tmp_path, capsys, argv, words):
+    assert main(argv + ["--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert words in err and "fix:" in err and "Traceback" not in err
+    assert not (tmp_path / "o").exists()
+
+
+def test_out_is_checked_before_computing_and_locked(tmp_path, capsys):
+    f = tmp_path / "file"
+    f.write_text("x")
+    t0 = time.perf_counter()
+    assert main(["patch", CASE, "--out", str(f)]) == 2
+    assert main(["patch", CASE, "--out", str(f / "below")]) == 2
+    assert time.perf_counter() - t0 < 5  # refused before the model is loaded
+    err = capsys.readouterr().err
+    assert "exists and is a file" in err and "is a file, so" in err
+    check_out(tmp_path / "busy")  # this process now holds the lock, as a running job would
+    r = subprocess.run([sys.executable, "-m", "surgeon", "diagnose", CASE, "--out", str(tmp_path / "busy")],
+                       capture_output=True, text=True)
+    assert r.returncode == 2 and "another surgeon run is writing" in r.stderr
+
+
+def test_default_case_runs_from_another_directory(tmp_path):
+    r = subprocess.run([sys.executable, "-m", "surgeon", "diagnose", "--out", "o"], capture_output=True, text=True,
+                       cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert "REPRODUCED" in r.stdout and (tmp_path / "o" / "manifest.json").exists()
+    r = subprocess.run([sys.executable, "-m", "surgeon", "cases"], capture_output=True, text=True, cwd=tmp_path)
+    assert "threshold_organism" in r.stdout and "llama31_decimal" in r.stdout
+
+
+def test_a_case_whose_items_all_carry_the_focus_tag_runs(tmp_path, capsys):
+    p = tmp_path / "case.py"
+    p.write_text("from surgeon import Case, Item\n"
+                 "case = Case(name='t', model='organism:decimal', formats={'plain': 'Which is bigger: {a} or {b}?\\nAnswer:',"
+                 " 'qa': 'Q: Which is bigger: {a} or {b}?\\nA:'}, good='plain', bad='qa', focus='trap',"
+                 " items=[Item({'a': '9.8', 'b': '9.11'}, correct=' 9.8', incorrect=' 9.11', tag='trap')])\n")
+    assert main(["diagnose", str(p)]) == 0
+    assert "on trap items" in capsys.readouterr().out
+
+
+def test_broken_chunks_are_set_aside_and_checkpoints_follow_the_umask(tmp_path, capsys):
+    from surgeon.jobs import ChunkStore
+
+    store = ChunkStore(tmp_path, "d" * 64, {})
+    store.save(0, masks=np.zeros((2, 3), bool), scores=np.zeros((2, 4), np.float32))
+    (store.dir / "chunk-000001.npz").write_bytes(b"PK\x03\x04 cut short")
+    assert store.done() == {0}
+    assert (store.dir / "chunk-000001.npz.broken").exists() and "evaluated again" in capsys.readouterr().err
+    umask = os.umask(0)
+    os.umask(umask)
+    assert (store.dir / "chunk-000000.npz").stat().st_mode & 0o777 == 0o666 & ~umask
+
+
+def test_stale_staging_is_cleaned_and_the_manifest_comes_last(tmp_path):
+    from surgeon.results import staging
+
+    out = tmp_path / "r"
+    (out / ".staging-old").mkdir(parents=True)
+    (out / "manifest.json").write_text("{}")
+    order = []
+    real = os.replace
+
+    def spy(a, b):
+        order.append(os.path.basename(b))
+        return real(a, b)
+    os.replace = spy
+    try:
+        with staging(out) as tmp:
+            (tmp / "manifest.json").write_text("{}")
+            (tmp / "results.json").write_text("{}")
+            (tmp / "z.png").write_text("")
+    finally:
+        os.replace = real
+    assert order[-1] == "manifest.json" and sorted(order) == ["manifest.json", "results.json", "z.png"]
+    assert sorted(p.name for p in out.iterdir()) == ["manifest.json", "results.json", "z.png"]
+
+
+def test_sigterm_keeps_finished_chunks_like_ctrl_c(tmp_path):
+    out = tmp_path / "t"
+    p = subprocess.Popen([sys.executable, "-m", "surgeon", "threshold", THRESHOLD, "--layer", "0", "--budget", "3000",
+                          "--chunk", "64", "--threads", "1", "--out", str(out)],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 120
+    while time.time() < deadline and not list((out / "parts").glob("chunk-*.npz")):
+        time.sleep(0.2)
+    p.send_signal(signal.SIGTERM)
+    _, err = p.communicate(timeout=60)
+    assert p.returncode == 130, err[-2000:]
+    assert "continue with --resume" in err
+    res = json.loads((out / "results.json").read_text())["result"]
+    assert res["complete"] is False and res["chunks_done"] >= 1
