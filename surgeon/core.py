@@ -301,7 +301,28 @@ class Contrast:
             out[s] = tot / cnt
         return out
 
-    def run(self, masks: Mapping[Site | str, Tensor], progress: bool | str = False) -> Tensor:
+    def _by_first_layer(self, masks: Mapping, P: int, start: int):
+        """[(layer, patch indices)] grouping edge patches by the first layer they act at, or None.
+
+        A batch of exact edge patches (e.g. verifying the top edges one by one) mostly acts at later layers;
+        each group then runs from its own first layer, not from the earliest of the batch."""
+        edge = [s for s in masks if isinstance(s, EdgeSite)]
+        if not edge or any(m.requires_grad for m in masks.values()) or P < 2:
+            return None
+        first = torch.full((P,), self.cfg.n_layers, dtype=torch.long)
+        for s, m in masks.items():
+            if isinstance(s, EdgeSite):
+                f = edges_mod.first_layers(s, m, self.cfg.n_layers)
+            else:
+                f = torch.where((m.detach().reshape(P, -1) != 0).any(1).cpu(), s.layer, self.cfg.n_layers)
+            first = torch.minimum(first, f)
+        first = first.clamp(min=start, max=self.cfg.n_layers - 1)
+        layers = torch.unique(first).tolist()
+        if len(layers) < 2:
+            return None
+        return [(L, torch.nonzero(first == L).flatten()) for L in layers]
+
+    def run(self, masks: Mapping[Site | str, Tensor], progress: bool | str = False, _start: int | None = None) -> Tensor:
         """Item scores [P, n_items] with each of P patches applied.
 
         `masks[site]` is [P, units] (the same mask at every patched position) or [P, slots, units]. Masks
@@ -318,6 +339,16 @@ class Contrast:
             if m.shape[-1] != s.n_units(self.cfg):
                 raise AnalysisError(f"mask for {s.hook} has {m.shape[-1]} units, the site has {s.n_units(self.cfg)}")
         start = min(s.layer for s in masks)
+        split = self._by_first_layer(masks, P, start)
+        if split is not None:  # patches that act only at later layers start there
+            out = None
+            for L, idx in split:
+                sub = self.run({s: m[idx] for s, m in masks.items()}, progress=progress, _start=L)
+                out = sub.new_empty(P, sub.shape[1]) if out is None else out
+                out[idx.to(out.device)] = sub
+            return out
+        if _start is not None:
+            start = max(start, _start)
         bar = None
         if progress:
             from tqdm.auto import tqdm
@@ -508,7 +539,9 @@ class Contrast:
             return nullcontext()
         # patches that act at or after the head outputs of the first layer leave everything before them in
         # that layer as in the base run: start from its cached head outputs
-        if z is None and all(s.hook in _after_z(start) for s in masks if s.layer == start):
+        # (edges into layer `start` act on its query/key/value inputs, before the head outputs)
+        if z is None and not any(isinstance(s, EdgeSite) for s in masks) and all(
+                s.hook in _after_z(start) for s in masks if s.layer == start):
             z = b.z[start]
         return prefix_attention.shared_prefix(self.model, b.kv, b.n, b.p0, start, z_start=z)
 

@@ -151,6 +151,39 @@ class EdgeSite:
         return self._index["groups"]
 
 
+def _orders(site: EdgeSite) -> tuple[Tensor, Tensor, Tensor]:
+    """Per edge: the computation order of its sender (input -1, heads of layer l 2l, MLP l 2l+1), of its
+    receiver (q/k/v of layer l read before 2l, MLP l before 2l+1, logits last), and its receiver's layer."""
+    if "orders" not in site._index:
+        so = {"input": lambda s: -1, "head": lambda s: 2 * s.layer, "mlp": lambda s: 2 * s.layer + 1}
+        ro = lambda r: 2 * r.layer + (1 if r.kind == "mlp" else 0)  # noqa: E731
+        site._index["orders"] = (torch.tensor([so[site.senders[s].kind](site.senders[s]) for s, _ in site.edges]),
+                                 torch.tensor([ro(site.receivers[r]) for _, r in site.edges]),
+                                 torch.tensor([site.receivers[r].layer for _, r in site.edges]))
+    return site._index["orders"]
+
+
+def is_static(site: EdgeSite, mask: Tensor) -> bool:
+    """True when no patched edge's sender reads a patched receiver (per patch): every patched sender then keeps
+    this run's output, so each edge adds a fixed (other - this run's) difference and nothing needs capturing.
+    Always true for single edges; not used under gradients (EAP-IG evaluates along the mask)."""
+    if mask.requires_grad:
+        return False
+    so, ro, _ = _orders(site)
+    on = mask.detach().cpu() != 0
+    inf = torch.iinfo(torch.long).max
+    max_s = torch.where(on, so, torch.full_like(so, -inf)).max(1).values
+    min_r = torch.where(on, ro, torch.full_like(ro, inf)).min(1).values
+    return bool((max_s < min_r).all())
+
+
+def first_layers(site: EdgeSite, mask: Tensor, n_layers: int) -> Tensor:
+    """[P] the first layer each patch acts at (its earliest patched receiver; n_layers for an empty patch)."""
+    _, _, rl = _orders(site)
+    on = mask.detach().cpu() != 0
+    return torch.where(on, rl, torch.full_like(rl, n_layers)).min(1).values
+
+
 def sender_outputs(model, site: EdgeSite, acts: dict[Site, Tensor]) -> Tensor:
     """[..., n_senders, d_model] sender outputs from node activations gathered at the aligned positions
     ([..., unit, rest] each): the input embedding, z_h @ W_O[h] per head, the MLP outputs."""
@@ -195,6 +228,7 @@ def edge_hooks(model, site: EdgeSite, mask: Tensor, source: Tensor, base: Tensor
     cur: dict[int, Tensor] = {}  # sender index -> [copies, n, S, d] current output
     layer_of = {i: s.layer for i, s in enumerate(site.senders)}
     S_valid = valid.to(device, source.dtype)[None, :, :, None]  # [1, n, S, 1]
+    static = is_static(site, mask)
 
     def gather(act: Tensor) -> Tensor:  # [copies * n, Q, ...] -> [copies, n, S, ...]
         x = act.view(copies, n, *act.shape[1:])
@@ -222,7 +256,9 @@ def edge_hooks(model, site: EdgeSite, mask: Tensor, source: Tensor, base: Tensor
         return x
 
     def diffs(senders: Tensor) -> Tensor:
-        """[copies, n, S, len(senders), d]: source - current for each sender."""
+        """[copies, n, S, len(senders), d]: source - current for each sender ([1, ...] when static)."""
+        if static:
+            return (source[:, :, senders] - base[:, :, senders])[None]
         outs = []
         for i in senders.tolist():
             c = cur[i] if (layer_of[i] >= start and i in cur) else base[:, :, i][None].expand(copies, -1, -1, -1)
@@ -237,8 +273,9 @@ def edge_hooks(model, site: EdgeSite, mask: Tensor, source: Tensor, base: Tensor
         dense = dense.index_put((torch.arange(copies)[:, None], s_pos[None], ri[None]), mask[:, e], accumulate=True)
 
         def hook(act, hook):
-            d = diffs(s_used).to(act.dtype)  # [c, n, S, s, d]
-            delta = torch.einsum("cnsjd,cjr->cnsrd", d, dense.to(act.device, act.dtype)) * S_valid.to(act.dtype)[..., None]
+            d = diffs(s_used).to(act.dtype)  # [c|1, n, S, s, d]
+            eq = "nsjd,cjr->cnsrd" if static else "cnsjd,cjr->cnsrd"
+            delta = torch.einsum(eq, d[0] if static else d, dense.to(act.device, act.dtype)) * S_valid.to(act.dtype)[..., None]
             out = act.clone()
             x = out.view(copies, n, *out.shape[1:])
             r = rel.to(act.device)
@@ -250,15 +287,17 @@ def edge_hooks(model, site: EdgeSite, mask: Tensor, source: Tensor, base: Tensor
         return hook
 
     hooks = []
-    if start == 0:
-        hooks.append(("blocks.0.hook_resid_pre", capture_input))
-    for L in range(start, site.n_layers):
-        hooks.append((f"blocks.{L}.attn.hook_z", capture_z(L)))
-        if any(s.kind == "mlp" and s.layer == L for s in site.senders):
-            hooks.append((f"blocks.{L}.hook_mlp_out", capture_mlp(L)))
+    if not static:  # senders' current outputs, which upstream patches may change
+        if start == 0:
+            hooks.append(("blocks.0.hook_resid_pre", capture_input))
+        for L in range(start, site.n_layers):
+            hooks.append((f"blocks.{L}.attn.hook_z", capture_z(L)))
+            if any(s.kind == "mlp" and s.layer == L for s in site.senders):
+                hooks.append((f"blocks.{L}.hook_mlp_out", capture_mlp(L)))
     groups = site._groups()
-    for (L, kind), (units, *_rest) in sorted(groups.items()):
-        if L < start:
+    used = (mask != 0).any(0).cpu()
+    for (L, kind), (units, e, *_rest) in sorted(groups.items()):
+        if L < start or (not mask.requires_grad and not bool(used[e].any())):  # no edge of this chunk enters it
             continue
         name = {"q": f"blocks.{L}.hook_q_input", "k": f"blocks.{L}.hook_k_input", "v": f"blocks.{L}.hook_v_input",
                 "mlp": f"blocks.{L}.hook_mlp_in", "logits": f"blocks.{site.n_layers - 1}.hook_resid_post"}[kind]
