@@ -154,7 +154,7 @@ class Reference:
                     for si, out in cur.items():
                         fix = fix + (1 - inside[si, ri]) * (self.base[:, :, si] - out)  # outside: frozen
                 else:  # edge set: its edges carry the other run's sender outputs, the rest current values
-                    fix = inside[0, ri] * self.delta[:, :, 0]
+                    fix = torch.zeros_like(self.delta[:, :, 0])  # (the input is in `cur`: counted once, below)
                     for si, out in cur.items():
                         fix = fix + inside[si, ri] * (self.base[:, :, si] + self.delta[:, :, si] - out)
                 if unit is None:

@@ -526,9 +526,9 @@ class Contrast:
         hooks = self._mix_hooks(b, masks, copies, offset=b.p0, start=start) + list(extra_hooks)
         if resid is None:
             resid = b.resid[start].repeat(copies, 1, 1)
-        split = any(isinstance(s, EdgeSite) for s in masks)
+        edges = any(isinstance(s, EdgeSite) for s in masks)
         with (self.model.hooks(fwd_hooks=hooks), self._prefix_mode(b, start, masks, z),
-              edges_mod.split_inputs(self.model) if split else _nothing()):
+              edges_mod.split_inputs(self.model, _split_layers(masks)) if edges else _nothing()):
             return self.model(resid, start_at_layer=start, stop_at_layer=stop or self.cfg.n_layers,
                               past_kv_cache=kv_cache)
 
@@ -659,6 +659,18 @@ def _node_sites(masks) -> list[Site]:
     for s in masks:
         out += s.node_sites() if isinstance(s, (EdgeSite, FeatureSite)) else [s]
     return list(dict.fromkeys(out))
+
+
+def _split_layers(masks):
+    """Where edge masks need per-head query/key/value inputs: a set of layers (maybe empty), None for all."""
+    out: set[int] | None = set()
+    for s, m in masks.items():
+        if isinstance(s, EdgeSite):
+            layers = edges_mod.qkv_layers(s, m)
+            if layers is None:
+                return None
+            out |= layers
+    return out
 
 
 def _nothing():

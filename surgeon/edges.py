@@ -100,7 +100,9 @@ class EdgeSite:
     @property
     def layer(self) -> int:
         """The first layer an edge acts at (receivers at layer 0 read the input)."""
-        return min(self.receivers[r].layer for _, r in self.edges)
+        if "layer" not in self._index:
+            self._index["layer"] = min(self.receivers[r].layer for _, r in self.edges)
+        return self._index["layer"]
 
     @property
     def names(self) -> list[str]:
@@ -111,12 +113,12 @@ class EdgeSite:
         return len(self.edges)
 
     def index(self, name: str) -> int:
-        if not self._index:
-            self._index.update({n: i for i, n in enumerate(self.names)})
-        if name not in self._index:
+        if "names" not in self._index:
+            self._index["names"] = {n: i for i, n in enumerate(self.names)}
+        if name not in self._index["names"]:
             raise AnalysisError(f"no edge {name!r} in this model's graph", field="edges",
                                 fix="name edges as sender->receiver, e.g. a0.h1->a1.h2<k>, input->m0, m1->logits")
-        return self._index[name]
+        return self._index["names"][name]
 
     def mask(self, edge_sets, device=None) -> Tensor:
         """[P, n_edges] 0/1 masks from P collections of edge names (or indices)."""
@@ -204,15 +206,41 @@ def sender_outputs(model, site: EdgeSite, acts: dict[Site, Tensor]) -> Tensor:
 
 
 @contextmanager
-def split_inputs(model):
-    """TransformerLens's per-head query/key/value inputs and MLP-input hook, on while the block runs."""
+def split_inputs(model, layers=None):
+    """TransformerLens's per-head query/key/value inputs and MLP-input hook, on while the block runs.
+
+    Per-head inputs make a block's LayerNorm and projections run once per head; with `layers` (a set)
+    they are on only in those blocks (where q/k/v receivers are patched), the MLP-input hook everywhere."""
     cfg = model.cfg
     old = (cfg.use_split_qkv_input, cfg.use_hook_mlp_in)
-    cfg.use_split_qkv_input, cfg.use_hook_mlp_in = True, True
+    cfg.use_split_qkv_input, cfg.use_hook_mlp_in = layers is None, True
+    handles = []
+    if layers is not None:
+        def on(module, args):
+            cfg.use_split_qkv_input = True
+
+        def off(module, args, out):
+            cfg.use_split_qkv_input = False
+
+        for L in layers:
+            handles += [model.blocks[L].register_forward_pre_hook(on), model.blocks[L].register_forward_hook(off)]
     try:
         yield
     finally:
+        for h in handles:
+            h.remove()
         cfg.use_split_qkv_input, cfg.use_hook_mlp_in = old
+
+
+def qkv_layers(site: EdgeSite, mask: Tensor):
+    """The layers whose query/key/value receivers `mask` [P, n_edges] patches (None: all, under gradients)."""
+    if mask.requires_grad:
+        return None
+    _, _, rl = _orders(site)
+    if "qkv" not in site._index:
+        site._index["qkv"] = torch.tensor([site.receivers[r].kind in "qkv" for _, r in site.edges])
+    on = (mask.detach() != 0).any(0).cpu() & site._index["qkv"]
+    return set(rl[on].tolist())
 
 
 def edge_hooks(model, site: EdgeSite, mask: Tensor, source: Tensor, base: Tensor, copies: int, n: int,
