@@ -121,7 +121,9 @@ class Reference:
                 act[R, self.pb, unit] += d
             return act
 
-        with self.split(self.model), torch.no_grad():
+        # per-head inputs only in the receiver's block (elsewhere they would only slow the baseline down)
+        rec = self.site.receivers[r]
+        with self.split(self.model, {rec.layer} if rec.kind in "qkv" else set()), torch.no_grad():
             return self.score(self.model.run_with_hooks(self.tokens, fwd_hooks=[(name, hook)]))
 
     def circuit(self, edges, chain: bool):

@@ -124,8 +124,8 @@ class EdgeSite:
         """[P, n_edges] 0/1 masks from P collections of edge names (or indices)."""
         m = torch.zeros(len(edge_sets), len(self.edges), device=device)
         for p, es in enumerate(edge_sets):
-            for e in es:
-                m[p, self.index(e) if isinstance(e, str) else int(e)] = 1
+            ids = [self.index(e) if isinstance(e, str) else int(e) for e in es]
+            m[p, torch.tensor(ids, dtype=torch.long, device=device)] = 1
         return m
 
     # ------------------------------------------------------------------ what the core needs
@@ -249,61 +249,69 @@ def edge_hooks(model, site: EdgeSite, mask: Tensor, source: Tensor, base: Tensor
 
     `source`, `base`: sender outputs [n, S, n_senders, d] of the other and of this run at the aligned
     positions; `rel` [n, S] those positions relative to the first position the pass computes; `valid`
-    [n, S] 1 for real (not padded) slots. Senders at or after `start` are read live from the pass (their
-    current output, which upstream patches may have changed); earlier ones are this run's, unchanged."""
+    [n, S] 1 for real (not padded) slots. Senders before `start` keep this run's output; later ones are read
+    live from the pass (their current output, which upstream patches may have changed) unless the mask
+    is static (`is_static`: no patched receiver feeds a patched sender), when every patched edge adds a
+    fixed difference and nothing is captured.
+
+    Senders are in computation order (input, then per layer its heads and its MLP) and every receiver reads
+    all senders before it, so a receiver's senders are a prefix of that order: the differences
+    (source - current) are kept as per-layer blocks and a receiver combines them with one matrix product
+    per block (or, for single edges, by adding each patched edge's difference to its copy)."""
     device = source.device
     idx = torch.arange(n, device=device)[:, None]
-    cur: dict[int, Tensor] = {}  # sender index -> [copies, n, S, d] current output
-    layer_of = {i: s.layer for i, s in enumerate(site.senders)}
-    S_valid = valid.to(device, source.dtype)[None, :, :, None]  # [1, n, S, 1]
+    S = rel.shape[1]
     static = is_static(site, mask)
+    fixed = (source - base)  # [n, S, J, d]: the difference of every sender that keeps this run's output
+    first_live = _first_sender_at(site, start)  # senders from here on are live unless static
+    live: list[Tensor] = []  # per block of live senders, in order: [c, n, S, k, d]
 
     def gather(act: Tensor) -> Tensor:  # [copies * n, Q, ...] -> [copies, n, S, ...]
         x = act.view(copies, n, *act.shape[1:])
         return x[:, idx, rel.to(act.device)]
 
-    def capture_z(layer):
-        def hook(z, hook):
-            W_O = model.blocks[layer].attn.W_O
-            out = torch.einsum("cnshd,hdm->cnshm", gather(z), W_O.to(z.device, z.dtype))
-            for i, s in enumerate(site.senders):
-                if s.kind == "head" and s.layer == layer:
-                    cur[i] = out[:, :, :, s.unit]
-            return z
-        return hook
-
-    def capture_mlp(layer):
+    def capture(lo: int, hi: int, heads_of: int | None = None):
+        """Records source - current for senders lo:hi (the heads of a layer from z, or one MLP)."""
         def hook(x, hook):
-            i = next(i for i, s in enumerate(site.senders) if s.kind == "mlp" and s.layer == layer)
-            cur[i] = gather(x)
+            cur = gather(x)
+            if heads_of is not None:
+                W_O = model.blocks[heads_of].attn.W_O
+                cur = torch.einsum("cnshd,hdm->cnshm", cur, W_O.to(x.device, x.dtype))
+            else:
+                cur = cur[:, :, :, None]
+            live.append(source[None, :, :, lo:hi].to(cur.dtype) - cur)
             return x
         return hook
 
-    def capture_input(x, hook):
-        cur[0] = gather(x)
-        return x
-
-    def diffs(senders: Tensor) -> Tensor:
-        """[copies, n, S, len(senders), d]: source - current for each sender ([1, ...] when static)."""
-        if static:
-            return (source[:, :, senders] - base[:, :, senders])[None]
-        outs = []
-        for i in senders.tolist():
-            c = cur[i] if (layer_of[i] >= start and i in cur) else base[:, :, i][None].expand(copies, -1, -1, -1)
-            outs.append(source[:, :, i][None] - c)
-        return torch.stack(outs, dim=3)
-
     def patch(key, units):
         _, e, si, ri = site._groups()[key]
-        s_used = torch.unique(si)
-        s_pos = torch.searchsorted(s_used, si)
-        dense = mask.new_zeros(copies, len(s_used), len(units))
-        dense = dense.index_put((torch.arange(copies)[:, None], s_pos[None], ri[None]), mask[:, e], accumulate=True)
+        k = int(si.max()) + 1  # the receiver reads senders 0..k-1
+        dense = mask.new_zeros(copies, k, len(units))
+        dense = dense.index_put((torch.arange(copies)[:, None], si[None], ri[None]), mask[:, e], accumulate=True)
+        nz = torch.nonzero(dense.detach()) if static else None  # (copy, sender, unit) of each patched edge
 
         def hook(act, hook):
-            d = diffs(s_used).to(act.dtype)  # [c|1, n, S, s, d]
-            eq = "nsjd,cjr->cnsrd" if static else "cnsjd,cjr->cnsrd"
-            delta = torch.einsum(eq, d[0] if static else d, dense.to(act.device, act.dtype)) * S_valid.to(act.dtype)[..., None]
+            dt = act.dtype
+            if static:  # a few single edges: add each patched edge's fixed difference to its copy and unit
+                c_, j_, r_ = (t.to(device) for t in nz.unbind(1))
+                w = dense.to(device)[c_, j_, r_].to(dt)[:, None, None, None]
+                delta = act.new_zeros(copies, len(units), n, S, act.shape[-1])  # [c, r, n, S, d]
+                delta.index_put_((c_, r_), w * fixed[:, :, j_].permute(2, 0, 1, 3).to(dt), accumulate=True)
+                delta = delta.permute(0, 2, 3, 1, 4)
+            else:
+                lo = min(k, first_live)
+                dm = dense.to(device, dt)
+                # senders that keep this run's output: one product for all copies
+                delta = torch.matmul(dm[:, :lo].transpose(1, 2), fixed[:, :, :lo].to(dt).permute(2, 0, 1, 3)
+                                     .reshape(lo, -1)).view(copies, len(units), n, S, -1).permute(0, 2, 3, 1, 4)
+                have = first_live
+                for b in live:  # live senders, block by block: per copy
+                    if have >= k:
+                        break
+                    hi = min(k, have + b.shape[3])
+                    delta = delta + torch.matmul(dm[:, None, None, have:hi].transpose(-1, -2), b[:, :, :, : hi - have].to(dt))
+                    have = hi
+            delta = delta * valid.to(device, dt)[None, :, :, None, None]
             out = act.clone()
             x = out.view(copies, n, *out.shape[1:])
             r = rel.to(act.device)
@@ -316,12 +324,12 @@ def edge_hooks(model, site: EdgeSite, mask: Tensor, source: Tensor, base: Tensor
 
     hooks = []
     if not static:  # senders' current outputs, which upstream patches may change
-        if start == 0:
-            hooks.append(("blocks.0.hook_resid_pre", capture_input))
         for L in range(start, site.n_layers):
-            hooks.append((f"blocks.{L}.attn.hook_z", capture_z(L)))
-            if any(s.kind == "mlp" and s.layer == L for s in site.senders):
-                hooks.append((f"blocks.{L}.hook_mlp_out", capture_mlp(L)))
+            lo, hi = _sender_range(site, L, "head")
+            hooks.append((f"blocks.{L}.attn.hook_z", capture(lo, hi, heads_of=L)))
+            if _sender_range(site, L, "mlp") is not None:
+                lo, hi = _sender_range(site, L, "mlp")
+                hooks.append((f"blocks.{L}.hook_mlp_out", capture(lo, hi)))
     groups = site._groups()
     used = (mask != 0).any(0).cpu()
     for (L, kind), (units, e, *_rest) in sorted(groups.items()):
@@ -331,6 +339,18 @@ def edge_hooks(model, site: EdgeSite, mask: Tensor, source: Tensor, base: Tensor
                 "mlp": f"blocks.{L}.hook_mlp_in", "logits": f"blocks.{site.n_layers - 1}.hook_resid_post"}[kind]
         hooks.append((name, patch((L, kind), units)))
     return hooks
+
+
+def _sender_range(site: EdgeSite, layer: int, kind: str):
+    """[lo, hi) of the senders of one kind at one layer (None if there are none)."""
+    ids = [i for i, s in enumerate(site.senders) if s.layer == layer and s.kind == kind]
+    return (ids[0], ids[-1] + 1) if ids else None
+
+
+def _first_sender_at(site: EdgeSite, layer: int) -> int:
+    """Index of the first sender computed at `layer` or later (the input counts as before layer 0 only when
+    the pass starts after it)."""
+    return next((i for i, s in enumerate(site.senders) if s.layer >= layer), len(site.senders))
 
 
 def ablated_source(site: EdgeSite, source: Tensor, base: Tensor, valid: Tensor) -> Tensor:
