@@ -299,3 +299,36 @@ def test_sae_commands_write_results_and_refuse_bad_input(tmp_path, capsys):
     assert main(["sae", "heads", os.path.join(ROOT, "cases", "decimal_organism.py"), "--layer", "2",
                  "--sae-layer", "1"]) == 2
     assert "computed before the patched sites" in capsys.readouterr().err
+
+
+def test_planted_threshold_sae_even_heads_move_the_answer_feature_odd_ones_do_not(threshold_case, threshold_model):
+    """With the SAE built by construction for the threshold organism, the head -> feature matrix recovers the
+    planted roles: the even heads move the answer-letter features (toward the good format), the odd heads
+    move only the format-marker features; and the empty patch of its features reproduces the model."""
+    from surgeon.analyses.sae_heads import head_feature_effects
+    from surgeon.organisms.threshold import planted_sae
+
+    sae = planted_sae(threshold_model)
+    r = head_feature_effects(threshold_case, threshold_model, sae, layer=0, top=sae.cfg.d_sae)
+    letter = np.array([sae.labels[str(j)].startswith("letter") for j in r.features])
+    moved = np.abs(r.format_gap) > 1e-3
+    even, odd = r.effect[r.units.index("even")], r.effect[r.units.index("odd")]
+    assert (letter & moved).sum() >= 2 and (~letter & moved).sum() >= 1
+    assert np.abs(odd[letter]).max() < 1e-4  # odd heads never move an answer feature
+    assert np.abs(even[~letter]).max() < 1e-4  # even heads never move a marker feature
+    assert np.abs(even[letter & moved]).min() > 0.1
+    assert np.allclose(even[letter], r.format_gap[letter], atol=1e-3)  # all 16 even heads: the whole gap
+    assert np.allclose(odd[~letter], r.format_gap[~letter], atol=1e-3)
+
+
+def test_shipped_planted_sae_is_the_construction(threshold_model):
+    from safetensors.torch import load_file
+
+    from surgeon.organisms import sae_dir
+    from surgeon.organisms.threshold import planted_sae
+
+    d = sae_dir("threshold-planted") / "blocks.0.hook_attn_out"
+    sae = planted_sae(threshold_model)
+    shipped_w = load_file(str(d / "sae_weights.safetensors"))
+    assert all(torch.equal(shipped_w[k], v.detach()) for k, v in sae.state_dict().items() if k in shipped_w)
+    assert json.loads((d / "labels.json").read_text()) == sae.labels

@@ -93,6 +93,33 @@ def set_weights(model) -> None:
         # the IGNORE buffer and causal mask are buffers, untouched by zeroing the parameters
 
 
+def planted_sae(model):
+    """An SAE built by construction for the layer's output (`blocks.0.hook_attn_out`), as the organism is:
+    one feature per answer letter (the residual dimension the even heads write and the unembedding reads)
+    and one per sign of each odd-head dimension (the format marker the answer ignores). Its ground truth:
+    patching even heads moves letter features only, patching odd heads marker features only. A sae-lens
+    StandardSAE (ReLU encoder, linear decoder); what it does not represent stays in the error term."""
+    import torch
+    from sae_lens.saes.sae import SAEMetadata
+    from sae_lens.saes.standard_sae import StandardSAE, StandardSAEConfig
+
+    lay = _layout(model.cfg)
+    dirs = [(d, 1.0, f"letter {c}") for d, c in zip(lay["letter"], LETTERS)]
+    dirs += [(d, sign, f"marker dim {d} {'+' if sign > 0 else '-'}") for d in lay["odd_out"] for sign in (1.0, -1.0)]
+    D = model.cfg.d_model
+    sae = StandardSAE(StandardSAEConfig(d_in=D, d_sae=len(dirs), apply_b_dec_to_input=False,
+                                        metadata=SAEMetadata(hook_name="blocks.0.hook_attn_out",
+                                                             model_name="organism:threshold")))
+    with torch.no_grad():
+        for p in sae.parameters():
+            p.zero_()
+        for f, (d, sign, _) in enumerate(dirs):
+            sae.W_enc[d, f] = sign
+            sae.W_dec[f, d] = sign
+    sae.labels = {str(f): name for f, (_, _, name) in enumerate(dirs)}
+    return sae
+
+
 def items_values() -> list[tuple[str, str]]:
     return [(x, y) for x in LETTERS for y in LETTERS if x != y]
 
