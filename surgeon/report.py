@@ -99,7 +99,7 @@ def save(out: Path, command: str, result, case, args, device: str | None, figure
 def threshold_text(r) -> str:
     pct = lambda v: f"{100 * v:5.1f}%"
     lines = [
-        f"case {r.case} · subsets of {len(r.units)} {r.component} heads ({', '.join(r.units)}) patched from "
+        f"case {r.case} · subsets of {len(r.units)} {'SAE features' if r.component == 'sae_features' else r.component + ' heads'} ({', '.join(r.units)}) patched from "
         f"{r.source!r} into {r.base!r} · {r.n_items} items ({r.tag or 'all'})",
         f"a subset repairs when the correct answer wins on >= {pct(r.item_rate).strip()} of the items; "
         f"{r.subsets_evaluated} distinct subsets evaluated"
@@ -109,7 +109,8 @@ def threshold_text(r) -> str:
     for fam in ["all", *r.groups]:
         rows = [s for s in r.sizes if s.family == fam]
         members = r.units if fam == "all" else r.groups[fam]
-        lines.append(f"{fam} ({len(members)} heads{'' if fam == 'all' else ': ' + ', '.join(members)}):")
+        unit = "features" if r.component == "sae_features" else "heads"
+        lines.append(f"{fam} ({len(members)} {unit}{'' if fam == 'all' else ': ' + ', '.join(members)}):")
         lines.append(f"  {'k':>3s} {'subsets':>15s}  {'repairing [95% CI]':28s} {'mean item rate':>14s} {'mean repair frac':>16s}")
         for s in rows:
             how = f"{s.evaluated}/{s.total}" + ("" if s.enumerated else " sampled")
@@ -298,4 +299,10 @@ def feature_repair_text(r) -> str:
     for j, est, exact in r.top:
         lines.append(f"  feature {j:>6}: estimate {est:+.3f}, exact {exact:+.3f}")
     lines += ["", "subsets of these features:", threshold_text(r.search)]
+    f_all, h_all = r.search.sizes, r.heads.sizes
+    best = lambda rows: max((row.mean_repair_fraction for row in rows if row.family == "all"), default=float("nan"))  # noqa: E731
+    kf, kh = r.search.threshold("all").k_star, r.heads.threshold("all").k_star
+    lines += ["", f"against head subsets of layer {r.layer} (head outputs patched, same items):",
+              f"  features: k* = {kf if kf is not None else 'none'}, best mean repair fraction of a size {best(f_all):+.3f}",
+              f"  heads:    k* = {kh if kh is not None else 'none'}, best mean repair fraction of a size {best(h_all):+.3f}"]
     return "\n".join(lines)

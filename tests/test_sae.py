@@ -192,6 +192,8 @@ def test_feature_repair_runs_the_subset_search(decimal_case, decimal_model):
     assert len(r.top) == 4 and r.search.subsets_evaluated == 16
     for (j, est, exact) in r.top:  # first-order estimates agree with exact single-feature patching here
         assert abs(est - exact) < 0.2 * abs(exact) + 1e-3
+    # compared with the heads of the same layer: 8 heads, every subset
+    assert r.heads.units == [f"L1H{h}" for h in range(8)] and r.heads.subsets_evaluated == 256
     # the search's single-feature subsets are the exact single-feature patches
     assert r.search.size("all", 1).mean_repair_fraction == pytest.approx(np.mean([e for _, _, e in r.top]), abs=1e-5)
 

@@ -36,6 +36,7 @@ class FeatureRepairResult:
     all_features_fraction: float  # repair fraction patching every feature (error term kept)
     top: list  # [(feature, attribution estimate, exact single-feature repair fraction)]
     search: ThresholdResult  # subsets of the top features
+    heads: ThresholdResult  # the same search over the heads of the SAE's layer (patching head outputs z), to compare
 
 
 def feature_repair(case: Case, model, sae, *, top: int = 8, direction: Direction = "denoise", bad: str | None = None,
@@ -49,8 +50,9 @@ def feature_repair(case: Case, model, sae, *, top: int = 8, direction: Direction
         raise AnalysisError(f"--top {top}: the subset search needs 1 to 24 features", field="--top", fix="e.g. --top 8")
     fs = FeatureSite.of(sae)
     node = Site.coerce(fs.hook)
+    head_site = Site.of("z", fs.layer)
     contrast, info = make_contrast(case, model, bad=bad, direction=direction, tag=tag, batch_size=batch_size,
-                                   sites=[node])
+                                   sites=[node, head_site])
     F = fs.n_units()
     base_mean = float(contrast.clean_base.mean())
     gap = float(contrast.clean_source.mean()) - base_mean
@@ -70,7 +72,17 @@ def feature_repair(case: Case, model, sae, *, top: int = 8, direction: Direction
     with torch.no_grad():
         single = contrast.run({fs: torch.eye(F)[chosen]})
     singles = [frac(single[i]) for i in range(len(chosen))]
-    units = [Unit(fs.layer, j, "F") for j in chosen]
+    kw = dict(case=case.name, info=info, item_rate=item_rate, x=x, budget=budget, chunk=chunk, progress=progress)
+    search = _search(contrast, [Unit(fs.layer, j, "F") for j in chosen], fs, "sae_features", **kw)
+    heads = _search(contrast, [Unit(fs.layer, h) for h in range(contrast.units(head_site))], head_site, "z", **kw)
+    return FeatureRepairResult(case.name, info["base"], info["source"], fs.layer, fs.hook, source, contrast.n_items, F,
+                               float((empty - contrast.clean_base).abs().max()), frac(whole), frac(every),
+                               [(j, float(est[j]), s) for j, s in zip(chosen, singles)], search, heads)
+
+
+def _search(contrast, units, site, component: str, *, case: str, info: dict, item_rate: float, x: float, budget: int,
+            chunk: int, progress: bool) -> ThresholdResult:
+    """Subsets of `units` (all one site) evaluated in memory, aggregated as `surgeon threshold` does."""
     plan = make_plan(units, {}, budget=budget)
     per_subset: dict = {}
     n_chunks = math.ceil(len(plan.unique) / chunk)
@@ -79,14 +91,11 @@ def feature_repair(case: Case, model, sae, *, top: int = 8, direction: Direction
     if progress:
         from tqdm.auto import tqdm
 
-        it = tqdm(it, desc="feature subsets", unit="chunk")
+        it = tqdm(it, desc=f"{component} subsets", unit="chunk", leave=False)
     for c in it:
-        per_subset.update(summarize_chunks([chunk_scores(contrast, plan, c, chunk, sites={fs.layer: fs})],
+        per_subset.update(summarize_chunks([chunk_scores(contrast, plan, c, chunk, sites={units[0].layer: site})],
                                            base_np, src_np))
-    search = aggregate(plan, per_subset, case=case.name, component="sae_features", base=info["base"],
-                       source=info["source"], tag=info["tag"], n_items=contrast.n_items, item_rate=item_rate, x=x,
-                       base_mean=base_mean, source_mean=float(contrast.clean_source.mean()), chunks_done=n_chunks,
-                       chunks_total=n_chunks)
-    return FeatureRepairResult(case.name, info["base"], info["source"], fs.layer, fs.hook, source, contrast.n_items, F,
-                               float((empty - contrast.clean_base).abs().max()), frac(whole), frac(every),
-                               [(j, float(est[j]), s) for j, s in zip(chosen, singles)], search)
+    return aggregate(plan, per_subset, case=case, component=component, base=info["base"], source=info["source"],
+                     tag=info["tag"], n_items=contrast.n_items, item_rate=item_rate, x=x,
+                     base_mean=float(contrast.clean_base.mean()), source_mean=float(contrast.clean_source.mean()),
+                     chunks_done=n_chunks, chunks_total=n_chunks)
