@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 
 from .errors import AnalysisError
+from .results import follow_umask
 
 
 def parse_shard(text: str | None) -> tuple[int, int]:
@@ -66,7 +67,7 @@ class ChunkStore:
         fd, tmp = tempfile.mkstemp(prefix=".chunk-", suffix=".npz", dir=self.dir)
         os.close(fd)
         np.savez(tmp, **arrays)
-        _follow_umask(tmp)
+        follow_umask(tmp)
         os.replace(tmp, self.dir / f"chunk-{index:06d}.npz")
 
     def files(self) -> dict[int, Path]:
@@ -84,16 +85,9 @@ class ChunkStore:
         return json.loads(meta.read_text()).get("digest") if meta.exists() else None
 
 
-def _follow_umask(path) -> None:
-    """mkstemp makes private files; give them the mode a plain open() would (others can merge shards)."""
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(path, 0o666 & ~umask)
-
-
 def _atomic_write(path: Path, data: bytes) -> None:
     fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=path.parent)
     with os.fdopen(fd, "wb") as f:
         f.write(data)
-    _follow_umask(tmp)
+    follow_umask(tmp)
     os.replace(tmp, path)

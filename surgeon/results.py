@@ -82,16 +82,18 @@ def staging(out_dir: str | Path) -> Iterator[Path]:
         for f in files:
             dest = out / f.relative_to(tmp)
             dest.parent.mkdir(parents=True, exist_ok=True)
-            os.chmod(f, 0o666 & ~_umask())
+            follow_umask(f)
             os.replace(f, dest)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def _umask() -> int:
+def follow_umask(path, directory: bool = False) -> None:
+    """mkstemp/mkdtemp (and safetensors) create private files; give them the mode a plain open() or mkdir()
+    would, so other users can read results and merge shards."""
     m = os.umask(0)
     os.umask(m)
-    return m
+    os.chmod(path, (0o777 if directory else 0o666) & ~m)
 
 
 def write_json(path: Path, data: Any) -> None:

@@ -80,9 +80,10 @@ def train_sae(acts: Tensor, hook: str, opts: TrainOptions = TrainOptions(), mode
 def save(sae, path: Path, record: dict | None = None) -> None:
     """Write an SAE in the inference layout sae-lens loads (cfg.json + sae_weights.safetensors), atomically,
     with `record` (how it was trained) as training.json beside it."""
-    import os
     import shutil
     import tempfile
+
+    from ..results import follow_umask
 
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -93,11 +94,9 @@ def save(sae, path: Path, record: dict | None = None) -> None:
             import json
 
             (tmp / "training.json").write_text(json.dumps(record, indent=1, sort_keys=True) + "\n")
-        umask = os.umask(0)
-        os.umask(umask)
-        tmp.chmod(0o777 & ~umask)
-        for f in tmp.iterdir():  # mkdtemp and safetensors create private files: follow the umask
-            f.chmod(0o666 & ~umask)
+        follow_umask(tmp, directory=True)
+        for f in tmp.iterdir():
+            follow_umask(f)
         if path.exists():
             shutil.rmtree(path)
         tmp.rename(path)
