@@ -5,6 +5,25 @@ from pathlib import Path
 
 import numpy as np
 
+from .sites import unit_label
+
+
+def _ci(lo, hi, fmt: str = "+.3f", pct: bool = False) -> str:
+    """An interval in brackets, or the reason there is none (one item: nothing to resample)."""
+    if not (np.isfinite(lo) and np.isfinite(hi)):
+        return "(no interval)"
+    k = 100 if pct else 1
+    return f"[{k * lo:{fmt}}, {k * hi:{fmt}}]"
+
+
+def _no_gap(base, source) -> str | None:
+    """Why a repair fraction is undefined, in words, or None when the two runs differ."""
+    if abs(source.value - base.value) > 1e-9 and np.isfinite(source.value - base.value):
+        return None
+    return (f"the two formats score the same on these items (mean score {base.value:+.3f} vs {source.value:+.3f}): "
+            f"there is no gap to repair, so repair fractions are undefined. Are the formats really different "
+            f"(check the case's templates and --bad)?")
+
 
 def diagnosis_text(d, case) -> str:
     tags = {}
@@ -18,14 +37,22 @@ def diagnosis_text(d, case) -> str:
     for s in d.stats:
         sc = s.score
         lines.append(f"{s.format:10s} {s.role:5s} {s.tag:9s} {s.accuracy.pct():32s} "
-                     f"{sc.value:+7.2f} [{sc.lo:+.2f}, {sc.hi:+.2f}]")
+                     f"{sc.value:+7.2f} {_ci(sc.lo, sc.hi, '+.2f')}")
     focus = d.focus or "all"
     lines.append("")
     g = d.get(d.good, focus).accuracy
     for b, yes in d.reproduced.items():
         a = d.get(b, focus).accuracy
-        verdict = "REPRODUCED" if yes else "not reproduced"
+        if yes:
+            verdict = "REPRODUCED"
+        elif a.value >= g.value:
+            verdict = f"not reproduced ({b!r} is not less accurate than {d.good!r})"
+        else:
+            verdict = (f"not reproduced (less accurate, but the 95% intervals overlap: {a.n} item{'s' * (a.n != 1)} "
+                       f"cannot separate them; add items)")
         lines.append(f"failure in {b!r} on {focus} items: {verdict} — accuracy {a.pct()} vs {g.pct()} in {d.good!r}")
+    if any(s.score.n < 2 for s in d.stats):
+        lines.append("(a mean over one item has no interval)")
     if d.generations:
         lines += ["", f"greedy generation ({d.generations[0].n_new} new tokens) on {focus} items, judged against the answers:"]
         for g in d.generations:
@@ -47,19 +74,28 @@ def patch_text(r, top: int = 10) -> str:
         f"{what} fraction per layer (rows) and unit (columns):",
         "layer " + "".join(f"{u:>7d}" for u in range(r.n_units)),
     ]
-    for i, L in enumerate(r.layers):
-        lines.append(f"{L:5d} " + "".join(f"{v:7.2f}" if np.isfinite(v) else "    nan" for v in r.fraction[i]))
-    lines += ["", f"top {min(top, r.fraction.size)} units by {what} fraction:",
-              f"{'unit':8s} {what + ' fraction [95% CI]':28s} {'accuracy when patched [95% CI]'}"]
-    for L, u, _ in r.top(top):
-        i = r.layers.index(L)
-        f, lo, hi = r.fraction[i, u], r.fraction_lo[i, u], r.fraction_hi[i, u]
-        a, alo, ahi = r.accuracy[i, u], r.accuracy_lo[i, u], r.accuracy_hi[i, u]
-        lines.append(f"L{L}.{u:<5d} {f:+.3f} [{lo:+.3f}, {hi:+.3f}]        "
-                     f"{100 * a:5.1f}% [{100 * alo:5.1f}, {100 * ahi:5.1f}] (n={r.n_items})")
+    no_gap = _no_gap(r.clean_base, r.clean_source)
+    if no_gap:
+        lines[-2:] = [f"warning: {no_gap}"]
+    else:
+        for i, L in enumerate(r.layers):
+            lines.append(f"{L:5d} " + "".join(f"{v:7.2f}" if np.isfinite(v) else "    nan" for v in r.fraction[i]))
+        lines += ["", f"top {min(top, r.fraction.size)} units by {what} fraction:",
+                  f"{'unit':10s} {what + ' fraction [95% CI]':28s} {'accuracy when patched [95% CI]'}"]
+        for L, u, _ in r.top(top):
+            i = r.layers.index(L)
+            f, lo, hi = r.fraction[i, u], r.fraction_lo[i, u], r.fraction_hi[i, u]
+            a, alo, ahi = r.accuracy[i, u], r.accuracy_lo[i, u], r.accuracy_hi[i, u]
+            lines.append(f"{unit_label(r.component, L, u):10s} {f:+.3f} {_ci(lo, hi):22s} "
+                         f"{100 * a:5.1f}% [{100 * alo:5.1f}, {100 * ahi:5.1f}] (n={r.n_items})")
+        if r.n_items < 2:
+            lines.append("(one item: the repair fractions have no interval)")
     if r.noop:
-        lines += ["", "no-op patches (source activation equals base at the patched positions): "
-                      + ", ".join(f"L{L}.{u}" for L, u in r.noop[:20]) + (" ..." if len(r.noop) > 20 else "")]
+        everything = len(r.noop) == len(r.layers) * r.n_units
+        lines += ["", ("every patch is a no-op: " if everything else "no-op patches: ")
+                  + f"the {r.source!r} activation equals the {r.base!r} one at the patched positions"
+                  + ("" if everything else ": " + ", ".join(unit_label(r.component, L, u) for L, u in r.noop[:20])
+                     + (" ..." if len(r.noop) > 20 else ""))]
     return "\n".join(lines)
 
 
@@ -106,6 +142,11 @@ def threshold_text(r) -> str:
         + ("" if r.complete else f" (PARTIAL: {r.chunks_done}/{r.chunks_total} chunks)"),
         "",
     ]
+    empty = next((s for s in r.sizes if s.family == "all" and s.key[0] == 0 and s.evaluated), None)
+    if empty is not None and empty.fraction >= 1:
+        lines[-1:] = [f"warning: with nothing patched the {r.base!r} run already gets {pct(empty.mean_item_rate).strip()} "
+                      f"of the items right, which meets the repair criterion: there is no failure to repair here "
+                      f"(see `surgeon diagnose`, or raise --item-rate)", ""]
     for fam in ["all", *r.groups]:
         rows = [s for s in r.sizes if s.family == fam]
         members = r.units if fam == "all" else r.groups[fam]
@@ -115,8 +156,8 @@ def threshold_text(r) -> str:
         for s in rows:
             how = f"{s.evaluated}/{s.total}" + ("" if s.enumerated else " sampled")
             ci = "exact" if s.enumerated and s.evaluated == s.total else f"[{pct(s.lo)}, {pct(s.hi)}]"
-            lines.append(f"  {s.key[0]:3d} {how:>15s}  {pct(s.fraction)} {ci:21s} {pct(s.mean_item_rate):>14s} "
-                         f"{s.mean_repair_fraction:16.3f}")
+            frac = f"{s.mean_repair_fraction:16.3f}" if np.isfinite(s.mean_repair_fraction) else f"{'-':>16s}"
+            lines.append(f"  {s.key[0]:3d} {how:>15s}  {pct(s.fraction)} {ci:21s} {pct(s.mean_item_rate):>14s} {frac}")
         t = r.threshold(fam)
         if t.k_star is None:
             lines.append(f"  threshold: no size k has >= {pct(t.x).strip()} of subsets repairing")
@@ -158,7 +199,10 @@ def threshold_text(r) -> str:
 
 
 def blend_text(r) -> str:
-    what = ", ".join(r.units) if len(r.units) <= 8 else f"{len(r.units)} heads of layer {r.layer}"
+    if len(r.units) == 1 and not r.units[0][len(f"L{r.layer}"):].startswith(("H", "KV")):
+        what = f"layer {r.layer}"  # a whole-vector component: "blend mlp_out of layer 1"
+    else:
+        what = ", ".join(r.units) if len(r.units) <= 8 else f"{len(r.units)} heads of layer {r.layer}"
     lines = [f"case {r.case} · blend {r.component} of {what}: (1-a)*{r.base} + a*{r.source} · {r.n_items} items "
              f"({r.tag or 'all'})",
              "repair rate (correct answer wins) by blend fraction a:"]
@@ -166,11 +210,19 @@ def blend_text(r) -> str:
         i = int(round(float(a) / (r.alphas[1] - r.alphas[0])))
         lines.append(f"  a = {a}: {100 * v:5.1f}% [{100 * r.rate_lo[i]:5.1f}, {100 * r.rate_hi[i]:5.1f}]  "
                      f"mean score {r.mean_score[i]:+.2f}")
-    q1, med, q3 = r.switch_quartiles
-    lines += [f"switching point a* per item (linear interpolation on a {r.alphas[1] - r.alphas[0]:.2f} grid):",
-              f"  mean {r.switch_mean}, quartiles {q1:.3f} / {med:.3f} / {q3:.3f}",
-              f"  correct already at a = 0: {r.already}; never repaired up to a = 1: {r.never}; "
-              f"items whose score changes sign more than once: {int((r.crossings > 1).sum())}"]
+    lines.append(f"switching point a* per item (linear interpolation on a {r.alphas[1] - r.alphas[0]:.2f} grid):")
+    m = r.switch_mean
+    if m.n == 0 and r.already == r.n_items:
+        lines.append("  every item is already correct at a = 0: there is nothing to repair")
+    elif m.n == 0:
+        lines.append(f"  no item switches to the correct answer between a = 0 and a = 1: blending this "
+                     f"{'unit' if len(r.units) == 1 else 'set'} does not repair the failure")
+    else:
+        q1, med, q3 = r.switch_quartiles
+        lines.append(f"  mean {m.value:.3f} {_ci(m.lo, m.hi, '.3f')} over the {m.n} item{'s' * (m.n != 1)} that "
+                     f"switch{'es' * (m.n == 1)}, quartiles {q1:.3f} / {med:.3f} / {q3:.3f}")
+    lines.append(f"  correct already at a = 0: {r.already}; never repaired up to a = 1: {r.never}; "
+                 f"items whose score changes sign more than once: {int((r.crossings > 1).sum())}")
     return "\n".join(lines)
 
 
@@ -180,15 +232,27 @@ def attribution_text(r, top: int = 10) -> str:
              f"{r.n_items} items ({r.tag or 'all'}) · one forward and one backward pass",
              f"estimated {what} fraction of patching each unit alone (gradient w.r.t. its mask at 0, over the gap):",
              "layer " + "".join(f"{u:>7d}" for u in range(r.n_units))]
+    if abs(r.gap) <= 1e-12:
+        lines[-2:] = ["warning: the two formats score the same on these items (no gap): estimated repair "
+                      "fractions are undefined; the raw gradients are in results.json"]
+        return "\n".join(lines)
     for i, L in enumerate(r.layers):
         lines.append(f"{L:5d} " + "".join(f"{v:7.2f}" if np.isfinite(v) else "    nan" for v in r.estimate[i]))
     if r.exact is not None:
-        lines += ["", f"against exact per-unit patching: Pearson r = {r.pearson:.3f}, Spearman rho = {r.spearman:.3f}",
-                  f"{'unit':8s} {'estimate':>9s} {'exact':>9s}"]
+        corr = ("correlation undefined (one side is constant)" if r.pearson is None
+                else f"Pearson r = {r.pearson:.3f}, Spearman rho = {r.spearman:.3f}")
+        lines += ["", f"against exact per-unit patching: {corr}",
+                  f"top {min(top, r.exact.size)} units by exact {what} fraction:",
+                  f"{'unit':10s} {'estimate':>9s} {'exact':>9s}"]
         order = np.argsort(-np.nan_to_num(r.exact, nan=-np.inf), axis=None)[:top]
-        for k in order:
-            i, u = divmod(int(k), r.n_units)
-            lines.append(f"L{r.layers[i]}.{u:<5d} {r.estimate[i, u]:+9.3f} {r.exact[i, u]:+9.3f}")
+    else:
+        lines += ["", f"top {min(top, r.estimate.size)} units by estimated {what} fraction "
+                      f"(--compare checks them against exact patching):", f"{'unit':10s} {'estimate':>9s}"]
+        order = np.argsort(-np.nan_to_num(r.estimate, nan=-np.inf), axis=None)[:top]
+    for k in order:
+        i, u = divmod(int(k), r.n_units)
+        lines.append(f"{unit_label(r.component, r.layers[i], u):10s} {r.estimate[i, u]:+9.3f}"
+                     + (f" {r.exact[i, u]:+9.3f}" if r.exact is not None else ""))
     return "\n".join(lines)
 
 
@@ -238,8 +302,9 @@ def circuit_text(r, top: int = 10) -> str:
             lines.append(f"  {i:2d}. {' -> '.join(p.nodes)}")
             lines.append(f"      effect {e.value:+.3f} [{e.lo:+.3f}, {e.hi:+.3f}] (n={e.n}), share {s.value:.3f}"
                          f"{' · skill path' if p.skill else ''}")
-    if abs(gap) < 1e-9:
-        lines += ["", "warning: the two formats score the same (m(full) = m(empty)): faithfulness is undefined"]
+    if abs(gap) <= 1e-6 * max(1.0, abs(r.full), abs(r.empty)):
+        lines[2:2] = ["warning: the two formats score the same (m(full) = m(empty)): faithfulness is undefined, so "
+                      "the curve and the pruned circuit below mean nothing"]
     return "\n".join(lines)
 
 

@@ -72,11 +72,12 @@ def n_units(comp: str, cfg) -> int:
 
 
 def unit_label(comp: str, layer: int, unit: int) -> str:
+    """The one name of a unit in every report, table and graph: L2H6 (a head; o_slices are heads after W_O),
+    L2KV1 (a key/value head under grouped-query attention), L2.mlp_out (a whole-vector component)."""
     c = component(comp)
     if c.units == "whole":
-        return f"{c.name}{layer}"
-    prefix = {"head": "", "kv_head": "kv", "slice": "s"}[c.units]
-    return f"L{layer}.{prefix}H{unit}" if c.units != "head" else f"L{layer}H{unit}"
+        return f"L{layer}.{c.name}"
+    return f"L{layer}{'KV' if c.units == 'kv_head' else 'H'}{unit}"
 
 
 _HOOK_RE = re.compile(r"^blocks\.(\d+)\.")

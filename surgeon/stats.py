@@ -23,6 +23,8 @@ class Estimate:
         return asdict(self)
 
     def __str__(self) -> str:
+        if not (math.isfinite(self.lo) and math.isfinite(self.hi)):
+            return f"{self.value:.3f} (n={self.n}, no interval)"
         return f"{self.value:.3f} [{self.lo:.3f}, {self.hi:.3f}] (n={self.n})"
 
     def pct(self) -> str:
@@ -69,6 +71,9 @@ def bootstrap_mean(x, reps: int = 2000, seed: int = 0) -> Estimate:
 def bootstrap_means(x: np.ndarray, reps: int = 1000, seed: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Row-wise means of x [cells, n] with bootstrap intervals over the n items (same resamples for all)."""
     x = np.asarray(x, dtype=float)
+    if x.shape[-1] < 2:  # one item: nothing to resample, no interval
+        m = x.mean(axis=-1)
+        return m, m * np.nan, m * np.nan
     idx = _resample(x.shape[-1], reps, seed)
     boots = x[..., idx].mean(axis=-1)  # [cells, reps]
     lo, hi = np.percentile(boots, [2.5, 97.5], axis=-1)
@@ -88,6 +93,8 @@ def bootstrap_fraction(patched: np.ndarray, base: np.ndarray, source: np.ndarray
             return np.where(np.abs(gap) > 1e-12, (p - b) / gap, np.nan)
 
     value = frac(patched.mean(-1), base.mean(), source.mean())
+    if base.size < 2:  # one item: nothing to resample, no interval
+        return value, value * np.nan, value * np.nan
     idx = _resample(base.size, reps, seed)
     pb = patched[..., idx].mean(-1)  # [cells, reps]
     bb, sb = base[idx].mean(-1), source[idx].mean(-1)  # [reps]

@@ -26,6 +26,7 @@ class AttributionResult:
     layers: tuple[int, ...]
     n_units: int
     n_items: int
+    gap: float  # mean score of the source run - mean score of the base run (what a full patch moves)
     gradient: np.ndarray  # [layer, unit] d(mean score) / d(mask) at mask = 0
     estimate: np.ndarray  # [layer, unit] the gradient as a fraction of the gap (source - base): estimated repair
     exact: np.ndarray | None  # [layer, unit] exact repair fraction of patching the unit alone (compare=True)
@@ -66,4 +67,4 @@ def attribute(case: Case, model, *, layers=None, component: str = "z", direction
             pearson = float(np.corrcoef(a, b)[0, 1])
             spearman = float(np.corrcoef(_ranks(a), _ranks(b))[0, 1])
     return AttributionResult(case.name, component, direction, info["base"], info["source"], info["tag"], layers, U,
-                             contrast.n_items, grad, estimate, exact, pearson, spearman)
+                             contrast.n_items, gap, grad, estimate, exact, pearson, spearman)

@@ -41,7 +41,7 @@ def blend(case: Case, model, *, layer: int, heads: list[int] | None = None, comp
     item's switching point a* by linear interpolation between the grid points around its sign change."""
     import torch
 
-    from ..sites import Site
+    from ..sites import Site, unit_label
 
     if not 0 < step <= 0.5:
         raise AnalysisError(f"step {step} is not in (0, 0.5]", field="--step", fix="e.g. 0.01")
@@ -52,13 +52,13 @@ def blend(case: Case, model, *, layer: int, heads: list[int] | None = None, comp
     U = site.n_units(model.cfg)
     if site.component.units == "whole":
         chosen = [0]
-        labels = (f"{component}{layer}",)
+        labels = (unit_label(component, layer, 0),)
     else:
         chosen = list(range(U)) if heads is None else list(heads)
         bad_heads = [h for h in chosen if not 0 <= h < U]
         if bad_heads:
             raise AnalysisError(f"heads {bad_heads} are out of range (0..{U - 1})", field="--heads", fix="choose heads that exist")
-        labels = tuple(f"L{layer}H{h}" for h in chosen)
+        labels = tuple(unit_label(component, layer, h) for h in chosen)
     contrast, info = make_contrast(case, model, bad=bad, tag=tag, batch_size=batch_size, sites=[site])
     alphas = np.round(np.arange(0, 1 + step / 2, step), 10)
     masks = torch.zeros(len(alphas), U)

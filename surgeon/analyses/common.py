@@ -50,6 +50,10 @@ def make_contrast(case: Case, model, *, bad: str | None = None, direction: Direc
     base, source = (bad, case.good) if direction == "denoise" else (case.good, bad)
     rows_b = format_rows(case, model, base, items)
     rows_s = format_rows(case, model, source, items)
+    if all(a.tokens == b.tokens for a, b in zip(rows_b, rows_s)):
+        raise AnalysisError(f"formats {bad!r} and {case.good!r} give the same tokens for every item, so there is "
+                            f"nothing to patch between them", where=case.source, field="formats",
+                            fix="give the failing format a different template (or pick another with --bad)")
     c = Contrast(model, rows_b, rows_s, case.align, batch_size=batch_size, base_name=base, source_name=source,
                  sites=sites)
     return c, dict(base=base, source=source, bad=bad, tag=tag, n_items=len(items), direction=direction)

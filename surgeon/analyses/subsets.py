@@ -346,7 +346,7 @@ def aggregate(plan: Plan, per_subset: dict[int, tuple[float, float, float]], *, 
         hist[-2] -= hist[-1]
         sizes.append(SizeRow(fam.name, fam.key, fam.total, len(ev), fam.enumerated, int(k_rep), float(value), float(lo),
                              float(hi), float(rates.mean()) if len(rates) else float("nan"),
-                             float(np.nanmean(fracs)) if len(fracs) else float("nan"), tuple(hist)))
+                             float(np.nanmean(fracs)) if np.isfinite(fracs).any() else float("nan"), tuple(hist)))
     thresholds = []
     for name in ["all", *plan.groups]:
         rows = sorted((r for r in sizes if r.family == name and r.evaluated), key=lambda r: r.key)

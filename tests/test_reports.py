@@ -1,0 +1,67 @@
+"""Reports say what happened in words: no NaN tables, one unit naming, no interval invented from one item."""
+from dataclasses import replace
+
+from surgeon import report
+from surgeon.analyses import attribute, diagnose, patch_heads
+from surgeon.analyses.blend import blend
+from surgeon.cli import main
+
+from .conftest import ROOT
+
+CASE = f"{ROOT}/cases/decimal_organism.py"
+
+
+def _case_file(tmp_path, body: str):
+    f = tmp_path / "variant.py"
+    f.write_text("import runpy\nfrom dataclasses import replace\n"
+                 f"base = runpy.run_path({CASE!r})['case']\n" + body)
+    return str(f)
+
+
+def test_identical_formats_are_refused_with_the_file_named(tmp_path, capsys):
+    f = _case_file(tmp_path, "case = replace(base, name='same', formats={**base.formats, 'qa': base.formats['plain']})\n")
+    assert main(["patch", f, "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert f in err and "give the same tokens for every item" in err and "fix:" in err
+    assert not (tmp_path / "o").exists()
+
+
+def test_one_item_has_no_interval_and_the_verdict_says_why(decimal_model, decimal_case):
+    case = replace(decimal_case, items=decimal_case.items[:1], focus=None)
+    d = diagnose(case, decimal_model)
+    text = report.diagnosis_text(d, case)
+    assert "nan" not in text.lower()
+    assert "(no interval)" in text and "1 item cannot separate them" in text
+    p = patch_heads(case, decimal_model, layers=[1])
+    text = report.patch_text(p)
+    assert "nan" not in text.lower() and "(no interval)" in text
+    assert d.get("plain").score.n == 1 and str(d.get("plain").score).endswith("(n=1, no interval)")
+
+
+def test_units_are_named_one_way_everywhere(decimal_model, decimal_case):
+    p = patch_heads(decimal_case, decimal_model, layers=[1, 2])
+    a = attribute(decimal_case, decimal_model, layers=[1, 2])
+    for text in (report.patch_text(p), report.attribution_text(a)):
+        assert "L1H" in text or "L2H" in text
+        assert "L1." not in text and "L2." not in text
+    top = report.patch_text(p).split("top ")[1].splitlines()[2].split()[0]
+    L, h = top[1:].split("H")
+    assert p.fraction[p.layers.index(int(L)), int(h)] == max(x for x in p.fraction.ravel())
+
+
+def test_blend_reports_whole_components_and_no_repair_in_words(decimal_model, decimal_case):
+    r = blend(decimal_case, decimal_model, layer=1, component="mlp_out", step=0.1)
+    text = report.blend_text(r)
+    assert "blend mlp_out of layer 1:" in text and r.units == ("L1.mlp_out",)
+    # L2H1 alone never repairs a trap item (the answer heads are elsewhere): said in words, not "nan (n=0)"
+    r = blend(decimal_case, decimal_model, layer=2, heads=[1], step=0.1)
+    assert r.never == r.n_items and r.switch_mean.n == 0
+    text = report.blend_text(r)
+    assert "nan" not in text and "does not repair the failure" in text
+
+
+def test_threshold_warns_when_the_unpatched_run_already_passes(tmp_path, capsys):
+    assert main(["threshold", CASE, "--layer", "1", "--tag", "control", "--item-rate", "0.5", "--budget", "5",
+                 "--groups", "none", "--out", str(tmp_path / "t")]) == 0
+    out = capsys.readouterr().out
+    assert "there is no failure to repair here" in out and "nan" not in out
