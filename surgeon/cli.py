@@ -280,19 +280,19 @@ def cmd_diagnose(args) -> int:
     from .analyses import diagnose
 
     case, model, device = _load(args)
-    d = diagnose(case, model, batch_size=args.batch_size, generate=args.generate)
+    d = diagnose(case, model, batch_size=args.batch_size, generate=args.generate, progress=True)
     return _report(args, "diagnose", d, case, device, report.diagnosis_text(d, case),
-                   {"accuracy.png": figures.diagnosis_figure})
+                   {"accuracy.png": figures.diagnosis_figure}, {"items.csv": report.diagnosis_rows(d)})
 
 
-def _report(args, kind: str, result, case, device, text: str, figures: dict) -> int:
-    """Print a command's report; with --out, save results, manifest and figures and say so."""
+def _report(args, kind: str, result, case, device, text: str, figures: dict, tables: dict | None = None) -> int:
+    """Print a command's report; with --out, save results, manifest, figures and tables and say so."""
     from . import report
 
     print(text)
     if args.out:
-        report.save(args.out, kind, result, case, args, device, figures=figures)
-        print(f"\nwrote {args.out}/" + ", ".join(["results.json", "manifest.json", *figures]))
+        report.save(args.out, kind, result, case, args, device, figures=figures, tables=tables)
+        print(f"\nwrote {args.out}/" + ", ".join(["results.json", "manifest.json", *figures, *(tables or {})]))
     return 0
 
 

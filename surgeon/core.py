@@ -719,16 +719,22 @@ def readout(model, resid: Tensor, tgt_rel: Tensor, tok: Tensor, sign: Tensor, ma
 
 
 @torch.no_grad()
-def score_rows(model, rows: Sequence[Row], batch_size: int = 256) -> Tensor:
+def score_rows(model, rows: Sequence[Row], batch_size: int = 256, progress: str | None = None) -> Tensor:
     """Clean (unpatched) item scores [n_items]: log P(correct) - log P(incorrect) per item.
 
-    Rows are sorted by length and right-padded per batch (exact for a causal model)."""
+    Rows are sorted by length and right-padded per batch (exact for a causal model). `progress`: a tqdm bar
+    with this description when there is more than one batch."""
     device = next(model.parameters()).device
     n_items = max(r.item for r in rows) + 1
     pad = getattr(model.tokenizer, "pad_token_id", None) or 0
     order = sorted(range(len(rows)), key=lambda i: len(rows[i].tokens))
     out = torch.zeros(n_items, device=device)
-    for lo in range(0, len(order), batch_size):
+    starts = range(0, len(order), batch_size)
+    if progress and len(starts) > 1:
+        from tqdm.auto import tqdm
+
+        starts = tqdm(starts, desc=progress, unit="batch")
+    for lo in starts:
         batch = [rows[i] for i in order[lo: lo + batch_size]]
         W, T = max(len(r.tokens) for r in batch), max(len(r.targets) for r in batch)
         tokens = _padded([r.tokens for r in batch], W, pad, device)

@@ -62,6 +62,15 @@ def diagnosis_text(d, case) -> str:
     return "\n".join(lines)
 
 
+def diagnosis_rows(d) -> list[list]:
+    """items.csv: one row per item with its score in every format (accuracy = score > 0)."""
+    formats = [d.good, *d.bad]
+    rows = [["item", "tag", "correct", "incorrect", *(f"score_{f}" for f in formats)]]
+    for it in d.per_item:
+        rows.append([it["item"], it["tag"], it["correct"], it["incorrect"], *(f"{it['score'][f]:.6g}" for f in formats)])
+    return rows
+
+
 def patch_text(r, top: int = 10) -> str:
     what = "repair" if r.direction == "denoise" else "damage"
     lines = [

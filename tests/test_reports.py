@@ -65,3 +65,22 @@ def test_threshold_warns_when_the_unpatched_run_already_passes(tmp_path, capsys)
                  "--groups", "none", "--out", str(tmp_path / "t")]) == 0
     out = capsys.readouterr().out
     assert "there is no failure to repair here" in out and "nan" not in out
+
+
+def test_diagnose_saves_per_item_scores_and_shows_progress(tmp_path, capsys):
+    import csv
+    import json
+
+    assert main(["diagnose", CASE, "--batch-size", "32", "--out", str(tmp_path / "d")]) == 0
+    err = capsys.readouterr().err
+    assert "scoring plain" in err and "scoring qa" in err  # several batches: a progress bar per format
+    res = json.loads((tmp_path / "d" / "results.json").read_text())["result"]
+    per_item = res["per_item"]
+    assert len(per_item) == 128 and {"item", "tag", "values", "correct", "incorrect", "score"} <= set(per_item[0])
+    for st in res["stats"]:  # every accuracy in the report is recomputable from the saved item scores
+        xs = [it["score"][st["format"]] for it in per_item if st["tag"] in ("all", it["tag"])]
+        assert st["accuracy"]["n"] == len(xs)
+        assert abs(st["accuracy"]["value"] - sum(x > 0 for x in xs) / len(xs)) < 1e-12
+    rows = list(csv.reader(open(tmp_path / "d" / "items.csv")))
+    assert rows[0][:4] == ["item", "tag", "correct", "incorrect"] and len(rows) == 129
+    assert abs(float(rows[1][4]) - per_item[0]["score"]["plain"]) < 1e-4

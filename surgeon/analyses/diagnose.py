@@ -29,6 +29,7 @@ class Diagnosis:
     stats: tuple[FormatStats, ...]
     reproduced: dict[str, bool]  # per failing format: its accuracy interval lies below the good format's
     generations: tuple = ()  # per format, with generate > 0: greedy continuations and their verdicts
+    per_item: tuple = ()  # one dict per item: index, tag, values, answers, and its score in every format
 
     def get(self, fmt: str, tag: str = "all") -> FormatStats:
         return next(s for s in self.stats if s.format == fmt and s.tag == tag)
@@ -45,7 +46,8 @@ def diagnose(case: Case, model, *, batch_size: int = 256, generate: int = 0, pro
     stats = []
     scores = {}
     for fmt in formats:
-        s = score_rows(model, format_rows(case, model, fmt, case.items), batch_size).cpu().numpy()
+        s = score_rows(model, format_rows(case, model, fmt, case.items), batch_size,
+                       progress=f"scoring {fmt}" if progress else None).cpu().numpy()
         scores[fmt] = s
         for tag in tags:
             sel = np.array([tag == "all" or it.tag == tag for it in case.items])
@@ -61,4 +63,10 @@ def diagnose(case: Case, model, *, batch_size: int = 256, generate: int = 0, pro
         from .generation import generate_format
 
         gens = tuple(generate_format(case, model, f, case.items_for(case.focus), generate, batch_size) for f in formats)
-    return Diagnosis(case.name, case.model, case.good, case.bad_formats, case.focus, tuple(stats), reproduced, gens)
+    per_item = tuple({"item": i, "tag": it.tag, "values": dict(it.values), "correct": it.correct,
+                      "incorrect": it.incorrect, "score": {f: float(scores[f][i]) for f in formats}}
+                     for i, it in enumerate(case.items))
+    return Diagnosis(case.name, case.model, case.good, case.bad_formats, case.focus, tuple(stats), reproduced, gens,
+                     per_item)
+
+
