@@ -28,13 +28,14 @@ def shipped_case(name: str) -> str:
     return name
 
 
-def _common(p: argparse.ArgumentParser, case: bool = True) -> None:
+def _common(p: argparse.ArgumentParser, case: bool = True,
+            out_help: str = "write results.json, manifest.json, figures and tables here (default: print only)") -> None:
     if case:
         p.add_argument("case", nargs="?", default=DEFAULT_CASE, type=shipped_case,
                        help=f"case file, or the name of a shipped case (see `surgeon cases`; default: {DEFAULT_CASE})")
     p.add_argument("--model", help="run the case on this model instead (organism:NAME, a checkpoint directory, "
                                    "or a Hugging Face name in the local cache)")
-    p.add_argument("--out", type=Path, help="write results.json, manifest.json and figures here")
+    p.add_argument("--out", type=Path, help=out_help)
     p.add_argument("--device", default=None, help="cpu, cuda, cuda:1, mps (default: cuda if available, else cpu)")
     p.add_argument("--dtype", default="float32", help="float32, bfloat16 or float16 (default: float32)")
     p.add_argument("--n-devices", type=cli_types.positive, default=1,
@@ -70,7 +71,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--layers", help="layers to patch, e.g. 0,1,2 or 0-2 (default: the case's, else all)")
     p.add_argument("--component", default="z", choices=list(COMPONENTS), help="what to patch (default: z)")
     p.add_argument("--direction", default="denoise", choices=["denoise", "noise"],
-                   help="denoise: good format into the failing one (repair); noise: the reverse")
+                   help="denoise: good format into the failing one (repair); noise: the reverse (default: denoise)")
     _items(p)
 
     p = sub.add_parser("attribute", help="estimate every unit's patching effect from one backward pass "
@@ -78,13 +79,16 @@ def build_parser() -> argparse.ArgumentParser:
     _common(p)
     p.add_argument("--layers", help="layers, e.g. 0,1,2 or 0-2 (default: the case's, else all)")
     p.add_argument("--component", default="z", choices=list(COMPONENTS), help="what to attribute (default: z)")
-    p.add_argument("--direction", default="denoise", choices=["denoise", "noise"])
+    p.add_argument("--direction", default="denoise", choices=["denoise", "noise"],
+                   help="denoise: gradients of patching the good format into the failing one (repair); noise: the "
+                        "reverse (default: denoise)")
     _items(p)
     p.add_argument("--compare", action="store_true", help="also run exact per-unit patching and correlate")
 
     p = sub.add_parser("threshold", help="search head subsets that repair: fraction repairing per size k, "
                                          "threshold k*, minimal subsets, per-head necessity")
-    _common(p)
+    _common(p, out_help="where the search, its checkpoints and results go (default: out/threshold-CASE-LLAYER "
+                        "under the current directory)")
     p.add_argument("--layer", type=cli_types.layer, help="candidate heads: every head of this layer (or pick with --heads)")
     p.add_argument("--heads", help="candidate heads: 0,2,5 (of --layer) or L1H0,L2H3")
     p.add_argument("--groups", default="even,odd",
@@ -96,8 +100,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--grid-budget", type=cli_types.positive, default=200, help="subsets per grid cell (default 200)")
     p.add_argument("--item-rate", type=cli_types.fraction, default=1.0,
                    help="a subset repairs when it fixes at least this fraction of items (default 1.0: all)")
-    p.add_argument("--x", type=cli_types.fraction, default=0.5, help="threshold k*: smallest k where this fraction of subsets repairs")
-    p.add_argument("--component", default="z", choices=["z", "o_slices", "q", "k", "v"])
+    p.add_argument("--x", type=cli_types.fraction, default=0.5,
+                   help="threshold k*: the smallest k where at least this fraction of subsets repairs (default: 0.5)")
+    p.add_argument("--component", default="z", choices=["z", "o_slices", "q", "k", "v"],
+                   help="what a head's patch replaces: z (head output before W_O), o_slices (its slice after W_O), "
+                        "q, k or v (its query, key or value input) (default: z)")
     _items(p)
     p.add_argument("--chunk", type=cli_types.positive, default=256, help="subsets per saved chunk (default 256)")
     p.add_argument("--shard", help="i/n: evaluate only every n-th chunk (merge shards with surgeon merge)")
@@ -112,16 +119,16 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("merge", help="merge threshold shards into the result one run gives")
     p.add_argument("dirs", nargs="+", type=Path, help="the --out directories of the shards")
-    p.add_argument("--out", type=Path, required=True)
-    p.add_argument("--debug", action="store_true")
+    p.add_argument("--out", type=Path, required=True, help="write the merged results.json, subsets.csv and figure here")
+    p.add_argument("--debug", action="store_true", help="show tracebacks")
 
     p = sub.add_parser("blend", help="blend (1-a)*failing + a*good for chosen heads: where does repair switch on?")
     _common(p)
-    p.add_argument("--layer", type=cli_types.layer, required=True)
+    p.add_argument("--layer", type=cli_types.layer, required=True, help="the layer whose heads (or output) are blended")
     p.add_argument("--heads", help="heads to blend, e.g. 0,2,4 (default: all heads of the layer)")
     p.add_argument("--component", default="z", choices=["z", "o_slices", "attn_out", "pattern", "mlp_out", "resid_pre"],
                    help="z: head outputs; attn_out: the whole layer output (the paper's 'pattern replacement'); "
-                        "pattern: attention patterns (equal-length formats only)")
+                        "pattern: attention patterns (equal-length formats only) (default: z)")
     p.add_argument("--step", type=cli_types.fraction, default=0.01, help="grid step for a (default 0.01)")
     _items(p)
 

@@ -34,3 +34,31 @@ def test_every_documented_message_is_printed_by_the_code():
                     missing.append(phrase)
     assert checked > 40
     assert not missing, missing
+
+
+def _options(parser, path=()):
+    import argparse
+
+    for a in parser._actions:
+        if isinstance(a, argparse._SubParsersAction):
+            for name, sub in a.choices.items():
+                yield from _options(sub, (*path, name))
+        elif not isinstance(a, (argparse._HelpAction, argparse._VersionAction)):
+            yield " ".join(path), a
+
+
+def test_every_option_has_help_and_states_its_default():
+    import argparse
+
+    from surgeon.cli import build_parser
+
+    missing = []
+    options = list(_options(build_parser()))
+    for where, a in options:
+        name = "/".join(a.option_strings) or a.dest
+        has_default = a.default not in (None, False, [], argparse.SUPPRESS) and not a.required and a.nargs != "+"
+        if not a.help:
+            missing.append(f"{where} {name}: no help")
+        elif has_default and "default" not in a.help.lower():
+            missing.append(f"{where} {name}: default {a.default!r} not stated")
+    assert len(options) > 150 and not missing, missing
