@@ -1,4 +1,7 @@
-"""Figures, drawn only from numbers the analyses computed (matplotlib, headless)."""
+"""Figures, drawn only from numbers the analyses computed (matplotlib, headless).
+
+Each function draws one result into `path` and returns the (closed) matplotlib Figure, so a notebook or a test
+can look at what was drawn."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -15,12 +18,13 @@ def _plt():
     return plt
 
 
-def _save(fig, path: Path) -> None:
+def _save(fig, path: Path):
     import matplotlib.pyplot as plt
 
     fig.tight_layout()
     fig.savefig(path, dpi=150)
     plt.close(fig)
+    return fig
 
 
 def _yerr(value, lo, hi) -> np.ndarray:
@@ -29,7 +33,7 @@ def _yerr(value, lo, hi) -> np.ndarray:
     return np.clip(np.stack([value - lo, hi - value]), 0, None)
 
 
-def diagnosis_figure(d, path: Path) -> None:
+def diagnosis_figure(d, path: Path):
     """Accuracy per format and item tag, with 95% Wilson intervals."""
     plt = _plt()
     tags = sorted({s.tag for s in d.stats}, key=lambda t: (t != "all", t))
@@ -47,15 +51,16 @@ def diagnosis_figure(d, path: Path) -> None:
     ax.set_ylabel("accuracy (correct answer wins)")
     ax.set_title(f"{d.case}: accuracy per format (95% CI)")
     ax.legend(fontsize=8)
-    _save(fig, path)
+    return _save(fig, path)
 
 
-def _layer_unit_heatmap(values: np.ndarray, layers, component: str, title: str, path: Path) -> None:
-    plt = _plt()
+def _heatmap(ax, values: np.ndarray, layers, component: str, title: str, label: str):
+    """Layers x units on a diverging scale symmetric about 0 and fitted to the data (the largest |value| is
+    full colour), with a labelled colorbar."""
     n_units = values.shape[1]
-    fig, ax = plt.subplots(figsize=(1.5 + 0.45 * n_units, 1.2 + 0.45 * len(layers)))
-    lim = max(1.0, float(np.nanmax(np.abs(values))) if np.isfinite(values).any() else 1.0)
-    im = ax.imshow(values, cmap="RdBu", vmin=-lim, vmax=lim, aspect="auto")
+    finite = np.abs(values[np.isfinite(values)])
+    lim = float(finite.max()) if finite.size and finite.max() > 0 else 1.0
+    im = ax.imshow(values, cmap="RdBu_r", vmin=-lim, vmax=lim, aspect="auto")
     ax.set_yticks(range(len(layers)), [str(L) for L in layers])
     ax.set_xticks(range(n_units), [str(u) for u in range(n_units)])
     ax.set_xlabel("head" if component in ("z", "q", "pattern", "o_slices") else "unit")
@@ -63,41 +68,86 @@ def _layer_unit_heatmap(values: np.ndarray, layers, component: str, title: str, 
     ax.set_title(title, fontsize=9)
     for (i, j), v in np.ndenumerate(values):
         if np.isfinite(v):
-            ax.text(j, i, f"{v:.2f}", ha="center", va="center", fontsize=6)
-    fig.colorbar(im, ax=ax, fraction=0.046)
-    _save(fig, path)
+            ax.text(j, i, f"{v:.2f}", ha="center", va="center", fontsize=6,
+                    color="white" if abs(v) > 0.6 * lim else "black")
+    ax.figure.colorbar(im, ax=ax, fraction=0.046, label=label)
+    return im
 
 
-def patch_heatmap(r, path: Path) -> None:
+def _heatmap_figure(n_units: int, n_layers: int, panels: int = 1):
+    plt = _plt()
+    return plt.subplots(1, panels, figsize=(1.5 + 0.45 * n_units + 4.2 * (panels - 1), 1.6 + 0.45 * max(n_layers, 5)),
+                        squeeze=False)
+
+
+def patch_heatmap(r, path: Path):
     """Repair (or damage) fraction per layer and unit."""
     what = "repair" if r.direction == "denoise" else "damage"
-    _layer_unit_heatmap(r.fraction, r.layers, r.component,
-                        f"{r.case}: {what} fraction, {r.component} {r.source}->{r.base} (n={r.n_items})", path)
+    fig, axes = _heatmap_figure(r.n_units, len(r.layers))
+    _heatmap(axes[0, 0], r.fraction, r.layers, r.component,
+             f"{r.case}: {what} fraction, {r.component} {r.source}->{r.base} (n={r.n_items})", f"{what} fraction")
+    return _save(fig, path)
 
 
-def attribution_heatmap(r, path: Path) -> None:
-    """Estimated repair fraction per layer and unit (gradient w.r.t. the mask, over the gap)."""
-    _layer_unit_heatmap(r.estimate, r.layers, r.component,
-                        f"{r.case}: attribution estimate, {r.component} {r.source}->{r.base} (n={r.n_items})", path)
+def attribution_heatmap(r, path: Path):
+    """Estimated repair fraction per layer and unit (gradient w.r.t. the mask, over the gap); with --compare, beside
+    it the estimate against exact per-unit patching, one point per unit, with the correlation."""
+    what = "repair" if r.direction == "denoise" else "damage"
+    fig, axes = _heatmap_figure(r.n_units, len(r.layers), panels=1 if r.exact is None else 2)
+    _heatmap(axes[0, 0], r.estimate, r.layers, r.component,
+             f"{r.case}: attribution estimate, {r.component} {r.source}->{r.base} (n={r.n_items})",
+             f"estimated {what} fraction")
+    if r.exact is not None:
+        ax = axes[0, 1]
+        x, y = np.asarray(r.exact).ravel(), np.asarray(r.estimate).ravel()
+        layer_of = np.repeat(np.arange(len(r.layers)), r.n_units)
+        for i, L in enumerate(r.layers):
+            ax.scatter(x[layer_of == i], y[layer_of == i], s=14, label=f"layer {L}")
+        ok = np.isfinite(x) & np.isfinite(y)
+        if ok.any():
+            lo, hi = float(min(x[ok].min(), y[ok].min())), float(max(x[ok].max(), y[ok].max()))
+            ax.plot([lo, hi], [lo, hi], color="grey", lw=0.8, ls="--", label="estimate = exact")
+        corr = ("r undefined" if r.pearson is None
+                else f"r = {r.pearson:.2f}, Spearman {r.spearman:.2f}")
+        ax.set_xlabel(f"exact {what} fraction (patching the unit alone)")
+        ax.set_ylabel(f"estimated {what} fraction")
+        ax.set_title(f"estimate vs exact ({x.size} units): {corr}", fontsize=8)
+        ax.legend(fontsize=7)
+    return _save(fig, path)
 
 
-def threshold_figure(r, path: Path) -> None:
-    """Fraction of subsets that repair vs subset size k, per family, with 95% intervals."""
+def threshold_figure(r, path: Path):
+    """Fraction of subsets that repair vs subset size k, per family, with 95% intervals and each family's k*
+    marked; families whose curves coincide are drawn side by side and say so in the legend."""
     plt = _plt()
     fams = ["all", *r.groups]
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.6))
     ax = axes[0]
+    curves = {}
     for fam in fams:
         rows = sorted((s for s in r.sizes if s.family == fam and s.evaluated), key=lambda s: s.key)
-        k = np.array([s.key[0] for s in rows])
-        y = np.array([s.fraction for s in rows])
+        curves[fam] = (np.array([s.key[0] for s in rows]), np.array([s.fraction for s in rows]), rows)
+    markers = "osD^vP*X"
+    for i, fam in enumerate(fams):
+        k, y, rows = curves[fam]
+        same = [g for g in fams[:i] if np.array_equal(curves[g][0], k) and np.allclose(curves[g][1], y)]
+        dx = 0.08 * (i - (len(fams) - 1) / 2) if len(fams) > 1 else 0.0  # side by side where curves coincide
         err = _yerr(y, [s.lo for s in rows], [s.hi for s in rows])
-        ax.errorbar(k, y, yerr=err, marker="o", capsize=3, label=f"{fam} ({len(r.units) if fam == 'all' else len(r.groups[fam])} heads)")
+        n = len(r.units) if fam == "all" else len(r.groups[fam])
+        label = f"{fam} ({n} heads)" + (f" = {', '.join(same)}" if same else "")
+        line = ax.errorbar(k + dx, y, yerr=err, marker=markers[i % len(markers)], capsize=3, label=label,
+                           ls="--" if same else "-", mfc="none" if same else None)
+        t = r.threshold(fam)
+        if t.k_star is not None:
+            ax.axvline(t.k_star + dx, color=line[0].get_color(), lw=0.9, ls=":")
+            ax.annotate(f"k*={t.k_star}", (t.k_star + dx, 1.0), xytext=(2, -10 - 9 * i), textcoords="offset points",
+                        fontsize=7, color=line[0].get_color())
+    ax.axhline(r.x, color="grey", lw=0.6, ls=":")
     ax.set_xlabel("subset size k")
     ax.set_ylabel(f"fraction of subsets repairing (>= {r.item_rate:.0%} items)")
     ax.set_ylim(-0.03, 1.03)
     ax.set_title(f"{r.case}: repair vs k ({r.component} {r.source}->{r.base}, n={r.n_items})", fontsize=9)
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=7)
     ax = axes[1]
     u = r.unit_stats
     x = np.arange(len(u))
@@ -111,10 +161,10 @@ def threshold_figure(r, path: Path) -> None:
     ax.set_ylabel("fraction of subsets repairing")
     ax.set_title("necessity per head", fontsize=9)
     ax.legend(fontsize=8)
-    _save(fig, path)
+    return _save(fig, path)
 
 
-def blend_figure(r, path: Path) -> None:
+def blend_figure(r, path: Path):
     """Repair rate vs blend fraction a, with 95% intervals, and the distribution of switching points."""
     plt = _plt()
     fig, axes = plt.subplots(1, 2, figsize=(9, 3.4))
@@ -131,10 +181,10 @@ def blend_figure(r, path: Path) -> None:
     ax.set_xlabel("switching point a*")
     ax.set_ylabel("items")
     ax.set_title(f"a* per item ({r.never} never repaired)", fontsize=9)
-    _save(fig, path)
+    return _save(fig, path)
 
 
-def faithfulness_figure(r, path: Path) -> None:
+def faithfulness_figure(r, path: Path):
     """Faithfulness vs fraction of edges kept (top-scoring first), with CPR and CMD."""
     plt = _plt()
     fig, ax = plt.subplots(figsize=(5, 3.4))
@@ -149,10 +199,10 @@ def faithfulness_figure(r, path: Path) -> None:
     ax.set_title(f"{r.case}: {r.method}, {r.ablation} (CPR {r.cpr:.3f}, CMD {r.cmd:.3f})", fontsize=9)
     if r.target is not None:
         ax.legend(fontsize=8)
-    _save(fig, path)
+    return _save(fig, path)
 
 
-def overlap_figure(r, path: Path) -> None:
+def overlap_figure(r, path: Path):
     """Per-layer top-k overlap (and Jaccard) between the good and each failing format, with 95% intervals."""
     plt = _plt()
     fig, ax = plt.subplots(figsize=(5.5, 3.4))
@@ -168,10 +218,10 @@ def overlap_figure(r, path: Path) -> None:
     ax.set_ylabel(f"top-{r.k} feature overlap with {r.good}")
     ax.set_title(f"{r.case}: where the formats separate and re-entangle", fontsize=9)
     ax.legend(fontsize=7)
-    _save(fig, path)
+    return _save(fig, path)
 
 
-def head_feature_heatmap(r, path: Path) -> None:
+def head_feature_heatmap(r, path: Path):
     """Heads (and groups) x features: mean change in feature activation when the head is patched."""
     plt = _plt()
     fig, ax = plt.subplots(figsize=(1 + 0.5 * len(r.features), 1 + 0.25 * len(r.units)))
@@ -182,4 +232,4 @@ def head_feature_heatmap(r, path: Path) -> None:
     ax.set_xticks(range(len(r.features)), [f"f{j}" for j in r.features], fontsize=6, rotation=90)
     ax.set_title(f"{r.case}: heads of layer {r.layer} -> SAE features at {r.hook}", fontsize=8)
     fig.colorbar(im, ax=ax, label="activation change")
-    _save(fig, path)
+    return _save(fig, path)

@@ -51,6 +51,13 @@ def decimal_model():
 
 
 @pytest.fixture(scope="session")
+def threshold_model():
+    from surgeon.models import load_model
+
+    return load_model("organism:threshold")
+
+
+@pytest.fixture(scope="session")
 def induction_model():
     from surgeon.models import load_model
 

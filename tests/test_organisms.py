@@ -66,13 +66,6 @@ def test_induction_case_fresh_is_a_real_contrast(induction_model):
     assert d.get("fresh").accuracy.value <= 0.7 and d.reproduced["fresh"]
 
 
-@pytest.fixture(scope="module")
-def threshold_model():
-    from surgeon.models import load_model
-
-    return load_model("organism:threshold")
-
-
 def test_threshold_organism_measured(threshold_model):
     f = threshold.measure(threshold_model)
     assert threshold.check(f) == [], f

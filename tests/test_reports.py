@@ -84,3 +84,33 @@ def test_diagnose_saves_per_item_scores_and_shows_progress(tmp_path, capsys):
     rows = list(csv.reader(open(tmp_path / "d" / "items.csv")))
     assert rows[0][:4] == ["item", "tag", "correct", "incorrect"] and len(rows) == 129
     assert abs(float(rows[1][4]) - per_item[0]["score"]["plain"]) < 1e-4
+
+
+def test_figures_scale_to_the_data_and_mark_what_they_claim(decimal_model, decimal_case, threshold_model, tmp_path):
+    import numpy as np
+
+    from surgeon import figures
+    from surgeon.analyses.threshold import threshold_search
+
+    p = patch_heads(decimal_case, decimal_model, layers=[0, 1, 2])
+    fig = figures.patch_heatmap(p, tmp_path / "h.png")
+    lo, hi = fig.axes[0].images[0].get_clim()
+    assert hi == -lo == np.nanmax(np.abs(p.fraction)) < 1  # symmetric, full colour at the largest effect
+    assert fig.axes[1].get_ylabel() == "repair fraction"  # the colorbar says what it shows
+
+    a = attribute(decimal_case, decimal_model, layers=[0, 1, 2], compare=True)
+    fig = figures.attribution_heatmap(a, tmp_path / "a.png")
+    scatter = [ax for ax in fig.axes if ax.collections and ax.get_xlabel().startswith("exact")]
+    assert len(scatter) == 1 and sum(len(c.get_offsets()) for c in scatter[0].collections) == a.exact.size
+    assert f"r = {a.pearson:.2f}" in scatter[0].get_title()
+    assert len(figures.attribution_heatmap(replace(a, exact=None), tmp_path / "b.png").axes) == 2  # map + colorbar
+
+    case = __import__("surgeon").load_case(f"{ROOT}/cases/threshold_organism.py")
+    evens = [f"L0H{h}" for h in range(0, 32, 2)]
+    r = threshold_search(case, threshold_model, layer=0, groups=["even", "odd"], groups_spec={"mine": evens},
+                         budget=20, out=tmp_path / "t", batch_size=4096, chunk=4096)
+    ax = figures.threshold_figure(r, tmp_path / "t.png").axes[0]
+    labels = ax.get_legend_handles_labels()[1]
+    assert any(lab.startswith("mine") and lab.endswith("= even") for lab in labels)  # coinciding curves named
+    marks = [t.get_text() for t in ax.texts]
+    assert f"k*={r.threshold('even').k_star}" in marks and f"k*={r.threshold('all').k_star}" in marks

@@ -19,13 +19,6 @@ def threshold_case():
     return load_case(os.path.join(ROOT, "cases", "threshold_organism.py"))
 
 
-@pytest.fixture(scope="module")
-def threshold_model():
-    from surgeon.models import load_model
-
-    return load_model("organism:threshold")
-
-
 def shipped(name, layer):
     from surgeon.organisms import sae_dir
     from surgeon.sae.load import SAESource, load_sae
