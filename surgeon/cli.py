@@ -275,8 +275,8 @@ def _load(args):
     from .models import load_model
 
     check_out(getattr(args, "out", None))
+    case = load_case(args.case, model=args.model)  # before torch is imported: a bad case file is refused at once
     _setup(args)
-    case = load_case(args.case, model=args.model)
     device = _device(args.device)
     model = load_model(case.model, device=device, dtype=args.dtype, n_devices=args.n_devices)
     return case, model, device

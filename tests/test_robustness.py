@@ -130,3 +130,18 @@ def test_sigterm_keeps_finished_chunks_like_ctrl_c(tmp_path):
     assert "continue with --resume" in err
     res = json.loads((out / "results.json").read_text())["result"]
     assert res["complete"] is False and res["chunks_done"] >= 1
+
+
+def test_bad_case_files_and_help_are_answered_without_importing_torch(tmp_path):
+    """What a newcomer gets wrong first is answered at once: the case file is checked before torch,
+    transformers' models or transformer-lens are imported (bench/startup.py measures what those cost)."""
+    bad = tmp_path / "bad.py"
+    bad.write_text("x = 1\n")
+    code = ("import sys; from surgeon.cli import main; rc = main(['diagnose', sys.argv[1]]); "
+            "print(rc, *(m in sys.modules for m in ('torch', 'transformer_lens')))")
+    r = subprocess.run([sys.executable, "-c", code, str(bad)], capture_output=True, text=True, cwd=tmp_path)
+    assert r.stdout.split() == ["2", "False", "False"] and "defines no `case`" in r.stderr
+    code = ("import sys; from surgeon import load_case; load_case(sys.argv[1]); "
+            "print(*(m in sys.modules for m in ('torch', 'transformer_lens')))")
+    r = subprocess.run([sys.executable, "-c", code, CASE], capture_output=True, text=True, cwd=tmp_path)
+    assert r.stdout.split() == ["False", "False"], r.stderr  # the shipped case, its tokenizer checked, no torch

@@ -5,8 +5,6 @@ import random
 from dataclasses import dataclass
 from typing import Callable, Iterator
 
-import torch
-
 TextStream = Callable[[random.Random], Iterator[tuple[str, str]]]
 
 
@@ -29,6 +27,8 @@ class TrainConfig:
 
 def encode_batch(tokenizer, examples: list[tuple[str, str]], bos_id: int):
     """Right-padded token ids and a mask that is 1 where the *next* token is a continuation token."""
+    import torch
+
     rows, masks = [], []
     for prompt, cont in examples:
         p = tokenizer(prompt, add_special_tokens=False)["input_ids"] if prompt else []
@@ -49,6 +49,7 @@ def encode_batch(tokenizer, examples: list[tuple[str, str]], bos_id: int):
 
 def train(model, texts: TextStream, cfg: TrainConfig, progress: bool = True) -> list[float]:
     """Train `model` (a HookedTransformer) in place on `texts`; returns the loss curve."""
+    import torch  # here, not at the top: case files import the organisms and must load without torch
     from tqdm.auto import tqdm
 
     torch.manual_seed(cfg.seed)
