@@ -78,6 +78,10 @@ class Case:
     items: Sequence[Item] | None = None
     align: str = "last"
     score: str = "sequence"
+    # what ends an answer when it is scored: None (nothing: an answer is scored by its own tokens), "eos" (the
+    # tokenizer's end-of-sequence token is scored after each answer) or any text, e.g. "\n" (appended to both
+    # answers before tokenizing). Needed when one answer is a prefix of the other (4.5 vs 4.53).
+    answer_end: str | None = None
     focus: str | None = None  # tag of the items that patching analyses use by default (None: all)
     layers: Sequence[int] | None = None  # default layers to examine (None: all)
     components: Sequence[str] = ("z",)
@@ -251,6 +255,8 @@ def validate(case: Case, where: str | None = None) -> None:
         fail("align", f"is {case.align!r}", f"use one of: {', '.join(ALIGNS)}")
     if case.score not in SCORES:
         fail("score", f"is {case.score!r}", f"use one of: {', '.join(SCORES)}")
+    if case.answer_end is not None and (not isinstance(case.answer_end, str) or case.answer_end == ""):
+        fail("answer_end", f"is {case.answer_end!r}", 'use None, "eos" (the tokenizer\'s end token) or text such as "\\n"')
     if case.focus is not None and case.focus not in case.tags:
         fail("focus", f"no item has tag {case.focus!r}", f"use one of the item tags: {', '.join(case.tags)} (or None)")
     from .sites import COMPONENTS

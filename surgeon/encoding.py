@@ -70,15 +70,27 @@ def encode_prompt(fmt: Format, values: Mapping[str, str], tokenizer, prepend_bos
     return ids, anchors
 
 
+def answer_tokens(tokenizer, answer: str, end: str | None = None) -> list[int]:
+    """An answer's token ids as scored: followed by the tokenizer's EOS (end="eos"), by the text `end`
+    (tokenized with the answer), or by nothing (end=None)."""
+    if end == "eos":
+        if tokenizer.eos_token_id is None:
+            raise CaseError("answer_end='eos', but the tokenizer has no end-of-sequence token", field="answer_end",
+                            fix='end answers with text instead, e.g. answer_end="\\n"')
+        return _tokenize(tokenizer, answer)[0] + [tokenizer.eos_token_id]
+    return _tokenize(tokenizer, answer + (end or ""))[0]
+
+
 def encode_rows(fmt: Format, items: Sequence[Item], tokenizer, prepend_bos: bool,
-                score: str = "sequence") -> list[Row]:
+                score: str = "sequence", end: str | None = None) -> list[Row]:
     """Rows for `items` in one format. `score="sequence"`: log-probability of the whole continuation;
-    `score="first_token"`: logit difference at the first token where the answers differ (one row each)."""
+    `score="first_token"`: logit difference at the first token where the answers differ (one row each).
+    `end`: what ends each answer when it is scored (see `answer_tokens`)."""
     rows: list[Row] = []
     for i, it in enumerate(items):
         prompt, anchors = encode_prompt(fmt, it.values, tokenizer, prepend_bos)
-        good = _tokenize(tokenizer, it.correct)[0]
-        bad = _tokenize(tokenizer, it.incorrect)[0]
+        good = answer_tokens(tokenizer, it.correct, end)
+        bad = answer_tokens(tokenizer, it.incorrect, end)
         common = 0
         while common < min(len(good), len(bad)) and good[common] == bad[common]:
             common += 1
@@ -88,7 +100,7 @@ def encode_rows(fmt: Format, items: Sequence[Item], tokenizer, prepend_bos: bool
             if common == min(len(good), len(bad)):
                 raise CaseError(f"item {i}: one answer ({it.correct!r} / {it.incorrect!r}) is a prefix of the other, so "
                                 "they have no first differing token", field="score",
-                                fix='use score="sequence" (log-probability of the whole answer)')
+                                fix='use score="sequence" with answer_end="eos" (scores where each answer ends)')
             rows.append(Row(i, tuple(head), len(prompt), ((last, good[common], 1.0), (last, bad[common], -1.0)), anchors))
             continue
         if len(good) == common + 1 and len(bad) == common + 1:

@@ -257,6 +257,9 @@ def check_case_against_model(case) -> None:
             if unk in tok(text, add_special_tokens=False)["input_ids"]:
                 raise CaseError("the template has characters the organism does not know (they would read as <unk>)",
                                 where=where, field=f"formats[{name!r}]", fix="use printable ASCII characters")
+    if case.answer_end == "eos" and tok.eos_token_id is None:
+        raise CaseError("answer_end='eos', but the model's tokenizer has no end-of-sequence token", where=where,
+                        field="answer_end", fix='end answers with text instead, e.g. answer_end="\\n"')
     _warn_answer_traps(case, tok, where)
     for name, fmt in case.formats.items():
         if isinstance(fmt, Chat) and not getattr(tok, "chat_template", None):
@@ -286,8 +289,8 @@ def _warn_answer_traps(case, tok, where: str) -> None:
                  f"{plain_ends[0][-1]!r}; the tokenizer reads {' ' + a!r} and {a!r} as different tokens, and a model "
                  "usually continues with the spaced one. Write answers as the model would continue the prompt.")
     pre = [i for i, it in enumerate(case.items) if it.correct.startswith(it.incorrect) or it.incorrect.startswith(it.correct)]
-    if pre and case.score == "sequence":
+    if pre and case.score == "sequence" and case.answer_end is None:
         it = case.items[pre[0]]
         warn(f"{where}: in {len(pre)} item(s), e.g. items[{pre[0]}] ({it.correct!r} / {it.incorrect!r}), one answer is "
              "a prefix of the other: the shorter one is scored by its own tokens, not by ending there, so it can "
-             "rarely win. Give both answers an end marker, e.g. correct=' 4.5' + tokenizer.eos_token (or '\\n').")
+             "rarely win. Score where each answer ends: answer_end=\"eos\" in the case (or a text, e.g. \"\\n\").")

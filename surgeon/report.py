@@ -8,6 +8,12 @@ import numpy as np
 from .sites import unit_label
 
 
+def _f(v: float, spec: str) -> str:
+    """format(v, spec), with a value that rounds to zero printed as zero, not -0.000."""
+    out = format(v, spec)
+    return format(0.0, spec) if np.isfinite(v) and float(out) == 0 else out
+
+
 def _ci(lo, hi, fmt: str = "+.3f", pct: bool = False) -> str:
     """An interval in brackets, or the reason there is none (one item: nothing to resample)."""
     if not (np.isfinite(lo) and np.isfinite(hi)):
@@ -88,7 +94,7 @@ def patch_text(r, top: int = 10) -> str:
         lines[-2:] = [f"warning: {no_gap}"]
     else:
         for i, L in enumerate(r.layers):
-            lines.append(f"{L:5d} " + "".join(f"{v:7.2f}" if np.isfinite(v) else "    nan" for v in r.fraction[i]))
+            lines.append(f"{L:5d} " + "".join(_f(v, "7.2f") if np.isfinite(v) else "    nan" for v in r.fraction[i]))
         lines += ["", f"top {min(top, r.fraction.size)} units by {what} fraction:",
                   f"{'unit':10s} {what + ' fraction [95% CI]':28s} {'accuracy when patched [95% CI]'}"]
         for L, u, _ in r.top(top):
@@ -165,7 +171,7 @@ def threshold_text(r) -> str:
         for s in rows:
             how = f"{s.evaluated}/{s.total}" + ("" if s.enumerated else " sampled")
             ci = "exact" if s.enumerated and s.evaluated == s.total else f"[{pct(s.lo)}, {pct(s.hi)}]"
-            frac = f"{s.mean_repair_fraction:16.3f}" if np.isfinite(s.mean_repair_fraction) else f"{'-':>16s}"
+            frac = _f(s.mean_repair_fraction, "16.3f") if np.isfinite(s.mean_repair_fraction) else f"{'-':>16s}"
             lines.append(f"  {s.key[0]:3d} {how:>15s}  {pct(s.fraction)} {ci:21s} {pct(s.mean_item_rate):>14s} {frac}")
         t = r.threshold(fam)
         if t.k_star is None:
@@ -246,7 +252,7 @@ def attribution_text(r, top: int = 10) -> str:
                       "fractions are undefined; the raw gradients are in results.json"]
         return "\n".join(lines)
     for i, L in enumerate(r.layers):
-        lines.append(f"{L:5d} " + "".join(f"{v:7.2f}" if np.isfinite(v) else "    nan" for v in r.estimate[i]))
+        lines.append(f"{L:5d} " + "".join(_f(v, "7.2f") if np.isfinite(v) else "    nan" for v in r.estimate[i]))
     if r.exact is not None:
         corr = ("correlation undefined (one side is constant)" if r.pearson is None
                 else f"Pearson r = {r.pearson:.3f}, Spearman rho = {r.spearman:.3f}")
@@ -286,12 +292,12 @@ def circuit_text(r, top: int = 10) -> str:
     lines.append(f"  {'edge':28s} {'score':>9s} {'exact':>9s}")
     for e in order:
         ex = r.exact.get(int(e))
-        lines.append(f"  {r.edge_names[e]:28s} {r.scores[e]:+9.3f} " + (f"{ex:+9.3f}" if ex is not None else f"{'-':>9s}"))
+        lines.append(f"  {r.edge_names[e]:28s} {_f(r.scores[e], '+9.3f')} " + (_f(ex, "+9.3f") if ex is not None else f"{'-':>9s}"))
     if r.verify_pearson is not None:
         lines.append(f"  estimate vs exact over the top {len(r.exact)} edges: Pearson r = {r.verify_pearson:.3f}")
     lines += ["", "faithfulness curve (top-scoring edges, MIB's fractions):",
               "  " + "  ".join(f"{100 * x:g}%:{n}" for x, n in zip(r.curve_fractions, r.curve_edges)),
-              "  " + "  ".join(f"{v:.3f}" for v in r.curve),
+              "  " + "  ".join(_f(v, ".3f") for v in r.curve),
               f"  CPR (area under f) = {r.cpr:.3f}, CMD (area under |1 - f|) = {r.cmd:.3f}", ""]
     how = f"smallest top-k edge set with f >= {r.target}" if r.target is not None else "the top edges asked for"
     if r.options.get("semantics", "chain") == "chain":

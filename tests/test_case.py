@@ -72,6 +72,7 @@ BAD = [
     (dict(items='[Item({"a": "9.8", "b": "9.11"}, correct=" 9.8", incorrect=" 9.11", tag=None)]'), "items[0].tag",
      "NoneType"),
     (dict(saes='{"path": "x"}'), "saes", "release"),
+    (dict(answer_end="3"), "answer_end", "is 3"),
 ]
 
 
@@ -130,8 +131,40 @@ def test_answer_traps_are_warned(tmp_path, capsys):
     assert "answers start without a space" in capsys.readouterr().err
     load_case(write_case(tmp_path, items='[Item({"a": "4.5", "b": "4.53"}, correct=" 4.53", incorrect=" 4.5")]'))
     assert "one answer is a prefix of the other" in capsys.readouterr().err
+    load_case(write_case(tmp_path, answer_end='"eos"',
+                         items='[Item({"a": "4.5", "b": "4.53"}, correct=" 4.53", incorrect=" 4.5")]'))
+    assert "warning" not in capsys.readouterr().err  # the documented fix silences it
     load_case(write_case(tmp_path))
     assert "warning" not in capsys.readouterr().err
     p = write_case(tmp_path, items='[Item({"a": "9.8\\u00e9", "b": "9.11"}, correct=" 9.8", incorrect=" 9.11")]')
     with pytest.raises(CaseError, match="does not know"):
         load_case(p)
+
+
+@pytest.mark.parametrize("end", ["eos", "\n"])
+def test_answer_end_scores_where_each_answer_ends(tmp_path, decimal_model, end):
+    """With answer_end, prefix answers (4.5 vs 4.53) are scored by the whole answer *and* its end: the score is
+    log P(answer + end) - log P(other + end), which a hand-written forward over the full text reproduces."""
+    import torch
+
+    from surgeon.analyses import diagnose
+
+    items = '[Item({"a": "4.5", "b": "4.53"}, correct=" 4.53", incorrect=" 4.5"), ' \
+            'Item({"a": "7.2", "b": "7.25"}, correct=" 7.2", incorrect=" 7.25")]'
+    case = load_case(write_case(tmp_path, answer_end=repr(end), items=items))
+    d = diagnose(case, decimal_model)
+    tok = decimal_model.tokenizer
+    tail = [tok.eos_token_id] if end == "eos" else tok(end, add_special_tokens=False)["input_ids"]
+
+    def logp(prompt: str, answer: str) -> float:
+        p = [tok.bos_token_id] + tok(prompt, add_special_tokens=False)["input_ids"]
+        a = tok(answer, add_special_tokens=False)["input_ids"] + tail
+        with torch.no_grad():
+            lp = decimal_model(torch.tensor([p + a])).log_softmax(-1)[0]
+        return sum(float(lp[len(p) - 1 + j, t]) for j, t in enumerate(a))
+
+    for i, it in enumerate(case.items):
+        for fmt in ("plain", "qa"):
+            prompt = case.formats[fmt].format(**it.values)
+            want = logp(prompt, it.correct) - logp(prompt, it.incorrect)
+            assert abs(d.per_item[i]["score"][fmt] - want) < 1e-3

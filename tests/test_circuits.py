@@ -253,6 +253,7 @@ def test_decimal_circuit_overlaps_the_best_patched_heads(decimal_model, decimal_
 
 
 # ---------------------------------------------------------------------------------------------- CLI, exports
+@pytest.mark.slow
 def test_circuit_cli_exports_and_eval(tmp_path):
     case = f"{ROOT}/cases/threshold_organism.py"
     files = [tmp_path / f"c{x}" for x in (".graphml", ".gexf", ".json", ".mib.json", ".dot", ".tex", ".png")]
@@ -293,6 +294,7 @@ def _numbers_and_text(report: str):
     return nums, re.sub(r"[-+]?\d+\.\d+", "#", report)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["decimal_organism", "induction_organism", "threshold_organism"])
 def test_shipped_circuits_are_current(tmp_path, name):
     """circuits/ holds what `python circuits/regenerate.py` makes now: same report, same scored graph, same circuit,

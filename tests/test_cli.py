@@ -3,6 +3,8 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from .conftest import ROOT
 
 CASE = f"{ROOT}/cases/decimal_organism.py"
@@ -18,6 +20,7 @@ def test_help_does_not_import_heavy_libraries():
     assert r.stdout.strip() == "[]", r.stdout + r.stderr
 
 
+@pytest.mark.slow
 def test_diagnose_reproduces_the_failure(tmp_path):
     r = run("diagnose", CASE, "--out", str(tmp_path))
     assert r.returncode == 0, r.stderr
@@ -33,6 +36,7 @@ def test_diagnose_reproduces_the_failure(tmp_path):
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".staging")]
 
 
+@pytest.mark.slow
 def test_patch_heatmap_and_outputs(tmp_path):
     r = run("patch", CASE, "--layers", "0-2", "--out", str(tmp_path))
     assert r.returncode == 0, r.stderr
@@ -42,6 +46,7 @@ def test_patch_heatmap_and_outputs(tmp_path):
     assert (tmp_path / "heatmap.png").exists()
 
 
+@pytest.mark.slow
 def test_bad_option_values_exit_cleanly(tmp_path):
     r = run("patch", CASE, "--layers", "7")
     assert r.returncode == 2 and "out of range" in r.stderr and "Traceback" not in r.stderr
@@ -51,6 +56,7 @@ def test_bad_option_values_exit_cleanly(tmp_path):
     assert r.returncode == 2 and "tag" in r.stderr
 
 
+@pytest.mark.slow
 def test_attribute_command(tmp_path):
     r = run("attribute", CASE, "--layers", "1", "--compare", "--out", str(tmp_path))
     assert r.returncode == 0, r.stderr

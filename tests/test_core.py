@@ -206,6 +206,7 @@ def _tl_check(model, b, s, pattern=False):
         torch.testing.assert_close(ours, tl_pat, atol=1e-4, rtol=0)
 
 
+@pytest.mark.slow
 def test_organisms_match_transformer_lens_patching(decimal_model, induction_model, decimal_case):
     from surgeon.organisms import decimal as org
 

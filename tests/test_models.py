@@ -43,6 +43,7 @@ def test_logits_equal_huggingface(checkpoint):
         torch.testing.assert_close(model(tokens), hf(tokens).logits, atol=1e-4, rtol=0)
 
 
+@pytest.mark.slow
 def test_llama31_case_loads_validates_and_runs_on_standin(llama31_standin):
     case = load_case(LLAMA_CASE, model=str(llama31_standin))
     assert case.model == str(llama31_standin) and len(case.items) == 96
@@ -93,6 +94,7 @@ def test_answer_that_tokenizes_to_nothing(tmp_path):
         load_case(p)
 
 
+@pytest.mark.slow
 def test_hub_name_is_read_from_the_local_cache(tmp_path):
     """A Hugging Face name works offline when the model is in the local cache (HF_HUB_CACHE)."""
     import subprocess

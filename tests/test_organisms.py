@@ -83,6 +83,7 @@ def test_threshold_organism_rebuilds_exactly(tmp_path):
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
+@pytest.mark.slow
 def test_threshold_search_recovers_the_planted_threshold(threshold_model, tmp_path):
     """The search over the even and the odd heads, every subset enumerated: exactly the planted table;
     sampled subsets of all 32 heads repair exactly when they hold >= 8 even heads."""
@@ -136,6 +137,7 @@ def test_organisms_list_and_describe():
     assert r.returncode == 2 and "unknown organism" in r.stderr
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["decimal", "induction"])
 def test_training_is_alive_and_deterministic(tmp_path, name):
     """A shrunken training run: loss goes down, weights save and load, and the run reproduces (to float rounding)."""

@@ -34,6 +34,7 @@ def chunks(out):
     return sorted(p.name for p in (out / "parts").glob("chunk-*.npz"))
 
 
+@pytest.mark.slow
 def test_ray_equals_one_process_and_survives_a_lost_worker(cluster, decimal_model, small_case, tmp_path):
     import numpy as np
 
@@ -58,6 +59,7 @@ def test_ray_equals_one_process_and_survives_a_lost_worker(cluster, decimal_mode
         np.testing.assert_allclose(a["scores"], b["scores"], atol=1e-5)
 
 
+@pytest.mark.slow
 def test_a_ray_run_resumes_without_ray_and_the_reverse(cluster, decimal_model, small_case, tmp_path):
     from surgeon.distributed import RayOptions
 

@@ -1,6 +1,8 @@
 """Reports say what happened in words: no NaN tables, one unit naming, no interval invented from one item."""
 from dataclasses import replace
 
+import numpy as np
+
 from surgeon import report
 from surgeon.analyses import attribute, diagnose, patch_heads
 from surgeon.analyses.blend import blend
@@ -114,3 +116,10 @@ def test_figures_scale_to_the_data_and_mark_what_they_claim(decimal_model, decim
     assert any(lab.startswith("mine") and lab.endswith("= even") for lab in labels)  # coinciding curves named
     marks = [t.get_text() for t in ax.texts]
     assert f"k*={r.threshold('even').k_star}" in marks and f"k*={r.threshold('all').k_star}" in marks
+
+
+def test_numbers_that_round_to_zero_print_as_zero(decimal_model, decimal_case):
+    p = patch_heads(decimal_case, decimal_model, layers=[2])
+    assert ((p.fraction < 0) & (p.fraction > -0.005)).any()  # tiny negative effects, which used to print -0.00
+    grid = report.patch_text(p).split("unit (columns):")[1].split("top ")[0]
+    assert "-0.00" not in grid and " 0.00" in grid

@@ -60,6 +60,7 @@ def test_out_is_checked_before_computing_and_locked(tmp_path, capsys):
     assert r.returncode == 2 and "another surgeon run is writing" in r.stderr
 
 
+@pytest.mark.slow
 def test_default_case_runs_from_another_directory(tmp_path):
     r = subprocess.run([sys.executable, "-m", "surgeon", "diagnose", "--out", "o"], capture_output=True, text=True,
                        cwd=tmp_path)
@@ -116,6 +117,7 @@ def test_stale_staging_is_cleaned_and_the_manifest_comes_last(tmp_path):
     assert sorted(p.name for p in out.iterdir()) == ["manifest.json", "results.json", "z.png"]
 
 
+@pytest.mark.slow
 def test_sigterm_keeps_finished_chunks_like_ctrl_c(tmp_path):
     out = tmp_path / "t"
     p = subprocess.Popen([sys.executable, "-m", "surgeon", "threshold", THRESHOLD, "--layer", "0", "--budget", "3000",

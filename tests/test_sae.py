@@ -209,6 +209,7 @@ def test_quality_flags_a_poor_sae_and_passes_the_shipped_ones(decimal_case, deci
     assert bad.warnings and bad.explained_variance < 0.7
 
 
+@pytest.mark.slow
 def test_training_is_deterministic_and_reproduces_the_shipped_sae(threshold_case, threshold_model, tmp_path):
     from safetensors.torch import load_file
 
@@ -253,6 +254,7 @@ print(float(sae.W_dec.sum()), src.neuronpedia(int(sys.argv[1])))
 """
 
 
+@pytest.mark.slow
 def test_pretrained_release_from_a_hugging_face_cache_layout(tmp_path):
     """The release path reads a cache written the way huggingface_hub lays it out, offline; a layer that is
     not cached gives one clear error."""

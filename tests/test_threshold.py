@@ -147,6 +147,7 @@ def test_blend_curve_and_switch_points(decimal_model, small_case):
         assert below <= 0 < above
 
 
+@pytest.mark.slow
 def test_cli_threshold_writes_outputs_and_blend(tmp_path):
     case = f"{ROOT}/cases/decimal_organism.py"
     out = tmp_path / "th"
@@ -165,6 +166,7 @@ def test_cli_threshold_writes_outputs_and_blend(tmp_path):
     assert "switching point" in b.stdout and (tmp_path / "bl" / "blend.png").exists()
 
 
+@pytest.mark.slow
 def test_ctrl_c_leaves_valid_partial_results_and_resume_finishes(tmp_path):
     """SIGINT in the middle of a search: exit 130, finished chunks kept, results.json marked partial;
     --resume completes it."""

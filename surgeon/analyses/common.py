@@ -35,7 +35,8 @@ def pick_items(case: Case, tag: str | None):
 def format_rows(case: Case, model, fmt: str, items):
     from ..encoding import encode_rows
 
-    return encode_rows(case.formats[fmt], items, model.tokenizer, prepend_bos(case, model), case.score)
+    return encode_rows(case.formats[fmt], items, model.tokenizer, prepend_bos(case, model), case.score,
+                       case.answer_end)
 
 
 def make_contrast(case: Case, model, *, bad: str | None = None, direction: Direction = "denoise",
