@@ -260,11 +260,27 @@ def check_case_against_model(case) -> None:
     if case.answer_end == "eos" and tok.eos_token_id is None:
         raise CaseError("answer_end='eos', but the model's tokenizer has no end-of-sequence token", where=where,
                         field="answer_end", fix='end answers with text instead, e.g. answer_end="\\n"')
+    if case.align == "index":
+        _check_equal_lengths(case, tok, where)
     _warn_answer_traps(case, tok, where)
     for name, fmt in case.formats.items():
         if isinstance(fmt, Chat) and not getattr(tok, "chat_template", None):
             raise CaseError(f"format {name!r} asks for the chat template, but the tokenizer has none", where=where,
                             field=f"formats[{name!r}]", fix="write the format out as a plain template string")
+
+
+def _check_equal_lengths(case, tok, where: str) -> None:
+    """align="index" matches position i to i: every item's prompt must be as long in every format."""
+    from .encoding import encode_prompt
+
+    bos = case.prepend_bos is not False
+    for i, it in enumerate(case.items):
+        lengths = {name: len(encode_prompt(fmt, it.values, tok, bos)[0]) for name, fmt in case.formats.items()}
+        if len(set(lengths.values())) > 1:
+            shown = ", ".join(f"{n!r} {k}" for n, k in lengths.items())
+            raise CaseError(f"align='index' needs prompts of equal length, but items[{i}] has {shown} tokens",
+                            where=where, field="align",
+                            fix="use align='last' or align='anchors' for formats of different length")
 
 
 def _warn_answer_traps(case, tok, where: str) -> None:

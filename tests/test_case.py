@@ -73,6 +73,7 @@ BAD = [
      "NoneType"),
     (dict(saes='{"path": "x"}'), "saes", "release"),
     (dict(answer_end="3"), "answer_end", "is 3"),
+    (dict(align='"index"'), "align", "needs prompts of equal length"),
 ]
 
 
