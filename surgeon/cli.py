@@ -166,6 +166,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_sae(sub, _common, _items)
 
     p = sub.add_parser("cases", help="the case files shipped with surgeon (copy one to start your own)")
+    p.add_argument("action", nargs="?", choices=["list"], help="list them (what `surgeon cases` does anyway)")
     p.add_argument("--debug", action="store_true", help="show tracebacks")
 
     p = sub.add_parser("organisms", help="list, describe or retrain the model organisms")

@@ -147,3 +147,19 @@ def test_bad_case_files_and_help_are_answered_without_importing_torch(tmp_path):
             "print(*(m in sys.modules for m in ('torch', 'transformer_lens')))")
     r = subprocess.run([sys.executable, "-c", code, CASE], capture_output=True, text=True, cwd=tmp_path)
     assert r.stdout.split() == ["False", "False"], r.stderr  # the shipped case, its tokenizer checked, no torch
+
+
+def test_ctrl_c_during_start_up_exits_130_without_a_traceback(tmp_path):
+    p = subprocess.Popen([sys.executable, "-m", "surgeon", "diagnose", CASE, "--out", str(tmp_path / "o")],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    time.sleep(1.5)  # loading the case or importing torch / transformer-lens
+    p.send_signal(signal.SIGINT)
+    out, err = p.communicate(timeout=60)
+    assert p.returncode == 130 and "interrupted; no results were written" in err and "Traceback" not in err
+    assert not (tmp_path / "o").exists()
+
+
+def test_cases_list_shows_the_shipped_cases(capsys):
+    assert main(["cases", "list"]) == 0
+    out = capsys.readouterr().out
+    assert "decimal_organism" in out and "threshold_organism" in out and "llama31_decimal" in out
