@@ -747,6 +747,19 @@ def score_rows(model, rows: Sequence[Row], batch_size: int = 256, progress: str 
     return out
 
 
+@torch.no_grad()
+def cached_batches(model, rows: Sequence[Row], hooks: Sequence[str], batch_size: int = 64, width: int | None = None):
+    """Run `rows` right-padded (to `width`, else to each batch's longest) in batches of `batch_size`; yield each
+    batch's rows and its activations {hook: [batch, width, ...]} (real positions never read the pad after them)."""
+    device = next(model.parameters()).device
+    pad = getattr(model.tokenizer, "pad_token_id", None) or 0
+    for lo in range(0, len(rows), batch_size):
+        chunk = rows[lo: lo + batch_size]
+        W = width or max(len(r.tokens) for r in chunk)
+        _, cache = model.run_with_cache(_padded([r.tokens for r in chunk], W, pad, device), names_filter=list(hooks))
+        yield chunk, {h: cache[h] for h in hooks}
+
+
 def _to_items(buckets: Sequence[Bucket], per_bucket: list[Tensor], n_items: int) -> Tensor:
     """[P, rows of bucket] per bucket -> [P, n_items] (the rows of one item are summed)."""
     P = per_bucket[0].shape[0]

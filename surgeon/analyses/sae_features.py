@@ -60,17 +60,14 @@ def format_activations(case: Case, model, fmt: str, items, hooks: Sequence[str],
     """Prompt rows of `items` in `fmt` and, per hook, the activations [n_items, max_len, d] (right-padded)."""
     from ..encoding import prompt_rows
 
+    from ..core import cached_batches
+
     rows = prompt_rows(case.formats[fmt], items, model.tokenizer, prepend_bos(case, model))
-    device = next(model.parameters()).device
-    pad = getattr(model.tokenizer, "pad_token_id", None) or 0
-    W = max(len(r.tokens) for r in rows)
+    W = max(len(r.tokens) for r in rows)  # one width for all, so the items stack into [n_items, W, d]
     out = {h: [] for h in hooks}
-    for lo in range(0, len(rows), batch_size):
-        chunk = rows[lo: lo + batch_size]
-        toks = torch.tensor([list(r.tokens) + [pad] * (W - len(r.tokens)) for r in chunk], device=device)
-        _, cache = model.run_with_cache(toks, names_filter=list(hooks))
+    for _, acts in cached_batches(model, rows, hooks, batch_size, width=W):
         for h in hooks:
-            out[h].append(cache[h].float().cpu())
+            out[h].append(acts[h].float().cpu())
     return rows, {h: torch.cat(v) for h, v in out.items()}
 
 

@@ -29,20 +29,14 @@ class TrainOptions:
 def collect_activations(case, model, hooks: Sequence[str], batch_size: int = 64) -> dict[str, Tensor]:
     """[tokens, d] activations at each hook over every format's rows (prompt + each answer), BOS dropped."""
     from ..analyses.common import format_rows, prepend_bos
+    from ..core import cached_batches
 
     rows = [r for fmt in case.formats for r in format_rows(case, model, fmt, case.items)]
     skip = 1 if prepend_bos(case, model) else 0
     out: dict[str, list[Tensor]] = {h: [] for h in hooks}
-    device = next(model.parameters()).device
-    pad = getattr(model.tokenizer, "pad_token_id", None) or 0
-    for lo in range(0, len(rows), batch_size):
-        chunk = rows[lo: lo + batch_size]
-        W = max(len(r.tokens) for r in chunk)
-        toks = torch.tensor([list(r.tokens) + [pad] * (W - len(r.tokens)) for r in chunk], device=device)
-        _, cache = model.run_with_cache(toks, names_filter=list(hooks))
+    for chunk, acts in cached_batches(model, rows, hooks, batch_size):
         for h in hooks:
-            for i, r in enumerate(chunk):  # right padding: real positions never read the pad after them
-                out[h].append(cache[h][i, skip: len(r.tokens)].float().cpu())
+            out[h] += [acts[h][i, skip: len(r.tokens)].float().cpu() for i, r in enumerate(chunk)]
     return {h: torch.cat(v) for h, v in out.items()}
 
 
