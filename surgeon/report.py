@@ -5,7 +5,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .sites import unit_label
+from .sites import component, unit_label
 
 
 def _f(v: float, spec: str) -> str:
@@ -214,7 +214,7 @@ def threshold_text(r) -> str:
 
 
 def blend_text(r) -> str:
-    if len(r.units) == 1 and not r.units[0][len(f"L{r.layer}"):].startswith(("H", "KV")):
+    if component(r.component).units == "whole":
         what = f"layer {r.layer}"  # a whole-vector component: "blend mlp_out of layer 1"
     else:
         what = ", ".join(r.units) if len(r.units) <= 8 else f"{len(r.units)} heads of layer {r.layer}"
