@@ -135,9 +135,13 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("circuit", help="path-level circuit discovery: score every edge, prune a faithful circuit, "
                                        "rank complete paths by path patching, export the graph")
     _common(p)
-    p.add_argument("--method", default="eap-ig", choices=["eap", "eap-ig", "exact"],
-                   help="edge scores: eap (gradient at mask 0), eap-ig (averaged along the mask), exact (default: eap-ig)")
-    p.add_argument("--ig-steps", type=cli_types.positive, default=5, help="points along the mask for eap-ig (default: 5)")
+    from .circuits.methods import IG_STEPS, MAX_IG_STEPS, METHODS
+
+    p.add_argument("--method", choices=list(METHODS),
+                   help="edge scores: " + "; ".join(f"{k}: {v}" for k, v in METHODS.items())
+                        + " (default: eap-ig-inputs where the formats' prompts have equal length, else eap-ig-masks)")
+    p.add_argument("--ig-steps", type=cli_types.bounded(1, MAX_IG_STEPS), default=IG_STEPS,
+                   help=f"integration steps of the eap-ig-* methods, 1..{MAX_IG_STEPS} (default: {IG_STEPS}, MIB's)")
     p.add_argument("--ablation", default="resample", choices=["resample", "mean", "zero"],
                    help="what a patched edge carries: the other format's activation (resample, default), its mean "
                         "over items per aligned position (mean), or zero")
@@ -146,7 +150,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--faithfulness", type=cli_types.fraction, default=0.9,
                    help="prune to the smallest top-scoring edge set with at least this faithfulness (default: 0.9)")
     p.add_argument("--edges", type=cli_types.positive, help="keep the top N edges instead of a faithfulness target")
-    p.add_argument("--paths", type=cli_types.positive, default=10, help="complete paths to rank and verify by path patching (default: 10)")
+    p.add_argument("--paths", type=cli_types.bounded(0, 1000), default=10, help="complete paths to rank and verify by path patching, 0 for none (default: 10)")
     p.add_argument("--verify", type=cli_types.nonnegative, default=50, help="top edges whose estimate is checked by exact patching (default: 50)")
     p.add_argument("--export", nargs="+", type=Path, default=[], metavar="FILE",
                    help="write the circuit graph; format from the suffix: .graphml .gexf .json .mib.json .dot .svg .pdf .tex .png")
@@ -492,12 +496,9 @@ def cmd_organisms(args) -> int:
 def cmd_circuit(args) -> int:
     from . import figures, report
     from .analyses.circuit import discover
-    from .circuits.export import FORMATS, suffix
+    from .circuits.export import check_targets
 
-    for f in args.export:  # refuse before computing
-        if suffix(f) not in FORMATS:
-            raise SurgeonError(f"cannot export to {f.name!r}", field="--export",
-                               fix=f"use a file ending in one of: {', '.join(FORMATS)}")
+    check_targets(args.export)  # refuse before loading anything
     case, model, device = _load(args)
     r = discover(case, model, method=args.method, ablation=args.ablation, direction=args.direction, bad=args.bad,
                  tag=args.tag, target=None if args.edges else args.faithfulness, n_edges=args.edges,
@@ -532,17 +533,20 @@ def export_circuit(r, model, files) -> None:
     for f in files:
         f = Path(f)
         f.parent.mkdir(parents=True, exist_ok=True)
-        write(g, f, model.cfg, title=f"{r.case}: {r.source} -> {r.base}, {len(r.circuit)} edges")
+        write(g, f, model.cfg, title=f"{r.case}: {r.source} -> {r.base}, {len(r.circuit)} edges",
+              semantics=r.options.get("semantics"))
 
 
 def cmd_circuit_eval(args) -> int:
     from .analyses.circuit import evaluate_circuit
-    from .circuits.export import read_edges
+    from .circuits.export import read_circuit
 
-    edges = read_edges(args.graph)
+    circuit = read_circuit(args.graph)  # refused before the model loads
     case, model, device = _load(args)
-    r = evaluate_circuit(case, model, edges, ablation=args.ablation, direction=args.direction, bad=args.bad,
-                         tag=args.tag, batch_size=args.batch_size)
+    r = evaluate_circuit(case, model, circuit, ablation=args.ablation, direction=args.direction, bad=args.bad,
+                         tag=args.tag, batch_size=args.batch_size, where=str(args.graph))
+    if r["n_edges"] == 0:
+        print(f"warning: {args.graph} marks no edge as in the circuit: this is the empty circuit (f = 0 by definition)")
     lo, hi = r["faithfulness_ci"] or (float("nan"), float("nan"))
     text = (f"case {r['case']} · circuit {args.graph} · {r['n_edges']} of {r['of_edges']} edges patched from "
             f"{r['source']!r} into {r['base']!r} · {r['n_items']} items\n"

@@ -41,3 +41,14 @@ def fraction(text: str) -> float:
     if not 0 < v <= 1:
         raise argparse.ArgumentTypeError(f"must be in (0, 1], got {text!r}")
     return v
+
+
+def bounded(lo: int, hi: int):
+    """An integer type for argparse accepting lo..hi."""
+    def check(text: str) -> int:
+        v = _int(text)
+        if not lo <= v <= hi:
+            raise argparse.ArgumentTypeError(f"must be between {lo} and {hi}, got {text!r}")
+        return v
+    check.__name__ = f"integer {lo}..{hi}"
+    return check

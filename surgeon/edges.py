@@ -64,6 +64,9 @@ class EdgeSite:
     edges: tuple[tuple[int, int], ...]  # (sender index, receiver index)
     n_layers: int
     ablation: str = "resample"
+    # "live": an edge carries (source - current) of its sender, current being what the sender computes in this
+    # (possibly patched) pass; "fixed": (source - base), the two runs' own outputs (EAP-IG's differences)
+    difference: str = "live"
     hook: str = "edges"  # not a hook point: the core dispatches edge sites here
     component: object = None
     _index: dict = field(default_factory=dict, repr=False)
@@ -96,6 +99,11 @@ class EdgeSite:
                 if s.layer < r.layer or (r.kind == "mlp" and s.kind == "head" and s.layer == r.layer):
                     edges.append((si, ri))
         return EdgeSite(tuple(senders), tuple(receivers), tuple(edges), L, ablation)
+
+    def variant(self, *, ablation: str | None = None, difference: str | None = None) -> "EdgeSite":
+        """The same graph (and its index caches) with another ablation or difference mode: a separate mask key."""
+        return EdgeSite(self.senders, self.receivers, self.edges, self.n_layers, ablation or self.ablation,
+                        difference or self.difference, _index=self._index)
 
     @property
     def layer(self) -> int:
@@ -263,7 +271,8 @@ def edge_hooks(model, site: EdgeSite, mask: Tensor, source: Tensor, base: Tensor
     S = rel.shape[1]
     static = is_static(site, mask)
     fixed = (source - base)  # [n, S, J, d]: the difference of every sender that keeps this run's output
-    first_live = _first_sender_at(site, start)  # senders from here on are live unless static
+    # senders from here on are live unless static, or every difference is fixed by the site
+    first_live = len(site.senders) if site.difference == "fixed" else _first_sender_at(site, start)
     live: list[Tensor] = []  # per block of live senders, in order: [c, n, S, k, d]
 
     def gather(act: Tensor) -> Tensor:  # [copies * n, Q, ...] -> [copies, n, S, ...]
@@ -323,7 +332,7 @@ def edge_hooks(model, site: EdgeSite, mask: Tensor, source: Tensor, base: Tensor
         return hook
 
     hooks = []
-    if not static:  # senders' current outputs, which upstream patches may change
+    if not static and site.difference != "fixed":  # senders' current outputs, which upstream patches may change
         for L in range(start, site.n_layers):
             lo, hi = _sender_range(site, L, "head")
             hooks.append((f"blocks.{L}.attn.hook_z", capture(lo, hi, heads_of=L)))

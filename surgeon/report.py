@@ -273,7 +273,10 @@ def attribution_text(r, top: int = 10) -> str:
 
 def circuit_text(r, top: int = 10) -> str:
     gap = r.full - r.empty
-    what = {"eap": "EAP (gradient at mask 0)", "eap-ig": f"EAP-IG ({r.options.get('ig_steps')} steps)",
+    steps = r.options.get("ig_steps")
+    what = {"eap": "EAP (gradient at mask 0)", "eap-ig-inputs": f"EAP-IG-inputs ({steps} steps)",
+            "eap-ig-activations": f"EAP-IG-activations ({steps} steps per sender group)",
+            "eap-ig-masks": f"integrated gradients over the edge masks ({steps} midpoints, averaged)",
             "exact": "exact edge patching"}[r.method]
     lines = [f"case {r.case} · circuit of edges from {r.source!r} into {r.base!r} ({r.direction}, {r.ablation}) · "
              f"{r.n_items} items ({r.tag or 'all'}) · {r.n_edges} edges scored by {what}",
@@ -282,7 +285,7 @@ def circuit_text(r, top: int = 10) -> str:
     if r.options.get("semantics") == "edge-set":
         lines.append(f"circuits as edge sets (align={r.options.get('align')!r}: the formats differ at positions that "
                      f"are not aligned): a circuit's edges are patched (the {r.source} run's sender outputs at the "
-                     f"aligned positions), the others carry current values; a path is its edges patched together")
+                     f"aligned positions), the others carry current values; a path (from any sender) is path-patched")
     else:
         lines.append("circuits as chains (align='index'): edges out of the input carry the other run's embedding, "
                      "edges inside pass on current values, edges outside are frozen; a path is path-patched")
@@ -299,17 +302,28 @@ def circuit_text(r, top: int = 10) -> str:
               "  " + "  ".join(f"{100 * x:g}%:{n}" for x, n in zip(r.curve_fractions, r.curve_edges)),
               "  " + "  ".join(_f(v, ".3f") for v in r.curve),
               f"  CPR (area under f) = {r.cpr:.3f}, CMD (area under |1 - f|) = {r.cmd:.3f}", ""]
-    how = f"smallest top-k edge set with f >= {r.target}" if r.target is not None else "the top edges asked for"
-    if r.options.get("semantics", "chain") == "chain":
-        how += ", less edges on no complete path"
+    s = r.search
+    if r.target is not None and s.get("k") is None:
+        how = f"no top-k edge set reaches f >= {r.target}: every edge"
+    elif r.target is not None:
+        how = f"smallest top-k edge set with f >= {r.target}: k = {s['k']}"
+        if s.get("f_before") is not None:
+            how += f" (f(k-1) = {s['f_before']:.3f})"
+    else:
+        how = "the top edges asked for"
+    if r.options.get("semantics", "chain") == "chain" and s.get("pruned", len(r.circuit)) != s.get("prefix", len(r.circuit)):
+        how += f", less {s['prefix'] - s['pruned']} edges on no complete path"
     lo, hi = r.circuit_faithfulness_ci
     lines.append(f"circuit ({how}): {len(r.circuit)} edges, "
                  f"f = {r.circuit_faithfulness:.3f} [{lo:.3f}, {hi:.3f}] (95% CI over items)")
+    if s.get("search"):
+        lines.append(f"  search: {s['describe']}")
     nodes = sorted({x.split("<")[0] for n in r.names(r.circuit) for x in n.split("->")} - {"input", "logits"})
     lines.append("  nodes: " + (", ".join(nodes) if nodes else "(none)"))
+    if not r.paths and r.options.get("n_paths", 0) > 0:
+        lines += ["", f"no paths listed: {r.no_paths}"]
     if r.paths:
-        verified = "path patching" if r.options.get("semantics") != "edge-set" else "patching their edges"
-        lines += ["", f"strongest complete paths, verified by {verified} (effect on the score; share of the full "
+        lines += ["", f"strongest complete paths, verified by path patching (effect on the score; share of the full "
                       f"patch's effect, per item; skill path: share >= {r.options['min_share']} on >= "
                       f"{100 * r.options['min_items']:.0f}% of items):"]
         for i, p in enumerate(r.paths, 1):

@@ -101,3 +101,11 @@ def bootstrap_fraction(patched: np.ndarray, base: np.ndarray, source: np.ndarray
     boots = frac(pb, bb, sb)
     lo, hi = np.nanpercentile(boots, [2.5, 97.5], axis=-1) if np.isfinite(boots).any() else (value * np.nan,) * 2
     return value, lo, hi
+
+
+def scaled(e: Estimate, by: float) -> Estimate:
+    """`e` divided by `by` (e.g. an effect over a gap): the interval stays ordered when `by` is negative."""
+    if abs(by) <= 1e-12:
+        return Estimate(float("nan"), float("nan"), float("nan"), e.n, e.method)
+    lo, hi = sorted((e.lo / by, e.hi / by))
+    return Estimate(e.value / by, lo, hi, e.n, e.method)

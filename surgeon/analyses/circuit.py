@@ -2,13 +2,12 @@
 patching, a circuit pruned to a target faithfulness, and its faithfulness curve.
 
 Every number comes from `Contrast.run` with an edge mask (`surgeon.edges`):
-- `eap`: d(mean score)/d(mask) at mask 0 for every edge, one forward and one backward;
-- `eap-ig`: that gradient averaged at `ig_steps` points along the mask from 0 to 1 (all steps in one batch);
-- `exact`: the mean score with each edge patched alone minus the unpatched one, edges in the batch
-  dimension (also used to verify the top `verify` edges of the estimates);
-- circuits (and paths, as circuits of their edges): edges out of the input carry the other run's
-  embedding, edges inside pass on what their senders now compute, every edge outside is frozen to this
-  run's value (EAP-IG / MIB's evaluation; for one path it is path patching);
+- edge scores by one of `METHODS` (EAP, the three integrated-gradients conventions, exact patching; the
+  top `verify` estimates are checked by exact patching);
+- circuits: under index alignment (`chain`), edges out of the input carry the other run's embedding,
+  edges inside pass on what their senders now compute, every edge outside is frozen to this run's value
+  (MIB's evaluation); other alignments (`edge-set`) patch a circuit's edges together;
+- paths: path patching in both semantics (`path_scores`);
 - faithfulness f = (m(circuit) - m(empty)) / (m(full) - m(empty)) with m the mean score, at the MIB
   edge fractions; every circuit of the curve is one row of one batch.
 """
@@ -24,8 +23,8 @@ from ..errors import AnalysisError
 from ..stats import Estimate, bootstrap_mean
 from .common import Direction, make_contrast
 
-Method = Literal["eap", "eap-ig", "exact"]
-METHODS = ("eap", "eap-ig", "exact")
+Method = Literal["eap", "eap-ig-inputs", "eap-ig-activations", "eap-ig-masks", "exact"]
+from ..circuits.methods import IG_METHODS, IG_STEPS, MAX_IG_STEPS, METHODS  # noqa: F401 (re-exported)
 CURVE = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0)  # MIB's edge fractions
 
 
@@ -67,6 +66,8 @@ class CircuitResult:
     circuit_faithfulness_ci: tuple[float, float]
     paths: list[PathResult] = field(default_factory=list)
     options: dict = field(default_factory=dict)
+    search: dict = field(default_factory=dict)  # how the smallest circuit was found (k, f(k), f(k-1), method)
+    no_paths: str | None = None  # why no path is listed, when none is
 
     def names(self, edges: Sequence[int]) -> list[str]:
         return [self.edge_names[e] for e in edges]
@@ -79,10 +80,53 @@ def _mean_scores(contrast, site, masks):
         return contrast.run({site: masks}).cpu().numpy()  # [P, items]
 
 
-def edge_scores(contrast, site, method: Method = "eap-ig", ig_steps: int = 5) -> np.ndarray:
-    """[n_edges] each edge's (estimated) effect on the mean score when patched alone."""
+def check_method(method: str, ig_steps: int, contrast=None) -> None:
+    if method not in METHODS:
+        raise AnalysisError(f"unknown method {method!r}", field="--method", fix=f"use one of: {', '.join(METHODS)}")
+    if method in IG_METHODS and not 1 <= ig_steps <= MAX_IG_STEPS:
+        raise AnalysisError(f"--ig-steps {ig_steps} is not between 1 and {MAX_IG_STEPS}", field="--ig-steps",
+                            fix=f"e.g. {IG_STEPS} (MIB's choice)")
+    if method == "eap-ig-inputs" and contrast is not None and getattr(contrast, "align", None) != "index":
+        raise AnalysisError("eap-ig-inputs interpolates the input embeddings of the two runs, which needs prompts of "
+                            f"equal length (align='index'); this case aligns {contrast.align!r}", field="--method",
+                            fix="use --method eap-ig-masks or exact for formats of different length")
+
+
+def _ig_masks(site, method: str, steps: int):
+    """Mask rows [P, n_edges] at which the gradient is taken, and the edge site they key (fixed differences for
+    hannamw's EAP-IG: the sender differences are the two runs' own, as in its activation-difference buffer)."""
     import torch
 
+    E = len(site.edges)
+    if method == "eap":
+        return site, torch.zeros(1, E)
+    if method == "eap-ig-masks":
+        return site, torch.tensor([(i + 0.5) / steps for i in range(steps)])[:, None].repeat(1, E)
+    fixed = site.variant(difference="fixed")
+    senders = torch.tensor([s for s, _ in site.edges])
+    if method == "eap-ig-inputs":
+        # EAP-IG runs the clean (our base) tokens with the input at corrupted + k/steps (clean - corrupted),
+        # k = 0..steps-1: in our terms base + beta (source - base) with beta = 1 - k/steps
+        betas = torch.tensor([1 - k / steps for k in range(steps)])
+        return fixed, betas[:, None] * (senders == 0).float()[None]
+    # eap-ig-activations: group by group (the input, each layer's heads, each MLP), alpha = k/steps, k = 1..steps
+    group_of = []
+    for s in site.senders:
+        group_of.append(("input",) if s.kind == "input" else (s.kind, s.layer))
+    groups = sorted(set(group_of), key=lambda g: (-1, 0) if g == ("input",) else (g[1], g[0] == "mlp"))
+    rows = []
+    for g in groups:
+        on = torch.tensor([group_of[s] == g for s, _ in site.edges]).float()
+        rows += [(1 - k / steps) * on for k in range(1, steps + 1)]
+    return fixed, torch.stack(rows)
+
+
+def edge_scores(contrast, site, method: Method = "eap-ig-inputs", ig_steps: int = IG_STEPS) -> np.ndarray:
+    """[n_edges] each edge's (estimated) effect on the mean score when patched alone (the convention of each
+    method in `METHODS`)."""
+    import torch
+
+    check_method(method, ig_steps, contrast)
     E = len(site.edges)
     if method == "exact":
         base = float(contrast.clean_base.mean())
@@ -94,14 +138,10 @@ def edge_scores(contrast, site, method: Method = "eap-ig", ig_steps: int = 5) ->
             m[torch.arange(len(idx)), idx] = 1
             out[idx] = _mean_scores(contrast, site, m).mean(1) - base
         return out
-    if method not in METHODS:
-        raise AnalysisError(f"unknown method {method!r}", field="--method", fix=f"use one of: {', '.join(METHODS)}")
-    if ig_steps < 1:
-        raise AnalysisError(f"--ig-steps {ig_steps} must be at least 1", field="--ig-steps", fix="e.g. 5")
-    alphas = [0.0] if method == "eap" else [(i + 0.5) / ig_steps for i in range(ig_steps)]
-    m = torch.tensor(alphas)[:, None].repeat(1, E).requires_grad_(True)
+    key, rows = _ig_masks(site, method, ig_steps)
+    m = rows.clone().requires_grad_(True)
     with torch.enable_grad():
-        contrast.run({site: m}).mean(1).sum().backward()
+        contrast.run({key: m}).mean(1).sum().backward()
     return m.grad.mean(0).numpy().astype(float)
 
 
@@ -124,9 +164,7 @@ def circuit_scores(contrast, site, edge_sets: Sequence[Sequence[int]]):
     outputs at the aligned positions), the others carry current values; every edge gives the other run."""
     import torch
 
-    from ..edges import EdgeSite
-
-    freeze = EdgeSite(site.senders, site.receivers, site.edges, site.n_layers, ablation="freeze")
+    freeze = site.variant(ablation="freeze")
     from_input = torch.tensor([site.senders[s].kind == "input" for s, _ in site.edges])
     inside = site.mask([list(x) for x in edge_sets])
     if semantics(contrast) == "edge-set":
@@ -153,7 +191,18 @@ def faithfulness(contrast, site, edge_sets: Sequence[Sequence[int]], full: np.nd
     return f, scores
 
 
-path_patch = circuit_scores  # a path is a circuit of the edges along it
+def path_scores(contrast, site, paths: Sequence[Sequence[int]]) -> np.ndarray:
+    """[P, items] scores with each path patched alone (path patching, the same in both semantics): the path's
+    first edge carries the other run's output of its sender, each later edge passes on what its sender now
+    computes, and every edge off the path is frozen to this run's value, so the difference reaches the logits
+    through the path's receivers and nowhere else."""
+    import torch
+
+    freeze = site.variant(ablation="freeze")
+    inside = site.mask([list(p) for p in paths])
+    first = site.mask([[p[0]] for p in paths])
+    with torch.no_grad():
+        return contrast.run({site: first, freeze: 1 - inside}).cpu().numpy()
 
 
 def _area(x: Sequence[float], y: Sequence[float]) -> float:
@@ -161,115 +210,155 @@ def _area(x: Sequence[float], y: Sequence[float]) -> float:
     return float(np.sum((x[1:] - x[:-1]) * (y[1:] + y[:-1]) / 2))
 
 
-def discover(case: Case, model, *, method: Method = "eap-ig", ablation: str = "resample",
+def _verify(contrast, site, scores: np.ndarray, order: np.ndarray, verify: int):
+    """Exact effects of the top `verify` edges, and the Pearson r of the estimates against them."""
+    import torch
+
+    top = [int(e) for e in order[:verify]]
+    if not top:
+        return {}, None
+    m = torch.zeros(len(top), len(site.edges))
+    m[torch.arange(len(top)), top] = 1
+    ex = _mean_scores(contrast, site, m).mean(1) - float(contrast.clean_base.mean())
+    exact = {e: float(v) for e, v in zip(top, ex)}
+    pearson = None
+    if len(top) > 2 and np.std(ex) > 0 and np.std(scores[top]) > 0:
+        pearson = float(np.corrcoef(scores[top], ex)[0, 1])
+    return exact, pearson
+
+
+def _paths(contrast, site, g, scores, full, n_paths, direction, min_share, min_items, sem):
+    """The strongest complete paths by |score| product, verified by path patching; or why there are none."""
+    from ..circuits.graph import path_nodes, strongest_paths
+
+    # under edge-set semantics the format difference enters every sender through unaligned positions, so a
+    # path may start at any sender; under chain semantics it enters through the input alone
+    cand = strongest_paths(g, max(n_paths, 3 * n_paths), start="input" if sem == "chain" else "any")
+    if not cand:
+        return [], ("no complete path input -> logits has edges of nonzero score" if sem == "chain" else
+                    "no path sender -> logits has edges of nonzero score")
+    pp = path_scores(contrast, site, cand)
+    base = contrast.clean_base.cpu().numpy()
+    total = full - base
+    out = []
+    for path, row in zip(cand, pp):
+        eff = row - base
+        with np.errstate(divide="ignore", invalid="ignore"):
+            share = np.where(np.abs(total) > 1e-9, eff / total, np.nan)
+        fin = share[np.isfinite(share)]
+        prod = float(np.prod([abs(scores[e]) for e in path]))
+        out.append(PathResult(path_nodes(g, path), [site.names[e] for e in path], prod, bootstrap_mean(eff),
+                              bootstrap_mean(fin), bool(len(fin) and (fin >= min_share).mean() >= min_items)))
+    out.sort(key=lambda p: -p.effect.value if direction == "denoise" else p.effect.value)
+    return out[:n_paths], None
+
+
+def discover(case: Case, model, *, method: Method | None = None, ablation: str = "resample",
              direction: Direction = "denoise", bad: str | None = None, tag: str | None = None,
-             target: float | None = 0.9, n_edges: int | None = None, n_paths: int = 10, ig_steps: int = 5,
-             verify: int = 50, min_share: float = 0.1, min_items: float = 0.5, batch_size: int = 256) -> CircuitResult:
+             target: float | None = 0.9, n_edges: int | None = None, n_paths: int = 10, ig_steps: int = IG_STEPS,
+             verify: int = 50, min_share: float = 0.1, min_items: float = 0.5, batch_size: int = 256,
+             exhaustive_up_to: int | None = None) -> CircuitResult:
     """Score every edge, verify the top ones, draw the faithfulness curve, prune a circuit (the smallest
-    top-scoring edge set reaching `target` faithfulness, or the top `n_edges`, less dangling edges) and
-    rank its complete paths by path patching."""
-    from ..circuits.graph import build_graph, prune_dangling, strongest_paths, path_nodes
+    top-k prefix of the ranking reaching `target` faithfulness, or the top `n_edges`; then, under chain
+    semantics, less the edges on no complete path) and rank its complete paths by path patching.
+
+    `method` None picks `eap-ig-inputs` (MIB's) where the prompts have equal length, else `eap-ig-masks`."""
+    from ..circuits.graph import build_graph, prune_dangling
+    from ..circuits.prune import EXHAUSTIVE_UP_TO, smallest_prefix
     from ..edges import EdgeSite
+    from ..stats import scaled
 
     if target is not None and not 0 < target <= 1.5:
         raise AnalysisError(f"faithfulness target {target} is not in (0, 1.5]", field="--faithfulness", fix="e.g. 0.9")
     if n_edges is not None and n_edges < 1:
         raise AnalysisError(f"--edges {n_edges} must be at least 1", field="--edges", fix="e.g. 50")
+    if method is None:
+        method = "eap-ig-inputs" if case.align == "index" else "eap-ig-masks"
+    check_method(method, ig_steps)
+    if method == "eap-ig-inputs" and ablation != "resample":
+        raise AnalysisError(f"eap-ig-inputs interpolates towards the other run's inputs, so it has no {ablation!r} "
+                            f"ablation", field="--ablation", fix="use --ablation resample, or another --method")
     site = EdgeSite.of(model.cfg, ablation)
     contrast, info = make_contrast(case, model, bad=bad, direction=direction, tag=tag, batch_size=batch_size,
                                    sites=site.node_sites())
+    sem = semantics(contrast)
     E = len(site.edges)
     full = full_circuit(contrast, site)
     scores = edge_scores(contrast, site, method, ig_steps)
     order = np.argsort(-np.abs(scores), kind="stable")
-    exact: dict[int, float] = {}
-    pearson = None
     if method == "exact":
-        exact = {int(e): float(scores[e]) for e in range(E)}
-    elif verify > 0:
-        top = [int(e) for e in order[:verify]]
-        import torch
-
-        m = torch.zeros(len(top), E)
-        m[torch.arange(len(top)), top] = 1
-        ex = _mean_scores(contrast, site, m).mean(1) - float(contrast.clean_base.mean())
-        exact = {e: float(v) for e, v in zip(top, ex)}
-        if len(top) > 2 and np.std(ex) > 0 and np.std(scores[top]) > 0:
-            pearson = float(np.corrcoef(scores[top], ex)[0, 1])
+        exact, pearson = {int(e): float(scores[e]) for e in range(E)}, None
+    else:
+        exact, pearson = _verify(contrast, site, scores, order, verify)
     # faithfulness curve at MIB's fractions (plus the empty circuit), every circuit in one batch
     counts = [0] + [max(1, int(round(fr * E))) for fr in CURVE]
     f_curve, _ = faithfulness(contrast, site, [order[:k] for k in counts], full)
     xs = [0.0] + list(CURVE)
     cpr, cmd = _area(xs, f_curve), _area(xs, np.abs(1 - f_curve))
-    # step 1 of pruning: the smallest top-k edge set that reaches the target (bisection over k, 16 at a time)
-    g = build_graph(site, scores, exact)
+    # step 1 of pruning: the smallest top-k prefix that reaches the target
+    search: dict = {}
     if n_edges is not None:
         k = min(E, n_edges)
     else:
-        lo, hi = 0, E  # f(top-hi) >= target is known for hi = E (the full patch has f = 1)
-        while hi - lo > 1:
-            cand = sorted({int(round(lo + (hi - lo) * (i + 1) / 17)) for i in range(16)} - {lo, hi} | {hi})
-            f, _ = faithfulness(contrast, site, [order[:c] for c in cand], full)
-            ok = [c for c, v in zip(cand, f) if v >= target]
-            hi = min(ok) if ok else hi
-            lo = max([c for c in cand if c < hi] + [lo])
-            if not any(c < hi for c in cand):
-                break
-        k = hi
+        ps = smallest_prefix(lambda ks: faithfulness(contrast, site, [order[:c] for c in ks], full)[0], E, target,
+                             exhaustive_up_to=EXHAUSTIVE_UP_TO if exhaustive_up_to is None else exhaustive_up_to)
+        k = E if ps.k is None else ps.k
+        search = dict(k=ps.k, f=ps.f, f_before=ps.f_before, search=ps.search, monotone_assumed=ps.monotone_assumed,
+                      evaluated=len(ps.evaluated), describe=ps.describe())
+    g = build_graph(site, scores, exact)
     circuit = [int(e) for e in order[:k]]
     # under chain semantics an edge on no complete path input -> logits carries nothing: drop it
-    circuit = sorted(prune_dangling(g, circuit) if semantics(contrast) == "chain" else circuit)
+    circuit = sorted(prune_dangling(g, circuit) if sem == "chain" else circuit)
+    search["prefix"], search["pruned"] = k, len(circuit)
     f_c, per_item = faithfulness(contrast, site, [circuit], full)
-    boot = bootstrap_mean((per_item[0] - contrast.clean_base.cpu().numpy()))
     gap = float(full.mean() - contrast.clean_base.mean())
-    ci = (boot.lo / gap, boot.hi / gap) if abs(gap) > 1e-12 else (float("nan"), float("nan"))
+    ci = scaled(bootstrap_mean(per_item[0] - contrast.clean_base.cpu().numpy()), gap)
     g = build_graph(site, scores, exact, circuit)
-    # paths: the strongest complete paths through the scored graph, verified by path patching
-    paths: list[PathResult] = []
-    if n_paths > 0:
-        cand = strongest_paths(g, max(n_paths, 3 * n_paths))
-        if cand:
-            pp = path_patch(contrast, site, cand)
-            base = contrast.clean_base.cpu().numpy()
-            total = full - base
-            for path, row in zip(cand, pp):
-                eff = row - base
-                with np.errstate(divide="ignore", invalid="ignore"):
-                    share = np.where(np.abs(total) > 1e-9, eff / total, np.nan)
-                fin = share[np.isfinite(share)]
-                prod = float(np.prod([abs(scores[e]) for e in path]))
-                paths.append(PathResult(path_nodes(g, path), [site.names[e] for e in path], prod, bootstrap_mean(eff),
-                                        bootstrap_mean(fin), bool(len(fin) and (fin >= min_share).mean() >= min_items)))
-            paths.sort(key=lambda p: -p.effect.value if direction == "denoise" else p.effect.value)
-            paths = paths[:n_paths]
+    paths, why = ([], "--paths 0") if n_paths <= 0 else _paths(contrast, site, g, scores, full, n_paths, direction,
+                                                                  min_share, min_items, sem)
     return CircuitResult(
         case=case.name, method=method, ablation=ablation, direction=direction, base=info["base"],
         source=info["source"], tag=info["tag"], n_items=contrast.n_items, n_edges=E, edge_names=site.names,
         scores=scores, exact=exact, verify_pearson=pearson, empty=float(contrast.clean_base.mean()),
         full=float(full.mean()), curve_fractions=xs, curve_edges=counts, curve=[float(v) for v in f_curve],
         cpr=cpr, cmd=cmd, target=target if n_edges is None else None, circuit=circuit,
-        circuit_faithfulness=float(f_c[0]), circuit_faithfulness_ci=ci, paths=paths,
+        circuit_faithfulness=float(f_c[0]), circuit_faithfulness_ci=(ci.lo, ci.hi), paths=paths,
         options=dict(method=method, ablation=ablation, direction=direction, ig_steps=ig_steps, verify=verify,
                      target=target, n_edges=n_edges, n_paths=n_paths, min_share=min_share, min_items=min_items,
-                     semantics=semantics(contrast), align=contrast.align))
+                     semantics=sem, align=contrast.align),
+        search=search, no_paths=why)
 
 
-def evaluate_circuit(case: Case, model, edges: Sequence[str], *, ablation: str = "resample",
-                     direction: Direction = "denoise", bad: str | None = None, tag: str | None = None,
-                     batch_size: int = 256) -> dict:
-    """Faithfulness of a given edge set (e.g. read from a file), with a 95% interval over items."""
+def evaluate_circuit(case: Case, model, edges, *, ablation: str = "resample", direction: Direction = "denoise",
+                     bad: str | None = None, tag: str | None = None, batch_size: int = 256,
+                     semantics_of_file: str | None = None, where: str = "") -> dict:
+    """Faithfulness of a given edge set (names, or a circuit read by `circuits.export.read_circuit`), with a
+    95% interval over items. A file whose semantics differ from this contrast's is refused: the same edges
+    mean another circuit there."""
+    from ..circuits.export import edges_for_model
     from ..edges import EdgeSite
+    from ..stats import scaled
 
     site = EdgeSite.of(model.cfg, ablation)
-    idx = [site.index(e) for e in edges]
+    if isinstance(edges, dict):
+        semantics_of_file = edges.get("semantics") or semantics_of_file
+        idx = edges_for_model(edges, site, model.cfg, where)
+    else:
+        idx = [site.index(e) for e in edges]
     contrast, info = make_contrast(case, model, bad=bad, direction=direction, tag=tag, batch_size=batch_size,
                                    sites=site.node_sites())
+    sem = semantics(contrast)
+    if semantics_of_file and semantics_of_file != sem:
+        raise AnalysisError(f"the circuit file has {semantics_of_file} semantics but this case runs circuits as "
+                            f"{sem} (align={contrast.align!r}): the same edges mean another circuit here",
+                            where=where, field="semantics",
+                            fix="evaluate it on a case with the alignment it was found under")
     full = full_circuit(contrast, site)
     f, per_item = faithfulness(contrast, site, [idx], full)
     gap = float(full.mean() - contrast.clean_base.mean())
-    boot = bootstrap_mean(per_item[0] - contrast.clean_base.cpu().numpy())
+    ci = scaled(bootstrap_mean(per_item[0] - contrast.clean_base.cpu().numpy()), gap)
     return {"case": case.name, "base": info["base"], "source": info["source"], "n_items": contrast.n_items,
             "n_edges": len(idx), "of_edges": len(site.edges), "faithfulness": float(f[0]),
-            "faithfulness_ci": [boot.lo / gap, boot.hi / gap] if abs(gap) > 1e-12 else None,
+            "faithfulness_ci": [ci.lo, ci.hi] if abs(gap) > 1e-12 else None, "semantics": sem,
             "empty": float(contrast.clean_base.mean()), "full": float(full.mean()),
             "circuit": float(per_item[0].mean())}

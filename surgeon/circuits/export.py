@@ -13,16 +13,18 @@ from __future__ import annotations
 
 import json
 import math
-import shutil
-import subprocess
 from pathlib import Path
 
 import networkx as nx
 
 from ..errors import AnalysisError
+from ..results import follow_umask
 from .graph import circuit_subgraph
 
 FORMATS = (".graphml", ".gexf", ".json", ".mib.json", ".dot", ".svg", ".pdf", ".tex", ".png")
+NODE_W, NODE_H = 0.8, 0.5  # node boxes in layout units (columns are 1 apart, rows ROW_GAP apart)
+ROW_GAP = 1.6
+BAND = 0.4  # half-height of a row's band: inside it edges run only vertically, through gaps between nodes
 
 
 def suffix(path: Path) -> str:
@@ -30,38 +32,180 @@ def suffix(path: Path) -> str:
     return ".mib.json" if name.endswith(".mib.json") else Path(path).suffix
 
 
+def check_targets(files) -> None:
+    """Refuse, before any work, export paths whose format is unknown or that cannot be written."""
+    import os
+
+    seen = set()
+    for f in map(Path, files):
+        if suffix(f) not in FORMATS:
+            raise AnalysisError(f"cannot export to {f.name!r}", field="--export",
+                                fix=f"use a file ending in one of: {', '.join(FORMATS)}")
+        if f.resolve() in seen:
+            raise AnalysisError(f"{f} is given twice", field="--export", fix="name each export file once")
+        seen.add(f.resolve())
+        if f.is_dir():
+            raise AnalysisError(f"{f} is a directory", where=str(f), field="--export", fix="give a file name")
+        parent = next((p for p in [f.parent, *f.parent.parents] if p.exists()), Path("."))
+        if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK) or (f.exists() and not os.access(f, os.W_OK)):
+            raise AnalysisError(f"cannot write {f}: {parent} is not a writable folder", where=str(f), field="--export",
+                                fix="export into a folder you can write")
+
+
 def _clean(g: nx.DiGraph) -> nx.DiGraph:
-    """A copy whose attribute values GraphML and GEXF accept (no NaN, no None)."""
+    """A copy whose attribute values GraphML and GEXF accept: None and non-finite values are left out (an
+    edge whose exact effect was not measured has no `exact` attribute), never replaced by a stand-in."""
     h = g.copy()
-    for _, d in h.nodes(data=True):
+    for *_, d in list(h.nodes(data=True)) + list(h.edges(data=True)):
         for k, v in list(d.items()):
-            if v is None:
-                d[k] = ""
-    for _, _, d in h.edges(data=True):
-        for k, v in list(d.items()):
-            if isinstance(v, float) and not math.isfinite(v):
-                d[k] = -1.0 if k == "exact" else 0.0
-                d["exact_measured"] = False if k == "exact" else d.get("exact_measured", True)
-            elif k == "exact":
-                d.setdefault("exact_measured", True)
+            if v is None or (isinstance(v, float) and not math.isfinite(v)):
+                del d[k]
     return h
 
 
-def positions(g: nx.DiGraph) -> dict[str, tuple[float, float]]:
-    """Layered layout: y by layer (ports just below their head), x by head."""
-    pos = {}
-    for n, d in g.nodes(data=True):
-        layer, head = d.get("layer", 0), d.get("head", -1)
-        y = 2.0 * (layer + 1) - (0.8 if d.get("kind") == "port" else 0.0)
-        x = float(head if head >= 0 else 0) + (0.25 * "qkv".index(d["port"]) - 0.25 if d.get("kind") == "port" else 0)
-        if d.get("kind") == "mlp":
-            x = -1.5
-        pos[n] = (x, y)
-    return pos
+def _json_value(v):
+    return None if isinstance(v, float) and not math.isfinite(v) else v
 
 
-def mib_json(g: nx.DiGraph, cfg) -> dict:
-    """EAP-IG / MIB's circuit JSON."""
+# ---------------------------------------------------------------------------------------------- drawing
+def drawn(g: nx.DiGraph) -> nx.DiGraph:
+    """What a figure of the circuit shows: its heads, MLPs, key/value heads (grouped-query attention) and
+    always `input` and `logits`; one edge per scored circuit edge, from its sender to the head (or KV head,
+    MLP, logits) whose input it is, labelled with the port (q, k, v)."""
+    c = circuit_subgraph(g)
+    h = nx.DiGraph()
+    for n in ("input", "logits"):
+        h.add_node(n, **g.nodes[n])
+    for n, d in c.nodes(data=True):
+        if d["kind"] != "port":
+            h.add_node(n, **d)
+    for u, v, d in c.edges(data=True):
+        if d["internal"]:
+            continue
+        port = c.nodes[v].get("port", "") if c.nodes[v]["kind"] == "port" else ""
+        if port and ".g" in v:  # a key/value head of a group: a node of its own
+            head = v.split("<")[0]
+            if head not in h:
+                h.add_node(head, kind="kv", layer=c.nodes[v]["layer"], head=c.nodes[v]["head"],
+                           label=_kv_label(head))
+        elif port:
+            head = v.split("<")[0]
+        else:
+            head = v
+        if h.has_edge(u, head):  # q and k of one head from one sender: one arrow, both ports named
+            h.edges[u, head]["port"] += "," + port
+            h.edges[u, head]["score"] = max(h.edges[u, head]["score"], d["score"], key=abs)
+        else:
+            h.add_edge(u, head, score=d["score"], port=port, name=d["name"])
+    return h
+
+
+def _kv_label(name: str) -> str:
+    layer, g = name[1:].split(".g")
+    return f"L{layer}KV{g}"
+
+
+def _row(d: dict, n_layers: int) -> int:
+    kind, layer = d.get("kind"), d.get("layer", 0)
+    if kind == "input":
+        return 0
+    if kind == "logits":
+        return 2 * n_layers + 1
+    return 2 * layer + (2 if kind == "mlp" else 1)
+
+
+def layout(h: nx.DiGraph, n_layers: int):
+    """Node centres and edge routes (polylines) for a drawn circuit: one row per computation step (input,
+    each layer's heads, its MLP, the logits; empty rows dropped), nodes 1 apart in a row, centred. An edge
+    leaves its sender straight up and enters its receiver straight from below; where it crosses a row it
+    runs vertically through the gap nearest its straight line, so no edge passes through a node."""
+    rows: dict[int, list[str]] = {}
+    for n, d in h.nodes(data=True):
+        rows.setdefault(_row(d, n_layers), []).append(n)
+    order = sorted(rows)
+    y_of = {r: ROW_GAP * i for i, r in enumerate(order)}
+    pos: dict[str, tuple[float, float]] = {}
+    for r in order:
+        ns = sorted(rows[r], key=lambda n: (h.nodes[n].get("kind") == "kv", h.nodes[n].get("head", 0), n))
+        for i, n in enumerate(ns):
+            pos[n] = (i - (len(ns) - 1) / 2, y_of[r])
+    gaps = {}
+    for r in order:
+        xs = sorted(pos[n][0] for n in rows[r])
+        gaps[r] = [xs[0] - 1.0] + [(a + b) / 2 for a, b in zip(xs, xs[1:])] + [xs[-1] + 1.0]
+    routes = {}
+    for u, v in h.edges():
+        (x0, y0), (x1, y1) = pos[u], pos[v]
+        ru, rv = _row(h.nodes[u], n_layers), _row(h.nodes[v], n_layers)
+        pts = [(x0, y0), (x0, y0 + BAND)]
+        for r in order:
+            if ru < r < rv:
+                y = y_of[r]
+                x_line = x0 + (x1 - x0) * (y - y0) / (y1 - y0)
+                gx = min(gaps[r], key=lambda g: (abs(g - x_line), g))
+                pts += [(gx, y - BAND), (gx, y + BAND)]
+        pts += [(x1, y1 - BAND), (x1, y1)]
+        routes[(u, v)] = pts
+    return pos, routes
+
+
+def _figure(g: nx.DiGraph, title: str = ""):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import FancyBboxPatch
+
+    h = drawn(g)
+    pos, routes = layout(h, g.graph["n_layers"])
+    xs = [p[0] for p in pos.values()]
+    ys = [p[1] for p in pos.values()]
+    width, height = max(xs) - min(xs) + 2, max(ys) - min(ys) + 1.4
+    fig, ax = plt.subplots(figsize=(max(4.0, 0.9 * width), max(3.0, 0.9 * height)))
+    top = max((abs(d["score"]) for *_, d in h.edges(data=True)), default=1.0) or 1.0
+    for (u, v), pts in routes.items():
+        d = h.edges[u, v]
+        px, py = zip(*pts)
+        ax.plot(px, py, color="#2166ac" if d["score"] >= 0 else "#b2182b", lw=0.6 + 2.4 * abs(d["score"]) / top,
+                alpha=0.85, solid_capstyle="round", zorder=1)
+        ax.annotate("", xy=pts[-1], xytext=pts[-2], zorder=1,
+                    arrowprops=dict(arrowstyle="-|>", color="#333333", lw=0.6, shrinkA=0, shrinkB=NODE_H * 36))
+        if d["port"]:
+            ax.text(pts[-2][0] + 0.04, pts[-2][1] - 0.05, d["port"], fontsize=6, color="#444444", ha="left", va="top")
+    for n, (x, y) in pos.items():
+        d = h.nodes[n]
+        color = {"input": "#fee8c8", "logits": "#fee8c8", "mlp": "#e5f5e0", "kv": "#efedf5"}.get(d["kind"], "#f7f7f7")
+        ax.add_patch(FancyBboxPatch((x - NODE_W / 2, y - NODE_H / 2), NODE_W, NODE_H, zorder=2,
+                                    boxstyle="round,pad=0,rounding_size=0.12", fc=color, ec="#333333", lw=0.8))
+        ax.text(x, y, d.get("label", n), ha="center", va="center", fontsize=7, zorder=3)
+    ax.set_xlim(min(xs) - 1, max(xs) + 1)
+    ax.set_ylim(min(ys) - 0.7, max(ys) + 0.7)
+    ax.set_aspect("equal")
+    ax.axis("off")
+    if title:
+        ax.set_title(title, fontsize=9)
+    fig.tight_layout()
+    return fig
+
+
+def figure(g: nx.DiGraph, path: Path, title: str = "") -> None:
+    """The circuit drawn by matplotlib (PNG, SVG or PDF from the suffix): no Graphviz needed."""
+    import matplotlib.pyplot as plt
+
+    fig = _figure(g, title)
+    fig.savefig(path, dpi=150, format=Path(path).suffix[1:])
+    plt.close(fig)
+
+
+png = figure
+
+
+def mib_json(g: nx.DiGraph, cfg, semantics: str | None = None) -> dict:
+    """EAP-IG / MIB's circuit JSON, named as EAP-IG's `Graph.from_model` names the model's graph. EAP-IG
+    ungroups grouped-query attention (one key and value input per query head), so a key/value head's edge
+    is written once per query head of its group, each copy with the group's score and membership."""
+    H = cfg.n_heads
+    G = getattr(cfg, "n_key_value_heads", None) or H
     nodes = {}
     for n, d in g.nodes(data=True):
         if d["kind"] != "port":
@@ -70,139 +214,223 @@ def mib_json(g: nx.DiGraph, cfg) -> dict:
     for u, v, d in g.edges(data=True):
         if d["internal"]:
             continue
-        edges[d["name"]] = {"score": d["score"], "in_graph": bool(d["in_circuit"])}
-        if d["in_circuit"]:
-            nodes[u]["in_graph"] = True
-            head = v.split("<")[0] if "<" in v else v
-            if head in nodes:
-                nodes[head]["in_graph"] = True
-    return {"cfg": {"n_layers": cfg.n_layers, "n_heads": cfg.n_heads,
-                    "parallel_attn_mlp": bool(getattr(cfg, "parallel_attn_mlp", False)), "d_model": cfg.d_model},
-            "nodes": nodes, "edges": edges}
+        inside = bool(d["in_circuit"])
+        if ".g" in v:  # a0.g1<k> -> every query head of group 1
+            layer, rest = v[1:].split(".g")
+            grp, port = rest.rstrip(">").split("<")
+            heads = [h for h in range(H) if h // (H // G) == int(grp)]
+            targets = [f"a{layer}.h{h}<{port}>" for h in heads]
+        else:
+            targets = [v]
+        for t in targets:
+            edges[f"{u}->{t}"] = {"score": float(d["score"]), "in_graph": inside}
+            if inside:
+                nodes[u]["in_graph"] = True
+                head = t.split("<")[0]
+                if head in nodes:
+                    nodes[head]["in_graph"] = True
+    out_cfg = {"n_layers": cfg.n_layers, "n_heads": H,
+               "parallel_attn_mlp": bool(getattr(cfg, "parallel_attn_mlp", False)), "d_model": cfg.d_model}
+    if G != H:
+        out_cfg["n_key_value_heads"] = G
+    out = {"cfg": out_cfg, "nodes": nodes, "edges": edges}
+    if semantics:
+        out["semantics"] = semantics
+        out["semantics_note"] = SEMANTICS_NOTE[semantics]
+    return out
+
+
+SEMANTICS_NOTE = {
+    "chain": "MIB's: edges outside the circuit carry the other run's sender outputs, edges inside current values",
+    "edge-set": "surgeon edge-set: the circuit's edges are patched together (each carries the other run's sender "
+                "output at the aligned positions), every other edge carries current values; MIB's evaluator, which "
+                "ablates every edge outside the circuit, gives another faithfulness for this file",
+}
 
 
 def dot(g: nx.DiGraph, title: str = "") -> str:
-    c = circuit_subgraph(g)
+    h = drawn(g)
     lines = ["digraph circuit {", "  rankdir=BT;", '  node [shape=box, style=rounded, fontname="Helvetica"];']
     if title:
         lines.append(f'  label="{title}"; labelloc=t;')
-    by_layer: dict[int, list[str]] = {}
-    for n, d in c.nodes(data=True):
-        if d["kind"] == "port":
-            continue
-        by_layer.setdefault(d["layer"], []).append(n)
-        lines.append(f'  "{n}" [label="{d["label"]}"];')
-    for layer, ns in sorted(by_layer.items()):
+    by_row: dict[int, list[str]] = {}
+    for n, d in h.nodes(data=True):
+        by_row.setdefault(_row(d, g.graph["n_layers"]), []).append(n)
+        lines.append(f'  "{n}" [label="{d.get("label", n)}"];')
+    for _, ns in sorted(by_row.items()):
         lines.append("  { rank=same; " + " ".join(f'"{n}";' for n in ns) + " }")
-    for u, v, d in c.edges(data=True):
-        if d["internal"]:
-            continue
-        head = next(iter(c.successors(v)), v) if c.nodes[v]["kind"] == "port" else v
-        port = c.nodes[v].get("port", "")
-        width = 1 + 3 * min(1.0, abs(d["score"]) / max(1e-12, max(abs(x["score"]) for *_, x in c.edges(data=True))))
+    top = max((abs(d["score"]) for *_, d in h.edges(data=True)), default=1.0) or 1.0
+    for u, v, d in h.edges(data=True):
+        width = 1 + 3 * min(1.0, abs(d["score"]) / top)
         color = "#2166ac" if d["score"] >= 0 else "#b2182b"
-        label = f', label="{port}"' if port else ""
-        lines.append(f'  "{u}" -> "{head}" [penwidth={width:.2f}, color="{color}"{label}];')
+        label = f', label="{d["port"]}"' if d["port"] else ""
+        lines.append(f'  "{u}" -> "{v}" [penwidth={width:.2f}, color="{color}"{label}];')
     lines.append("}")
     return "\n".join(lines) + "\n"
 
 
-def tikz(g: nx.DiGraph) -> str:
-    c = circuit_subgraph(g)
-    h = nx.DiGraph()
-    pos = positions(c)
-    for n, d in c.nodes(data=True):
-        if d["kind"] != "port":
-            h.add_node(n, label=d["label"])
-    for u, v, d in c.edges(data=True):
-        if not d["internal"]:
-            head = next(iter(c.successors(v)), v) if c.nodes[v]["kind"] == "port" else v
-            h.add_edge(u, head, label=c.nodes[v].get("port", ""))
-    body = nx.to_latex(h, pos={n: (2 * pos[n][0], pos[n][1]) for n in h}, as_document=False,
-                       node_label={n: h.nodes[n]["label"] for n in h},
-                       edge_label={e: h.edges[e]["label"] for e in h.edges}, edge_label_options={e: "[midway, font=\\tiny]" for e in h.edges})
-    return ("\\documentclass{standalone}\n\\usepackage{tikz}\n\\begin{document}\n" + body
-            + "\n\\end{document}\n")
+def tikz(g: nx.DiGraph, title: str = "") -> str:
+    """A LaTeX document (pdflatex or lualatex; article, geometry and TikZ only) whose one page is the circuit,
+    laid out and routed as the PNG is; node names are TikZ-safe (n0, n1, ...), labels as shown. For a paper,
+    copy its tikzpicture."""
+    h = drawn(g)
+    pos, routes = layout(h, g.graph["n_layers"])
+    name = {n: f"n{i}" for i, n in enumerate(h.nodes)}
+    top = max((abs(d["score"]) for *_, d in h.edges(data=True)), default=1.0) or 1.0
+
+    def tex(s: str) -> str:
+        return "".join({"_": r"\_", "&": r"\&", "%": r"\%", "#": r"\#", "$": r"\$", "{": r"\{", "}": r"\}",
+                        "<": r"\textless{}", ">": r"\textgreater{}", "\\": r"\textbackslash{}", "^": r"\^{}",
+                        "~": r"\~{}"}.get(ch, ch) for ch in s)
+
+    xs, ys = [p[0] for p in pos.values()], [p[1] for p in pos.values()]
+    # a page cut to the picture with article + geometry (no `standalone` class, which not every TeX has)
+    w = (max(xs) - min(xs) + NODE_W + 0.6) * 1.6 + 0.6
+    hgt = (max(ys) - min(ys) + NODE_H + (1.3 if title else 0.4)) * 1.6 + 0.6
+    lines = [r"\documentclass{article}", r"\usepackage{tikz}", r"\usetikzlibrary{arrows.meta}",
+             rf"\usepackage[paperwidth={w:.2f}cm,paperheight={hgt:.2f}cm,margin=0.3cm]{{geometry}}",
+             r"\pagestyle{empty}", r"\begin{document}", r"\noindent",
+             r"\begin{tikzpicture}[x=1.6cm,y=1.6cm,every node/.style={font=\scriptsize},"
+             rf"box/.style={{draw,rounded corners=2pt,minimum width={NODE_W * 1.6}cm,minimum height={NODE_H * 1.6}cm,"
+             r"inner sep=1pt}]"]
+    if title:
+        lines.append(rf"\node[font=\small,text width={(max(xs) - min(xs) + NODE_W) * 1.6:.2f}cm,align=center] at "
+                     rf"({(min(xs) + max(xs)) / 2:.3f},{max(ys) + 0.75:.3f}) {{{tex(title)}}};")
+    for n, (x, y) in pos.items():  # nodes first: an edge may refer to a node only once it is defined
+        lines.append(rf"\node[box] ({name[n]}) at ({x:.3f},{y:.3f}) {{{tex(h.nodes[n].get('label', n))}}};")
+    for (u, v), pts in routes.items():
+        d = h.edges[u, v]
+        color = "blue!70!black" if d["score"] >= 0 else "red!70!black"
+        path = " -- ".join(f"({x:.3f},{y:.3f})" for x, y in pts[1:-1])
+        port = rf" node[pos=0.97,right,font=\tiny,text=black] {{{tex(d['port'])}}}" if d["port"] else ""
+        lines.append(rf"\draw[{color},line width={0.3 + 1.5 * abs(d['score']) / top:.2f}pt,-{{Stealth[length=3pt]}}] "
+                     rf"({name[u]}.north) -- {path} -- ({name[v]}.south){port};")
+    return "\n".join(lines + [r"\end{tikzpicture}", r"\end{document}"]) + "\n"
 
 
-def png(g: nx.DiGraph, path: Path, title: str = "") -> None:
-    import matplotlib
+def write(g: nx.DiGraph, path: Path, cfg, title: str = "", semantics: str | None = None) -> None:
+    """Write `g` to `path` in the format its suffix names, atomically (a temporary file renamed into place)."""
+    import os
+    import tempfile
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    c = circuit_subgraph(g)
-    h = nx.DiGraph()
-    for n, d in c.nodes(data=True):
-        if d["kind"] != "port":
-            h.add_node(n, **d)
-    for u, v, d in c.edges(data=True):
-        if not d["internal"]:
-            head = next(iter(c.successors(v)), v) if c.nodes[v]["kind"] == "port" else v
-            h.add_edge(u, head, score=d["score"], port=c.nodes[v].get("port", ""))
-    pos = positions(h)
-    fig, ax = plt.subplots(figsize=(max(5, 0.6 * (1 + max((p[0] for p in pos.values()), default=1))), 5))
-    if h.number_of_edges():
-        top = max(abs(d["score"]) for *_, d in h.edges(data=True)) or 1.0
-        for u, v, d in h.edges(data=True):
-            nx.draw_networkx_edges(h, pos, edgelist=[(u, v)], ax=ax, width=0.5 + 3 * abs(d["score"]) / top,
-                                   edge_color="#2166ac" if d["score"] >= 0 else "#b2182b", arrows=True,
-                                   connectionstyle="arc3,rad=0.08", node_size=900)
-        nx.draw_networkx_edge_labels(h, pos, edge_labels={(u, v): d["port"] for u, v, d in h.edges(data=True) if d["port"]},
-                                     font_size=7, ax=ax)
-    nx.draw_networkx_nodes(h, pos, ax=ax, node_size=900, node_color="#f7f7f7", edgecolors="#333333")
-    nx.draw_networkx_labels(h, pos, labels={n: d["label"] for n, d in h.nodes(data=True)}, font_size=7, ax=ax)
-    ax.set_title(title, fontsize=9)
-    ax.axis("off")
-    fig.tight_layout()
-    fig.savefig(path, dpi=150)
-    plt.close(fig)
-
-
-def write(g: nx.DiGraph, path: Path, cfg, title: str = "") -> None:
-    """Write `g` to `path` in the format its suffix names."""
     path = Path(path)
     kind = suffix(path)
-    if kind == ".graphml":
-        nx.write_graphml(_clean(g), path)
-    elif kind == ".gexf":
-        nx.write_gexf(_clean(g), path)
-    elif kind == ".mib.json":
-        path.write_text(json.dumps(mib_json(g, cfg), indent=1) + "\n")
-    elif kind == ".json":
-        data = nx.node_link_data(_clean(g), edges="edges")
-        path.write_text(json.dumps(data, indent=1) + "\n")
-    elif kind == ".dot":
-        path.write_text(dot(g, title))
-    elif kind in (".svg", ".pdf"):
-        exe = shutil.which("dot")
-        if exe is None:
-            raise AnalysisError(f"rendering {path.name} needs Graphviz's `dot` program, which is not installed",
-                                field="--export", fix="install Graphviz (e.g. apt-get install graphviz), or export .dot "
-                                                      "and render it elsewhere, or export .png")
-        subprocess.run([exe, f"-T{kind[1:]}", "-o", str(path)], input=dot(g, title), text=True, check=True)
-    elif kind == ".tex":
-        path.write_text(tikz(g))
-    elif kind == ".png":
-        png(g, path, title)
-    else:
+    if kind not in FORMATS:
         raise AnalysisError(f"cannot export to {path.name!r}", field="--export",
                             fix=f"use a file ending in one of: {', '.join(FORMATS)}")
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=kind if kind != ".mib.json" else ".json",
+                               dir=path.parent)
+    os.close(fd)
+    try:
+        if kind == ".graphml":
+            nx.write_graphml(_clean(g), tmp)
+        elif kind == ".gexf":
+            nx.write_gexf(_clean(g), tmp)
+        elif kind == ".mib.json":
+            Path(tmp).write_text(json.dumps(mib_json(g, cfg, semantics), indent=1) + "\n")
+        elif kind == ".json":
+            data = nx.node_link_data(g, edges="edges")
+            for part in ("nodes", "edges"):
+                data[part] = [{k: _json_value(v) for k, v in d.items()} for d in data[part]]
+            if semantics:
+                data["graph"]["semantics"] = semantics
+            Path(tmp).write_text(json.dumps(data, indent=1, allow_nan=False) + "\n")
+        elif kind == ".dot":
+            Path(tmp).write_text(dot(g, title))
+        elif kind == ".tex":
+            Path(tmp).write_text(tikz(g, title))
+        else:  # .png .svg .pdf
+            figure(g, Path(tmp), title)
+        follow_umask(tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def read_circuit(path: Path) -> dict:
+    """A circuit file as {"edges": {name: in_graph}, "semantics": str | None, "cfg": dict | None}: any of our
+    JSON exports, the results.json of `surgeon circuit --out`, or an EAP-IG / MIB circuit JSON."""
+    path = Path(path)
+    bad = dict(where=str(path), fix="give a .json or .mib.json export, or the results.json of surgeon circuit --out")
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError, RecursionError) as e:
+        raise AnalysisError(f"cannot read circuit file: {str(e)[:200]}", **bad) from None
+    if not isinstance(data, dict):
+        raise AnalysisError("the file holds no circuit edges (its top level is not an object)", **bad)
+    inner = data.get("result") if isinstance(data.get("result"), dict) else data
+    if "circuit" in inner and "edge_names" in inner:  # results.json of `surgeon circuit`
+        names, chosen = inner["edge_names"], inner["circuit"]
+        if not (isinstance(names, list) and all(isinstance(n, str) for n in names) and isinstance(chosen, list)
+                and all(isinstance(e, int) and not isinstance(e, bool) and 0 <= e < len(names) for e in chosen)):
+            raise AnalysisError("field 'circuit' must list indices into 'edge_names'", field="result.circuit", **bad)
+        sem = (inner.get("options") or {}).get("semantics")
+        return {"edges": {n: i in set(chosen) for i, n in enumerate(names)}, "semantics": sem, "cfg": None}
+    edges = data.get("edges")
+    if isinstance(edges, dict):  # MIB / EAP-IG
+        out = {}
+        for n, d in edges.items():
+            if not isinstance(d, dict) or not isinstance(d.get("in_graph"), bool):
+                raise AnalysisError(f"edge {str(n)[:60]!r} has no boolean 'in_graph'", field="edges", **bad)
+            out[n] = d["in_graph"]
+        cfg = data.get("cfg") if isinstance(data.get("cfg"), dict) else None
+        return {"edges": out, "semantics": data.get("semantics", "chain"), "cfg": cfg}
+    if isinstance(edges, list):  # node-link
+        out = {}
+        for d in edges:
+            if not isinstance(d, dict) or not isinstance(d.get("name"), str):
+                raise AnalysisError("a node-link edge has no 'name'", field="edges", **bad)
+            if not d.get("internal"):
+                out[d["name"]] = bool(d.get("in_circuit"))
+        return {"edges": out, "semantics": (data.get("graph") or {}).get("semantics"), "cfg": None}
+    raise AnalysisError("the file holds no circuit edges", **bad)
 
 
 def read_edges(path: Path) -> list[str]:
-    """The circuit's edge names from any of our JSON exports or an EAP-IG / MIB circuit JSON."""
-    path = Path(path)
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError) as e:
-        raise AnalysisError(f"cannot read circuit file: {e}", where=str(path), fix="give a .json or .mib.json export") from None
-    if isinstance(data, dict) and "edges" in data and isinstance(data["edges"], dict):  # MIB / EAP-IG
-        return [name for name, d in data["edges"].items() if d.get("in_graph")]
-    if isinstance(data, dict) and "edges" in data and isinstance(data["edges"], list):  # node-link
-        return [d["name"] for d in data["edges"] if d.get("in_circuit") and not d.get("internal")]
-    if isinstance(data, dict) and "circuit" in data:  # results.json of `surgeon circuit`
-        r = data.get("result", data)
-        return [r["edge_names"][e] for e in r["circuit"]]
-    raise AnalysisError("the file holds no circuit edges", where=str(path),
-                        fix="give a node-link .json or an EAP-IG / MIB .mib.json circuit")
+    """The names of the circuit's edges in a circuit file (see `read_circuit`)."""
+    return [n for n, inside in read_circuit(path)["edges"].items() if inside]
+
+
+def edges_for_model(circuit: dict, site, cfg, where: str = "") -> list[int]:
+    """Indices into `site`'s edges of a circuit read by `read_circuit`, checked against the model: the file's
+    cfg must describe it, every name must be one of its edges, and under grouped-query attention the per-query-
+    head key/value edges EAP-IG writes must agree within each group (they are one edge here)."""
+    H = cfg.n_heads
+    G = getattr(cfg, "n_key_value_heads", None) or H
+    fc = circuit.get("cfg")
+    if fc:
+        want = {"n_layers": cfg.n_layers, "n_heads": H}
+        if G != H or "n_key_value_heads" in fc:
+            want["n_key_value_heads"] = G
+        for k, v in want.items():
+            if k in fc and fc[k] != v:
+                raise AnalysisError(f"the file's cfg has {k} = {fc[k]!r} but the model has {v}", where=where,
+                                    field=f"cfg.{k}", fix="evaluate the circuit on the model it was found for")
+    index = {n: i for i, n in enumerate(site.names)}
+    groups: dict[int, dict[str, bool]] = {}
+    for name, inside in circuit["edges"].items():
+        target = name
+        if name not in index and G != H and "->" in name and name.endswith(("<k>", "<v>")):
+            snd, rcv = name.split("->", 1)
+            head, port = rcv[:-1].split("<")
+            if head.startswith("a") and ".h" in head:
+                layer, h = head[1:].split(".h")
+                if h.isdigit():
+                    target = f"{snd}->a{layer}.g{int(h) // (H // G)}<{port}>"
+        if target not in index:
+            raise AnalysisError(f"no edge {name[:80]!r} in this model's graph", where=where, field="edges",
+                                fix="name edges as EAP-IG does (a0.h1->a1.h2<k>, input->m0, m1->logits) for this model")
+        groups.setdefault(index[target], {})[name] = inside
+    out = []
+    for i, copies in groups.items():
+        vals = set(copies.values())
+        if len(vals) > 1:
+            on = sorted(n for n, v in copies.items() if v)
+            raise AnalysisError(f"{', '.join(on)[:120]} in the circuit but not the other query heads of the same "
+                                f"key/value head: under grouped-query attention those are one edge "
+                                f"({site.names[i]})", where=where, field="edges",
+                                fix="mark every query head's copy of a key/value edge alike")
+        if vals == {True}:
+            out.append(i)
+    return sorted(out)

@@ -89,10 +89,11 @@ def prune_dangling(g: nx.DiGraph, edges: Iterable[int]) -> set[int]:
     return {e for (u, v), e in index.items() if u in alive and v in alive}
 
 
-def strongest_paths(g: nx.DiGraph, k: int, candidates: int = 2000) -> list[list[int]]:
-    """The k complete paths input -> ... -> logits with the largest product of |edge score|, as lists of
-    scored edge indices (ranked with networkx's k-shortest simple paths on -log of the normalized scores,
-    over the `candidates` highest-scoring edges)."""
+def strongest_paths(g: nx.DiGraph, k: int, candidates: int = 2000, start: str = "input") -> list[list[int]]:
+    """The k complete paths to the logits with the largest product of |edge score|, as lists of scored edge
+    indices (ranked with networkx's k-shortest simple paths on -log of the normalized scores, over the
+    `candidates` highest-scoring edges). `start="input"`: paths input -> ... -> logits; `start="any"`: paths
+    from any sender (the input, a head, an MLP) to the logits."""
     scored = sorted(((abs(d["score"]), u, v, d["index"]) for u, v, d in g.edges(data=True) if not d["internal"]),
                     reverse=True)[:candidates]
     top = max((s for s, *_ in scored), default=0.0)
@@ -105,10 +106,16 @@ def strongest_paths(g: nx.DiGraph, k: int, candidates: int = 2000) -> list[list[
     for u, v, d in g.edges(data=True):
         if d["internal"]:
             h.add_edge(u, v, weight=0.0, index=None)
-    if "input" not in h or "logits" not in h or not nx.has_path(h, "input", "logits"):
+    source = "input"
+    if start == "any":
+        source = ("start",)  # a node no graph name can equal
+        for n, d in g.nodes(data=True):
+            if d.get("kind") in ("input", "head", "mlp") and n in h:
+                h.add_edge(source, n, weight=0.0, index=None)
+    if source not in h or "logits" not in h or not nx.has_path(h, source, "logits"):
         return []
     out = []
-    for path in nx.shortest_simple_paths(h, "input", "logits", weight="weight"):
+    for path in nx.shortest_simple_paths(h, source, "logits", weight="weight"):
         out.append([h.edges[a, b]["index"] for a, b in zip(path, path[1:]) if h.edges[a, b]["index"] is not None])
         if len(out) == k:
             break

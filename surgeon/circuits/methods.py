@@ -1,0 +1,22 @@
+"""The edge-scoring methods of `surgeon circuit`, one list shared by the code, the CLI and the README (plain data:
+importing it costs nothing)."""
+
+# every edge-scoring method, with the convention it follows (shared by the code, the CLI help and the README)
+METHODS: dict[str, str] = {
+    "eap": "EAP: d(mean score)/d(mask) at mask 0, one forward and one backward (Syed et al.; auto-circuit's "
+           "and EAP-IG's `EAP`)",
+    "eap-ig-inputs": "EAP-IG as hannamw/EAP-IG and MIB define it (`EAP-IG-inputs`): the input embeddings "
+                     "interpolated from the other run's towards this run's at k/steps, k = 0..steps-1; each edge's "
+                     "(other - this run's) sender difference times the gradient at its receiver, averaged over the "
+                     "steps; prompts of equal length only",
+    "eap-ig-activations": "EAP-IG's `EAP-IG-activations`: each sender group's output (the input, a layer's heads, "
+                          "an MLP) interpolated alone at k/steps, k = 1..steps, group by group; the same products "
+                          "averaged over groups and steps",
+    "eap-ig-masks": "integrated gradients over the edge mask (auto-circuit's convention, which sums the mask "
+                    "gradient at 11 points 0, 0.1, ..., 1): every edge mask at the midpoints (i + 0.5)/steps, the "
+                    "gradient averaged (not summed)",
+    "exact": "exact edge patching: each edge patched alone, its effect on the mean score measured",
+}
+IG_METHODS = ("eap-ig-inputs", "eap-ig-activations", "eap-ig-masks")
+IG_STEPS = 5  # MIB's and EAP-IG's usual step count
+MAX_IG_STEPS = 1000
