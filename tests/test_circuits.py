@@ -208,7 +208,7 @@ def induction_circuit(induction_model):
     from surgeon.analyses.circuit import discover
 
     case = load_case(f"{ROOT}/cases/induction_organism.py")
-    return case, discover(case, induction_model, method="eap-ig", n_paths=5)
+    return case, discover(case, induction_model, method="eap-ig-inputs", n_paths=5)
 
 
 def test_induction_path_ranks_first(induction_circuit):

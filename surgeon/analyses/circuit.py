@@ -81,6 +81,10 @@ def _mean_scores(contrast, site, masks):
 
 
 def check_method(method: str, ig_steps: int, contrast=None) -> None:
+    if method == "eap-ig":
+        raise AnalysisError("method 'eap-ig' was split in two", field="--method",
+                            fix="use eap-ig-inputs (EAP-IG as hannamw/EAP-IG and MIB define it) or eap-ig-masks "
+                                "(integrated gradients over the edge masks, what 'eap-ig' computed before)")
     if method not in METHODS:
         raise AnalysisError(f"unknown method {method!r}", field="--method", fix=f"use one of: {', '.join(METHODS)}")
     if method in IG_METHODS and not 1 <= ig_steps <= MAX_IG_STEPS:

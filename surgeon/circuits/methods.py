@@ -9,9 +9,11 @@ METHODS: dict[str, str] = {
                      "interpolated from the other run's towards this run's at k/steps, k = 0..steps-1; each edge's "
                      "(other - this run's) sender difference times the gradient at its receiver, averaged over the "
                      "steps; prompts of equal length only",
-    "eap-ig-activations": "EAP-IG's `EAP-IG-activations`: each sender group's output (the input, a layer's heads, "
-                          "an MLP) interpolated alone at k/steps, k = 1..steps, group by group; the same products "
-                          "averaged over groups and steps",
+    "eap-ig-activations": "like EAP-IG's `EAP-IG-activations`: each sender group's output (the input, a layer's "
+                          "heads, an MLP) interpolated alone at k/steps, k = 1..steps, group by group, the same "
+                          "products averaged over groups and steps; unlike EAP-IG's code, the gradient still flows "
+                          "through the interpolated group (EAP-IG sets it to a constant, which cuts the paths "
+                          "through it)",
     "eap-ig-masks": "integrated gradients over the edge mask (auto-circuit's convention, which sums the mask "
                     "gradient at 11 points 0, 0.1, ..., 1): every edge mask at the midpoints (i + 0.5)/steps, the "
                     "gradient averaged (not summed)",
