@@ -538,6 +538,7 @@ def export_circuit(r, model, files) -> None:
 
 
 def cmd_circuit_eval(args) -> int:
+    from . import report
     from .analyses.circuit import evaluate_circuit
     from .circuits.export import read_circuit
 
@@ -545,18 +546,9 @@ def cmd_circuit_eval(args) -> int:
     case, model, device = _load(args)
     r = evaluate_circuit(case, model, circuit, ablation=args.ablation, direction=args.direction, bad=args.bad,
                          tag=args.tag, batch_size=args.batch_size, where=str(args.graph))
-    if r["n_edges"] == 0:
-        print(f"warning: {args.graph} marks no edge as in the circuit: this is the empty circuit (f = 0 by definition)")
-    lo, hi = r["faithfulness_ci"] or (float("nan"), float("nan"))
-    text = (f"case {r['case']} · circuit {args.graph} · {r['n_edges']} of {r['of_edges']} edges patched from "
-            f"{r['source']!r} into {r['base']!r} · {r['n_items']} items\n"
-            f"m(empty) = {r['empty']:+.3f}, m(circuit) = {r['circuit']:+.3f}, m(full) = {r['full']:+.3f}\n"
-            f"faithfulness = {r['faithfulness']:.3f} [{lo:.3f}, {hi:.3f}] (95% CI over items)")
-    print(text)
+    print(report.circuit_eval_text(r, args.graph))
     if args.out:
-        from .report import save
-
-        save(args.out, "circuit-eval", r, case, args, device)
+        report.save(args.out, "circuit-eval", r, case, args, device)
         print(f"\nwrote {args.out}/results.json, manifest.json")
     return 0
 

@@ -337,6 +337,17 @@ def circuit_text(r, top: int = 10) -> str:
     return "\n".join(lines)
 
 
+def circuit_eval_text(r: dict, path) -> str:
+    lo, hi = r["faithfulness_ci"] or (float("nan"), float("nan"))
+    lines = [f"case {r['case']} · circuit {path} · {r['n_edges']} of {r['of_edges']} edges from {r['source']!r} into "
+             f"{r['base']!r} ({r['semantics']} semantics) · {r['n_items']} items",
+             f"m(empty) = {r['empty']:+.3f}, m(circuit) = {r['circuit']:+.3f}, m(full) = {r['full']:+.3f}",
+             f"faithfulness = {r['faithfulness']:.3f} [{lo:.3f}, {hi:.3f}] (95% CI over items)"]
+    if r["n_edges"] == 0:
+        lines.append(f"warning: {path} marks no edge as in the circuit: this is the empty circuit (f = 0 by definition)")
+    return "\n".join(lines)
+
+
 def overlap_text(r) -> str:
     lines = [f"case {r.case} · SAE features, top-{r.k} sets at the {r.position} position(s), {r.good!r} vs each "
              f"failing format · {r.n_items} items · mean [95% CI] over items"]

@@ -1,0 +1,297 @@
+"""Circuit exports read by the tools they are named for: EAP-IG's loader (its naming written out here from
+hannamw/EAP-IG `src/eap/graph.py`, `Graph.from_model` / `from_json`), networkx, Graphviz, pdflatex and
+lualatex; the faithfulness MIB's evaluator gets from a file equals what `circuit-eval` reports; figures with
+input and logits drawn, no overlapping nodes and no edge through a node."""
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import networkx as nx
+import numpy as np
+import pytest
+import torch
+
+from surgeon import load_case
+from surgeon.analyses.circuit import discover, evaluate_circuit
+from surgeon.circuits.export import (FORMATS, NODE_H, NODE_W, check_targets, drawn, edges_for_model, layout,
+                                     mib_json, read_circuit, write)
+from surgeon.circuits.graph import build_graph
+from surgeon.edges import EdgeSite
+from surgeon.errors import AnalysisError
+
+from .conftest import ROOT
+from .reference import graph_forward, row_score, sender_outputs
+
+ORGANISMS = ["induction_organism", "threshold_organism", "decimal_organism"]
+
+
+# ---------------------------------------------------------------------------------------------- EAP-IG's graph
+def eap_ig_graph(cfg: dict):
+    """The node and edge names EAP-IG's `Graph.from_model(cfg)` builds: nodes input, a{l}.h{h}, m{l}, logits (an
+    MLP in every layer); each head reads q, k and v from everything before its layer; a (sequential) MLP reads
+    everything before it including its own layer's heads; the logits read everything."""
+    L, H = cfg["n_layers"], cfg["n_heads"]
+    cfg["parallel_attn_mlp"], cfg["d_model"]  # noqa: B018 - from_model reads these: a file without them fails there
+    nodes, edges, stream = {"input"}, set(), ["input"]
+    for layer in range(L):
+        heads, mlp = [f"a{layer}.h{h}" for h in range(H)], f"m{layer}"
+        nodes |= set(heads) | {mlp}
+        edges |= {f"{s}->{h}<{x}>" for s in stream for h in heads for x in "qkv"}
+        if cfg["parallel_attn_mlp"]:
+            edges |= {f"{s}->{mlp}" for s in stream}
+            stream += heads
+        else:
+            stream += heads
+            edges |= {f"{s}->{mlp}" for s in stream}
+        stream.append(mlp)
+    nodes.add("logits")
+    edges |= {f"{s}->logits" for s in stream}
+    return nodes, edges
+
+
+def eap_ig_from_json(d: dict):
+    """What `Graph.from_json` does with a file: KeyError on any node or edge its graph lacks; returns the edges
+    in the graph and every edge's score."""
+    assert all(k in d for k in ("cfg", "nodes", "edges")), "Bad input JSON format - Missing keys"
+    nodes, edges = eap_ig_graph(dict(d["cfg"]))
+    for name, nd in d["nodes"].items():
+        if name == "logits":
+            continue
+        if name not in nodes:
+            raise KeyError(name)
+        bool(nd["in_graph"])
+    scores = {}
+    for name, info in d["edges"].items():
+        if name not in edges:
+            raise KeyError(name)
+        scores[name] = float(info["score"])
+        bool(info["in_graph"])
+    return {n for n, i in d["edges"].items() if i["in_graph"]}, scores
+
+
+def _random_graph(cfg, seed=0):
+    site = EdgeSite.of(cfg)
+    rng = np.random.default_rng(seed)
+    scores = rng.normal(size=len(site.edges))
+    chosen = rng.choice(len(site.edges), size=max(3, len(site.edges) // 7), replace=False)
+    return site, build_graph(site, scores, {int(chosen[0]): 0.5}, chosen), scores, sorted(int(c) for c in chosen)
+
+
+def _models(random_model):
+    from surgeon.models import load_model
+
+    return [random_model, *(load_model(f"organism:{n}") for n in ("decimal", "induction", "threshold"))]
+
+
+def test_mib_export_loads_in_eap_ig(random_model, tmp_path):
+    """GPT-2- and Llama-style (GQA) checkpoints and the three organisms (decimal: GQA with 2 key/value heads)."""
+    for model in _models(random_model):
+        cfg = model.cfg
+        site, g, scores, chosen = _random_graph(cfg)
+        path = tmp_path / "c.mib.json"
+        write(g, path, cfg, semantics="chain")
+        d = json.loads(path.read_text())
+        inside, file_scores = eap_ig_from_json(d)
+        _, theirs = eap_ig_graph(dict(d["cfg"]))
+        H, G = cfg.n_heads, cfg.n_key_value_heads or cfg.n_heads
+        ours = set(d["edges"])
+        if cfg.attn_only:  # EAP-IG always builds MLPs; an attention-only model has none of their edges
+            theirs = {e for e in theirs if not any(p.startswith("m") for p in e.split("->"))}
+        assert ours == theirs, (ours ^ theirs)
+        assert (d["cfg"].get("n_key_value_heads") == G) if G != H else "n_key_value_heads" not in d["cfg"]
+        # a key/value head's edge once per query head of its group, each with the group's score and membership
+        for e, name in enumerate(site.names):
+            if ".g" in name:
+                snd, rcv = name.split("->")
+                layer, rest = rcv[1:].split(".g")
+                grp, port = rest.rstrip(">").split("<")
+                copies = [f"{snd}->a{layer}.h{h}<{port}>" for h in range(H) if h // (H // G) == int(grp)]
+                assert len(copies) == H // G
+            else:
+                copies = [name]
+            for c in copies:
+                assert file_scores[c] == pytest.approx(scores[e])
+                assert (c in inside) == (e in chosen)
+        # and circuit-eval reads the same circuit back
+        assert edges_for_model(read_circuit(path), site, cfg) == chosen
+
+
+def test_circuit_files_are_checked_against_the_model(decimal_model, tmp_path):
+    cfg = decimal_model.cfg
+    site, g, _, chosen = _random_graph(cfg)
+    path = tmp_path / "c.mib.json"
+    write(g, path, cfg, semantics="edge-set")
+    d = json.loads(path.read_text())
+    kv = next(n for n in d["edges"] if n.endswith("<k>") and ".h1<" in n and n.startswith("input->a1."))
+    mixed = dict(d, edges=dict(d["edges"], **{kv: {"score": 0.0, "in_graph": not d["edges"][kv]["in_graph"]}}))
+    bad_cfg = dict(d, cfg=dict(d["cfg"], n_heads=12))
+    unknown = dict(d, edges=dict(d["edges"], **{"a9.h0->logits": {"score": 1.0, "in_graph": True}}))
+    for variant, words in [(mixed, "key/value head"), (bad_cfg, "n_heads"), (unknown, "no edge")]:
+        p = tmp_path / "bad.mib.json"
+        p.write_text(json.dumps(variant))
+        with pytest.raises(AnalysisError, match=words):
+            edges_for_model(read_circuit(p), site, cfg, str(p))
+    for text, words in [("[1, 2]", "not an object"), ('{"edges": 3}', "no circuit edges"), ("{", "cannot read"),
+                        ('{"result": {"edge_names": ["x"], "circuit": [5]}}', "indices"),
+                        ('{"cfg": {}, "nodes": {}, "edges": {"a": {"score": 1}}}', "in_graph"),
+                        ("[" * 100000 + "]" * 100000, "cannot read")]:
+        p = tmp_path / "junk.json"
+        p.write_text(text)
+        with pytest.raises(AnalysisError, match=words):
+            read_circuit(p)
+
+
+@pytest.fixture(scope="module")
+def circuits():
+    from surgeon.models import load_model
+
+    out = {}
+    for name in ORGANISMS:
+        case = load_case(f"{ROOT}/cases/{name}.py")
+        model = load_model(case.model)
+        r = discover(case, model, n_paths=0, verify=5)
+        out[name] = (case, model, r, build_graph(EdgeSite.of(model.cfg), r.scores, r.exact, r.circuit))
+    return out
+
+
+def test_mib_evaluator_gets_the_faithfulness_circuit_eval_reports(circuits, tmp_path):
+    """MIB's evaluator, written out with hooks from EAP-IG's `evaluate_graph`: run the clean input (the good
+    format) and give every edge outside the circuit the corrupted run's sender output (the failing format).
+    Under index alignment that is the circuit surgeon evaluates, so the file gives the same f."""
+    case, model, r, g = circuits["induction_organism"]
+    path = tmp_path / "c.mib.json"
+    write(g, path, model.cfg, semantics=r.options["semantics"])
+    got = evaluate_circuit(case, model, read_circuit(path), where=str(path))
+    inside, _ = eap_ig_from_json(json.loads(path.read_text()))
+    from surgeon.analyses.common import format_rows
+
+    items = case.items_for(r.tag)
+    clean = format_rows(case, model, case.good, items)
+    corrupt = format_rows(case, model, case.bad_formats[0], items)
+    from .reference import edge_name
+
+    def m(circuit_edges):
+        total = 0.0
+        for c, x in zip(clean, corrupt):
+            with torch.no_grad():
+                ox = sender_outputs(model, torch.tensor(x.tokens))
+                lg = graph_forward(model, torch.tensor(c.tokens), lambda s, rcv, cur: cur if edge_name(s, rcv, model.cfg)
+                                   in circuit_edges else ox[s])
+                total += float(row_score(lg, c))
+        return total / len(items)
+
+    everything = set(json.loads(path.read_text())["edges"])
+    f = (m(inside) - m(set())) / (m(everything) - m(set()))
+    assert f == pytest.approx(got["faithfulness"], abs=1e-4)
+    assert f == pytest.approx(r.circuit_faithfulness, abs=1e-4)
+
+
+def test_semantics_are_written_and_a_mismatch_refused(circuits, tmp_path):
+    case_c, model_c, r_c, g_c = circuits["induction_organism"]
+    case_e, model_e, r_e, g_e = circuits["decimal_organism"]
+    assert r_c.options["semantics"] == "chain" and r_e.options["semantics"] == "edge-set"
+    for g, model, r, other_case, other_model in [(g_e, model_e, r_e, None, None), (g_c, model_c, r_c, None, None)]:
+        for ext in (".mib.json", ".json"):
+            p = tmp_path / f"c{ext}"
+            write(g, p, model.cfg, semantics=r.options["semantics"])
+            assert read_circuit(p)["semantics"] == r.options["semantics"]
+    # an edge-set circuit evaluated on its own case gives its own f back; a chain case refuses it
+    p = tmp_path / "e.mib.json"
+    write(g_e, p, model_e.cfg, semantics="edge-set")
+    assert evaluate_circuit(case_e, model_e, read_circuit(p))["faithfulness"] == pytest.approx(r_e.circuit_faithfulness, abs=1e-5)
+    d = json.loads(p.read_text())
+    d["semantics"] = "chain"
+    p.write_text(json.dumps(d))
+    with pytest.raises(AnalysisError, match="semantics"):
+        evaluate_circuit(case_e, model_e, read_circuit(p), where=str(p))
+    # the results.json of `surgeon circuit --out` is read too (the circuit is under "result")
+    res = tmp_path / "results.json"
+    res.write_text(json.dumps({"command": "circuit", "result": {"edge_names": r_c.edge_names, "circuit": r_c.circuit,
+                                                                "options": r_c.options}}))
+    assert evaluate_circuit(case_c, model_c, read_circuit(res))["faithfulness"] == pytest.approx(r_c.circuit_faithfulness, abs=1e-5)
+
+
+# ---------------------------------------------------------------------------------------------- the files
+@pytest.mark.parametrize("name", ORGANISMS)
+def test_every_export_opens_in_its_tool(circuits, name, tmp_path):
+    case, model, r, g = circuits[name]
+    files = {ext: tmp_path / f"c{ext}" for ext in FORMATS}
+    check_targets(files.values())
+    for ext, f in files.items():
+        write(g, f, model.cfg, title=f"{name}: {len(r.circuit)} edges", semantics=r.options["semantics"])
+    inside = set(r.names(r.circuit))
+    for ext in (".graphml", ".gexf"):
+        h = (nx.read_graphml if ext == ".graphml" else nx.read_gexf)(files[ext])
+        scored = [d for *_, d in h.edges(data=True) if not d["internal"]]
+        assert {d["name"] for d in scored if d["in_circuit"]} == inside
+        measured = [d for d in scored if "exact" in d]
+        assert len(measured) == len(r.exact) and all(d["exact"] != -1.0 for d in measured)  # missing, not -1
+    data = json.loads(files[".json"].read_text())  # strict JSON: no NaN
+    assert {e["name"] for e in data["edges"] if e.get("in_circuit") and not e["internal"]} == inside
+    assert all(e["exact"] is None for e in data["edges"] if not e["internal"] and e["index"] not in r.exact)
+    assert files[".png"].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert files[".pdf"].read_bytes()[:5] == b"%PDF-"
+    assert b"<svg" in files[".svg"].read_bytes()[:2000]
+    if shutil.which("dot"):
+        out = subprocess.run(["dot", "-Tsvg", str(files[".dot"])], capture_output=True, text=True)
+        assert out.returncode == 0 and "<svg" in out.stdout, out.stderr
+    for tex in ("pdflatex", "lualatex"):
+        if shutil.which(tex):
+            out = subprocess.run([tex, "-interaction=nonstopmode", "-halt-on-error", files[".tex"].name],
+                                 cwd=tmp_path, capture_output=True, text=True, timeout=300)
+            assert out.returncode == 0, out.stdout[-2000:]
+            assert (tmp_path / "c.pdf").read_bytes()[:5] == b"%PDF-"
+
+
+def test_latex_and_graphviz_are_installed_where_the_suite_claims_them():
+    """The two tests above skip their compile steps where the programs are missing; say so loudly."""
+    missing = [p for p in ("dot", "pdflatex") if not shutil.which(p)]
+    if missing:
+        pytest.skip(f"{', '.join(missing)} not installed: apt-get install graphviz texlive-latex-base texlive-pictures")
+
+
+@pytest.mark.parametrize("name", ORGANISMS)
+def test_figures_draw_input_and_logits_and_route_edges_around_nodes(circuits, name):
+    case, model, r, g = circuits[name]
+    h = drawn(g)
+    assert "input" in h and "logits" in h
+    pos, routes = layout(h, model.cfg.n_layers)
+    names = list(pos)
+    for i, a in enumerate(names):  # boxes do not overlap
+        for b in names[i + 1:]:
+            assert abs(pos[a][0] - pos[b][0]) >= NODE_W or abs(pos[a][1] - pos[b][1]) >= NODE_H, (a, b)
+    assert len(routes) == h.number_of_edges() > 0
+    for (u, v), pts in routes.items():
+        assert pts[0] == pos[u] and pts[-1] == pos[v]
+        for (x0, y0), (x1, y1) in zip(pts, pts[1:]):
+            for t in np.linspace(0, 1, 41):
+                x, y = x0 + t * (x1 - x0), y0 + t * (y1 - y0)
+                for n, (nx_, ny) in pos.items():
+                    if n in (u, v):
+                        continue
+                    inside = abs(x - nx_) < NODE_W / 2 and abs(y - ny) < NODE_H / 2
+                    assert not inside, f"edge {u}->{v} passes through {n}"
+
+
+def test_bad_export_targets_are_refused_before_any_work(tmp_path):
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    ro.chmod(0o500)
+    (tmp_path / "d.png").mkdir()
+    cases = [(tmp_path / "c.xyz", "cannot export"), (tmp_path / "d.png", "directory"),
+             ([tmp_path / "a.png", tmp_path / "a.png"], "twice")]
+    if os.geteuid() != 0:  # root writes anywhere
+        cases.append((ro / "c.png", "writable"))
+    for target, words in cases:
+        with pytest.raises(AnalysisError, match=words):
+            check_targets(target if isinstance(target, list) else [target])
+    # through the CLI: exit 2, no traceback, nothing written, before the model loads
+    out = tmp_path / "out"
+    r = subprocess.run([sys.executable, "-m", "surgeon", "circuit", f"{ROOT}/cases/threshold_organism.py", "--out",
+                        str(out), "--export", str(tmp_path / "ok.png"), str(tmp_path / "d.png")],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "directory" in r.stderr and "Traceback" not in r.stderr
+    assert not out.exists() and not (tmp_path / "ok.png").exists()
+    assert "torch" not in r.stderr
