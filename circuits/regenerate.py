@@ -18,7 +18,7 @@ SHIPPED = {
     "induction_organism": ["--paths", "5"],
     "threshold_organism": ["--paths", "5", "--faithfulness", "1.0"],
 }
-FORMATS = ("graphml", "gexf", "json", "mib.json", "dot", "tex", "png")
+FORMATS = ("graphml", "gexf", "json", "mib.json", "dot", "tex", "png", "svg", "pdf")
 
 
 def command(name: str, out: Path) -> list[str]:

@@ -256,7 +256,7 @@ def test_decimal_circuit_overlaps_the_best_patched_heads(decimal_model, decimal_
 @pytest.mark.slow
 def test_circuit_cli_exports_and_eval(tmp_path):
     case = f"{ROOT}/cases/threshold_organism.py"
-    files = [tmp_path / f"c{x}" for x in (".graphml", ".gexf", ".json", ".mib.json", ".dot", ".tex", ".png")]
+    files = [tmp_path / f"c{x}" for x in (".graphml", ".gexf", ".json", ".mib.json", ".dot", ".tex", ".png", ".svg", ".pdf")]
     r = subprocess.run([sys.executable, "-m", "surgeon", "circuit", case, "--faithfulness", "1.0", "--paths", "2",
                         "--out", str(tmp_path / "out"), "--export", *map(str, files)], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
@@ -268,12 +268,13 @@ def test_circuit_cli_exports_and_eval(tmp_path):
     assert g.number_of_nodes() > 32
     nx.read_gexf(files[1])
     mib = json.loads(files[3].read_text())
-    assert set(mib) == {"cfg", "nodes", "edges"} and mib["cfg"]["n_heads"] == 32
+    assert {"cfg", "nodes", "edges"} <= set(mib) and mib["cfg"]["n_heads"] == 32 and mib["semantics"] == "edge-set"
     inside = [n for n, d in mib["edges"].items() if d["in_graph"]]
     # edge-set semantics (align="last"): one edge into each even head's query carries the repair
     assert sorted(inside) == sorted(f"input->a0.h{h}<q>" for h in range(0, 32, 2))
     assert all("score" in d for d in mib["edges"].values())
     assert "rank=same" in files[4].read_text() and "\\begin{tikzpicture}" in files[5].read_text()
+    assert files[7].read_bytes()[:200].lstrip().startswith(b"<?xml") and files[8].read_bytes()[:5] == b"%PDF-"
     for f in (files[2], files[3]):
         r = subprocess.run([sys.executable, "-m", "surgeon", "circuit-eval", case, str(f)], capture_output=True, text=True)
         assert r.returncode == 0, r.stderr
