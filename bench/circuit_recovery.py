@@ -10,7 +10,7 @@ it prints, per method (`surgeon.circuits.methods.METHODS`): the ROC AUC of |scor
 membership, the rank of every planted edge (1 = top), the faithfulness of the planted circuit itself, and
 the wall time of the scoring. Goal: AUC >= 0.99 for exact patching and EAP-IG-inputs on both organisms.
 
-    python bench/circuit_recovery.py [--threads 2]
+    python bench/circuit_recovery.py [--threads 2] [--save]
 """
 from __future__ import annotations
 
@@ -42,7 +42,15 @@ def roc_auc(scores: np.ndarray, positive: np.ndarray) -> float:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--save", action="store_true", help="also write bench/results/circuit_recovery.txt (the README's)")
     args = ap.parse_args()
+    from saving import saved
+
+    with saved("circuit_recovery", args.save):
+        return run(args)
+
+
+def run(args) -> int:
     import torch
 
     torch.set_num_threads(args.threads)

@@ -76,10 +76,10 @@ def drawn(g: nx.DiGraph) -> nx.DiGraph:
     h = nx.DiGraph()
     for n in ("input", "logits"):
         h.add_node(n, **g.nodes[n])
-    for n, d in c.nodes(data=True):
+    for n, d in sorted(c.nodes(data=True), key=lambda x: (x[1].get("layer", 0), x[1].get("head", -1), x[0])):
         if d["kind"] != "port":
             h.add_node(n, **d)
-    for u, v, d in c.edges(data=True):
+    for u, v, d in sorted(c.edges(data=True), key=lambda x: x[2].get("index", -1)):  # deterministic files
         if d["internal"]:
             continue
         port = c.nodes[v].get("port", "") if c.nodes[v]["kind"] == "port" else ""
@@ -193,7 +193,9 @@ def figure(g: nx.DiGraph, path: Path, title: str = "") -> None:
     import matplotlib.pyplot as plt
 
     fig = _figure(g, title)
-    fig.savefig(path, dpi=150, format=Path(path).suffix[1:])
+    fmt = Path(path).suffix[1:]
+    meta = {"svg": {"Date": None}, "pdf": {"CreationDate": None, "ModDate": None}}.get(fmt, {})
+    fig.savefig(path, dpi=150, format=fmt, metadata=meta)  # no dates: the same circuit gives the same file
     plt.close(fig)
 
 

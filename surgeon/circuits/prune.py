@@ -29,7 +29,8 @@ class PrefixSearch:
 
     def describe(self) -> str:
         if self.search == "exhaustive":
-            return f"every k from 1 up to the answer evaluated ({len(self.evaluated)} prefixes): exact"
+            return (f"k = 1, 2, ... evaluated in batches until the first reaching the target ({len(self.evaluated)} "
+                    f"prefixes evaluated): exact")
         return (f"bisection over k ({len(self.evaluated)} prefixes evaluated; f assumed monotone in k between "
                 f"them, f(k-1) checked)")
 

@@ -1,0 +1,148 @@
+"""The README's generated blocks: every command output, table and number in README.md comes from here.
+
+README.md holds cog blocks (cogapp, https://nedbatchelder.com/code/cog/) that call the helpers below:
+
+    <!-- [[[cog from readme import run; run("surgeon diagnose") ]]] -->
+    ...output, rewritten by cog...
+    <!-- [[[end]]] -->
+
+    python docs/readme.py            # rerun every command, rewrite README.md (and docs/timings.json)
+    python docs/readme.py --check    # exit 1 when README.md differs from what the commands print today
+
+`--check` (and tests/test_readme.py) reruns the fast commands; blocks marked `slow=True` (minutes of
+work) keep their text in a check and are rerun only by a full regeneration; benchmark tables are rendered
+from the files the benches saved (`python bench/NAME.py --save` writes `bench/results/NAME.txt`), so a
+table in the README is always what a bench printed. Wall times measured by a full regeneration are kept in
+`docs/timings.json` and rendered from there.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+TIMINGS = ROOT / "docs" / "timings.json"
+BENCH = ROOT / "bench" / "results"
+FAST = os.environ.get("SURGEON_README") == "check"  # set by --check: slow blocks keep their text
+RESULTS: dict[str, dict] = {}  # --out results of the commands run so far, by the name given to `run`
+_WORK = Path(tempfile.mkdtemp(prefix="surgeon-readme-"))
+
+
+def _cog():
+    import cog  # only inside a cog run
+
+    return cog
+
+
+def _timings() -> dict:
+    return json.loads(TIMINGS.read_text()) if TIMINGS.exists() else {}
+
+
+def execute(cmd: str, name: str | None = None) -> str:
+    """Run a `surgeon ...` command line from the repository root; its stdout (progress bars go to stderr).
+    With `name`, the command also writes --out and its results.json is kept in RESULTS[name]."""
+    argv = shlex.split(cmd)
+    if argv[0] == "surgeon":
+        argv = [sys.executable, "-m", "surgeon", *argv[1:]]
+    elif argv[0] == "python":
+        argv = [sys.executable, *argv[1:]]
+    out = None
+    if name:
+        out = _WORK / name
+        argv += ["--out", str(out)]
+    env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", COLUMNS="200")
+    t0 = time.perf_counter()
+    r = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, env=env)
+    dt = time.perf_counter() - t0
+    if r.returncode:
+        raise SystemExit(f"README command failed ({r.returncode}): {cmd}\n{r.stderr[-3000:]}")
+    if not FAST:
+        t = _timings()
+        t[cmd] = round(dt, 1)
+        TIMINGS.write_text(json.dumps(t, indent=1, sort_keys=True) + "\n")
+    if out is not None:
+        RESULTS[name] = json.loads((out / "results.json").read_text())["result"]
+    return r.stdout
+
+
+def pick(text: str, keep=None, drop=()) -> str:
+    """Lines of `text`: `keep` a list of (start, stop) line slices and literal strings (an elision such as
+    "..."), or None for all; lines matching any regex in `drop` are left out first."""
+    lines = [ln for ln in text.rstrip("\n").split("\n") if not any(re.search(d, ln) for d in drop)]
+    if keep is None:
+        return "\n".join(lines)
+    out = []
+    for k in keep:
+        out += [k] if isinstance(k, str) else lines[slice(*k)]
+    return "\n".join(out)
+
+
+def run(cmd: str, *, show: str | None = None, keep=None, drop=(), slow: bool = False, name: str | None = None,
+        prompt: bool = True) -> None:
+    """Write a fenced block: `$ cmd` (or `show`) and its output (see `pick`). A slow block keeps its previous
+    text in a check."""
+    cog = _cog()
+    if slow and FAST:
+        cog.out(cog.previous)
+        return
+    text = pick(execute(cmd, name), keep, drop)
+    cog.outl("```")
+    if prompt:
+        cog.outl(f"$ {show or cmd}")
+    cog.outl(text)
+    cog.outl("```")
+
+
+def out(text: str) -> None:
+    """Write generated text (a sentence whose numbers come from RESULTS); kept as is in a check of a slow block."""
+    _cog().outl(text)
+
+
+def keep_previous() -> bool:
+    """True (and the previous text written) in a check: for prose that depends on a slow block."""
+    cog = _cog()
+    if FAST:
+        cog.out(cog.previous)
+        return True
+    return False
+
+
+def bench(name: str) -> None:
+    """The output a bench saved (`python bench/NAME.py --save`), verbatim."""
+    path = BENCH / f"{name}.txt"
+    if not path.exists():
+        raise SystemExit(f"{path} is missing: run python bench/{name}.py --save")
+    _cog().outl(path.read_text().rstrip("\n"))
+
+
+def timing(cmd: str) -> str:
+    t = _timings().get(cmd)
+    if t is None:
+        raise SystemExit(f"no timing for {cmd!r} in {TIMINGS}: run python docs/readme.py")
+    return f"{t:.1f} s"
+
+
+def main() -> int:
+    import argparse
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--check", action="store_true", help="exit 1 when README.md is not what the commands print now")
+    args = ap.parse_args()
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "docs") + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    if args.check:
+        env["SURGEON_README"] = "check"
+    flags = ["--check", "--diff"] if args.check else ["-r"]
+    r = subprocess.run([sys.executable, "-m", "cogapp", *flags, "-I", str(ROOT / "docs"), str(ROOT / "README.md")],
+                       cwd=ROOT, env=env)
+    return r.returncode and 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
