@@ -195,7 +195,10 @@ def figure(g: nx.DiGraph, path: Path, title: str = "") -> None:
     fig = _figure(g, title)
     fmt = Path(path).suffix[1:]
     meta = {"svg": {"Date": None}, "pdf": {"CreationDate": None, "ModDate": None}}.get(fmt, {})
-    fig.savefig(path, dpi=150, format=fmt, metadata=meta)  # no dates: the same circuit gives the same file
+    import matplotlib
+
+    with matplotlib.rc_context({"svg.hashsalt": "surgeon"}):  # no dates, fixed ids: same circuit, same file
+        fig.savefig(path, dpi=150, format=fmt, metadata=meta)
     plt.close(fig)
 
 
