@@ -37,12 +37,15 @@ def test_the_checker_catches_a_reversed_interval():
 @pytest.mark.parametrize("direction", ["denoise", "noise"])
 def test_every_interval_is_ordered_and_holds_its_estimate(direction, decimal_model, decimal_case, induction_model):
     from surgeon import load_case
-    from surgeon.circuits.export import read_circuit, write
-    from surgeon.circuits.graph import build_graph
-    from surgeon.edges import EdgeSite
+
+    from surgeon.analyses.sae_repair import feature_repair
+
+    from .test_sae import shipped
 
     texts = [report.patch_text(patch_heads(decimal_case, decimal_model, direction=direction)),
-             report.attribution_text(attribute(decimal_case, decimal_model, direction=direction, compare=True))]
+             report.attribution_text(attribute(decimal_case, decimal_model, direction=direction, compare=True)),
+             report.feature_repair_text(feature_repair(decimal_case, decimal_model, shipped("decimal", 1), top=4,
+                                                       budget=50, direction=direction))]
     induction = load_case(f"{ROOT}/cases/induction_organism.py")
     for case, model in [(decimal_case, decimal_model), (induction, induction_model)]:
         for method in ("exact", None):
