@@ -311,8 +311,11 @@ def test_shipped_circuits_are_current(tmp_path, name):
     stale = f"circuits/{name}.* are stale: run python circuits/regenerate.py"
     assert new_text == old_text, stale
     assert np.allclose(new_nums, old_nums, atol=2e-3, rtol=0), stale
+    from .test_circuit_exports import opens_in_its_tool
+
     for fmt in regen["FORMATS"]:
         assert (shipped / f"{name}.{fmt}").exists(), f"circuits/{name}.{fmt} is missing: run python circuits/regenerate.py"
+        opens_in_its_tool(shipped / f"{name}.{fmt}", tmp_path)
     new, cur = ([e for e in json.loads((d / f"{name}.json").read_text())["edges"] if not e["internal"]]
                 for d in (tmp_path, shipped))
     assert [e["name"] for e in new] == [e["name"] for e in cur], stale

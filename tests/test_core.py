@@ -76,9 +76,13 @@ def test_blend_and_multi_site_masks(random_model):
     m = torch.tensor([[0.3, 0.0, 0.7, 1.0]])
     torch.testing.assert_close(c.run({site: m})[0], direct_patch_scores(random_model, b, s, "last", site, m[0]),
                                atol=2e-4, rtol=0)
-    # a full residual-stream patch at layer 0 over the last positions changes the score
+    # a full residual-stream patch at layer 0 over the last positions, with a head patch above it: equal to
+    # the hand-written hooks, and it changes the score
     r = c.run({Site.of("resid_pre", 0): torch.ones(1, 1), Site.of("z", 2): torch.ones(1, 4)})
-    assert r.shape == (1, len(ITEMS))
+    want = direct_patch_scores(random_model, b, s, "last", Site.of("resid_pre", 0), torch.ones(1),
+                               extra=[(Site.of("z", 2), torch.ones(4))])
+    torch.testing.assert_close(r[0], want, atol=2e-4, rtol=0)
+    assert (r[0] - c.clean_base).abs().max() > 1e-2
 
 
 @pytest.mark.parametrize("how", ["last", "decision"])

@@ -327,5 +327,7 @@ def test_shipped_planted_sae_is_the_construction(threshold_model):
     d = sae_dir("threshold-planted") / "blocks.0.hook_attn_out"
     sae = planted_sae(threshold_model)
     shipped_w = load_file(str(d / "sae_weights.safetensors"))
-    assert all(torch.equal(shipped_w[k], v.detach()) for k, v in sae.state_dict().items() if k in shipped_w)
+    built = sae.state_dict()
+    assert set(shipped_w) == set(built) and shipped_w  # the same tensors, none missing on either side
+    assert all(torch.equal(shipped_w[k], built[k].detach()) for k in built)
     assert json.loads((d / "labels.json").read_text()) == sae.labels

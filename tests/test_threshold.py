@@ -99,8 +99,13 @@ def test_search_rates_equal_direct_forwards(decimal_model, small_case, tmp_path)
 
 def test_threshold_is_monotone_in_k_for_all_heads(decimal_model, small_case):
     r = threshold_search(small_case, decimal_model, layer=1, groups=[], item_rate=0.5)
-    rates = [r.size("all", k).mean_item_rate for k in range(9)]
+    rows = [r.size("all", k) for k in range(9)]
+    assert all(row.enumerated for row in rows)  # every subset of 8 heads evaluated: these are exact means
+    rates = np.array([row.mean_item_rate for row in rows])
+    frac = np.array([row.mean_repair_fraction for row in rows])
     assert rates[0] == 0.0 and rates[-1] > rates[1]
+    assert (np.diff(rates) >= 0).all(), rates  # monotone at every k, not only between the ends
+    assert (np.diff(frac) > 0).all(), frac
     t = r.threshold("all")
     if t.k_star is not None:
         assert r.size("all", t.k_star).fraction >= 0.5
