@@ -84,7 +84,8 @@ def shape(ref: ModelRef) -> ModelShape:
         from .organisms import config_of
 
         c = config_of(ref.name)
-        return ModelShape(c["n_layers"], c["n_heads"], c["n_heads"], c["d_model"], bool(c.get("attn_only")))
+        return ModelShape(c["n_layers"], c["n_heads"], c.get("n_key_value_heads") or c["n_heads"], c["d_model"],
+                          bool(c.get("attn_only")))
     _offline()
     from transformers import AutoConfig
 

@@ -114,7 +114,7 @@ def patch_text(r, top: int = 10) -> str:
     return "\n".join(lines)
 
 
-def _model_info(case) -> dict | None:
+def model_info(case) -> dict | None:
     """Where the case's model came from: spec, kind, resolved path (a cache snapshot names its revision)."""
     if case is None:
         return None
@@ -123,7 +123,8 @@ def _model_info(case) -> dict | None:
     ref = resolve(case.model)
     shp = shape(ref)
     return {"spec": ref.spec, "kind": ref.kind, "path": str(ref.path) if ref.path else None,
-            "n_layers": shp.n_layers, "n_heads": shp.n_heads, "n_kv_heads": shp.n_kv_heads}
+            "n_layers": shp.n_layers, "n_heads": shp.n_heads, "n_kv_heads": shp.n_kv_heads, "d_model": shp.d_model,
+            "attn_only": shp.attn_only}
 
 
 def save(out: Path, command: str, result, case, args, device: str | None, figures: dict | None = None,
@@ -139,7 +140,7 @@ def save(out: Path, command: str, result, case, args, device: str | None, figure
         write_json(tmp / "results.json", {"command": command, "result": result})
         write_json(tmp / "manifest.json", manifest(command, case, seed=getattr(args, "seed", None), device=device,
                                                    dtype=getattr(args, "dtype", None), options=opts,
-                                                   model_info=_model_info(case)))
+                                                   model_info=model_info(case)))
         for name, draw in (figures or {}).items():
             draw(result, tmp / name)
         for name, rows in (tables or {}).items():
@@ -192,7 +193,8 @@ def threshold_text(r) -> str:
             lines.append(f"{i:4d} " + "".join(f"{row[j].fraction:7.2f}" if j in row and row[j].evaluated else "      -"
                                              for j in range(J + 1)))
         lines.append("")
-    lines.append("per head: share of repairing subsets that contain it; repair rate of subsets with / without it")
+    unit = "feature" if r.component == "sae_features" else "head"
+    lines.append(f"per {unit}: share of repairing subsets that contain it; repair rate of subsets with / without it")
     for u in r.unit_stats:
         alone = "" if u.alone_item_rate is None else f"   alone repairs {pct(u.alone_item_rate).strip()} of items"
         lines.append(f"  {u.unit:7s} in {pct(u.in_repairing)} · with {pct(u.rate_with)} [{pct(u.rate_with_lo)}, "

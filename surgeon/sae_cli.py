@@ -73,6 +73,8 @@ def add_parser(sub, common, items) -> None:
     q.add_argument("--layer", type=cli_types.layer, required=True, help="the SAE's layer")
     q.add_argument("--top", type=cli_types.positive, default=8, help="features to search subsets of (default 8, at most 24)")
     q.add_argument("--budget", type=cli_types.positive, default=2000, help="subsets per size (default 2000)")
+    q.add_argument("--item-rate", type=cli_types.fraction, default=1.0,
+                   help="a subset repairs when it fixes at least this fraction of items, as in threshold (default 1.0: all)")
     q.add_argument("--direction", default="denoise", choices=["denoise", "noise"], help="default: denoise")
     items(q)
 
@@ -163,7 +165,7 @@ def run(args) -> int:
     from .analyses.sae_repair import feature_repair
 
     r = feature_repair(case, model, sae, top=args.top, direction=args.direction, bad=args.bad, tag=args.tag,
-                       budget=args.budget, batch_size=args.batch_size, source=source.describe(L), progress=True)
+                       budget=args.budget, item_rate=args.item_rate, batch_size=args.batch_size, source=source.describe(L), progress=True)
     return _report(args, "sae-repair", r, case, device, report.feature_repair_text(r), {})
 
 
@@ -197,9 +199,13 @@ def _train(args, case, model, device) -> int:
 
         inf = load_sae(SAESource(path=str(Path(out) / hooks[L])), L)
         qs.append(measure(case, model, inf, L, hooks[L], acts[hooks[L]], str(Path(out) / hooks[L]), args.batch_size))
-    print(f"trained {len(layers)} SAEs ({acts[hooks[layers[0]]].shape[0]:,} activations each, {opts}) into {out}")
-    print(quality_text(qs))
-    return 0
+    text = (f"trained {len(layers)} SAEs ({acts[hooks[layers[0]]].shape[0]:,} activations each, {opts}) into {out}\n"
+            + quality_text(qs))
+    result = {"sae_out": str(out), "layers": layers, "hooks": [hooks[L] for L in layers], "options": opts.__dict__,
+              "quality": qs}
+    from .cli import _report
+
+    return _report(args, "sae-train", result, case, device, text, {})
 
 
 class _AllLayers:

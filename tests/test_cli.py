@@ -27,8 +27,15 @@ def test_diagnose_reproduces_the_failure(tmp_path):
     assert "failure in 'qa' on trap items: REPRODUCED" in r.stdout
     res = json.loads((tmp_path / "results.json").read_text())["result"]
     man = json.loads((tmp_path / "manifest.json").read_text())
-    assert man["case"]["sha256"] and man["versions"]["torch"] and man["seed"] == 0
-    assert man["model"]["kind"] == "organism" and man["model"]["n_layers"] == 3
+    import hashlib
+
+    import torch
+
+    assert man["case"]["sha256"] == hashlib.sha256(open(CASE, "rb").read()).hexdigest()
+    assert man["case"]["file"] == CASE and man["case"]["model"] == "organism:decimal"
+    assert man["versions"]["torch"] == torch.__version__ and man["seed"] == 0
+    assert man["device"] == "cpu" and man["dtype"] == "float32" and man["command"] == "diagnose"
+    assert man["model"]["kind"] == "organism" and man["model"]["n_layers"] == 3 and man["model"]["n_kv_heads"] == 2
     assert (tmp_path / "accuracy.png").stat().st_size > 1000
     stats = {(s["format"], s["tag"]): s for s in res["stats"]}
     assert stats[("plain", "trap")]["accuracy"]["n"] == 64
@@ -63,3 +70,20 @@ def test_attribute_command(tmp_path):
     assert "Pearson r =" in r.stdout and (tmp_path / "attribution.png").exists()
     res = json.loads((tmp_path / "results.json").read_text())["result"]
     assert len(res["estimate"]) == 1 and len(res["estimate"][0]) == 8
+
+
+@pytest.mark.parametrize("name", ["decimal_organism", "induction_organism", "threshold_organism"])
+def test_manifest_model_fields_are_the_loaded_model(name):
+    """Every model field a manifest records equals the model as loaded (the decimal organism has 2 key/value
+    heads for its 8 query heads; a manifest once said 8)."""
+    from surgeon import load_case
+    from surgeon.models import load_model
+    from surgeon.report import model_info
+
+    case = load_case(f"{ROOT}/cases/{name}.py")
+    cfg = load_model(case.model).cfg
+    info = model_info(case)
+    assert info == {"spec": case.model, "kind": "organism", "path": info["path"], "n_layers": cfg.n_layers,
+                    "n_heads": cfg.n_heads, "n_kv_heads": cfg.n_key_value_heads or cfg.n_heads,
+                    "d_model": cfg.d_model, "attn_only": bool(cfg.attn_only)}
+    assert info["path"].endswith(name.split("_")[0])

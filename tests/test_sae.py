@@ -331,3 +331,19 @@ def test_shipped_planted_sae_is_the_construction(threshold_model):
     assert set(shipped_w) == set(built) and shipped_w  # the same tensors, none missing on either side
     assert all(torch.equal(shipped_w[k], built[k].detach()) for k in built)
     assert json.loads((d / "labels.json").read_text()) == sae.labels
+
+
+def test_sae_train_writes_results_and_a_manifest_to_out(tmp_path):
+    import subprocess
+    import sys
+
+    saes, out = tmp_path / "saes", tmp_path / "o"
+    r = subprocess.run([sys.executable, "-m", "surgeon", "sae", "train", f"{ROOT}/cases/threshold_organism.py",
+                        "--component", "attn_out", "--k", "2", "--steps", "20", "--sae-out", str(saes), "--out", str(out)],
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr
+    res = json.loads((out / "results.json").read_text())
+    man = json.loads((out / "manifest.json").read_text())
+    assert res["command"] == "sae-train" and res["result"]["layers"] == [0]
+    assert res["result"]["sae_out"] == str(saes) and (saes / "blocks.0.hook_attn_out" / "cfg.json").exists()
+    assert res["result"]["quality"][0]["d_sae"] > 0 and man["options"]["steps"] == 20 and man["model"]["n_heads"] == 32
