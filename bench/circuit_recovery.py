@@ -46,7 +46,7 @@ def main() -> int:
     args = ap.parse_args()
     from saving import saved
 
-    with saved("circuit_recovery", args.save):
+    with saved("circuit_recovery", args.save, organisms=("induction", "threshold")):
         return run(args)
 
 

@@ -25,8 +25,9 @@ class _Tee(io.TextIOBase):
 
 
 @contextlib.contextmanager
-def saved(name: str, save: bool):
-    """Within the block, stdout also goes to bench/results/NAME.txt (written only if the block finishes)."""
+def saved(name: str, save: bool, organisms=()):
+    """Within the block, stdout also goes to bench/results/NAME.txt (written only if the block finishes), and
+    bench/results/NAME.json records the sha256 of the organism weights the run used."""
     if not save:
         yield
         return
@@ -37,5 +38,11 @@ def saved(name: str, save: bool):
         yield
     finally:
         sys.stdout = old
+    import json
+
+    from surgeon.organisms import weights_sha256
+
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / f"{name}.txt").write_text(buf.getvalue())
+    prov = {o: {"model": f"organism:{o}", "model_sha256": weights_sha256(o)} for o in organisms}
+    (RESULTS / f"{name}.json").write_text(json.dumps({"organisms": prov}, indent=1, sort_keys=True) + "\n")

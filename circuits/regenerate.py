@@ -37,6 +37,20 @@ def regenerate(name: str, out: Path) -> str:
     return report
 
 
+def write_provenance(out: Path, names) -> None:
+    """circuits/provenance.json: the sha256 of the organism weights each shipped circuit was made from."""
+    import json
+
+    from surgeon.organisms import weights_sha256
+
+    path = out / "provenance.json"
+    data = json.loads(path.read_text()) if path.exists() else {}
+    for name in names:
+        organism = name.removesuffix("_organism")
+        data[name] = {"model": f"organism:{organism}", "model_sha256": weights_sha256(organism)}
+    path.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, default=Path(__file__).parent)
@@ -45,6 +59,7 @@ def main() -> int:
     for name in args.cases:
         regenerate(name, args.out)
         print(f"{name}: {', '.join(f'{name}.{f}' for f in (*FORMATS, 'txt'))} in {args.out}")
+    write_provenance(args.out, args.cases)
     return 0
 
 

@@ -78,6 +78,24 @@ def resolve(spec: str) -> ModelRef:
     return ModelRef(spec, "hub", spec, Path(local))
 
 
+def weights_sha256(ref: ModelRef) -> str | None:
+    """sha256 over the model's weight files (an organism's model.safetensors; a checkpoint directory's
+    *.safetensors and *.bin in name order), or None where there are none on disk."""
+    import hashlib
+
+    if ref.kind == "organism":
+        from .organisms import weights_sha256 as organism_sha
+
+        return organism_sha(ref.name)
+    files = sorted(p for pat in ("*.safetensors", "*.bin") for p in Path(ref.path).glob(pat)) if ref.path else []
+    if not files:
+        return None
+    h = hashlib.sha256()
+    for f in files:
+        h.update(f.name.encode() + b"\0" + f.read_bytes())
+    return h.hexdigest()
+
+
 def shape(ref: ModelRef) -> ModelShape:
     """The model's layer and head counts, read from its config (no weights)."""
     if ref.kind == "organism":

@@ -185,12 +185,16 @@ def _train(args, case, model, device) -> int:
     hooks = {L: f"blocks.{L}.hook_{args.component}" for L in layers}
     acts = collect_activations(case, model, list(hooks.values()))
     opts = TrainOptions(expansion=args.expansion, k=args.k, steps=args.steps, seed=args.seed)
+    from .models import weights_sha256
+
+    model_sha = weights_sha256(resolve(case.model))
     from tqdm.auto import tqdm
 
     qs = []
     for L in tqdm(layers, desc="training SAEs", unit="SAE"):
         sae = train_sae(acts[hooks[L]], hooks[L], opts, model_name=case.model)
-        save(sae, Path(out) / hooks[L], dict(case=case.name, model=case.model, hook=hooks[L], component=args.component,
+        save(sae, Path(out) / hooks[L], dict(case=case.name, model=case.model, model_sha256=model_sha, hook=hooks[L],
+                                             component=args.component,
                                              n_activations=int(acts[hooks[L]].shape[0]), **opts.__dict__,
                                              command=f"surgeon sae train {args.case} --layers {L} --component "
                                                      f"{args.component} --k {opts.k} --expansion {opts.expansion} "

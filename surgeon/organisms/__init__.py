@@ -93,6 +93,14 @@ def sae_dir(name: str) -> Path:
     return WEIGHTS.parent / "saes" / name
 
 
+def weights_sha256(name: str, root: Path | None = None) -> str:
+    """sha256 of an organism's weights file: what every file derived from the organism records (shipped SAEs,
+    circuits/, saved bench outputs), so a test notices when the organism changes and they do not."""
+    import hashlib
+
+    return hashlib.sha256((Path(root or WEIGHTS) / name / "model.safetensors").read_bytes()).hexdigest()
+
+
 def is_available(name: str, root: Path | None = None) -> bool:
     d = (root or WEIGHTS) / name
     return (d / "model.safetensors").exists() and (d / "config.json").exists()
