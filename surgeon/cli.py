@@ -405,23 +405,11 @@ def cmd_threshold(args) -> int:
 def _write_threshold(out, r, case, args, device):
     from . import figures, report
     from .analyses.subsets import plan_from_options, subsets_csv_rows
+    from .analyses.threshold import per_subset
 
     plan = plan_from_options(r.options)
-    per_subset = _per_subset(out)
     report.save(out, "threshold", r, case, args, device, figures={"threshold.png": figures.threshold_figure},
-                tables={"subsets.csv": subsets_csv_rows(plan, per_subset, r.item_rate)})
-
-
-def _per_subset(out):
-    import numpy as np
-
-    from .analyses.subsets import summarize_chunks
-    from .analyses.threshold import _meta
-    from .jobs import ChunkStore
-
-    meta = _meta(out)
-    return summarize_chunks(ChunkStore(out, meta["digest"]).iter(), np.array(meta["clean_base"]),
-                            np.array(meta["clean_source"]))
+                tables={"subsets.csv": subsets_csv_rows(plan, per_subset(out), r.item_rate)})
 
 
 def cmd_merge(args) -> int:

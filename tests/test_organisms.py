@@ -67,11 +67,18 @@ def test_induction_case_fresh_is_a_real_contrast(induction_model):
 
 
 def test_threshold_organism_measured(threshold_model):
+    """The built weights do what the closed form says: measured with plain TransformerLens hooks (no engine) on
+    46 patches, scores equal the formula to 1e-3 with no sign flip."""
     f = threshold.measure(threshold_model)
     assert threshold.check(f) == [], f
-    s = f["score_with_first_k_even_patched"]
-    assert s["7"][1] < 0 < s["8"][0]
-    assert f["score_with_all_odd_patched"][1] < 0 and f["odd_head_delta_min"] > 0.5
+    assert f["closed_form_max_error"] < 1e-3 and f["closed_form_sign_flips"] == 0
+    assert f["odd_head_delta_min"] > 0.5 and f["even_attention_to_x_plain"] > 0.999
+    # the weights are distinct and the rule is about them, not about counts: some 5 heads repair, some 11 do not
+    assert sorted(threshold.WEIGHTS.values()) == list(range(1, 17))
+    heavy = sorted(threshold.EVEN, key=threshold.WEIGHTS.get)[-5:]
+    light = sorted(threshold.EVEN, key=threshold.WEIGHTS.get)[:11]
+    assert threshold.item_rate(heavy) == 1.0 and threshold.item_rate(light) < 1.0
+    assert min(threshold.hooked_scores(threshold_model, heavy)) > 0 > min(threshold.hooked_scores(threshold_model, light))
 
 
 def test_threshold_organism_rebuilds_exactly(tmp_path):
@@ -83,31 +90,48 @@ def test_threshold_organism_rebuilds_exactly(tmp_path):
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
+def closed_form_mismatches(per: dict, units, relabel=None) -> int:
+    """Evaluated subsets whose measured item rate differs from the closed form's (optionally with the heads
+    relabelled, as an engine that permuted head indices would)."""
+    relabel = relabel or {}
+    bad = 0
+    for mask, (rate, *_rest) in per.items():
+        heads = [relabel.get(u.head, u.head) for i, u in enumerate(units) if mask >> i & 1]
+        bad += abs(rate - threshold.item_rate(heads)) > 1e-9
+    return bad
+
+
 @pytest.mark.slow
-def test_threshold_search_recovers_the_planted_threshold(threshold_model, tmp_path):
-    """The search over the even and the odd heads, every subset enumerated: exactly the planted table;
-    sampled subsets of all 32 heads repair exactly when they hold >= 8 even heads."""
-    from surgeon.analyses.threshold import threshold_search
+def test_threshold_search_recovers_the_planted_table_subset_by_subset(threshold_model, tmp_path):
+    """The search over the even and the odd heads (every subset of a size enumerated where C(16, k) <= 300,
+    sampled otherwise) and over all 32 heads: every evaluated subset's item rate equals the closed form
+    derived from the weights alone, and the per-size fractions of enumerated sizes equal the planted table.
+    The comparison is not blind to which head is which: the same results with two heads' labels swapped
+    disagree with the closed form."""
     from surgeon.analyses.subsets import plan_from_options
-    from surgeon.cli import _per_subset
+    from surgeon.analyses.threshold import per_subset, threshold_search
 
     case = load_case(f"{ROOT}/cases/threshold_organism.py")
     planted = case.notes["planted"]
-    assert planted == recorded("threshold")["ground_truth"]["planted"]
+    assert planted == threshold.planted() == recorded("threshold")["ground_truth"]["planted"]
     r = threshold_search(case, threshold_model, layer=0, groups=["even", "odd"], budget=300, out=tmp_path,
                          batch_size=8192, chunk=4096)
     for fam in ("even", "odd"):
         for k in range(17):
             row = r.size(fam, k)
             assert row.enumerated == (math.comb(16, k) <= 300)
-            assert row.fraction == planted["repairing"][fam][str(k)], (fam, k)
-    assert r.threshold("even").k_star == planted["k_star"]["even"] == 8 and r.threshold("even").jump == 1.0
+            if row.enumerated:
+                assert row.fraction == planted["repairing"][fam][str(k)], (fam, k)
     assert r.threshold("odd").k_star is None
-    # every evaluated subset (the sampled all-heads family included) repairs iff it holds >= 8 even heads
     plan = plan_from_options(r.options)
-    even_bits = sum(1 << i for i, u in enumerate(plan.units) if u.head % 2 == 0)
-    per = _per_subset(tmp_path)
-    assert all((rate == 1.0) == (bin(m & even_bits).count("1") >= 8) for m, (rate, _, _) in per.items())
+    per = per_subset(tmp_path)
+    assert len(per) > 5000 and closed_form_mismatches(per, plan.units) == 0
+    # a permuted engine fails this check: swap the labels of the heaviest and the lightest even head
+    heavy, light = max(threshold.EVEN, key=threshold.WEIGHTS.get), min(threshold.EVEN, key=threshold.WEIGHTS.get)
+    assert closed_form_mismatches(per, plan.units, {heavy: light, light: heavy}) > 100
+    # and a sampled size's fraction lies in its interval around the planted value
+    row = r.size("even", 8)
+    assert not row.enumerated and row.lo <= planted["repairing"]["even"]["8"] <= row.hi
 
 
 def test_shipped_weights_are_small_safetensors():

@@ -197,3 +197,16 @@ def merge(roots: Sequence[Path], out: Path) -> ThresholdResult:
             if Path(p).resolve() != dest.resolve():
                 shutil.copyfile(p, dest)
     return collect(Path(out))
+
+
+def per_subset(out) -> dict:
+    """Per evaluated subset (bit mask over the plan's units): (item rate, mean repair fraction, ...) from the
+    chunk store a search wrote to `out`."""
+    import numpy as np
+
+    from ..jobs import ChunkStore
+    from .subsets import summarize_chunks
+
+    meta = _meta(out)
+    return summarize_chunks(ChunkStore(out, meta["digest"]).iter(), np.array(meta["clean_base"]),
+                            np.array(meta["clean_source"]))

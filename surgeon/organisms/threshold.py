@@ -1,34 +1,47 @@
-"""The `threshold` organism: a planted "any 8 of the 16 even heads repair" threshold, built by construction.
+"""The `threshold` organism: a planted weighted repair threshold over the even heads, built by construction.
 
 The paper's claim form with a known answer. One attention-only layer of 32 heads (as Llama-3.1-8B's layer
 10 has), weights set from a small spec, not trained. The task: name the first of two symbols,
 `{x} or {y}:` -> `x`. In the `qa` format (`{x} or {y}?`) the failure is planted:
 
-- every *even* head reads the format marker at the last position as its query. After `:` it attends to
-  `x` and copies it into the answer (`+s` on the logit of x); after `?` it attends to `y` with weight
-  `w` and to BOS (which carries nothing) with weight `1 - w`, adding `w * s` to the logit of y;
+- every *even* head h reads the format marker at the last position as its query. After `:` it attends to
+  `x` and copies it into the answer (`+u v_h` on the logit of x); after `?` it attends to `y` with weight
+  `w` and to BOS (which carries nothing) with weight `1 - w`, adding `w u v_h` to the logit of y. Each even
+  head has its own weight v_h: the 16 even heads carry the weights 1..16, in the scrambled order `WEIGHTS`;
 - every *odd* head attends to the marker itself and copies *which* marker it is into a subspace that
   the unembedding does not read: odd heads differ between formats, but the answer ignores them.
 
-So with k even heads patched from `plain` into `qa`, the logit difference x - y is
-`s * (k * g_x - (16 - k) * w * g_y)` (g: a per-letter unembedding gain in 0.97..1.03, so items differ);
-with `w = 7.5 / 8.5` it is at most `-0.12 s` at k = 7 and at least `+0.12 s` at k = 8 for every item: *any* 8 even heads repair every item, *no* 7 do, and no set of odd heads does at any size.
-`planted()` is that table; `measure(model)` checks it on the built weights.
+So with a set S of heads patched from `plain` into `qa`, the score of item (x, y) (log P(x) - log P(y), the
+logit difference: the softmax's normaliser cancels) is, in closed form,
+
+    score(S, x, y) = u * (g_x * sum_{h in S even} v_h - w * g_y * sum_{h even, not in S} v_h)
+
+(g: a per-letter unembedding gain in 0.97..1.03, so items differ). `w` puts the worst item's threshold at
+68.5 of the 136 total weight, so a subset repairs *every* item exactly when its even heads' weights sum to
+at least 69: *which* heads matter, not only how many, and no set of odd heads repairs anything.
+`subset_scores` is that formula, `planted()` the table of the threshold search it implies; neither runs the
+model. `measure(model)` checks the built weights against the formula with plain TransformerLens hooks.
 """
 from __future__ import annotations
 
 import math
+from itertools import combinations
 
 LETTERS = "abcdefghij"  # the answer symbols: items are all ordered pairs of distinct letters
 FORMATS = {"plain": "{x} or {y}:", "qa": "{x} or {y}?"}
 GOOD, FAILING = "plain", ("qa",)
 N_HEADS = 32
-K = 8  # the planted threshold: any K of the even heads repair
-STRENGTH = 4.0  # s: logit written per even head
+EVEN = tuple(range(0, N_HEADS, 2))
+ODD = tuple(range(1, N_HEADS, 2))
+WEIGHTS = {h: (5 * i + 3) % 16 + 1 for i, h in enumerate(EVEN)}  # even head -> its weight, 1..16 scrambled
+TOTAL = sum(WEIGHTS.values())  # 136
+NEED = 69  # a subset repairs every item iff its even heads' weights sum to >= NEED
+UNIT = 0.5  # u: logit written per unit of weight
 SHARPNESS = 40.0  # attention score of the attended position (the others score 0 or the BOS share)
-W_BAD = 7.5 / 8.5  # attention of an even head to y under `?`: the threshold falls between 7 and 8
-# unembedding gain per letter (0.97 .. 1.03): items differ in their scores, the threshold stays exact
+# unembedding gain per letter (0.97 .. 1.03): items differ in their scores, the rule stays exact
 GAIN = [1 + 0.03 * (2 * i / (len(LETTERS) - 1) - 1) for i in range(len(LETTERS))]
+# attention of an even head to y under `?`: the worst item (g_x 0.97, g_y 1.03) switches at weight NEED - 0.5
+W_BAD = (NEED - 0.5) * min(GAIN) / (max(GAIN) * (TOTAL - (NEED - 0.5)))
 
 CONFIG = dict(n_layers=1, d_model=24, n_heads=N_HEADS, d_head=len(LETTERS), n_ctx=16, attn_only=True,
               normalization_type=None, positional_embedding_type="standard")
@@ -83,13 +96,13 @@ def set_weights(model) -> None:
                 attn.W_K[h, lay["pos_bos"], 2] = 1.0
                 for i in range(len(LETTERS)):
                     attn.W_V[h, lay["letter"][i], i] = 1.0
-                    attn.W_O[h, i, lay["letter"][i]] = STRENGTH
+                    attn.W_O[h, i, lay["letter"][i]] = UNIT * WEIGHTS[h]
             else:  # odd: attend to the marker itself and write which one it is where the answer does not read
                 for j, d in enumerate(lay["marker"].values()):
                     attn.W_Q[h, d, 0] = T * scale
                     attn.W_K[h, d, 0] = 1.0
                     attn.W_V[h, d, j] = 1.0
-                    attn.W_O[h, j, lay["odd_out"][j]] = STRENGTH
+                    attn.W_O[h, j, lay["odd_out"][j]] = 4.0
         # the IGNORE buffer and causal mask are buffers, untouched by zeroing the parameters
 
 
@@ -124,85 +137,144 @@ def items_values() -> list[tuple[str, str]]:
     return [(x, y) for x in LETTERS for y in LETTERS if x != y]
 
 
-def planted() -> dict:
-    """The expected result of `surgeon threshold --layer 0 --groups even,odd`: fraction of subsets
-    repairing every item, per group and size k."""
-    even = {str(k): (1.0 if k >= K else 0.0) for k in range(N_HEADS // 2 + 1)}
-    odd = {str(k): 0.0 for k in range(N_HEADS // 2 + 1)}
-    return {"layer": 0, "k": K, "groups": {"even": list(range(0, N_HEADS, 2)), "odd": list(range(1, N_HEADS, 2))},
-            "repairing": {"even": even, "odd": odd}, "k_star": {"even": K, "odd": None}, "jump": {"even": 1.0},
-            "all_heads_rule": f"a subset repairs exactly when it holds >= {K} even heads"}
+def subset_scores(heads) -> list[float]:
+    """The closed form: each item's score (in `items_values()` order) with `heads` patched plain -> qa."""
+    inside = sum(WEIGHTS.get(h, 0) for h in set(heads))
+    outside = TOTAL - inside
+    g = dict(zip(LETTERS, GAIN))
+    return [UNIT * (g[x] * inside - W_BAD * g[y] * outside) for x, y in items_values()]
+
+
+def item_rate(heads) -> float:
+    """Fraction of items the closed form says a patch of `heads` repairs (score > 0)."""
+    s = subset_scores(heads)
+    return sum(v > 0 for v in s) / len(s)
+
+
+def planted(item_rate_needed: float = 1.0) -> dict:
+    """The expected result of `surgeon threshold --layer 0 --groups even,odd` (a subset repairs when it fixes at
+    least `item_rate_needed` of the items), from the closed form alone: per group and size k the fraction of
+    the C(16, k) subsets that repair, and the smallest k where at least half of them do."""
+    table, k_star = {}, {}
+    for name, group in (("even", EVEN), ("odd", ODD)):
+        table[name] = {}
+        for k in range(len(group) + 1):
+            subsets = list(combinations(group, k))
+            table[name][str(k)] = sum(item_rate(s) >= item_rate_needed for s in subsets) / len(subsets)
+        k_star[name] = next((int(k) for k, v in table[name].items() if v >= 0.5), None)
+    return {"layer": 0, "groups": {"even": list(EVEN), "odd": list(ODD)}, "weights": {str(h): v for h, v in WEIGHTS.items()},
+            "need": NEED, "total": TOTAL, "repairing": table, "k_star": k_star,
+            "rule": f"a subset repairs every item exactly when its even heads' weights sum to >= {NEED} of {TOTAL}"}
 
 
 def _rows(model, fmt):
-    from ..encoding import encode_rows
     from ..case import Item
+    from ..encoding import encode_rows
 
     items = [Item({"x": x, "y": y}, correct=x, incorrect=y) for x, y in items_values()]
     return encode_rows(FORMATS[fmt], items, model.tokenizer, True)
 
 
-def measure(model) -> dict:
-    """On every item: clean accuracy per format; attention of the even heads; the logit difference with
-    the first k even heads patched (for every k), and with every odd head patched; how much the odd heads'
-    outputs differ between formats (they are not no-op patches)."""
+def hooked_scores(model, heads) -> list[float]:
+    """Each item's score with `heads` patched plain -> qa, measured with plain TransformerLens hooks (the
+    head outputs `hook_z` of the plain run written into the qa run at the last position)."""
     import torch
 
-    from ..core import Contrast
+    good, bad = _rows(model, GOOD), _rows(model, FAILING[0])
+    heads = sorted(set(heads))
+    out = []
+    for g, b in zip(good, bad):
+        last_g, last_b = g.n_prompt - 1, b.n_prompt - 1
+        with torch.no_grad():
+            _, cache = model.run_with_cache(torch.tensor([g.tokens]), names_filter=["blocks.0.attn.hook_z"])
+            src = cache["blocks.0.attn.hook_z"][0, last_g]
+
+            def patch(z, hook):
+                z = z.clone()
+                z[0, last_b, heads] = src[heads]
+                return z
+            logp = model.run_with_hooks(torch.tensor([b.tokens]), fwd_hooks=[("blocks.0.attn.hook_z", patch)])[0]
+        logp = logp.float().log_softmax(-1)
+        out.append(float(sum(sign * logp[p, t] for p, t, sign in b.targets)))
+    return out
+
+
+def measure(model) -> dict:
+    """On every item, with plain TransformerLens hooks (no surgeon engine): clean accuracy per format;
+    attention of the even and odd heads; the largest gap between the measured scores and the closed form
+    over a fixed set of patches (none, every even head, every odd head, the even heads of the lightest and
+    heaviest weights, and 40 random subsets of all 32 heads); how much the odd heads' outputs differ."""
+    import random
+
+    import torch
 
     good, bad = _rows(model, GOOD), _rows(model, FAILING[0])
-    c = Contrast(model, bad, good, "last", sites=["blocks.0.attn.hook_z"])
-    even = list(range(0, N_HEADS, 2))
-    odd = list(range(1, N_HEADS, 2))
-    masks = torch.zeros(len(even) + 2, N_HEADS)
-    for k in range(1, len(even) + 1):
-        masks[k, even[:k]] = 1
-    masks[-1, odd] = 1
+    rng = random.Random(0)
+    by_weight = sorted(EVEN, key=WEIGHTS.get)
+    patches = [(), EVEN, ODD, by_weight[:11], by_weight[-5:], by_weight[-4:] + by_weight[:1]]
+    patches += [tuple(sorted(rng.sample(range(N_HEADS), rng.randrange(1, N_HEADS)))) for _ in range(40)]
+    worst, flips = 0.0, 0
+    for hs in patches:
+        got, want = hooked_scores(model, hs), subset_scores(hs)
+        worst = max(worst, max(abs(a - b) for a, b in zip(got, want)))
+        flips += sum((a > 0) != (b > 0) for a, b in zip(got, want))
     with torch.no_grad():
-        scores = c.run({"blocks.0.attn.hook_z": masks})  # [k + odd, items]
-        delta = next(iter(c.deltas(["blocks.0.attn.hook_z"]).values()))
         tokens = torch.tensor([list(r.tokens) for r in good + bad])
-        _, cache = model.run_with_cache(tokens, names_filter=["blocks.0.attn.hook_pattern"])
-    pat = cache["blocks.0.attn.hook_pattern"][:, :, -1]  # [rows, head, key]
+        _, cache = model.run_with_cache(tokens, names_filter=["blocks.0.attn.hook_pattern", "blocks.0.attn.hook_z"])
+        pat = cache["blocks.0.attn.hook_pattern"][:, :, -1]  # [rows, head, key]
+        z = cache["blocks.0.attn.hook_z"][:, -1]  # [rows, head, d_head]
+        n = len(good)
+        outs = torch.einsum("rhd,hdm->rhm", z, model.blocks[0].attn.W_O)
+        delta = (outs[:n] - outs[n:]).norm(dim=-1).mean(0)  # per head: |plain - qa| of its output
     px, py = positions()
-    n = len(good)
+    clean_bad = hooked_scores(model, ())
     return {
-        "accuracy": {GOOD: float((c.clean_source > 0).float().mean()), FAILING[0]: float((c.clean_base > 0).float().mean())},
         "n_items": n,
-        "even_attention_to_x_plain": float(pat[:n, even, px].mean()),
-        "even_attention_to_y_qa": float(pat[n:, even, py].mean()),
-        "odd_attention_to_marker": float(pat[:, odd, -1].mean()),
-        "score_with_first_k_even_patched": {str(k): [float(scores[k].min()), float(scores[k].max())]
-                                            for k in range(len(even) + 1)},
-        "score_with_all_odd_patched": [float(scores[-1].min()), float(scores[-1].max())],
-        "score_unpatched_qa": [float(c.clean_base.min()), float(c.clean_base.max())],
-        "odd_head_delta_min": float(delta[odd].min()),
-        "even_head_delta_min": float(delta[even].min()),
+        "accuracy": {GOOD: _accuracy(model, good), FAILING[0]: sum(v > 0 for v in clean_bad) / n},
+        "even_attention_to_x_plain": float(pat[:n, list(EVEN), px].mean()),
+        "even_attention_to_y_qa": float(pat[n:, list(EVEN), py].mean()),
+        "odd_attention_to_marker": float(pat[:, list(ODD), -1].mean()),
+        "closed_form_max_error": worst,
+        "closed_form_sign_flips": flips,
+        "patches_checked": len(patches),
+        "odd_head_delta_min": float(delta[list(ODD)].min()),
+        "even_head_delta_min": float(delta[list(EVEN)].min()),
+        "smallest_repairing_weight": NEED,
     }
+
+
+def _accuracy(model, rows) -> float:
+    import torch
+
+    ok = 0
+    for r in rows:
+        with torch.no_grad():
+            logp = model(torch.tensor([r.tokens]))[0].float().log_softmax(-1)
+        ok += float(sum(sign * logp[p, t] for p, t, sign in r.targets)) > 0
+    return ok / len(rows)
 
 
 def check(facts: dict) -> list[str]:
     miss = []
     if facts["accuracy"][GOOD] < 1 or facts["accuracy"][FAILING[0]] > 0:
         miss.append(f"clean accuracy {facts['accuracy']} (want plain 1, qa 0)")
-    for k, (lo, hi) in facts["score_with_first_k_even_patched"].items():
-        if (int(k) >= K and lo <= 0) or (int(k) < K and hi >= 0):
-            miss.append(f"{k} even heads patched: scores in [{lo:.3f}, {hi:.3f}]")
-    if facts["score_with_all_odd_patched"][1] >= 0:
-        miss.append("patching every odd head repairs an item")
+    if facts["closed_form_max_error"] > 1e-3 or facts["closed_form_sign_flips"]:
+        miss.append(f"scores differ from the closed form by up to {facts['closed_form_max_error']:.2e} "
+                    f"({facts['closed_form_sign_flips']} sign flips)")
     if facts["odd_head_delta_min"] <= 0:
         miss.append("an odd head is a no-op patch")
     return miss
 
 
 def describe(facts: dict) -> list[str]:
-    s = facts["score_with_first_k_even_patched"]
     return [
         f"accuracy on all {facts['n_items']} items: plain {facts['accuracy'][GOOD]:.0%}, qa {facts['accuracy']['qa']:.0%}",
         f"even heads attend to x after ':' ({facts['even_attention_to_x_plain']:.3f}), to y after '?' "
         f"({facts['even_attention_to_y_qa']:.3f}); odd heads to the marker ({facts['odd_attention_to_marker']:.3f})",
-        f"score x - y with k even heads patched plain -> qa: k=7 {s[str(K - 1)][1]:+.3f} (max), "
-        f"k=8 {s[str(K)][0]:+.3f} (min); all 16 odd heads patched: {facts['score_with_all_odd_patched'][1]:+.3f} (max)",
+        f"even head weights (head: weight) {', '.join(f'{h}:{v}' for h, v in WEIGHTS.items())}; a subset repairs every "
+        f"item iff its even weights sum to >= {NEED} of {TOTAL}",
+        f"measured scores equal the closed form on {facts['patches_checked']} patches to "
+        f"{facts['closed_form_max_error']:.1e} ({facts['closed_form_sign_flips']} sign flips)",
         f"odd heads do change between formats (smallest |plain - qa| of a head output {facts['odd_head_delta_min']:.2f}), "
         f"in directions the answer does not read",
     ]
@@ -212,5 +284,4 @@ def ground_truth(facts: dict) -> dict:
     p = planted()
     return {"heads": {"repairing": [f"a0.h{h}" for h in p["groups"]["even"]],
                       "inert": [f"a0.h{h}" for h in p["groups"]["odd"]]},
-            "threshold": {"k": p["k"], "group": "even"}, "planted": p}
-
+            "weights": {f"a0.h{h}": v for h, v in WEIGHTS.items()}, "need": NEED, "planted": p}
