@@ -3,8 +3,9 @@
 Three ways, same patches, measured side by side in one run (this machine is noisy: compare ratios):
   surgeon   the intervention core: prefix computed once, only layers >= L at positions >= p recomputed,
             all heads of a layer in the batch dimension;
-  (a) TL    transformer_lens.patching.get_act_patch_attn_head_out_by_pos (what TL offers for
-            per-position head patching: it sweeps every position, one forward per (layer, pos, head));
+  (a) TL    transformer_lens.patching.generic_activation_patch over `z` with `layer_pos_head_vector_patch_setter`
+            and an `index_df` holding exactly the (layer, position, head) cells surgeon patches (what a
+            TransformerLens user writes for this sweep: one forward per row of the index);
   (b) loop  one full TransformerLens forward per (layer, head) with a hook doing exactly our patch.
 TL's utility needs equal-length prompts, so the source run is the same Q&A prompt with the two numbers
 swapped (equal length, the organism's own format). The numbers are checked to agree.
@@ -13,7 +14,7 @@ Two modes: `sequence` scores whole answers (multi-token) and patches the last pr
 `decision` scores the first-token logit difference and patches the last input position, the one
 whose logits are read (the classic single-token setting).
 
-    python bench/patch_sweep.py [--mode both] [--items 256] [--threads 2] [--skip-tl]
+    python bench/patch_sweep.py [--mode both] [--items 256] [--threads 2] [--skip-tl] [--save]
 """
 from __future__ import annotations
 
@@ -28,17 +29,21 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--items", type=int, default=256)
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--skip-tl", action="store_true", help="skip (a), the slowest")
+    ap.add_argument("--skip-tl", action="store_true", help="skip (a)")
+    ap.add_argument("--save", action="store_true", help="also write bench/results/patch_sweep.txt (the README's)")
     ap.add_argument("--repeat", type=int, default=3, help="time surgeon and (b) this many times, keep the fastest")
     ap.add_argument("--mode", choices=["sequence", "decision", "both"], default="both",
                     help="sequence: whole answers scored, patch at the last prompt token; decision: first-token "
                          "logit difference, patch at the last position of the input (the one whose logits are read)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
+    from saving import saved
+
     ok = True
-    for mode in (["sequence", "decision"] if args.mode == "both" else [args.mode]):
-        print(f"\n== mode {mode}")
-        ok &= run(mode, args)
+    with saved("patch_sweep", args.save, organisms=("decimal",)):
+        for mode in (["sequence", "decision"] if args.mode == "both" else [args.mode]):
+            print(f"\n== mode {mode}")
+            ok &= run(mode, args)
     return 0 if ok else 1
 
 
@@ -120,24 +125,36 @@ def run(mode: str, args) -> bool:
         t_loop = min(t_loop, time.perf_counter() - t0)
     err_loop = (ours - loop).abs().max().item()
 
-    # --- (a) TL's by-position utility
+    # --- (a) TL's generic patcher, indexed to the cells surgeon patches
     t_tl, err_tl = float("nan"), float("nan")
     if not args.skip_tl:
-        t0 = time.perf_counter()
-        tl = torch.zeros(L, H)
-        for ids in groups.values():
-            toks, src, metric, pos = bucket(ids)
-            _, cache = model.run_with_cache(src)
-            by_pos = patching.get_act_patch_attn_head_out_by_pos(model, toks, cache, metric)
-            tl += by_pos[:, pos, :]
-        t_tl = time.perf_counter() - t0
+        import pandas as pd
+
+        def tl_utility():
+            tl = torch.zeros(L, H)
+            for ids in groups.values():
+                toks, src, metric, pos = bucket(ids)
+                _, cache = model.run_with_cache(src, names_filter=lambda name: name.endswith("hook_z"))
+                index = pd.DataFrame([(l, pos, h) for l in range(L) for h in range(H)], columns=["layer", "pos", "head_index"])
+                out = patching.generic_activation_patch(model, toks, cache, metric,
+                                                        patching.layer_pos_head_vector_patch_setter, "z",
+                                                        index_df=index)
+                tl += out.view(L, H)
+            return tl
+
+        for _ in range(args.repeat):
+            t0 = time.perf_counter()
+            with torch.no_grad():
+                tl = tl_utility()
+            t_tl = min(t_tl, time.perf_counter() - t0) if t_tl == t_tl else time.perf_counter() - t0
         err_tl = (ours - tl).abs().max().item()
 
-    print(f"(fastest of {args.repeat} runs for surgeon and (b); (a) runs once)")
+    print(f"(fastest of {args.repeat} runs each)")
     print(f"surgeon core            {t_ours:8.2f} s")
     print(f"(b) loop of TL forwards {t_loop:8.2f} s   ratio {t_loop / t_ours:6.1f}x   max |diff| {err_loop:.1e}")
     if not args.skip_tl:
-        print(f"(a) TL by_pos utility   {t_tl:8.2f} s   ratio {t_tl / t_ours:6.1f}x   max |diff| {err_tl:.1e}")
+        print(f"(a) TL generic_activation_patch, index_df of the patched cells {t_tl:8.2f} s   ratio {t_tl / t_ours:6.1f}x"
+              f"   max |diff| {err_tl:.1e}")
     ok = err_loop < 1e-4 and (args.skip_tl or err_tl < 1e-4)
     print("numbers agree" if ok else "NUMBERS DISAGREE")
     return ok

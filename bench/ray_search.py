@@ -23,7 +23,15 @@ def main():
     ap.add_argument("--budget", type=int, default=400)
     ap.add_argument("--chunk", type=int, default=256)
     ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--save", action="store_true", help="also write bench/results/ray_search.txt (the README's)")
     args = ap.parse_args()
+    from saving import saved
+
+    with saved("ray_search", args.save, organisms=("threshold",)):
+        return run(args)
+
+
+def run(args):
 
     import ray
 

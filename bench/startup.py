@@ -11,7 +11,7 @@ that machine noise hits them alike; the median wall time of each and the increme
     + transformer_lens  `import transformer_lens` (it also imports Bert, T5, HuBERT and Wav2Vec2 models)
     diagnose            the whole command on the embedded default (128 items x 3 formats)
 
-    python bench/startup.py [--repeat 5]
+    python bench/startup.py [--repeat 5] [--save]
 """
 from __future__ import annotations
 
@@ -36,7 +36,15 @@ STAGES = [
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--save", action="store_true", help="also write bench/results/startup.txt (the README's)")
     args = ap.parse_args()
+    from saving import saved
+
+    with saved("startup", args.save, organisms=("decimal",)):
+        run(args)
+
+
+def run(args):
     times = {name: [] for name, _ in STAGES}
     for _ in range(args.repeat):
         for name, code in STAGES:

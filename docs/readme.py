@@ -69,7 +69,9 @@ def execute(cmd: str, name: str | None = None) -> str:
         TIMINGS.write_text(json.dumps(t, indent=1, sort_keys=True) + "\n")
     if out is not None:
         RESULTS[name] = json.loads((out / "results.json").read_text())["result"]
-    return r.stdout
+    # what differs between machines stays out: the checkout's path, the --out folder's "wrote ..." line
+    text = r.stdout.replace(str(ROOT) + os.sep, "")
+    return "\n".join(ln for ln in text.split("\n") if not (out is not None and ln.startswith("wrote ")))
 
 
 def pick(text: str, keep=None, drop=()) -> str:
@@ -122,11 +124,46 @@ def bench(name: str) -> None:
     _cog().outl(path.read_text().rstrip("\n"))
 
 
+def _collect(*marker: str) -> int:
+    r = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", *marker], cwd=ROOT, capture_output=True,
+                       text=True)
+    m = re.search(r"(\d+)(?:/\d+)? tests? (?:collected|selected)", r.stdout)
+    if not m:
+        raise SystemExit(f"pytest --collect-only printed no count:\n{r.stdout[-2000:]}{r.stderr[-2000:]}")
+    return int(m.group(1))
+
+
+def suite() -> dict:
+    """The test suite's size (collected now) and wall times (measured by `python docs/readme.py --suite`)."""
+    t = _timings()
+    if "suite" not in t or "suite-fast" not in t:
+        raise SystemExit(f"no suite timings in {TIMINGS}: run python docs/readme.py --suite")
+    total = _collect()
+    return {"tests": total, "slow": total - _collect("-m", "not slow"), "time": _minutes(t["suite"]),
+            "fast_time": _minutes(t["suite-fast"])}
+
+
+def _minutes(seconds: float) -> str:
+    return f"{seconds / 60:.1f} minutes" if seconds >= 90 else f"{seconds:.0f} s"
+
+
+def measure_suite() -> None:
+    """Run the whole suite and the fast part, recording their wall times in docs/timings.json."""
+    t = _timings()
+    for key, extra in (("suite", []), ("suite-fast", ["-m", "not slow"])):
+        t0 = time.perf_counter()
+        r = subprocess.run([sys.executable, "-m", "pytest", "-q", *extra], cwd=ROOT)
+        if r.returncode:
+            raise SystemExit(f"the suite failed ({key}): fix it before regenerating the README")
+        t[key] = round(time.perf_counter() - t0, 1)
+        TIMINGS.write_text(json.dumps(t, indent=1, sort_keys=True) + "\n")
+
+
 def timing(cmd: str) -> str:
     t = _timings().get(cmd)
     if t is None:
         raise SystemExit(f"no timing for {cmd!r} in {TIMINGS}: run python docs/readme.py")
-    return f"{t:.1f} s"
+    return f"{t / 60:.1f} min" if t >= 120 else f"{t:.1f} s"
 
 
 def main() -> int:
@@ -134,7 +171,10 @@ def main() -> int:
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--check", action="store_true", help="exit 1 when README.md is not what the commands print now")
+    ap.add_argument("--suite", action="store_true", help="first time the test suite (about 10 minutes)")
     args = ap.parse_args()
+    if args.suite:
+        measure_suite()
     env = dict(os.environ, PYTHONPATH=str(ROOT / "docs") + os.pathsep + os.environ.get("PYTHONPATH", ""))
     if args.check:
         env["SURGEON_README"] = "check"
