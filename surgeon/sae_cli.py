@@ -110,7 +110,7 @@ def run(args) -> int:
 
     case, model, device = _load(args)
     if args.action == "train":
-        return _train(args, case, model, device)
+        return _train(args, case, model, device, _report)
     from . import figures, report
     from .sae.load import load_sae
 
@@ -169,7 +169,7 @@ def run(args) -> int:
     return _report(args, "sae-repair", r, case, device, report.feature_repair_text(r), {})
 
 
-def _train(args, case, model, device) -> int:
+def _train(args, case, model, device, report_fn) -> int:
     from . import organisms
     from .models import resolve
     from .sae.quality import measure, quality_text
@@ -207,9 +207,7 @@ def _train(args, case, model, device) -> int:
             + quality_text(qs))
     result = {"sae_out": str(out), "layers": layers, "hooks": [hooks[L] for L in layers], "options": opts.__dict__,
               "quality": qs}
-    from .cli import _report
-
-    return _report(args, "sae-train", result, case, device, text, {})
+    return report_fn(args, "sae-train", result, case, device, text, {})
 
 
 class _AllLayers:
