@@ -274,13 +274,15 @@ def check_out(out) -> None:
 _LOCKS: list[int] = []
 
 
-def _load(args):
-    """case -> model, for the analysis commands."""
+def _load(args, check=None):
+    """case -> model, for the analysis commands; `check(case)` refuses bad input before the model loads."""
     from .case import load_case
     from .models import load_model
 
     check_out(getattr(args, "out", None))
     case = load_case(args.case, model=args.model)  # before torch is imported: a bad case file is refused at once
+    if check is not None:
+        check(case)
     _setup(args)
     device = _device(args.device)
     model = load_model(case.model, device=device, dtype=args.dtype, n_devices=args.n_devices)
@@ -531,7 +533,20 @@ def cmd_circuit_eval(args) -> int:
     from .circuits.export import read_circuit
 
     circuit = read_circuit(args.graph)  # refused before the model loads
-    case, model, device = _load(args)
+
+    def against_the_model(case):  # names, cfg and GQA copies checked from the model's config alone
+        from types import SimpleNamespace
+
+        from .circuits.export import edges_for_model
+        from .edges import EdgeSite
+        from .models import resolve, shape
+
+        shp = shape(resolve(case.model))
+        cfg = SimpleNamespace(n_layers=shp.n_layers, n_heads=shp.n_heads, n_key_value_heads=shp.n_kv_heads,
+                              attn_only=shp.attn_only, parallel_attn_mlp=False, d_model=shp.d_model)
+        edges_for_model(circuit, EdgeSite.of(cfg, args.ablation), cfg, str(args.graph))
+
+    case, model, device = _load(args, check=against_the_model)
     r = evaluate_circuit(case, model, circuit, ablation=args.ablation, direction=args.direction, bad=args.bad,
                          tag=args.tag, batch_size=args.batch_size, where=str(args.graph))
     print(report.circuit_eval_text(r, args.graph))

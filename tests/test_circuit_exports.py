@@ -136,6 +136,7 @@ def test_circuit_files_are_checked_against_the_model(decimal_model, tmp_path):
     for text, words in [("[1, 2]", "not an object"), ('{"edges": 3}', "no circuit edges"), ("{", "cannot read"),
                         ('{"result": {"edge_names": ["x"], "circuit": [5]}}', "indices"),
                         ('{"cfg": {}, "nodes": {}, "edges": {"a": {"score": 1}}}', "in_graph"),
+                        ('{"cfg": {}, "nodes": {}, "edges": {"a": {"score": NaN, "in_graph": true}}}', "finite"),
                         ("[" * 100000 + "]" * 100000, "cannot read")]:
         p = tmp_path / "junk.json"
         p.write_text(text)
@@ -327,3 +328,18 @@ def test_bad_export_targets_are_refused_before_any_work(tmp_path):
     assert r.returncode == 2 and "directory" in r.stderr and "Traceback" not in r.stderr
     assert not out.exists() and not (tmp_path / "ok.png").exists()
     assert "torch" not in r.stderr
+
+
+def test_circuit_eval_refuses_a_file_for_another_model_before_loading_it(decimal_model, tmp_path):
+    """The file's cfg and edge names are checked against the case's model from its config alone: exit 2, one
+    message naming the file and the field, no traceback, before the model loads (which the message's timing
+    and the absence of any model output show)."""
+    site, g, _, _ = _random_graph(decimal_model.cfg)
+    p = tmp_path / "c.mib.json"
+    write(g, p, decimal_model.cfg, semantics="edge-set")
+    d = json.loads(p.read_text())
+    d["cfg"]["n_layers"] = 5
+    p.write_text(json.dumps(d))
+    r = subprocess.run([sys.executable, "-m", "surgeon", "circuit-eval", f"{ROOT}/cases/decimal_organism.py", str(p)],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "cfg.n_layers" in r.stderr and str(p) in r.stderr and "Traceback" not in r.stderr

@@ -19,12 +19,12 @@ from typing import Literal, Sequence
 import numpy as np
 
 from ..case import Case
+from ..circuits.methods import IG_METHODS, IG_STEPS, MAX_IG_STEPS, METHODS  # noqa: F401 (re-exported)
 from ..errors import AnalysisError
 from ..stats import Estimate, bootstrap_mean
 from .common import Direction, make_contrast
 
 Method = Literal["eap", "eap-ig-inputs", "eap-ig-activations", "eap-ig-masks", "exact"]
-from ..circuits.methods import IG_METHODS, IG_STEPS, MAX_IG_STEPS, METHODS  # noqa: F401 (re-exported)
 CURVE = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0)  # MIB's edge fractions
 
 

@@ -378,6 +378,10 @@ def read_circuit(path: Path) -> dict:
         for n, d in edges.items():
             if not isinstance(d, dict) or not isinstance(d.get("in_graph"), bool):
                 raise AnalysisError(f"edge {str(n)[:60]!r} has no boolean 'in_graph'", field="edges", **bad)
+            score = d.get("score", 0.0)
+            if not isinstance(score, (int, float)) or isinstance(score, bool) or not math.isfinite(score):
+                raise AnalysisError(f"edge {str(n)[:60]!r} has score {score!r}, not a finite number", field="edges",
+                                    **bad)
             out[n] = d["in_graph"]
         cfg = data.get("cfg") if isinstance(data.get("cfg"), dict) else None
         return {"edges": out, "semantics": data.get("semantics", "chain"), "cfg": cfg}
