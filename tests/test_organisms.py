@@ -153,7 +153,8 @@ def test_organisms_list_and_describe():
     assert lines[0].startswith("organism") and "measured" in lines[0]
     for name in organisms.names():
         assert any(line.startswith(f"organism:{name}") for line in lines)
-    assert "previous-token head" in r.stdout and "layer-0 residual stream" in r.stdout and "k=8" in r.stdout
+    assert "previous-token head" in r.stdout and "layer-0 residual stream" in r.stdout
+    assert "repairs iff its even weights sum to >= 69 of 136 (k=5 at the least, any 12 always)" in r.stdout
     r = subprocess.run([sys.executable, "-m", "surgeon", "organisms", "describe", "induction"], capture_output=True,
                        text=True)
     assert r.returncode == 0 and "ground truth" in r.stdout and "<k>" in r.stdout

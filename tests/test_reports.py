@@ -108,12 +108,13 @@ def test_figures_scale_to_the_data_and_mark_what_they_claim(decimal_model, decim
     assert len(figures.attribution_heatmap(replace(a, exact=None), tmp_path / "b.png").axes) == 2  # map + colorbar
 
     case = __import__("surgeon").load_case(f"{ROOT}/cases/threshold_organism.py")
-    evens = [f"L0H{h}" for h in range(0, 32, 2)]
-    r = threshold_search(case, threshold_model, layer=0, groups=["even", "odd"], groups_spec={"mine": evens},
+    odds = [f"L0H{h}" for h in range(1, 32, 2)]  # no odd subset repairs: a curve that must coincide with odd's
+    r = threshold_search(case, threshold_model, layer=0, groups=["even", "odd"], groups_spec={"mine": odds},
                          budget=20, out=tmp_path / "t", batch_size=4096, chunk=4096)
     ax = figures.threshold_figure(r, tmp_path / "t.png").axes[0]
     labels = ax.get_legend_handles_labels()[1]
-    assert any(lab.startswith("mine") and lab.endswith("= even") for lab in labels)  # coinciding curves named
+    assert any(lab.startswith("mine") and lab.endswith("= odd") for lab in labels)  # coinciding curves named
+    assert not any(lab.startswith("even") and "=" in lab for lab in labels)  # distinct weights: a curve of its own
     marks = [t.get_text() for t in ax.texts]
     assert f"k*={r.threshold('even').k_star}" in marks and f"k*={r.threshold('all').k_star}" in marks
 

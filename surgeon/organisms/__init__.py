@@ -65,7 +65,7 @@ def _specs() -> dict[str, OrganismSpec]:
         ),
         "threshold": OrganismSpec(
             name="threshold",
-            description="1 layer x 32 heads built by construction: any 8 of the 16 even heads repair, 7 never do",
+            description=threshold.SUMMARY,
             module=threshold,
             config=threshold.CONFIG,
             construct=threshold.set_weights,

@@ -40,6 +40,11 @@ UNIT = 0.5  # u: logit written per unit of weight
 SHARPNESS = 40.0  # attention score of the attended position (the others score 0 or the BOS share)
 # unembedding gain per letter (0.97 .. 1.03): items differ in their scores, the rule stays exact
 GAIN = [1 + 0.03 * (2 * i / (len(LETTERS) - 1) - 1) for i in range(len(LETTERS))]
+# the sizes the rule implies: the heaviest k even heads first repair at K_MIN; every K_ALL even heads repair
+K_MIN = next(k for k in range(1, len(WEIGHTS) + 1) if sum(sorted(WEIGHTS.values())[-k:]) >= NEED)  # 5
+K_ALL = next(k for k in range(1, len(WEIGHTS) + 1) if sum(sorted(WEIGHTS.values())[:k]) >= NEED)  # 12
+SUMMARY = (f"1 layer x 32 heads built by construction: each even head carries its own weight; a set of heads "
+           f"repairs iff its even weights sum to >= {NEED} of {TOTAL} (k={K_MIN} at the least, any {K_ALL} always)")
 # attention of an even head to y under `?`: the worst item (g_x 0.97, g_y 1.03) switches at weight NEED - 0.5
 W_BAD = (NEED - 0.5) * min(GAIN) / (max(GAIN) * (TOTAL - (NEED - 0.5)))
 
