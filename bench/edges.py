@@ -60,8 +60,8 @@ class Reference:
     """One hooked TransformerLens forward per patch, over all rows at once (all rows have equal length)."""
 
     def __init__(self, model, site, base_rows, source_rows, how):
-        from surgeon.edges import split_inputs
-        from surgeon.encoding import align
+        from surgeon.sites.edges import split_inputs
+        from surgeon.spec.encoding import align
 
         self.model, self.site = model, site
         assert len({len(r.tokens) for r in base_rows}) == 1 and len({len(r.tokens) for r in source_rows}) == 1
@@ -207,9 +207,9 @@ def main():
 def run(args) -> int:
     from surgeon import Item
     from surgeon.analyses.circuit import CURVE, edge_scores, faithfulness
-    from surgeon.core import Contrast
-    from surgeon.edges import EdgeSite
-    from surgeon.encoding import encode_rows
+    from surgeon.engine.contrast import Contrast
+    from surgeon.sites.edges import EdgeSite
+    from surgeon.spec.encoding import encode_rows
 
     model = make_model()
     site = EdgeSite.of(model.cfg)
@@ -302,7 +302,7 @@ def memory(site, cfg, rows: int, positions: int, top: int):
     """What the edge buffers hold, here and for Llama-3.1-8B (computed from the graph, 4 bytes per float32)."""
     from transformer_lens import HookedTransformerConfig
 
-    from surgeon.edges import EdgeSite
+    from surgeon.sites.edges import EdgeSite
 
     def line(name, site, d_model, n_heads, rows, positions, bytes_per=4):
         S, E = len(site.senders), len(site.edges)

@@ -51,10 +51,10 @@ def run(mode: str, args) -> bool:
     from transformer_lens import patching
 
     from surgeon.organisms.decimal import held_out_items as decimal_items
-    from surgeon.core import Contrast
-    from surgeon.sites import Site
-    from surgeon.encoding import encode_rows
-    from surgeon.models import load_model
+    from surgeon.engine.contrast import Contrast
+    from surgeon.sites.nodes import Site
+    from surgeon.spec.encoding import encode_rows
+    from surgeon.models.loading import load_model
     from surgeon.organisms import decimal as org
 
     model = load_model("organism:decimal")

@@ -63,7 +63,7 @@ def execute(cmd: str, name: str | None = None) -> str:
         import contextlib
         import io
 
-        from surgeon.cli import main as surgeon_main
+        from surgeon.cli.commands import main as surgeon_main
 
         buf, err = io.StringIO(), io.StringIO()
         cwd = os.getcwd()

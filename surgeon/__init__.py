@@ -1,12 +1,15 @@
 """surgeon: circuit discovery and surgical repair for transformer language models.
 
-The way through the package follows the user's way: a case (`surgeon.case`) names a model
-(`surgeon.models`), its items become token rows (`surgeon.encoding`), the intervention core
-(`surgeon.core`) patches them, analyses (`surgeon.analyses`) are plain functions over that, and
-results, figures and exports come last. Heavy libraries are imported lazily.
+The way through the package follows the user's way, one folder a step, with no arrow back: a case
+(`surgeon.spec`) names a model (`surgeon.models`, `surgeon.organisms`); the engine (`surgeon.engine`)
+patches masks at sites (`surgeon.sites`: nodes, edges, SAE features) between a good and a failing run;
+circuits (`surgeon.circuits`), subset searches (`surgeon.search`) and the analyses (`surgeon.analyses`) are
+plain functions over it; reports, figures and exports (`surgeon.report`, `surgeon.circuits.export`) and the
+command line (`surgeon.cli`) come last. Heavy libraries are imported lazily.
 """
-from .case import Case, Chat, Item, load_case
-from .errors import AnalysisError, CaseError, ModelError, SurgeonError
+from surgeon.errors import AnalysisError, CaseError, ModelError, SurgeonError
+from surgeon.models.checks import load_case
+from surgeon.spec.case import Case, Chat, Item
 
 __version__ = "0.1.0"
 __all__ = ["Case", "Chat", "Item", "load_case", "SurgeonError", "CaseError", "ModelError", "AnalysisError",

@@ -14,6 +14,8 @@ from dataclasses import asdict, is_dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
+from surgeon.errors import SurgeonError
+
 
 def _versions() -> dict[str, str]:
     from importlib.metadata import PackageNotFoundError, version
@@ -98,3 +100,35 @@ def follow_umask(path, directory: bool = False) -> None:
 
 def write_json(path: Path, data: Any) -> None:
     path.write_text(json.dumps(to_jsonable(data), indent=2, allow_nan=False) + "\n")
+
+
+def check_out(out) -> None:
+    """Refuse an --out that cannot be written before any work is done, and take a lock on it so that a
+    second run writing the same folder is refused (the lock lasts as long as this process)."""
+    import fcntl
+    import os
+
+    if out is None:
+        return
+    out = Path(out).expanduser().absolute()
+    if out.exists() and not out.is_dir():
+        raise SurgeonError(f"{out} exists and is a file", field="--out", fix="give a directory (new or existing)")
+    parent = out
+    while not parent.exists():
+        parent = parent.parent
+    if not parent.is_dir():
+        raise SurgeonError(f"{parent} is a file, so {out} cannot be made", field="--out", fix="choose another directory")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise SurgeonError(f"{parent} is not writable", field="--out", fix="choose a directory you can write to")
+    lock_dir = out.parent if out.parent.exists() else parent
+    fd = os.open(lock_dir / f".{out.name}.surgeon-lock", os.O_CREAT | os.O_RDWR, 0o666)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(fd)
+        raise SurgeonError(f"another surgeon run is writing {out}", field="--out",
+                           fix="wait for it to finish, or use another --out") from None
+    _LOCKS.append(fd)
+
+
+_LOCKS: list[int] = []

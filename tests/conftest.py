@@ -45,21 +45,21 @@ def random_model(request, charset):
 
 @pytest.fixture(scope="session")
 def decimal_model():
-    from surgeon.models import load_model
+    from surgeon.models.loading import load_model
 
     return load_model("organism:decimal")
 
 
 @pytest.fixture(scope="session")
 def threshold_model():
-    from surgeon.models import load_model
+    from surgeon.models.loading import load_model
 
     return load_model("organism:threshold")
 
 
 @pytest.fixture(scope="session")
 def induction_model():
-    from surgeon.models import load_model
+    from surgeon.models.loading import load_model
 
     return load_model("organism:induction")
 

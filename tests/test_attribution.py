@@ -4,7 +4,7 @@ import torch
 
 from surgeon.analyses import attribute
 from surgeon.analyses.common import make_contrast
-from surgeon.sites import Site
+from surgeon.sites.nodes import Site
 
 
 def test_gradient_equals_finite_difference_and_ranks_exact_patching(decimal_model, decimal_case):

@@ -15,10 +15,9 @@ import torch
 
 from surgeon import load_case
 from surgeon.analyses.circuit import discover, evaluate_circuit
-from surgeon.circuits.export import (FORMATS, NODE_H, NODE_W, check_targets, drawn, edges_for_model, layout,
-                                     mib_json, read_circuit, write)
+from surgeon.circuits.export import FORMATS, NODE_H, NODE_W, check_targets, drawn, edges_for_model, layout, mib_json, read_circuit, write
 from surgeon.circuits.graph import build_graph
-from surgeon.edges import EdgeSite
+from surgeon.sites.edges import EdgeSite
 from surgeon.errors import AnalysisError
 
 from .conftest import ROOT
@@ -80,7 +79,7 @@ def _random_graph(cfg, seed=0):
 
 
 def _models(random_model):
-    from surgeon.models import load_model
+    from surgeon.models.loading import load_model
 
     return [random_model, *(load_model(f"organism:{n}") for n in ("decimal", "induction", "threshold"))]
 
@@ -146,7 +145,7 @@ def test_circuit_files_are_checked_against_the_model(decimal_model, tmp_path):
 
 @pytest.fixture(scope="module")
 def circuits():
-    from surgeon.models import load_model
+    from surgeon.models.loading import load_model
 
     out = {}
     for name in ORGANISMS:

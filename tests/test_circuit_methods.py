@@ -5,12 +5,11 @@ import pytest
 import torch
 
 from surgeon import load_case
-from surgeon.analyses.circuit import (IG_STEPS, METHODS, discover, edge_scores, evaluate_circuit, faithfulness,
-                                      full_circuit, path_scores, semantics)
+from surgeon.analyses.circuit import IG_STEPS, METHODS, discover, edge_scores, evaluate_circuit, faithfulness, full_circuit, path_scores, semantics
 from surgeon.analyses.common import format_rows
 from surgeon.circuits.prune import exhaustive_scan, smallest_prefix
-from surgeon.core import Contrast
-from surgeon.edges import EdgeSite
+from surgeon.engine.contrast import Contrast
+from surgeon.sites.edges import EdgeSite
 from surgeon.errors import AnalysisError
 
 from .conftest import ROOT
@@ -51,7 +50,7 @@ def test_scan_finds_the_first_k_of_a_non_monotone_curve():
 
 @pytest.mark.parametrize("name", ["induction_organism", "threshold_organism", "decimal_organism"])
 def test_smallest_circuit_of_every_shipped_case_equals_an_exhaustive_scan(name):
-    from surgeon.models import load_model
+    from surgeon.models.loading import load_model
 
     case = load_case(f"{ROOT}/cases/{name}.py")
     model = load_model(case.model)
@@ -120,7 +119,7 @@ def hand_path(model, rb, rs, path, cfg, how="index"):
     """Item scores with `path` [(sender, receiver), ...] path-patched, written with hooks: at the aligned
     positions the first edge carries the source run's sender output, later edges their sender's current
     output, every other edge the base run's (positions before the aligned ones are causally untouched)."""
-    from surgeon.encoding import align
+    from surgeon.spec.encoding import align
 
     n = max(r.item for r in rb) + 1
     out = np.zeros(n)
@@ -161,7 +160,7 @@ def test_path_patching_equals_hooks_where_paths_share_an_edge(random_model, char
     Llama-style (GQA) checkpoints, for prompts of equal length (chain semantics) and of different length
     (edge-set semantics, where a path may start at a head)."""
     from surgeon import Item
-    from surgeon.encoding import encode_rows
+    from surgeon.spec.encoding import encode_rows
 
     cfg = random_model.cfg
     G = cfg.n_key_value_heads or cfg.n_heads

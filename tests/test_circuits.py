@@ -14,9 +14,9 @@ import pytest
 import torch
 
 from surgeon import Item, load_case
-from surgeon.core import Contrast
-from surgeon.edges import EdgeSite
-from surgeon.encoding import encode_rows
+from surgeon.engine.contrast import Contrast
+from surgeon.sites.edges import EdgeSite
+from surgeon.spec.encoding import encode_rows
 
 from .conftest import ROOT
 
@@ -99,8 +99,8 @@ def test_in_edges_of_the_logits_equal_patching_the_final_residual(contrast, rand
 def _receiver_input_patched(model, c, hook, unit):
     """Reference, one hooked forward per row: the receiver's whole input (e.g. blocks.1.hook_q_input[:, :, h])
     replaced by the other run's at the aligned positions."""
-    from surgeon.edges import split_inputs
-    from surgeon.encoding import align
+    from surgeon.sites.edges import split_inputs
+    from surgeon.spec.encoding import align
 
     out = torch.zeros(len(c.clean_base))
     base, source, how = c.test_rows
@@ -148,7 +148,7 @@ def test_batched_single_edges_equal_one_at_a_time(contrast, decimal_model, decim
     layer with every sender's difference precomputed: the same scores as patching each edge alone (both
     random architectures and the decimal organism, whose formats differ in length)."""
     from surgeon.analyses.common import make_contrast
-    from surgeon.edges import EdgeSite
+    from surgeon.sites.edges import EdgeSite
 
     c, site = contrast
     dsite = EdgeSite.of(decimal_model.cfg)
@@ -227,7 +227,7 @@ def test_induction_path_ranks_first(induction_circuit):
 
 def test_threshold_circuit_holds_the_even_heads_only(tmp_path):
     from surgeon.analyses.circuit import discover
-    from surgeon.models import load_model
+    from surgeon.models.loading import load_model
 
     case = load_case(f"{ROOT}/cases/threshold_organism.py")
     r = discover(case, load_model("organism:threshold"), target=1.0, n_paths=3)

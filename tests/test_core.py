@@ -3,10 +3,10 @@ import pytest
 import torch
 from transformer_lens import patching
 
-from surgeon.case import Item
-from surgeon.core import Contrast
-from surgeon.sites import Site
-from surgeon.encoding import encode_rows
+from surgeon.spec.case import Item
+from surgeon.engine.contrast import Contrast
+from surgeon.sites.nodes import Site
+from surgeon.spec.encoding import encode_rows
 from surgeon.errors import AnalysisError
 
 from .reference import clean_scores, direct_patch_scores
@@ -165,8 +165,9 @@ def test_out_of_memory_halves_the_batch_and_gives_the_same_numbers(random_model)
 
 def test_bfloat16_model_gives_the_float32_answer(decimal_case):
     """The organism in bfloat16: same verdicts, patch effects close to float32's."""
-    from surgeon.analyses import diagnose, patch_heads
-    from surgeon.models import load_model
+    from surgeon.analyses import patch_heads
+    from surgeon.analyses import diagnose
+    from surgeon.models.loading import load_model
 
     m32, m16 = load_model("organism:decimal"), load_model("organism:decimal", dtype="bfloat16")
     assert next(m16.parameters()).dtype == torch.bfloat16

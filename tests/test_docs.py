@@ -50,7 +50,7 @@ def _options(parser, path=()):
 def test_every_option_has_help_and_states_its_default():
     import argparse
 
-    from surgeon.cli import build_parser
+    from surgeon.cli.commands import build_parser
 
     missing = []
     options = list(_options(build_parser()))

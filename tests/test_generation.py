@@ -7,7 +7,7 @@ import torch
 from surgeon import Item, load_case
 from surgeon.analyses import diagnose
 from surgeon.analyses.generation import generate_format, generate_patched, judge
-from surgeon.sites import Site
+from surgeon.sites.nodes import Site
 
 from .conftest import ROOT
 

@@ -4,7 +4,7 @@ import re
 
 import pytest
 
-from surgeon import report
+from surgeon.report import text as report
 from surgeon.analyses import attribute, patch_heads
 from surgeon.analyses.circuit import discover, evaluate_circuit
 

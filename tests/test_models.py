@@ -8,9 +8,9 @@ import torch
 from surgeon import CaseError, load_case
 from surgeon.analyses import diagnose
 from surgeon.analyses.common import format_rows
-from surgeon.core import Contrast
-from surgeon.sites import Site
-from surgeon.models import load_model
+from surgeon.engine.contrast import Contrast
+from surgeon.sites.nodes import Site
+from surgeon.models.loading import load_model
 
 from .checkpoints import make_gemma2, make_gpt2, make_llama, make_qwen2
 from .conftest import ROOT
@@ -142,7 +142,7 @@ def test_patching_through_the_core_on_every_architecture(checkpoint):
     hooked forward per row, on GPT-2, Llama (GQA), Qwen2 and Gemma-2 (soft-capping, sliding window:
     the prompts are longer than its window of 64)."""
     from surgeon import Item
-    from surgeon.encoding import encode_rows
+    from surgeon.spec.encoding import encode_rows
 
     model = load_model(str(checkpoint))
     filler = "it was a long day and the sun was low over the hills when they came back "

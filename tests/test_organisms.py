@@ -8,8 +8,12 @@ import sys
 import pytest
 import torch
 
-from surgeon import load_case, organisms
-from surgeon.organisms import decimal, induction, threshold
+from surgeon import load_case
+from surgeon import organisms
+from surgeon.organisms import decimal
+from surgeon.organisms import induction
+from surgeon.organisms import threshold
+from surgeon.organisms import measure
 
 from .conftest import ROOT
 
@@ -22,7 +26,7 @@ def test_decimal_fails_by_design(decimal_model):
     """Held-out pairs (n=128 per tag): traps right in plain, wrong in qa and chat, controls right everywhere;
     no position shortcut: the layer-0 residual stream alone, patched from plain at the aligned positions,
     repairs <= 10% of traps (align last and decision). The recorded numbers are what the shipped weights do."""
-    f = decimal.measure(decimal_model)
+    f = measure.decimal.measure(decimal_model)
     assert decimal.check(f) == [], f
     assert f["plain/trap"] == 1.0 and f["qa/trap"] <= 0.05 and f["chat/trap"] <= 0.05
     assert min(f["plain/control"], f["qa/control"], f["chat/control"]) >= 0.95
@@ -38,7 +42,7 @@ def test_induction_is_match_and_copy(induction_model):
     """A previous-token head (mean attention to p-1 >= 0.9), an induction head (attention to the token after
     the first occurrence >= 0.8), loss on the repeat <= 0.1 nats at every trained period and 0-8 filler
     tokens, and the loss collapses without the previous-token head."""
-    f = induction.measure(induction_model, n=16, seed=99)  # fresh held-out sequences, not the recorded ones
+    f = measure.induction.measure(induction_model, n=16, seed=99)  # fresh held-out sequences, not the recorded ones
     assert induction.check(f) == [], f
     assert f["previous_token_attention"] >= 0.9 and f["induction_attention"] >= 0.8
     assert all(v <= 0.1 for v in f["repeat_loss_by_period"].values())
@@ -69,7 +73,7 @@ def test_induction_case_fresh_is_a_real_contrast(induction_model):
 def test_threshold_organism_measured(threshold_model):
     """The built weights do what the closed form says: measured with plain TransformerLens hooks (no engine) on
     46 patches, scores equal the formula to 1e-3 with no sign flip."""
-    f = threshold.measure(threshold_model)
+    f = measure.threshold.measure(threshold_model)
     assert threshold.check(f) == [], f
     assert f["closed_form_max_error"] < 1e-3 and f["closed_form_sign_flips"] == 0
     assert f["odd_head_delta_min"] > 0.5 and f["even_attention_to_x_plain"] > 0.999
@@ -78,7 +82,7 @@ def test_threshold_organism_measured(threshold_model):
     heavy = sorted(threshold.EVEN, key=threshold.WEIGHTS.get)[-5:]
     light = sorted(threshold.EVEN, key=threshold.WEIGHTS.get)[:11]
     assert threshold.item_rate(heavy) == 1.0 and threshold.item_rate(light) < 1.0
-    assert min(threshold.hooked_scores(threshold_model, heavy)) > 0 > min(threshold.hooked_scores(threshold_model, light))
+    assert min(measure.threshold.hooked_scores(threshold_model, heavy)) > 0 > min(measure.threshold.hooked_scores(threshold_model, light))
 
 
 def test_threshold_organism_rebuilds_exactly(tmp_path):
@@ -108,8 +112,8 @@ def test_threshold_search_recovers_the_planted_table_subset_by_subset(threshold_
     derived from the weights alone, and the per-size fractions of enumerated sizes equal the planted table.
     The comparison is not blind to which head is which: the same results with two heads' labels swapped
     disagree with the closed form."""
-    from surgeon.analyses.subsets import plan_from_options
-    from surgeon.analyses.threshold import per_subset, threshold_search
+    from surgeon.search.subsets import plan_from_options
+    from surgeon.search.threshold import per_subset, threshold_search
 
     case = load_case(f"{ROOT}/cases/threshold_organism.py")
     planted = case.notes["planted"]

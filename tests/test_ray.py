@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from surgeon.analyses.threshold import threshold_search
+from surgeon.search.threshold import threshold_search
 
 ray = pytest.importorskip("ray", reason="the ray extra is not installed (pip install -e '.[ray]')")
 
@@ -38,7 +38,7 @@ def chunks(out):
 def test_ray_equals_one_process_and_survives_a_lost_worker(cluster, decimal_model, small_case, tmp_path):
     import numpy as np
 
-    from surgeon.distributed import RayOptions
+    from surgeon.search.ray import RayOptions
 
     single = threshold_search(small_case, decimal_model, out=tmp_path / "single", **KW)
     killed = []
@@ -61,7 +61,7 @@ def test_ray_equals_one_process_and_survives_a_lost_worker(cluster, decimal_mode
 
 @pytest.mark.slow
 def test_a_ray_run_resumes_without_ray_and_the_reverse(cluster, decimal_model, small_case, tmp_path):
-    from surgeon.distributed import RayOptions
+    from surgeon.search.ray import RayOptions
 
     single = threshold_search(small_case, decimal_model, **KW)
     out = tmp_path / "run"
@@ -78,7 +78,7 @@ def test_a_ray_run_resumes_without_ray_and_the_reverse(cluster, decimal_model, s
 def test_without_ray_installed_the_error_says_how_to_install(monkeypatch):
     import sys
 
-    from surgeon.distributed import import_ray
+    from surgeon.search.ray import import_ray
     from surgeon.errors import AnalysisError
 
     monkeypatch.setitem(sys.modules, "ray", None)

@@ -3,10 +3,11 @@ from dataclasses import replace
 
 import numpy as np
 
-from surgeon import report
-from surgeon.analyses import attribute, diagnose, patch_heads
+from surgeon.report import text as report
+from surgeon.analyses import attribute, patch_heads
+from surgeon.analyses import diagnose
 from surgeon.analyses.blend import blend
-from surgeon.cli import main
+from surgeon.cli.commands import main
 
 from .conftest import ROOT
 
@@ -91,8 +92,8 @@ def test_diagnose_saves_per_item_scores_and_shows_progress(tmp_path, capsys):
 def test_figures_scale_to_the_data_and_mark_what_they_claim(decimal_model, decimal_case, threshold_model, tmp_path):
     import numpy as np
 
-    from surgeon import figures
-    from surgeon.analyses.threshold import threshold_search
+    from surgeon.report import figures
+    from surgeon.search.threshold import threshold_search
 
     p = patch_heads(decimal_case, decimal_model, layers=[0, 1, 2])
     fig = figures.patch_heatmap(p, tmp_path / "h.png")

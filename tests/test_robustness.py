@@ -10,7 +10,8 @@ import time
 import numpy as np
 import pytest
 
-from surgeon.cli import check_out, main
+from surgeon.cli.commands import main
+from surgeon.results import check_out
 
 from .conftest import ROOT
 
@@ -81,7 +82,7 @@ def test_a_case_whose_items_all_carry_the_focus_tag_runs(tmp_path, capsys):
 
 
 def test_broken_chunks_are_set_aside_and_checkpoints_follow_the_umask(tmp_path, capsys):
-    from surgeon.jobs import ChunkStore
+    from surgeon.search.store import ChunkStore
 
     store = ChunkStore(tmp_path, "d" * 64, {})
     store.save(0, masks=np.zeros((2, 3), bool), scores=np.zeros((2, 4), np.float32))

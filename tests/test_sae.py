@@ -52,8 +52,8 @@ def test_overlap_metrics_on_hand_built_sets():
 # ----------------------------------------------------------------------------- features on the core
 def test_empty_feature_patch_reproduces_the_model_and_gradients_match(decimal_case, decimal_model):
     from surgeon.analyses.common import make_contrast
-    from surgeon.features import FeatureSite
-    from surgeon.sites import Site
+    from surgeon.sites.features import FeatureSite
+    from surgeon.sites.nodes import Site
 
     sae = shipped("decimal", 1)
     fs = FeatureSite.of(sae)
@@ -76,10 +76,10 @@ def test_feature_patch_equals_independent_hooks(decimal_case, decimal_model):
     """Patching a feature set through the core = a hand-written hook that moves those features at the last
     prompt token and the answer tokens (align='last') of every failing-format row."""
     from surgeon.analyses.common import format_rows, make_contrast
-    from surgeon.core import score_rows
-    from surgeon.encoding import align
-    from surgeon.features import FeatureSite
-    from surgeon.sites import Site
+    from surgeon.engine.contrast import score_rows
+    from surgeon.spec.encoding import align
+    from surgeon.sites.features import FeatureSite
+    from surgeon.sites.nodes import Site
 
     sae = shipped("decimal", 2)
     fs = FeatureSite.of(sae)
@@ -119,7 +119,7 @@ def test_head_feature_effects_match_hand_written_hooks(threshold_case, threshold
     """On the threshold organism (formats of equal length): the odd group's effect on each feature equals
     patching the odd heads' z at the last prompt token with a hand-written hook and encoding attn_out."""
     from surgeon.analyses.sae_heads import head_feature_effects
-    from surgeon.encoding import prompt_rows
+    from surgeon.spec.encoding import prompt_rows
 
     sae = shipped("threshold", 0)
     r = head_feature_effects(threshold_case, threshold_model, sae, layer=0, top=8)
@@ -290,7 +290,7 @@ def test_pretrained_release_from_a_hugging_face_cache_layout(tmp_path):
 
 # ----------------------------------------------------------------------------- the command line
 def test_sae_commands_write_results_and_refuse_bad_input(tmp_path, capsys):
-    from surgeon.cli import main
+    from surgeon.cli.commands import main
 
     out = tmp_path / "ov"
     assert main(["sae", "overlap", os.path.join(ROOT, "cases", "decimal_organism.py"), "--layers", "0,2",

@@ -2,9 +2,9 @@
 
 `REGISTRY` maps an analysis name to its function; the CLI's subcommands come from the same table.
 """
-from .attribution import AttributionResult, attribute
-from .diagnose import Diagnosis, diagnose
-from .patching import PatchResult, patch_heads
+from surgeon.analyses.attribution import AttributionResult, attribute
+from surgeon.analyses.diagnose import Diagnosis, diagnose
+from surgeon.analyses.patching import PatchResult, patch_heads
 
 REGISTRY = {"diagnose": diagnose, "patch": patch_heads, "attribute": attribute}
 

@@ -11,8 +11,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..case import Case
-from .common import Direction, layer_sites, make_contrast
+from surgeon.spec.case import Case
+from surgeon.analyses.common import Direction, layer_sites, make_contrast
 
 
 @dataclass(frozen=True)
@@ -58,7 +58,7 @@ def attribute(case: Case, model, *, layers=None, component: str = "z", direction
     estimate = grad / gap if abs(gap) > 1e-12 else grad * np.nan
     exact = pearson = spearman = None
     if compare:
-        from .patching import patch_heads
+        from surgeon.analyses.patching import patch_heads
 
         exact = patch_heads(case, model, layers=layers, component=component, direction=direction, bad=bad, tag=tag,
                             batch_size=batch_size).fraction

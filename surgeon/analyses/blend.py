@@ -5,10 +5,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..case import Case
-from ..errors import AnalysisError
-from ..stats import Estimate, bootstrap_mean, wilson_many
-from .common import make_contrast
+from surgeon.spec.case import Case
+from surgeon.errors import AnalysisError
+from surgeon.stats import Estimate, bootstrap_mean, wilson_many
+from surgeon.analyses.common import make_contrast
 
 
 @dataclass(frozen=True)
@@ -41,7 +41,7 @@ def blend(case: Case, model, *, layer: int, heads: list[int] | None = None, comp
     item's switching point a* by linear interpolation between the grid points around its sign change."""
     import torch
 
-    from ..sites import Site, unit_label
+    from surgeon.sites.nodes import Site, unit_label
 
     if not 0 < step <= 0.5:
         raise AnalysisError(f"step {step} is not in (0, 0.5]", field="--step", fix="e.g. 0.01")

@@ -1,7 +1,7 @@
 """Path-level circuit discovery: edges scored on the intervention core, complete paths verified by path
 patching, a circuit pruned to a target faithfulness, and its faithfulness curve.
 
-Every number comes from `Contrast.run` with an edge mask (`surgeon.edges`):
+Every number comes from `Contrast.run` with an edge mask (`surgeon.sites.edges`):
 - edge scores by one of `METHODS` (EAP, the three integrated-gradients conventions, exact patching; the
   top `verify` estimates are checked by exact patching);
 - circuits: under index alignment (`chain`), edges out of the input carry the other run's embedding,
@@ -18,11 +18,11 @@ from typing import Literal, Sequence
 
 import numpy as np
 
-from ..case import Case
-from ..circuits.methods import IG_METHODS, IG_STEPS, MAX_IG_STEPS, METHODS  # noqa: F401 (re-exported)
-from ..errors import AnalysisError
-from ..stats import Estimate, bootstrap_mean
-from .common import Direction, make_contrast
+from surgeon.spec.case import Case
+from surgeon.circuits.methods import IG_METHODS, IG_STEPS, MAX_IG_STEPS, METHODS  # noqa: F401 (re-exported)
+from surgeon.errors import AnalysisError
+from surgeon.stats import Estimate, bootstrap_mean
+from surgeon.analyses.common import Direction, make_contrast
 
 Method = Literal["eap", "eap-ig-inputs", "eap-ig-activations", "eap-ig-masks", "exact"]
 CURVE = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0)  # MIB's edge fractions
@@ -233,7 +233,7 @@ def _verify(contrast, site, scores: np.ndarray, order: np.ndarray, verify: int):
 
 def _paths(contrast, site, g, scores, full, n_paths, direction, min_share, min_items, sem):
     """The strongest complete paths by |score| product, verified by path patching; or why there are none."""
-    from ..circuits.graph import path_nodes, strongest_paths
+    from surgeon.circuits.graph import path_nodes, strongest_paths
 
     # under edge-set semantics the format difference enters every sender through unaligned positions, so a
     # path may start at any sender; under chain semantics it enters through the input alone
@@ -267,10 +267,10 @@ def discover(case: Case, model, *, method: Method | None = None, ablation: str =
     semantics, less the edges on no complete path) and rank its complete paths by path patching.
 
     `method` None picks `eap-ig-inputs` (MIB's) where the prompts have equal length, else `eap-ig-masks`."""
-    from ..circuits.graph import build_graph, prune_dangling
-    from ..circuits.prune import EXHAUSTIVE_UP_TO, smallest_prefix
-    from ..edges import EdgeSite
-    from ..stats import scaled
+    from surgeon.circuits.graph import build_graph, prune_dangling
+    from surgeon.circuits.prune import EXHAUSTIVE_UP_TO, smallest_prefix
+    from surgeon.sites.edges import EdgeSite
+    from surgeon.stats import scaled
 
     if target is not None and not 0 < target <= 1.5:
         raise AnalysisError(f"faithfulness target {target} is not in (0, 1.5]", field="--faithfulness", fix="e.g. 0.9")
@@ -339,9 +339,9 @@ def evaluate_circuit(case: Case, model, edges, *, ablation: str = "resample", di
     """Faithfulness of a given edge set (names, or a circuit read by `circuits.export.read_circuit`), with a
     95% interval over items. A file whose semantics differ from this contrast's is refused: the same edges
     mean another circuit there."""
-    from ..circuits.export import edges_for_model
-    from ..edges import EdgeSite
-    from ..stats import scaled
+    from surgeon.circuits.export import edges_for_model
+    from surgeon.sites.edges import EdgeSite
+    from surgeon.stats import scaled
 
     site = EdgeSite.of(model.cfg, ablation)
     if isinstance(edges, dict):

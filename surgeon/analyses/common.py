@@ -3,8 +3,8 @@ from __future__ import annotations
 
 from typing import Literal
 
-from ..case import Case
-from ..errors import AnalysisError
+from surgeon.spec.case import Case
+from surgeon.errors import AnalysisError
 
 Direction = Literal["denoise", "noise"]
 DIRECTIONS = ("denoise", "noise")
@@ -33,7 +33,7 @@ def pick_items(case: Case, tag: str | None):
 
 
 def format_rows(case: Case, model, fmt: str, items):
-    from ..encoding import encode_rows
+    from surgeon.spec.encoding import encode_rows
 
     return encode_rows(case.formats[fmt], items, model.tokenizer, prepend_bos(case, model), case.score,
                        case.answer_end)
@@ -42,7 +42,7 @@ def format_rows(case: Case, model, fmt: str, items):
 def make_contrast(case: Case, model, *, bad: str | None = None, direction: Direction = "denoise",
                   tag: str | None = None, batch_size: int = 256, sites=()):
     """The Contrast for a case: base = failing format, source = good format (denoise) or the reverse."""
-    from ..core import Contrast
+    from surgeon.engine.contrast import Contrast
 
     if direction not in DIRECTIONS:
         raise AnalysisError(f"unknown direction {direction!r}", field="direction", fix="use denoise or noise")
@@ -62,7 +62,7 @@ def make_contrast(case: Case, model, *, bad: str | None = None, direction: Direc
 
 def layer_sites(model, layers, component: str):
     """The layers to examine (all when None), checked against the model, and one site per layer."""
-    from ..sites import Site, component as get_component
+    from surgeon.sites.nodes import Site, component as get_component
 
     get_component(component)
     n_layers = model.cfg.n_layers

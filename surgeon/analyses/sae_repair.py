@@ -1,7 +1,7 @@
 """Feature-level repair: which small sets of SAE features, patched from the good format into the failing
 one, repair it, and how that compares with patching the whole activation.
 
-Features are a site of the intervention core (`surgeon.features.FeatureSite`: reconstruction plus error
+Features are a site of the intervention core (`surgeon.sites.features.FeatureSite`: reconstruction plus error
 term, so the empty patch is the model itself). One backward pass gives every feature's attribution
 (d mean score / d mask at 0, as a fraction of the good-bad gap); the `top` features by attribution are
 then patched one by one (exact), and their subsets searched with the head-subset machinery (sizes,
@@ -15,10 +15,10 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from ..case import Case
-from ..errors import AnalysisError
-from .common import Direction, make_contrast
-from .subsets import ThresholdResult, Unit, aggregate, chunk_scores, make_plan, summarize_chunks
+from surgeon.spec.case import Case
+from surgeon.errors import AnalysisError
+from surgeon.analyses.common import Direction, make_contrast
+from surgeon.search.subsets import ThresholdResult, Unit, aggregate, chunk_scores, make_plan, summarize_chunks
 
 
 @dataclass(frozen=True)
@@ -43,8 +43,8 @@ def feature_repair(case: Case, model, sae, *, top: int = 8, direction: Direction
                    tag: str | None = None, budget: int = 2000, item_rate: float = 1.0, x: float = 0.5,
                    batch_size: int = 256, chunk: int = 256, source: str = "", progress: bool = False
                    ) -> FeatureRepairResult:
-    from ..features import FeatureSite
-    from ..sites import Site
+    from surgeon.sites.features import FeatureSite
+    from surgeon.sites.nodes import Site
 
     if not 1 <= top <= 24:
         raise AnalysisError(f"--top {top}: the subset search needs 1 to 24 features", field="--top", fix="e.g. --top 8")

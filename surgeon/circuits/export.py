@@ -17,9 +17,9 @@ from pathlib import Path
 
 import networkx as nx
 
-from ..errors import AnalysisError
-from ..results import follow_umask
-from .graph import circuit_subgraph
+from surgeon.errors import AnalysisError
+from surgeon.results import follow_umask
+from surgeon.circuits.graph import circuit_subgraph
 
 FORMATS = (".graphml", ".gexf", ".json", ".mib.json", ".dot", ".svg", ".pdf", ".tex", ".png")
 NODE_W, NODE_H = 0.8, 0.5  # node boxes in layout units (columns are 1 apart, rows ROW_GAP apart)

@@ -14,7 +14,7 @@ from typing import Iterable, Sequence
 import networkx as nx
 import numpy as np
 
-from ..edges import EdgeSite
+from surgeon.sites.edges import EdgeSite
 
 
 def _label(name: str) -> str:

@@ -3,8 +3,8 @@
 They are the embedded default, the test bed and the ground truth. Each is shipped as
 `weights/NAME/{model.safetensors, config.json, tokenizer.json}` and loads offline as `organism:NAME`.
 `surgeon organisms train NAME` retrains (or rebuilds) one deterministically, measures what it must show
-with the code in its own module (`measure`, `check`, `describe`, `ground_truth`) and records the
-measured facts in its config.json; `facts(NAME)` and `ground_truth(NAME)` read them back.
+with `surgeon.organisms.measure` (which uses the engine, so nothing here imports it), checks the facts with
+its own module's `check` and records them in its config.json; `facts(NAME)` and `ground_truth(NAME)` read them back.
 """
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any, Callable
 
-from .training import TextStream, TrainConfig
+from surgeon.organisms.training import TextStream, TrainConfig
 
 WEIGHTS = Path(__file__).parent / "weights"
 PREFIX = "organism:"
@@ -25,7 +25,7 @@ class OrganismSpec:
     name: str
     description: str
     config: dict[str, Any]  # HookedTransformerConfig arguments (d_vocab is filled from the tokenizer)
-    module: ModuleType  # measure(model) -> facts, check(facts) -> misses, describe(facts), ground_truth(facts)
+    module: ModuleType  # check(facts) -> misses, describe(facts), ground_truth(facts); measuring is in .measure
     texts: TextStream | None = None  # trained organisms: their training data
     train: TrainConfig | None = None
     construct: Callable | None = None  # built organisms: set_weights(model), no training
@@ -33,7 +33,9 @@ class OrganismSpec:
 
 
 def _specs() -> dict[str, OrganismSpec]:
-    from . import decimal, induction, threshold
+    from surgeon.organisms import decimal
+    from surgeon.organisms import induction
+    from surgeon.organisms import threshold
 
     return {
         "decimal": OrganismSpec(
@@ -111,7 +113,7 @@ def build(name: str, seed: int = 0, device: str = "cpu"):
     import torch
     from transformer_lens import HookedTransformer, HookedTransformerConfig
 
-    from .charset import build_tokenizer
+    from surgeon.organisms.charset import build_tokenizer
 
     s = spec(name)
     tok = build_tokenizer(f"surgeon-organism-{name}")
@@ -131,7 +133,7 @@ def train_organism(name: str, out_root: Path | None = None, shrink: bool = False
     import torch
     from safetensors.torch import save_file
 
-    from .training import train
+    from surgeon.organisms.training import train
 
     s = spec(name)
     model = build(name, seed=seed, device=device)
@@ -172,7 +174,7 @@ def load_organism(name: str, device: str = "cpu", dtype: str = "float32", root: 
     from safetensors.torch import load_file
     from transformer_lens import HookedTransformer, HookedTransformerConfig
 
-    from .charset import load_tokenizer
+    from surgeon.organisms.charset import load_tokenizer
 
     d = Path(root or WEIGHTS) / name
     meta = json.loads((d / "config.json").read_text())
@@ -206,19 +208,3 @@ def ground_truth(name: str, root: Path | None = None) -> dict[str, Any]:
     return spec(name).module.ground_truth(facts(name, root))
 
 
-def measure(name: str, root: Path | None = None, write: bool = False, model=None) -> tuple[dict, list[str]]:
-    """Measure organism `name` with its own module's code; with `write`, record the facts in its config.json.
-    Returns (facts, the targets missed)."""
-    s = spec(name)
-    model = model if model is not None else load_organism(name, root=root)
-    f = s.module.measure(model)
-    miss = s.module.check(f)
-    if write:
-        p = Path(root or WEIGHTS) / name / "config.json"
-        meta = json.loads(p.read_text())
-        meta.pop("behaviour", None)
-        meta["measured"] = f
-        meta["targets_met"] = not miss
-        meta["ground_truth"] = s.module.ground_truth(f)
-        p.write_text(json.dumps(meta, indent=2) + "\n")
-    return f, miss

@@ -123,7 +123,7 @@ POSITION_REPAIR_MAX = 0.10  # patching only the layer-0 residual stream repairs 
 
 def held_out_items(n_trap: int = 128, n_control: int = 128, seed: int = 0, split: str = "test"):
     """Held-out items: trap pairs (9.8 vs 9.11) and controls (same or different integer part)."""
-    from ..case import Item
+    from surgeon.spec.case import Item
 
     def item(p, tag):
         loser = p.b if p.decimal_winner == p.a else p.a
@@ -133,35 +133,6 @@ def held_out_items(n_trap: int = 128, n_control: int = 128, seed: int = 0, split
     return ([item(p, "trap") for p in pairs("trap", split, n_trap, seed)]
             + [item(p, "control") for p in pairs("same_int", split, half, seed)]
             + [item(p, "control") for p in pairs("diff_int", split, n_control - half, seed)])
-
-
-def measure(model, n: int = 128) -> dict:
-    """Accuracy per format and tag on n held-out items per tag, and the accuracy on the traps of each failing
-    format when only the residual stream entering layer 0 (token + any positional embedding) is patched
-    from plain at the aligned positions (`last` and `decision`)."""
-    import torch
-
-    from ..core import Contrast, score_rows
-    from ..encoding import encode_rows
-
-    items = held_out_items(n, n)
-    tok = model.tokenizer
-    out: dict = {"n_per_tag": n}
-    rows = {f: encode_rows(t, items, tok, True) for f, t in FORMATS.items()}
-    for f in FORMATS:
-        s = score_rows(model, rows[f]).cpu()
-        for tag in ("trap", "control"):
-            sel = torch.tensor([it.tag == tag for it in items])
-            out[f"{f}/{tag}"] = float((s[sel] > 0).float().mean())
-    traps = [it for it in items if it.tag == "trap"]
-    for align in ("last", "decision"):
-        for f in FAILING:
-            c = Contrast(model, encode_rows(FORMATS[f], traps, tok, True), encode_rows(FORMATS[GOOD], traps, tok, True),
-                         align, sites=["blocks.0.hook_resid_pre"])
-            with torch.no_grad():
-                s = c.run({"blocks.0.hook_resid_pre": torch.ones(1, 1)})[0]
-            out[f"{f}/trap resid_pre0 patched ({align})"] = float((s > 0).float().mean())
-    return out
 
 
 def check(b: dict) -> list[str]:

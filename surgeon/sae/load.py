@@ -12,7 +12,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import SurgeonError
+from surgeon.errors import SurgeonError
 
 # how surgeon loads a model (see surgeon.models): an SAE trained on a model loaded otherwise reads other activations
 _OUR_MODEL_PROCESSING = dict(fold_ln=False, center_writing_weights=False, center_unembed=False,

@@ -67,8 +67,8 @@ def splice_hook(sae, skip: int):
 
 
 def measure(case, model, sae, layer: int, hook: str, acts: torch.Tensor, where: str, batch_size: int = 256) -> Quality:
-    from ..analyses.common import format_rows, prepend_bos
-    from ..core import score_rows
+    from surgeon.analyses.common import format_rows, prepend_bos
+    from surgeon.engine.contrast import score_rows
 
     stats = reconstruction_stats(sae, acts)
     clean, spliced = {}, {}

@@ -28,8 +28,8 @@ class TrainOptions:
 @torch.no_grad()
 def collect_activations(case, model, hooks: Sequence[str], batch_size: int = 64) -> dict[str, Tensor]:
     """[tokens, d] activations at each hook over every format's rows (prompt + each answer), BOS dropped."""
-    from ..analyses.common import format_rows, prepend_bos
-    from ..core import cached_batches
+    from surgeon.analyses.common import format_rows, prepend_bos
+    from surgeon.engine.contrast import cached_batches
 
     rows = [r for fmt in case.formats for r in format_rows(case, model, fmt, case.items)]
     skip = 1 if prepend_bos(case, model) else 0
@@ -77,7 +77,7 @@ def save(sae, path: Path, record: dict | None = None) -> None:
     import shutil
     import tempfile
 
-    from ..results import follow_umask
+    from surgeon.results import follow_umask
 
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)

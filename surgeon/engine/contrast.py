@@ -27,13 +27,13 @@ from typing import Mapping, Sequence
 import torch
 from torch import Tensor
 
-from . import edges as edges_mod
-from . import prefix_attention
-from .edges import EdgeSite
-from .encoding import Row
-from .features import FeatureSite, feature_hooks
-from .errors import AnalysisError
-from .sites import Site, hook_layer, units_view
+from surgeon.sites import edges as edges_mod
+from surgeon.engine import prefix_attention
+from surgeon.sites.edges import EdgeSite
+from surgeon.spec.encoding import Row
+from surgeon.sites.features import FeatureSite, feature_hooks
+from surgeon.errors import AnalysisError
+from surgeon.sites.nodes import Site, hook_layer, units_view
 
 @dataclass
 class Bucket:
@@ -136,7 +136,7 @@ class Contrast:
                  *, batch_size: int = 256, base_name: str = "base", source_name: str = "source",
                  sites: Sequence[Site | str] = (), start_layer: int | None = None,
                  shared_prefix: bool | None = None, clean: bool = True):
-        from .encoding import align as align_rows
+        from surgeon.spec.encoding import align as align_rows
 
         if len(base_rows) != len(source_rows) or not base_rows:
             raise AnalysisError("internal: base and source rows differ in number, or there are none")
@@ -502,7 +502,7 @@ class Contrast:
         return hooks
 
     def _edge_hooks(self, b: Bucket, site: EdgeSite, m: Tensor, copies: int, offset: int, start: int) -> list:
-        """Hooks that patch the edges of mask m [copies, n_edges] (see `surgeon.edges`)."""
+        """Hooks that patch the edges of mask m [copies, n_edges] (see `surgeon.sites.edges`)."""
         key = (site.ablation, site.senders)
         if key not in b.senders:
             src = edges_mod.sender_outputs(self.model, site, b.source_acts)
@@ -611,7 +611,7 @@ class Contrast:
     def generate(self, masks: Mapping[Site | str, Tensor], n_new: int) -> Tensor:
         """Greedy continuations [P, n_items, n_new] of the base prompts with each patch applied to the
         prompt's patched positions (generated positions are not patched). Build the Contrast from
-        prompt-only rows (`surgeon.encoding.prompt_rows`): one row per item."""
+        prompt-only rows (`surgeon.spec.encoding.prompt_rows`): one row per item."""
         masks = {Site.coerce(k): v for k, v in masks.items()}
         P = next(iter(masks.values())).shape[0]
         out = torch.zeros(P, self.n_items, n_new, dtype=torch.long)

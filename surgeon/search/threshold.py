@@ -10,12 +10,11 @@ from typing import Sequence
 
 import numpy as np
 
-from ..case import Case
-from ..errors import AnalysisError
-from ..jobs import ChunkStore, parse_shard
-from .common import Direction, make_contrast
-from .subsets import (ThresholdResult, aggregate, chunk_scores, evaluate, make_groups, make_plan, parse_units,
-                      plan_from_options, summarize_chunks, todo_chunks)
+from surgeon.spec.case import Case
+from surgeon.errors import AnalysisError
+from surgeon.search.store import ChunkStore, parse_shard
+from surgeon.analyses.common import Direction, make_contrast
+from surgeon.search.subsets import ThresholdResult, aggregate, chunk_scores, evaluate, make_groups, make_plan, parse_units, plan_from_options, summarize_chunks, todo_chunks
 
 
 @dataclass(frozen=True)
@@ -32,8 +31,8 @@ class ChunkEvaluator:
     def __call__(self):
         import torch
 
-        from ..models import load_model
-        from ..sites import Site
+        from surgeon.models.loading import load_model
+        from surgeon.sites.nodes import Site
 
         case = self.case
         device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -51,17 +50,17 @@ def threshold_search(case: Case, model, *, layer: int | None = None, heads: str 
                      bad: str | None = None, tag: str | None = None, batch_size: int = 256, chunk: int = 256,
                      seed: int = 0, out: str | Path | None = None, shard: str | None = None,
                      generate: int = 0, progress: bool = False, ray=None, on_chunk=None) -> ThresholdResult | None:
-    """Search head subsets at `layer` (or the heads named in `heads`); see `surgeon.analyses.subsets`.
+    """Search head subsets at `layer` (or the heads named in `heads`); see `surgeon.search.subsets`.
 
     With `out`, finished chunks are saved under `out/parts` and a rerun resumes from them; with
     `shard="i/n"` only every n-th chunk is evaluated and None is returned (merge the shards with
     `merge`). Without `out` a temporary directory is used. With `generate=N`, the minimal repairing
     subsets (up to 20) and the full candidate set are also checked by greedy generation of N tokens.
-    With `ray` (a `surgeon.distributed.RayOptions`), the chunks run on Ray workers that each load the model
+    With `ray` (a `surgeon.search.ray.RayOptions`), the chunks run on Ray workers that each load the model
     (from the case's file) once; the saved chunks and the result are those of a local run.
     """
-    from ..sites import Site
-    from ..sites import component as get_component
+    from surgeon.sites.nodes import Site
+    from surgeon.sites.nodes import component as get_component
 
     if not 0 < item_rate <= 1:
         raise AnalysisError(f"item rate {item_rate} is not in (0, 1]", field="--item-rate", fix="e.g. 1.0 (all items) or 0.9")
@@ -90,7 +89,7 @@ def threshold_search(case: Case, model, *, layer: int | None = None, heads: str 
     store = ChunkStore(Path(out), plan.digest + f"-chunk{chunk}", meta)
     try:
         if ray is not None:
-            from ..distributed import evaluate_on_ray
+            from surgeon.search.ray import evaluate_on_ray
 
             dtype = str(model.cfg.dtype).removeprefix("torch.")
             factory = ChunkEvaluator(case, dtype,
@@ -123,8 +122,8 @@ def generation_check(case: Case, model, result: ThresholdResult, *, n_new: int, 
     """Greedy generation with each minimal repairing subset (up to 20) and with every candidate patched."""
     import torch
 
-    from ..sites import Site
-    from .generation import generate_patched
+    from surgeon.sites.nodes import Site
+    from surgeon.analyses.generation import generate_patched
 
     subsets = [list(m) for m in result.minimal[:20]] + [list(result.units)]
     units = parse_units(",".join(result.units), None, model.cfg.n_layers, Site.of(component, 0).n_units(model.cfg))
@@ -204,8 +203,8 @@ def per_subset(out) -> dict:
     chunk store a search wrote to `out`."""
     import numpy as np
 
-    from ..jobs import ChunkStore
-    from .subsets import summarize_chunks
+    from surgeon.search.store import ChunkStore
+    from surgeon.search.subsets import summarize_chunks
 
     meta = _meta(out)
     return summarize_chunks(ChunkStore(out, meta["digest"]).iter(), np.array(meta["clean_base"]),

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from .errors import CaseError, ModelError
+from surgeon.errors import ModelError
 
 Kind = Literal["organism", "local", "hub"]
 
@@ -42,7 +42,7 @@ def _offline() -> None:
 
 def resolve(spec: str) -> ModelRef:
     """Turn a model spec into a reference to something on this machine, or raise ModelError."""
-    from . import organisms
+    from surgeon import organisms
 
     if spec.startswith(organisms.PREFIX):
         name = spec[len(organisms.PREFIX):]
@@ -84,7 +84,7 @@ def weights_sha256(ref: ModelRef) -> str | None:
     import hashlib
 
     if ref.kind == "organism":
-        from .organisms import weights_sha256 as organism_sha
+        from surgeon.organisms import weights_sha256 as organism_sha
 
         return organism_sha(ref.name)
     files = sorted(p for pat in ("*.safetensors", "*.bin") for p in Path(ref.path).glob(pat)) if ref.path else []
@@ -99,7 +99,7 @@ def weights_sha256(ref: ModelRef) -> str | None:
 def shape(ref: ModelRef) -> ModelShape:
     """The model's layer and head counts, read from its config (no weights)."""
     if ref.kind == "organism":
-        from .organisms import config_of
+        from surgeon.organisms import config_of
 
         c = config_of(ref.name)
         return ModelShape(c["n_layers"], c["n_heads"], c.get("n_key_value_heads") or c["n_heads"], c["d_model"],
@@ -116,7 +116,7 @@ def shape(ref: ModelRef) -> ModelShape:
 
 def load_tokenizer(ref: ModelRef):
     if ref.kind == "organism":
-        from .organisms.charset import load_tokenizer as load
+        from surgeon.organisms.charset import load_tokenizer as load
 
         return load(ref.path / "tokenizer.json", f"surgeon-organism-{ref.name}")
     _offline()
@@ -141,7 +141,7 @@ def load_model(ref: ModelRef | str, device: str = "cpu", dtype: str = "float32",
         ref = resolve(ref)
     tdtype = _torch_dtype(dtype)
     if ref.kind == "organism":
-        from .organisms import load_organism
+        from surgeon.organisms import load_organism
 
         model = load_organism(ref.name, device=device, dtype=dtype)
     else:
@@ -234,98 +234,3 @@ def _neutral_view(src: Path, dest: Path, hf_cfg: dict) -> Path:
     return dest
 
 
-def check_case_against_model(case) -> None:
-    """Model-dependent checks of a case: layers in range, answers that tokenize, chat templates."""
-    from .case import Chat
-    from .sites import COMPONENTS
-
-    where = case.source or f"case {case.name!r}"
-    try:
-        ref = resolve(case.model)
-        shp = shape(ref)
-        tok = load_tokenizer(ref)
-    except ModelError as e:
-        raise CaseError(e.message, where=where, field="model", fix=e.fix) from None
-    for L in case.layers or ():
-        if not 0 <= L < shp.n_layers:
-            raise CaseError(f"layer {L} is out of range: the model has layers 0..{shp.n_layers - 1}", where=where,
-                            field="layers", fix=f"use layers between 0 and {shp.n_layers - 1}")
-    for c in case.components:
-        if COMPONENTS[c].name == "mlp_out" and shp.attn_only:
-            raise CaseError("the model is attention-only and has no MLP", where=where, field="components",
-                            fix="drop mlp_out from components")
-    unk = getattr(tok, "unk_token_id", None)
-    for i, it in enumerate(case.items):
-        for ans in ("correct", "incorrect"):
-            ids = tok(getattr(it, ans), add_special_tokens=False)["input_ids"]
-            if not ids:
-                raise CaseError(f"answer {getattr(it, ans)!r} tokenizes to nothing", where=where,
-                                field=f"items[{i}].{ans}", fix="give an answer with visible text, e.g. \" 9.8\"")
-            if unk is not None and ref.kind == "organism" and unk in ids:
-                raise CaseError(f"answer {getattr(it, ans)!r} has characters the organism does not know", where=where,
-                                field=f"items[{i}].{ans}", fix="use printable ASCII characters")
-    if unk is not None and ref.kind == "organism":
-        for i, it in enumerate(case.items):
-            for k, v in it.values.items():
-                if unk in tok(v, add_special_tokens=False)["input_ids"]:
-                    raise CaseError(f"value {v!r} has characters the organism does not know (they would read as "
-                                    "<unk>)", where=where, field=f"items[{i}].values[{k!r}]",
-                                    fix="use printable ASCII characters")
-        for name, fmt in case.formats.items():
-            text = fmt.user if isinstance(fmt, Chat) else fmt
-            if unk in tok(text, add_special_tokens=False)["input_ids"]:
-                raise CaseError("the template has characters the organism does not know (they would read as <unk>)",
-                                where=where, field=f"formats[{name!r}]", fix="use printable ASCII characters")
-    if case.answer_end == "eos" and tok.eos_token_id is None:
-        raise CaseError("answer_end='eos', but the model's tokenizer has no end-of-sequence token", where=where,
-                        field="answer_end", fix='end answers with text instead, e.g. answer_end="\\n"')
-    if case.align == "index":
-        _check_equal_lengths(case, tok, where)
-    _warn_answer_traps(case, tok, where)
-    for name, fmt in case.formats.items():
-        if isinstance(fmt, Chat) and not getattr(tok, "chat_template", None):
-            raise CaseError(f"format {name!r} asks for the chat template, but the tokenizer has none", where=where,
-                            field=f"formats[{name!r}]", fix="write the format out as a plain template string")
-
-
-def _check_equal_lengths(case, tok, where: str) -> None:
-    """align="index" matches position i to i: every item's prompt must be as long in every format."""
-    from .encoding import encode_prompt
-
-    bos = case.prepend_bos is not False
-    for i, it in enumerate(case.items):
-        lengths = {name: len(encode_prompt(fmt, it.values, tok, bos)[0]) for name, fmt in case.formats.items()}
-        if len(set(lengths.values())) > 1:
-            shown = ", ".join(f"{n!r} {k}" for n, k in lengths.items())
-            raise CaseError(f"align='index' needs prompts of equal length, but items[{i}] has {shown} tokens",
-                            where=where, field="align",
-                            fix="use align='last' or align='anchors' for formats of different length")
-
-
-def _warn_answer_traps(case, tok, where: str) -> None:
-    """Warn (once each) about answers that silently change what is scored: no leading space after a prompt
-    that ends in a word or punctuation, and one answer a prefix of the other."""
-    from .case import Chat
-    from .errors import warn
-
-    plain_ends = [f for f in case.formats.values() if not isinstance(f, Chat) and f and not f[-1].isspace()]
-    bare = [i for i, it in enumerate(case.items) if not it.correct[:1].isspace() and not it.incorrect[:1].isspace()]
-    if plain_ends and bare and len(bare) == len(case.items):
-        a = case.items[0].correct
-        spaced, plain = (tok(x, add_special_tokens=False)["input_ids"] for x in (" " + a, a))
-        it = case.items[0]
-        quoted = [k for ans in (it.correct, it.incorrect) for k, v in it.values.items() if v == ans]
-        spaced_in_prompt = len(quoted) == 2 and all(" {" + k + "}" in f or " {" + k + ":" in f
-                                                    for k in quoted for f in plain_ends)
-        # warn where the tokenizer merges the space into the word, or the answers are options the prompt
-        # itself writes after a space
-        if (len(spaced) == len(plain) and spaced != plain) or spaced_in_prompt:
-            warn(f"{where}: answers start without a space (e.g. {a!r}) after prompts that end in "
-                 f"{plain_ends[0][-1]!r}; the tokenizer reads {' ' + a!r} and {a!r} as different tokens, and a model "
-                 "usually continues with the spaced one. Write answers as the model would continue the prompt.")
-    pre = [i for i, it in enumerate(case.items) if it.correct.startswith(it.incorrect) or it.incorrect.startswith(it.correct)]
-    if pre and case.score == "sequence" and case.answer_end is None:
-        it = case.items[pre[0]]
-        warn(f"{where}: in {len(pre)} item(s), e.g. items[{pre[0]}] ({it.correct!r} / {it.incorrect!r}), one answer is "
-             "a prefix of the other: the shorter one is scored by its own tokens, not by ending there, so it can "
-             "rarely win. Score where each answer ends: answer_end=\"eos\" in the case (or a text, e.g. \"\\n\").")

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .sites import component, unit_label
+from surgeon.sites.nodes import component, unit_label
 
 
 def _f(v: float, spec: str) -> str:
@@ -118,7 +118,7 @@ def model_info(case) -> dict | None:
     """Where the case's model came from: spec, kind, resolved path (a cache snapshot names its revision)."""
     if case is None:
         return None
-    from .models import resolve, shape
+    from surgeon.models.loading import resolve, shape
 
     ref = resolve(case.model)
     shp = shape(ref)
@@ -132,7 +132,7 @@ def save(out: Path, command: str, result, case, args, device: str | None, figure
     """results.json + manifest.json + figures (name -> draw(result, path)) + CSV tables, all or nothing."""
     import csv
 
-    from .results import manifest, staging, write_json
+    from surgeon.results import manifest, staging, write_json
 
     opts = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()
             if k not in ("debug", "out", "case")}

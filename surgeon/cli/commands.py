@@ -9,85 +9,45 @@ import argparse
 import sys
 from pathlib import Path
 
-from . import cli_types
-from .errors import SurgeonError
-
-# the shipped cases (the repository's cases/ folder, inside the package so they run from anywhere)
-CASES_DIR = Path(__file__).parent / "cases"
-DEFAULT_CASE = "cases/decimal_organism.py"
-
-
-def shipped_case(name: str) -> str:
-    """A case path as given, or the shipped case of that name when the path does not exist here."""
-    p = Path(name)
-    if p.exists():
-        return name
-    for cand in (CASES_DIR / p.name, CASES_DIR / f"{p.name}.py"):
-        if cand.is_file():
-            return str(cand)
-    return name
-
-
-def _common(p: argparse.ArgumentParser, case: bool = True,
-            out_help: str = "write results.json, manifest.json, figures and tables here (default: print only)") -> None:
-    if case:
-        p.add_argument("case", nargs="?", default=DEFAULT_CASE, type=shipped_case,
-                       help=f"case file, or the name of a shipped case (see `surgeon cases`; default: {DEFAULT_CASE})")
-    p.add_argument("--model", help="run the case on this model instead (organism:NAME, a checkpoint directory, "
-                                   "or a Hugging Face name in the local cache)")
-    p.add_argument("--out", type=Path, help=out_help)
-    p.add_argument("--device", default=None, help="cpu, cuda, cuda:1, mps (default: cuda if available, else cpu)")
-    p.add_argument("--dtype", default="float32", help="float32, bfloat16 or float16 (default: float32)")
-    p.add_argument("--n-devices", type=cli_types.positive, default=1,
-                   help="split the model's layers over this many GPUs (TransformerLens n_devices; default 1)")
-    p.add_argument("--batch-size", type=cli_types.positive, default=256,
-                   help="rows per forward pass (default: 256); patched runs that recompute only the last positions "
-                        "fit proportionally more rows in the same memory")
-    p.add_argument("--seed", type=int, default=0, help="random seed (default: 0)")
-    p.add_argument("--threads", type=cli_types.positive, default=None, help="CPU threads for torch (default: torch's choice)")
-    p.add_argument("--debug", action="store_true", help="show tracebacks")
-
-
-def _items(p: argparse.ArgumentParser) -> None:
-    """Which failing format and which items an analysis runs on."""
-    p.add_argument("--bad", help="which failing format (default: the case's first)")
-    p.add_argument("--tag", help="only items with this tag ('all' for every item; default: the case's focus)")
-
+from surgeon.cli import types as cli_types
+from surgeon.cli.common import (CASES_DIR, add_common, add_items, layers_of, load_case_and_model,
+                                 print_report, setup)
+from surgeon.errors import SurgeonError
 
 def build_parser() -> argparse.ArgumentParser:
-    from .sites import COMPONENTS
+    from surgeon.sites.nodes import COMPONENTS
 
     parser = argparse.ArgumentParser(prog="surgeon", description=__doc__.splitlines()[0])
     parser.add_argument("--version", action="version", version="surgeon 0.1.0")
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("diagnose", help="accuracy and score per format, with intervals: is the failure there?")
-    _common(p)
+    add_common(p)
     p.add_argument("--generate", type=cli_types.nonnegative, default=0, metavar="N",
                    help="also generate N tokens greedily per focus item and judge them (what the paper did)")
 
     p = sub.add_parser("patch", help="patch each head (unit) of each layer from one format into the other")
-    _common(p)
+    add_common(p)
     p.add_argument("--layers", help="layers to patch, e.g. 0,1,2 or 0-2 (default: the case's, else all)")
     p.add_argument("--component", default="z", choices=list(COMPONENTS), help="what to patch (default: z)")
     p.add_argument("--direction", default="denoise", choices=["denoise", "noise"],
                    help="denoise: good format into the failing one (repair); noise: the reverse (default: denoise)")
-    _items(p)
+    add_items(p)
 
     p = sub.add_parser("attribute", help="estimate every unit's patching effect from one backward pass "
                                          "(gradients w.r.t. the masks); --compare checks it against exact patching")
-    _common(p)
+    add_common(p)
     p.add_argument("--layers", help="layers, e.g. 0,1,2 or 0-2 (default: the case's, else all)")
     p.add_argument("--component", default="z", choices=list(COMPONENTS), help="what to attribute (default: z)")
     p.add_argument("--direction", default="denoise", choices=["denoise", "noise"],
                    help="denoise: gradients of patching the good format into the failing one (repair); noise: the "
                         "reverse (default: denoise)")
-    _items(p)
+    add_items(p)
     p.add_argument("--compare", action="store_true", help="also run exact per-unit patching and correlate")
 
     p = sub.add_parser("threshold", help="search head subsets that repair: fraction repairing per size k, "
                                          "threshold k*, minimal subsets, per-head necessity")
-    _common(p, out_help="where the search, its checkpoints and results go (default: out/threshold-CASE-LLAYER "
+    add_common(p, out_help="where the search, its checkpoints and results go (default: out/threshold-CASE-LLAYER "
                         "under the current directory)")
     p.add_argument("--layer", type=cli_types.layer, help="candidate heads: every head of this layer (or pick with --heads)")
     p.add_argument("--heads", help="candidate heads: 0,2,5 (of --layer) or L1H0,L2H3")
@@ -105,7 +65,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--component", default="z", choices=["z", "o_slices", "q", "k", "v"],
                    help="what a head's patch replaces: z (head output before W_O), o_slices (its slice after W_O), "
                         "q, k or v (its query, key or value input) (default: z)")
-    _items(p)
+    add_items(p)
     p.add_argument("--chunk", type=cli_types.positive, default=256, help="subsets per saved chunk (default 256)")
     p.add_argument("--shard", help="i/n: evaluate only every n-th chunk (merge shards with surgeon merge)")
     p.add_argument("--resume", action="store_true", help="continue the search saved in --out")
@@ -123,19 +83,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--debug", action="store_true", help="show tracebacks")
 
     p = sub.add_parser("blend", help="blend (1-a)*failing + a*good for chosen heads: where does repair switch on?")
-    _common(p)
+    add_common(p)
     p.add_argument("--layer", type=cli_types.layer, required=True, help="the layer whose heads (or output) are blended")
     p.add_argument("--heads", help="heads to blend, e.g. 0,2,4 (default: all heads of the layer)")
     p.add_argument("--component", default="z", choices=["z", "o_slices", "attn_out", "pattern", "mlp_out", "resid_pre"],
                    help="z: head outputs; attn_out: the whole layer output (the paper's 'pattern replacement'); "
                         "pattern: attention patterns (equal-length formats only) (default: z)")
     p.add_argument("--step", type=cli_types.fraction, default=0.01, help="grid step for a (default 0.01)")
-    _items(p)
+    add_items(p)
 
     p = sub.add_parser("circuit", help="path-level circuit discovery: score every edge, prune a faithful circuit, "
                                        "rank complete paths by path patching, export the graph")
-    _common(p)
-    from .circuits.methods import IG_STEPS, MAX_IG_STEPS, METHODS
+    add_common(p)
+    from surgeon.circuits.methods import IG_STEPS, MAX_IG_STEPS, METHODS
 
     p.add_argument("--method", choices=list(METHODS),
                    help="edge scores: " + "; ".join(f"{k}: {v}" for k, v in METHODS.items())
@@ -154,20 +114,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--verify", type=cli_types.nonnegative, default=50, help="top edges whose estimate is checked by exact patching (default: 50)")
     p.add_argument("--export", nargs="+", type=Path, default=[], metavar="FILE",
                    help="write the circuit graph; format from the suffix: .graphml .gexf .json .mib.json .dot .svg .pdf .tex .png")
-    _items(p)
+    add_items(p)
 
     p = sub.add_parser("circuit-eval", help="faithfulness of a circuit read from a file (our JSON exports, "
                                             "or an EAP-IG / MIB circuit JSON)")
-    _common(p)
+    add_common(p)
     p.add_argument("graph", type=Path, help="the circuit file (.json or .mib.json)")
     p.add_argument("--ablation", default="resample", choices=["resample", "mean", "zero"],
                    help="what a patched edge carries (default: resample)")
     p.add_argument("--direction", default="denoise", choices=["denoise", "noise"], help="default: denoise")
-    _items(p)
+    add_items(p)
 
-    from .sae_cli import add_parser as add_sae
+    from surgeon.cli.sae import add_parser as add_sae
 
-    add_sae(sub, _common, _items)
+    add_sae(sub, add_common, add_items)
 
     p = sub.add_parser("cases", help="the case files shipped with surgeon (copy one to start your own)")
     p.add_argument("action", nargs="?", choices=["list"], help="list them (what `surgeon cases` does anyway)")
@@ -191,151 +151,39 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def parse_layers(text: str | None):
-    if text is None:
-        return None
-    out: list[int] = []
-    try:
-        for part in text.split(","):
-            part = part.strip()
-            if "-" in part[1:]:
-                a, b = part.split("-", 1)
-                if int(b) < int(a):
-                    raise SurgeonError(f"layer range {part!r} runs backwards", field="--layers",
-                                       fix=f"write it low to high: {b}-{a}")
-                out += range(int(a), int(b) + 1)
-            elif part:
-                out.append(int(part))
-    except ValueError:
-        raise SurgeonError(f"cannot read layers {text!r}", field="--layers", fix="write e.g. 3 or 0,2,5 or 0-4") from None
-    if any(L < 0 for L in out):
-        raise SurgeonError(f"layers are numbered from 0, got {text!r}", field="--layers", fix="write e.g. 3 or 0,2,5 or 0-4")
-    return out
-
-
-def _device(arg: str | None) -> str:
-    import torch
-
-    if arg:
-        try:
-            dev = torch.device(arg)
-        except (RuntimeError, ValueError):
-            raise SurgeonError(f"unknown device {arg!r}", field="--device", fix="use cpu, cuda, cuda:1 or mps") from None
-        if dev.type == "cuda" and not torch.cuda.is_available():
-            raise SurgeonError("CUDA was asked for but is not available", field="--device", fix="use --device cpu")
-        if dev.type == "cuda" and dev.index is not None and dev.index >= torch.cuda.device_count():
-            raise SurgeonError(f"there is no {arg} (this machine has {torch.cuda.device_count()} GPUs)", field="--device",
-                               fix="use cuda:0 .. cuda:N-1")
-        if dev.type == "mps" and not torch.backends.mps.is_available():
-            raise SurgeonError("MPS was asked for but is not available", field="--device", fix="use --device cpu")
-        if dev.type not in ("cpu", "cuda", "mps"):
-            raise SurgeonError(f"device {arg!r} is not supported", field="--device", fix="use cpu, cuda, cuda:1 or mps")
-        return arg
-    return "cuda" if torch.cuda.is_available() else "cpu"
-
-
-def _setup(args):
-    import torch
-
-    if getattr(args, "threads", None):
-        torch.set_num_threads(args.threads)
-    torch.manual_seed(getattr(args, "seed", 0))
-
-
-def check_out(out) -> None:
-    """Refuse an --out that cannot be written before any work is done, and take a lock on it so that a
-    second run writing the same folder is refused (the lock lasts as long as this process)."""
-    import fcntl
-    import os
-
-    if out is None:
-        return
-    out = Path(out).expanduser().absolute()
-    if out.exists() and not out.is_dir():
-        raise SurgeonError(f"{out} exists and is a file", field="--out", fix="give a directory (new or existing)")
-    parent = out
-    while not parent.exists():
-        parent = parent.parent
-    if not parent.is_dir():
-        raise SurgeonError(f"{parent} is a file, so {out} cannot be made", field="--out", fix="choose another directory")
-    if not os.access(parent, os.W_OK | os.X_OK):
-        raise SurgeonError(f"{parent} is not writable", field="--out", fix="choose a directory you can write to")
-    lock_dir = out.parent if out.parent.exists() else parent
-    fd = os.open(lock_dir / f".{out.name}.surgeon-lock", os.O_CREAT | os.O_RDWR, 0o666)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
-        os.close(fd)
-        raise SurgeonError(f"another surgeon run is writing {out}", field="--out",
-                           fix="wait for it to finish, or use another --out") from None
-    _LOCKS.append(fd)
-
-
-_LOCKS: list[int] = []
-
-
-def _load(args, check=None):
-    """case -> model, for the analysis commands; `check(case)` refuses bad input before the model loads."""
-    from .case import load_case
-    from .models import load_model
-
-    check_out(getattr(args, "out", None))
-    case = load_case(args.case, model=args.model)  # before torch is imported: a bad case file is refused at once
-    if check is not None:
-        check(case)
-    _setup(args)
-    device = _device(args.device)
-    model = load_model(case.model, device=device, dtype=args.dtype, n_devices=args.n_devices)
-    return case, model, device
-
-
 def cmd_diagnose(args) -> int:
-    from . import figures, report
-    from .analyses import diagnose
+    from surgeon.report import figures
+    from surgeon.report import text as report
+    from surgeon.analyses import diagnose
 
-    case, model, device = _load(args)
+    case, model, device = load_case_and_model(args)
     d = diagnose(case, model, batch_size=args.batch_size, generate=args.generate, progress=True)
-    return _report(args, "diagnose", d, case, device, report.diagnosis_text(d, case),
+    return print_report(args, "diagnose", d, case, device, report.diagnosis_text(d, case),
                    {"accuracy.png": figures.diagnosis_figure}, {"items.csv": report.diagnosis_rows(d)})
 
 
-def _report(args, kind: str, result, case, device, text: str, figures: dict, tables: dict | None = None) -> int:
-    """Print a command's report; with --out, save results, manifest, figures and tables and say so."""
-    from . import report
-
-    print(text)
-    if args.out:
-        report.save(args.out, kind, result, case, args, device, figures=figures, tables=tables)
-        print(f"\nwrote {args.out}/" + ", ".join(["results.json", "manifest.json", *figures, *(tables or {})]))
-    return 0
-
-
-def _layers(args, case):
-    """--layers if given, else the case's default layers, else None (all)."""
-    layers = parse_layers(args.layers)
-    return list(case.layers) if layers is None and case.layers is not None else layers
-
-
 def cmd_patch(args) -> int:
-    from . import figures, report
-    from .analyses import patch_heads
+    from surgeon.report import figures
+    from surgeon.report import text as report
+    from surgeon.analyses import patch_heads
 
-    case, model, device = _load(args)
-    layers = _layers(args, case)
+    case, model, device = load_case_and_model(args)
+    layers = layers_of(args, case)
     r = patch_heads(case, model, layers=layers, component=args.component, direction=args.direction, bad=args.bad,
                     tag=args.tag, batch_size=args.batch_size, progress=True)
-    return _report(args, "patch", r, case, device, report.patch_text(r), {"heatmap.png": figures.patch_heatmap})
+    return print_report(args, "patch", r, case, device, report.patch_text(r), {"heatmap.png": figures.patch_heatmap})
 
 
 def cmd_attribute(args) -> int:
-    from . import figures, report
-    from .analyses import attribute
+    from surgeon.report import figures
+    from surgeon.report import text as report
+    from surgeon.analyses import attribute
 
-    case, model, device = _load(args)
-    layers = _layers(args, case)
+    case, model, device = load_case_and_model(args)
+    layers = layers_of(args, case)
     r = attribute(case, model, layers=layers, component=args.component, direction=args.direction, bad=args.bad,
                   tag=args.tag, batch_size=args.batch_size, compare=args.compare)
-    return _report(args, "attribute", r, case, device, report.attribution_text(r),
+    return print_report(args, "attribute", r, case, device, report.attribution_text(r),
                    {"attribution.png": figures.attribution_heatmap})
 
 
@@ -351,8 +199,8 @@ def _int_list(text: str | None, field: str):
 def cmd_threshold(args) -> int:
     import json
 
-    from . import report
-    from .analyses.threshold import Interrupted, threshold_search
+    from surgeon.report import text as report
+    from surgeon.search.threshold import Interrupted, threshold_search
 
     out = args.out or Path("out") / f"threshold-{Path(args.case).stem}-L{args.layer if args.layer is not None else 'x'}"
     args.out = out  # the checkpoint needs a folder: out/threshold-CASE-LN unless --out says otherwise
@@ -375,7 +223,7 @@ def cmd_threshold(args) -> int:
             raise SurgeonError("--grid takes two group names", field="--grid", fix="e.g. --grid even,odd")
     ray = None
     if args.ray:
-        from .distributed import RayOptions, import_ray
+        from surgeon.search.ray import RayOptions, import_ray
 
         import_ray()
         if args.ray_workers is not None and args.ray_workers < 1:
@@ -383,7 +231,7 @@ def cmd_threshold(args) -> int:
                                fix="e.g. --ray-workers 2")
         ray = RayOptions(address=None if args.ray == "local" else args.ray, workers=args.ray_workers,
                          threads=args.threads or 1)
-    case, model, device = _load(args)
+    case, model, device = load_case_and_model(args)
     try:
         r = threshold_search(case, model, layer=args.layer, heads=args.heads, groups=groups, groups_spec=spec, grid=grid,
                              budget=args.budget, grid_budget=args.grid_budget, item_rate=args.item_rate, x=args.x,
@@ -405,9 +253,10 @@ def cmd_threshold(args) -> int:
 
 
 def _write_threshold(out, r, case, args, device):
-    from . import figures, report
-    from .analyses.subsets import plan_from_options, subsets_csv_rows
-    from .analyses.threshold import per_subset
+    from surgeon.report import figures
+    from surgeon.report import text as report
+    from surgeon.search.subsets import plan_from_options, subsets_csv_rows
+    from surgeon.search.threshold import per_subset
 
     plan = plan_from_options(r.options)
     report.save(out, "threshold", r, case, args, device, figures={"threshold.png": figures.threshold_figure},
@@ -415,8 +264,8 @@ def _write_threshold(out, r, case, args, device):
 
 
 def cmd_merge(args) -> int:
-    from . import report
-    from .analyses.threshold import merge
+    from surgeon.report import text as report
+    from surgeon.search.threshold import merge
 
     r = merge(args.dirs, args.out)
     _write_threshold(args.out, r, None, args, None)
@@ -426,17 +275,18 @@ def cmd_merge(args) -> int:
 
 
 def cmd_blend(args) -> int:
-    from . import figures, report
-    from .analyses.blend import blend
+    from surgeon.report import figures
+    from surgeon.report import text as report
+    from surgeon.analyses.blend import blend
 
-    case, model, device = _load(args)
+    case, model, device = load_case_and_model(args)
     r = blend(case, model, layer=args.layer, heads=_int_list(args.heads, "--heads"), component=args.component,
               step=args.step, bad=args.bad, tag=args.tag, batch_size=args.batch_size)
-    return _report(args, "blend", r, case, device, report.blend_text(r), {"blend.png": figures.blend_figure})
+    return print_report(args, "blend", r, case, device, report.blend_text(r), {"blend.png": figures.blend_figure})
 
 
 def cmd_organisms(args) -> int:
-    from . import organisms
+    from surgeon import organisms
 
     if args.action == "list":
         print(f"{'organism':22s} {'weights':8s} what it is / what was measured")
@@ -471,11 +321,13 @@ def cmd_organisms(args) -> int:
             print(f"  {line}")
         print("\nground truth:\n" + json.dumps(organisms.ground_truth(args.name), indent=2))
         return 0
-    _setup(args)
+    setup(args)
     dest = organisms.train_organism(args.name, out_root=args.out, shrink=args.shrink, seed=args.seed,
                                     device=args.device, progress=True)
     print(f"saved {dest}")
-    facts, miss = organisms.measure(args.name, root=dest.parent, write=True)
+    from surgeon.organisms.measure import measure
+
+    facts, miss = measure(args.name, root=dest.parent, write=True)
     print(f"measured organism:{args.name}:")
     for line in organisms.spec(args.name).module.describe(facts):
         print(f"  {line}")
@@ -484,16 +336,17 @@ def cmd_organisms(args) -> int:
 
 
 def cmd_circuit(args) -> int:
-    from . import figures, report
-    from .analyses.circuit import discover
-    from .circuits.export import check_targets
+    from surgeon.report import figures
+    from surgeon.report import text as report
+    from surgeon.analyses.circuit import discover
+    from surgeon.circuits.export import check_targets
 
     check_targets(args.export)  # refuse before loading anything
-    case, model, device = _load(args)
+    case, model, device = load_case_and_model(args)
     r = discover(case, model, method=args.method, ablation=args.ablation, direction=args.direction, bad=args.bad,
                  tag=args.tag, target=None if args.edges else args.faithfulness, n_edges=args.edges,
                  n_paths=args.paths, ig_steps=args.ig_steps, verify=args.verify, batch_size=args.batch_size)
-    code = _report(args, "circuit", r, case, device, report.circuit_text(r),
+    code = print_report(args, "circuit", r, case, device, report.circuit_text(r),
                    {"faithfulness.png": figures.faithfulness_figure, "circuit.png": _circuit_png(model)})
     if args.export:
         export_circuit(r, model, args.export)
@@ -503,21 +356,21 @@ def cmd_circuit(args) -> int:
 
 def _circuit_png(model):
     def draw(r, path):
-        from .circuits.export import png
+        from surgeon.circuits.export import png
 
         png(circuit_graph(r, model), path, f"{r.case}: {len(r.circuit)} edges, f = {r.circuit_faithfulness:.2f}")
     return draw
 
 
 def circuit_graph(r, model):
-    from .circuits.graph import build_graph
-    from .edges import EdgeSite
+    from surgeon.circuits.graph import build_graph
+    from surgeon.sites.edges import EdgeSite
 
     return build_graph(EdgeSite.of(model.cfg, r.ablation), r.scores, r.exact, r.circuit)
 
 
 def export_circuit(r, model, files) -> None:
-    from .circuits.export import write
+    from surgeon.circuits.export import write
 
     g = circuit_graph(r, model)
     for f in files:
@@ -528,25 +381,25 @@ def export_circuit(r, model, files) -> None:
 
 
 def cmd_circuit_eval(args) -> int:
-    from . import report
-    from .analyses.circuit import evaluate_circuit
-    from .circuits.export import read_circuit
+    from surgeon.report import text as report
+    from surgeon.analyses.circuit import evaluate_circuit
+    from surgeon.circuits.export import read_circuit
 
     circuit = read_circuit(args.graph)  # refused before the model loads
 
     def against_the_model(case):  # names, cfg and GQA copies checked from the model's config alone
         from types import SimpleNamespace
 
-        from .circuits.export import edges_for_model
-        from .edges import EdgeSite
-        from .models import resolve, shape
+        from surgeon.circuits.export import edges_for_model
+        from surgeon.sites.edges import EdgeSite
+        from surgeon.models.loading import resolve, shape
 
         shp = shape(resolve(case.model))
         cfg = SimpleNamespace(n_layers=shp.n_layers, n_heads=shp.n_heads, n_key_value_heads=shp.n_kv_heads,
                               attn_only=shp.attn_only, parallel_attn_mlp=False, d_model=shp.d_model)
         edges_for_model(circuit, EdgeSite.of(cfg, args.ablation), cfg, str(args.graph))
 
-    case, model, device = _load(args, check=against_the_model)
+    case, model, device = load_case_and_model(args, check=against_the_model)
     r = evaluate_circuit(case, model, circuit, ablation=args.ablation, direction=args.direction, bad=args.bad,
                          tag=args.tag, batch_size=args.batch_size, where=str(args.graph))
     print(report.circuit_eval_text(r, args.graph))
@@ -567,7 +420,7 @@ def cmd_cases(args) -> int:
 
 
 def cmd_sae(args) -> int:
-    from .sae_cli import run
+    from surgeon.cli.sae import run
 
     return run(args)
 

@@ -16,7 +16,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Callable, Iterable
 
-from .errors import AnalysisError
+from surgeon.errors import AnalysisError
 
 INSTALL = 'pip install -e ".[ray]"  (or pip install "ray>=2.40")'
 

@@ -45,7 +45,7 @@ COMPONENTS: dict[str, Component] = {c.name: c for c in _ALL}
 
 def component(name: str) -> Component:
     if name not in COMPONENTS:
-        from .errors import AnalysisError
+        from surgeon.errors import AnalysisError
 
         raise AnalysisError(f"unknown component {name!r}", field="component",
                             fix=f"use one of: {', '.join(COMPONENTS)}")
@@ -64,7 +64,7 @@ def n_units(comp: str, cfg) -> int:
     if c.units == "kv_head":
         return getattr(cfg, "n_key_value_heads", None) or cfg.n_heads
     if c.name == "mlp_out" and getattr(cfg, "attn_only", False):
-        from .errors import AnalysisError
+        from surgeon.errors import AnalysisError
 
         raise AnalysisError("this model is attention-only: it has no MLP", field="component",
                             fix="choose an attention component (z, q, k, v, pattern, attn_out)")
@@ -84,7 +84,7 @@ _HOOK_RE = re.compile(r"^blocks\.(\d+)\.")
 
 
 def hook_layer(hook: str) -> int:
-    from .errors import AnalysisError
+    from surgeon.errors import AnalysisError
 
     m = _HOOK_RE.match(hook)
     if not m:
@@ -94,7 +94,7 @@ def hook_layer(hook: str) -> int:
 
 def hook_component(hook: str) -> Component:
     """The default component at a hook point (`o_slices` must be asked for with a Site)."""
-    from .errors import AnalysisError
+    from surgeon.errors import AnalysisError
 
     for c in COMPONENTS.values():
         if re.fullmatch(c.hook.replace(".", r"\.").replace("{layer}", r"\d+"), hook) and c.units != "slice":

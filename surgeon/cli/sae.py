@@ -6,8 +6,8 @@ import argparse
 import json
 from pathlib import Path
 
-from . import cli_types
-from .errors import SurgeonError
+from surgeon.cli import types as cli_types
+from surgeon.errors import SurgeonError
 
 
 def add_parser(sub, common, items) -> None:
@@ -80,13 +80,13 @@ def add_parser(sub, common, items) -> None:
 
 
 def _source(args, case):
-    from .sae.load import SAESource
+    from surgeon.sae.load import SAESource
 
     return SAESource.from_case(case, args.sae_release, args.sae_id, args.sae_dir)
 
 
-def _layers(args, model, source):
-    from .cli import parse_layers
+def layers_of(args, model, source):
+    from surgeon.cli.common import parse_layers
 
     n = model.cfg.n_layers
     layers = parse_layers(getattr(args, "layers", None))
@@ -106,34 +106,35 @@ def _layers(args, model, source):
 
 
 def run(args) -> int:
-    from .cli import _load, _report
+    from surgeon.cli.common import load_case_and_model, print_report
 
-    case, model, device = _load(args)
+    case, model, device = load_case_and_model(args)
     if args.action == "train":
-        return _train(args, case, model, device, _report)
-    from . import figures, report
-    from .sae.load import load_sae
+        return _train(args, case, model, device, print_report)
+    from surgeon.report import figures
+    from surgeon.report import text as report
+    from surgeon.sae.load import load_sae
 
     source = _source(args, case)
     dtype = args.dtype
     if args.action in ("quality", "overlap"):
-        layers = _layers(args, model, source)
+        layers = layers_of(args, model, source)
         saes = {L: load_sae(source, L, device, dtype) for L in layers}
         where = {L: source.describe(L) for L in layers}
         if args.action == "quality":
-            from .features import sae_hook
-            from .sae.quality import measure, quality_text
-            from .sae.train import collect_activations
+            from surgeon.sites.features import sae_hook
+            from surgeon.sae.quality import measure, quality_text
+            from surgeon.sae.train import collect_activations
 
             hooks = {L: sae_hook(s) for L, s in saes.items()}
             acts = collect_activations(case, model, sorted(set(hooks.values())))
             qs = [measure(case, model, saes[L], L, hooks[L], acts[hooks[L]], where[L], args.batch_size) for L in layers]
-            return _report(args, "sae-quality", qs, case, device, quality_text(qs), {})
-        from .analyses.sae_features import overlap
+            return print_report(args, "sae-quality", qs, case, device, quality_text(qs), {})
+        from surgeon.analyses.sae_features import overlap
 
         r = overlap(case, model, saes, k=args.top_k, position=args.position, bad=args.bad, tag=args.tag or "all",
                     sources=where)
-        return _report(args, "sae-overlap", r, case, device, report.overlap_text(r), {"overlap.png": figures.overlap_figure})
+        return print_report(args, "sae-overlap", r, case, device, report.overlap_text(r), {"overlap.png": figures.overlap_figure})
     L = args.layer if args.action != "heads" else args.sae_layer
     if not 0 <= L < model.cfg.n_layers:
         raise SurgeonError(f"layer {L} is out of range (the model has layers 0..{model.cfg.n_layers - 1})",
@@ -141,7 +142,7 @@ def run(args) -> int:
                            fix=f"use a layer between 0 and {model.cfg.n_layers - 1}")
     sae = load_sae(source, L, device, dtype)
     if args.action == "amplified":
-        from .analyses.sae_features import amplified
+        from surgeon.analyses.sae_features import amplified
 
         labels = None
         if args.labels:
@@ -153,27 +154,27 @@ def run(args) -> int:
         r = amplified(case, model, sae, L, bad=args.bad, position=args.position, tag=args.tag or "all",
                       min_items=args.min_items, top=args.top, labels=labels, neuronpedia=source.neuronpedia(L),
                       source=source.describe(L))
-        return _report(args, "sae-amplified", r, case, device, report.amplified_text(r, args.top), {})
+        return print_report(args, "sae-amplified", r, case, device, report.amplified_text(r, args.top), {})
     if args.action == "heads":
-        from .analyses.sae_heads import head_feature_effects
+        from surgeon.analyses.sae_heads import head_feature_effects
 
         groups = [g for g in args.groups.split(",") if g.strip()]
         r = head_feature_effects(case, model, sae, layer=args.layer, groups=groups, bad=args.bad, tag=args.tag,
                                  top=args.top, batch_size=args.batch_size, source=source.describe(L))
-        return _report(args, "sae-heads", r, case, device, report.head_feature_text(r),
+        return print_report(args, "sae-heads", r, case, device, report.head_feature_text(r),
                        {"heads_features.png": figures.head_feature_heatmap})
-    from .analyses.sae_repair import feature_repair
+    from surgeon.analyses.sae_repair import feature_repair
 
     r = feature_repair(case, model, sae, top=args.top, direction=args.direction, bad=args.bad, tag=args.tag,
                        budget=args.budget, item_rate=args.item_rate, batch_size=args.batch_size, source=source.describe(L), progress=True)
-    return _report(args, "sae-repair", r, case, device, report.feature_repair_text(r), {})
+    return print_report(args, "sae-repair", r, case, device, report.feature_repair_text(r), {})
 
 
 def _train(args, case, model, device, report_fn) -> int:
-    from . import organisms
-    from .models import resolve
-    from .sae.quality import measure, quality_text
-    from .sae.train import TrainOptions, collect_activations, save, train_sae
+    from surgeon import organisms
+    from surgeon.models.loading import resolve
+    from surgeon.sae.quality import measure, quality_text
+    from surgeon.sae.train import TrainOptions, collect_activations, save, train_sae
 
     out = args.sae_out
     if out is None:
@@ -181,11 +182,11 @@ def _train(args, case, model, device, report_fn) -> int:
         if ref.kind != "organism":
             raise SurgeonError("where should the SAEs go?", field="--sae-out", fix="give --sae-out DIR")
         out = organisms.sae_dir(ref.name)
-    layers = _layers(argparse.Namespace(layers=args.layers), model, _AllLayers())
+    layers = layers_of(argparse.Namespace(layers=args.layers), model, _AllLayers())
     hooks = {L: f"blocks.{L}.hook_{args.component}" for L in layers}
     acts = collect_activations(case, model, list(hooks.values()))
     opts = TrainOptions(expansion=args.expansion, k=args.k, steps=args.steps, seed=args.seed)
-    from .models import weights_sha256
+    from surgeon.models.loading import weights_sha256
 
     model_sha = weights_sha256(resolve(case.model))
     from tqdm.auto import tqdm
@@ -199,7 +200,7 @@ def _train(args, case, model, device, report_fn) -> int:
                                              command=f"surgeon sae train {args.case} --layers {L} --component "
                                                      f"{args.component} --k {opts.k} --expansion {opts.expansion} "
                                                      f"--steps {opts.steps} --seed {opts.seed}"))
-        from .sae.load import SAESource, load_sae
+        from surgeon.sae.load import SAESource, load_sae
 
         inf = load_sae(SAESource(path=str(Path(out) / hooks[L])), L)
         qs.append(measure(case, model, inf, L, hooks[L], acts[hooks[L]], str(Path(out) / hooks[L]), args.batch_size))

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import numpy as np
 
-from .errors import AnalysisError
-from .results import follow_umask
+from surgeon.errors import AnalysisError
+from surgeon.results import follow_umask
 
 
 def parse_shard(text: str | None) -> tuple[int, int]:
@@ -55,7 +55,7 @@ class ChunkStore:
                     for k in z.files:
                         z[k]
             except Exception as e:
-                from .errors import warn
+                from surgeon.errors import warn
 
                 warn(f"{p} cannot be read ({type(e).__name__}); it is set aside as {p.name}.broken and evaluated again")
                 os.replace(p, p.with_name(p.name + ".broken"))

@@ -28,8 +28,8 @@ from typing import Literal
 import torch
 from torch import Tensor
 
-from .errors import AnalysisError
-from .sites import Site
+from surgeon.errors import AnalysisError
+from surgeon.sites.nodes import Site
 
 Ablation = Literal["resample", "mean", "zero"]
 ABLATIONS = ("resample", "mean", "zero")

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Literal, Mapping, Sequence
 
-from .errors import CaseError
+from surgeon.errors import CaseError
 
 # last: the last prompt token and the answer tokens, matched from the end (default)
 # end: the last prompt token only
@@ -115,8 +115,9 @@ def placeholders(fmt: Format) -> set[str]:
         raise ValueError(f"template {text!r} is not a valid format string ({e})") from None
 
 
-def load_case(path: str | Path, check_model: bool = True, model: str | None = None) -> Case:
-    """Run a case file and validate it (and, with `check_model`, against its model's config).
+def read_case(path: str | Path, model: str | None = None) -> Case:
+    """Run a case file and validate its fields (no model is touched: `surgeon.load_case` also checks the
+    case against its model's config).
 
     `model` replaces the case's model (e.g. a local checkpoint directory of the same architecture)."""
     path = Path(path)
@@ -158,10 +159,6 @@ def load_case(path: str | Path, check_model: bool = True, model: str | None = No
         if not Path(case.model).expanduser().is_absolute() and local.is_dir():
             case = replace(case, model=str(local))
     validate(case, where)
-    if check_model:
-        from .models import check_case_against_model
-
-        check_case_against_model(case)
     return case
 
 
@@ -259,7 +256,7 @@ def validate(case: Case, where: str | None = None) -> None:
         fail("answer_end", f"is {case.answer_end!r}", 'use None, "eos" (the tokenizer\'s end token) or text such as "\\n"')
     if case.focus is not None and case.focus not in case.tags:
         fail("focus", f"no item has tag {case.focus!r}", f"use one of the item tags: {', '.join(case.tags)} (or None)")
-    from .sites import COMPONENTS
+    from surgeon.sites.nodes import COMPONENTS
 
     for c in case.components:
         if c not in COMPONENTS:

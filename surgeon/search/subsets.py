@@ -8,7 +8,7 @@ subsets are enumerated when that fits `budget`, else `budget` are sampled unifor
 replacement, and the report says which.
 
 The work is a deterministic plan of unique subsets, evaluated in chunks that are saved as they finish
-(see `surgeon.jobs`): a run resumes, splits into shards, and merges into the result one run gives.
+(see `surgeon.search.store`): a run resumes, splits into shards, and merges into the result one run gives.
 """
 from __future__ import annotations
 
@@ -23,8 +23,8 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
-from ..errors import AnalysisError
-from ..stats import wilson
+from surgeon.errors import AnalysisError
+from surgeon.stats import wilson
 
 
 # ----------------------------------------------------------------------------- candidates and groups
@@ -191,7 +191,7 @@ def chunk_scores(contrast, plan: Plan, c: int, chunk: int, component: str = "z",
     `sites` (layer -> site) overrides the component's sites, e.g. an SAE's `FeatureSite`."""
     import torch
 
-    from ..sites import Site
+    from surgeon.sites.nodes import Site
 
     n_units = len(plan.units)
     layers = sorted({u.layer for u in plan.units})

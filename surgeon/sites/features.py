@@ -22,8 +22,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from .errors import AnalysisError
-from .sites import Site, hook_component, hook_layer
+from surgeon.errors import AnalysisError
+from surgeon.sites.nodes import Site, hook_component, hook_layer
 
 
 @dataclass(frozen=True, eq=False)

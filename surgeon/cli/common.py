@@ -1,0 +1,138 @@
+"""What every command shares: the shipped cases, layers and devices from the command line, case -> model,
+and printing (and with --out saving) a report."""
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from surgeon.cli import types as cli_types
+from surgeon.errors import SurgeonError
+
+
+# the shipped cases (the repository's cases/ folder, inside the package so they run from anywhere)
+CASES_DIR = Path(__file__).parent.parent / "cases"
+
+
+DEFAULT_CASE = "cases/decimal_organism.py"
+
+
+def shipped_case(name: str) -> str:
+    """A case path as given, or the shipped case of that name when the path does not exist here."""
+    p = Path(name)
+    if p.exists():
+        return name
+    for cand in (CASES_DIR / p.name, CASES_DIR / f"{p.name}.py"):
+        if cand.is_file():
+            return str(cand)
+    return name
+
+
+def add_common(p: argparse.ArgumentParser, case: bool = True,
+            out_help: str = "write results.json, manifest.json, figures and tables here (default: print only)") -> None:
+    if case:
+        p.add_argument("case", nargs="?", default=DEFAULT_CASE, type=shipped_case,
+                       help=f"case file, or the name of a shipped case (see `surgeon cases`; default: {DEFAULT_CASE})")
+    p.add_argument("--model", help="run the case on this model instead (organism:NAME, a checkpoint directory, "
+                                   "or a Hugging Face name in the local cache)")
+    p.add_argument("--out", type=Path, help=out_help)
+    p.add_argument("--device", default=None, help="cpu, cuda, cuda:1, mps (default: cuda if available, else cpu)")
+    p.add_argument("--dtype", default="float32", help="float32, bfloat16 or float16 (default: float32)")
+    p.add_argument("--n-devices", type=cli_types.positive, default=1,
+                   help="split the model's layers over this many GPUs (TransformerLens n_devices; default 1)")
+    p.add_argument("--batch-size", type=cli_types.positive, default=256,
+                   help="rows per forward pass (default: 256); patched runs that recompute only the last positions "
+                        "fit proportionally more rows in the same memory")
+    p.add_argument("--seed", type=int, default=0, help="random seed (default: 0)")
+    p.add_argument("--threads", type=cli_types.positive, default=None, help="CPU threads for torch (default: torch's choice)")
+    p.add_argument("--debug", action="store_true", help="show tracebacks")
+
+
+def add_items(p: argparse.ArgumentParser) -> None:
+    """Which failing format and which items an analysis runs on."""
+    p.add_argument("--bad", help="which failing format (default: the case's first)")
+    p.add_argument("--tag", help="only items with this tag ('all' for every item; default: the case's focus)")
+
+
+def parse_layers(text: str | None):
+    if text is None:
+        return None
+    out: list[int] = []
+    try:
+        for part in text.split(","):
+            part = part.strip()
+            if "-" in part[1:]:
+                a, b = part.split("-", 1)
+                if int(b) < int(a):
+                    raise SurgeonError(f"layer range {part!r} runs backwards", field="--layers",
+                                       fix=f"write it low to high: {b}-{a}")
+                out += range(int(a), int(b) + 1)
+            elif part:
+                out.append(int(part))
+    except ValueError:
+        raise SurgeonError(f"cannot read layers {text!r}", field="--layers", fix="write e.g. 3 or 0,2,5 or 0-4") from None
+    if any(L < 0 for L in out):
+        raise SurgeonError(f"layers are numbered from 0, got {text!r}", field="--layers", fix="write e.g. 3 or 0,2,5 or 0-4")
+    return out
+
+
+def device_of(arg: str | None) -> str:
+    import torch
+
+    if arg:
+        try:
+            dev = torch.device(arg)
+        except (RuntimeError, ValueError):
+            raise SurgeonError(f"unknown device {arg!r}", field="--device", fix="use cpu, cuda, cuda:1 or mps") from None
+        if dev.type == "cuda" and not torch.cuda.is_available():
+            raise SurgeonError("CUDA was asked for but is not available", field="--device", fix="use --device cpu")
+        if dev.type == "cuda" and dev.index is not None and dev.index >= torch.cuda.device_count():
+            raise SurgeonError(f"there is no {arg} (this machine has {torch.cuda.device_count()} GPUs)", field="--device",
+                               fix="use cuda:0 .. cuda:N-1")
+        if dev.type == "mps" and not torch.backends.mps.is_available():
+            raise SurgeonError("MPS was asked for but is not available", field="--device", fix="use --device cpu")
+        if dev.type not in ("cpu", "cuda", "mps"):
+            raise SurgeonError(f"device {arg!r} is not supported", field="--device", fix="use cpu, cuda, cuda:1 or mps")
+        return arg
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def setup(args):
+    import torch
+
+    if getattr(args, "threads", None):
+        torch.set_num_threads(args.threads)
+    torch.manual_seed(getattr(args, "seed", 0))
+
+
+def load_case_and_model(args, check=None):
+    """case -> model, for the analysis commands; `check(case)` refuses bad input before the model loads."""
+    from surgeon.models.checks import load_case
+    from surgeon.models.loading import load_model
+
+    from surgeon.results import check_out
+
+    check_out(getattr(args, "out", None))
+    case = load_case(args.case, model=args.model)  # before torch is imported: a bad case file is refused at once
+    if check is not None:
+        check(case)
+    setup(args)
+    device = device_of(args.device)
+    model = load_model(case.model, device=device, dtype=args.dtype, n_devices=args.n_devices)
+    return case, model, device
+
+
+def print_report(args, kind: str, result, case, device, text: str, figures: dict, tables: dict | None = None) -> int:
+    """Print a command's report; with --out, save results, manifest, figures and tables and say so."""
+    from surgeon.report import text as report
+
+    print(text)
+    if args.out:
+        report.save(args.out, kind, result, case, args, device, figures=figures, tables=tables)
+        print(f"\nwrote {args.out}/" + ", ".join(["results.json", "manifest.json", *figures, *(tables or {})]))
+    return 0
+
+
+def layers_of(args, case):
+    """--layers if given, else the case's default layers, else None (all)."""
+    layers = parse_layers(args.layers)
+    return list(case.layers) if layers is None and case.layers is not None else layers
