@@ -3,7 +3,7 @@
     python circuits/regenerate.py [--out circuits]
 
 Each case runs `surgeon circuit` with the options below, one thread (the numbers are then the same on every
-run), and writes every export format plus the printed report (`NAME.txt`). `tests/test_circuits.py` runs
+run), and writes every export format plus the printed report (`NAME.txt`). `tests/circuits/test_circuits.py` runs
 the same commands into a temporary folder and fails when the files here differ (stale circuits).
 """
 from __future__ import annotations

@@ -30,7 +30,8 @@ def _versions() -> dict[str, str]:
 
 
 def manifest(command: str, case=None, *, seed: int | None = None, device: str | None = None,
-             dtype: str | None = None, options: dict | None = None, model_info: dict | None = None) -> dict:
+             dtype: str | None = None, options: dict | None = None, model_info: dict | None = None,
+             execution: dict | None = None) -> dict:
     m: dict[str, Any] = {
         "command": command,
         "argv": sys.argv,
@@ -45,6 +46,8 @@ def manifest(command: str, case=None, *, seed: int | None = None, device: str | 
         m["case"] = {"name": case.name, "file": case.source, "sha256": case.digest, "model": case.model}
     if model_info:
         m["model"] = model_info
+    if execution:  # which execution path the engine took, and why (analyses that patch)
+        m["execution"] = execution
     return m
 
 

@@ -2,7 +2,7 @@
 import re
 from pathlib import Path
 
-from .conftest import ROOT
+from tests.conftest import ROOT
 
 
 def _source() -> str:

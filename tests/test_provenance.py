@@ -7,7 +7,7 @@ import pytest
 
 from surgeon.organisms import names, sae_dir, weights_sha256
 
-from .conftest import ROOT
+from tests.conftest import ROOT
 
 
 def records():

@@ -3,7 +3,7 @@ block and fails on any difference (slow blocks and bench tables are compared wit
 import subprocess
 import sys
 
-from .conftest import ROOT
+from tests.conftest import ROOT
 
 
 def test_readme_is_regenerated_from_real_runs():

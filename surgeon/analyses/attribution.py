@@ -7,7 +7,7 @@ All layers go through the core in one batch, so one forward and one backward cov
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -32,6 +32,8 @@ class AttributionResult:
     exact: np.ndarray | None  # [layer, unit] exact repair fraction of patching the unit alone (compare=True)
     pearson: float | None  # correlation of estimate and exact
     spearman: float | None  # rank correlation of estimate and exact
+    # which execution path the engine took, and why (`Contrast.execution`)
+    execution: dict = field(default_factory=dict)
 
 
 def _ranks(x: np.ndarray) -> np.ndarray:
@@ -67,4 +69,4 @@ def attribute(case: Case, model, *, layers=None, component: str = "z", direction
             pearson = float(np.corrcoef(a, b)[0, 1])
             spearman = float(np.corrcoef(_ranks(a), _ranks(b))[0, 1])
     return AttributionResult(case.name, component, direction, info["base"], info["source"], info["tag"], layers, U,
-                             contrast.n_items, gap, grad, estimate, exact, pearson, spearman)
+                             contrast.n_items, gap, grad, estimate, exact, pearson, spearman, execution=contrast.execution)

@@ -1,7 +1,7 @@
 """Blends: activation = (1 - a) * failing + a * good for chosen heads; where does repair switch on?"""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -33,6 +33,8 @@ class BlendResult:
     never: int  # items not repaired even at a = 1
     already: int  # items correct at a = 0
     rate_at: dict  # repair rate at a few round fractions, e.g. {"0.4": ..., "0.6": ...}
+    # which execution path the engine took, and why (`Contrast.execution`)
+    execution: dict = field(default_factory=dict)
 
 
 def blend(case: Case, model, *, layer: int, heads: list[int] | None = None, component: str = "z",
@@ -85,4 +87,4 @@ def blend(case: Case, model, *, layer: int, heads: list[int] | None = None, comp
                if int(round(a / step)) < len(alphas)}
     return BlendResult(case.name, component, info["base"], info["source"], info["tag"], layer, labels, n, alphas,
                        rate, lo, hi, scores.mean(1), switch, crossings, bootstrap_mean(moved), q,
-                       int((~ok[-1]).sum()), int(ok[0].sum()), rate_at)
+                       int((~ok[-1]).sum()), int(ok[0].sum()), rate_at, execution=contrast.execution)

@@ -19,7 +19,8 @@ from typing import Literal, Sequence
 import numpy as np
 
 from surgeon.spec.case import Case
-from surgeon.circuits.methods import IG_METHODS, IG_STEPS, MAX_IG_STEPS, METHODS  # noqa: F401 (re-exported)
+from surgeon.circuits.methods import IG_METHODS, IG_STEPS, MAX_IG_STEPS, METHODS, semantics_for  # noqa: F401
+from surgeon.sites.ablations import FREEZE
 from surgeon.errors import AnalysisError
 from surgeon.stats import Estimate, bootstrap_mean
 from surgeon.analyses.common import Direction, make_contrast
@@ -68,6 +69,8 @@ class CircuitResult:
     options: dict = field(default_factory=dict)
     search: dict = field(default_factory=dict)  # how the smallest circuit was found (k, f(k), f(k-1), method)
     no_paths: str | None = None  # why no path is listed, when none is
+    # which execution path the engine took, and why (`Contrast.execution`)
+    execution: dict = field(default_factory=dict)
 
     def names(self, edges: Sequence[int]) -> list[str]:
         return [self.edge_names[e] for e in edges]
@@ -156,7 +159,7 @@ def semantics(contrast) -> str:
     different lengths: the difference also enters through what every sender computed over its own prompt's
     other positions, which no edge out of the input carries; a circuit is then its edges patched together,
     each carrying the other run's sender output in place of the current one, as exact edge patching does)."""
-    return "chain" if getattr(contrast, "align", None) == "index" else "edge-set"
+    return semantics_for(getattr(contrast, "align", None))
 
 
 def circuit_scores(contrast, site, edge_sets: Sequence[Sequence[int]]):
@@ -168,7 +171,7 @@ def circuit_scores(contrast, site, edge_sets: Sequence[Sequence[int]]):
     outputs at the aligned positions), the others carry current values; every edge gives the other run."""
     import torch
 
-    freeze = site.variant(ablation="freeze")
+    freeze = site.variant(ablation=FREEZE)
     from_input = torch.tensor([site.senders[s].kind == "input" for s, _ in site.edges])
     inside = site.mask([list(x) for x in edge_sets])
     if semantics(contrast) == "edge-set":
@@ -202,7 +205,7 @@ def path_scores(contrast, site, paths: Sequence[Sequence[int]]) -> np.ndarray:
     through the path's receivers and nowhere else."""
     import torch
 
-    freeze = site.variant(ablation="freeze")
+    freeze = site.variant(ablation=FREEZE)
     inside = site.mask([list(p) for p in paths])
     first = site.mask([[p[0]] for p in paths])
     with torch.no_grad():
@@ -330,7 +333,7 @@ def discover(case: Case, model, *, method: Method | None = None, ablation: str =
         options=dict(method=method, ablation=ablation, direction=direction, ig_steps=ig_steps, verify=verify,
                      target=target, n_edges=n_edges, n_paths=n_paths, min_share=min_share, min_items=min_items,
                      semantics=sem, align=contrast.align),
-        search=search, no_paths=why)
+        search=search, no_paths=why, execution=contrast.execution)
 
 
 def evaluate_circuit(case: Case, model, edges, *, ablation: str = "resample", direction: Direction = "denoise",

@@ -2,7 +2,7 @@
 against the answers. Logit scores stay the default; this is the check beside them."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal, Sequence
 
 from surgeon.spec.case import Case, Item

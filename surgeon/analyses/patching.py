@@ -1,7 +1,7 @@
 """Per-unit activation patching: each head (or unit) of each layer patched alone, from one format into the other."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -37,6 +37,8 @@ class PatchResult:
     delta: np.ndarray  # [layer, unit] mean |source - base| activation at the patched positions
     noop: tuple[tuple[int, int], ...]  # (layer, unit) whose patch changes nothing (source == base)
     per_item: np.ndarray  # [layer, unit, item] patched scores
+    # which execution path the engine took, and why (`Contrast.execution`)
+    execution: dict = field(default_factory=dict)
 
     def top(self, k: int = 10) -> list[tuple[int, int, float]]:
         """The k (layer, unit, fraction) with the largest repair fraction."""
@@ -89,5 +91,5 @@ def patch_heads(case: Case, model, *, layers=None, component: str = "z", directi
         score=s.reshape(shape), score_lo=s_lo.reshape(shape), score_hi=s_hi.reshape(shape),
         fraction=f.reshape(shape), fraction_lo=f_lo.reshape(shape), fraction_hi=f_hi.reshape(shape),
         accuracy=a.reshape(shape), accuracy_lo=a_lo.reshape(shape), accuracy_hi=a_hi.reshape(shape),
-        delta=delta, noop=noop, per_item=per_item,
+        delta=delta, noop=noop, per_item=per_item, execution=contrast.execution,
     )

@@ -10,7 +10,7 @@ most between the formats (largest |mean(good - failing)|).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Sequence
 
 import numpy as np
@@ -39,6 +39,8 @@ class HeadFeatureResult:
     lo: np.ndarray
     hi: np.ndarray
     fraction: np.ndarray  # effect / format_gap
+    # which execution path the engine took, and why (`Contrast.execution`)
+    execution: dict = field(default_factory=dict)
 
 
 def head_feature_effects(case: Case, model, sae, *, layer: int, groups: Sequence[str] = ("even", "odd"),
@@ -91,4 +93,4 @@ def head_feature_effects(case: Case, model, sae, *, layer: int, groups: Sequence
         frac = np.where(np.abs(g) > 1e-9, mean / g, np.nan)
     labels = [u.label for u in heads] + list(grp)
     return HeadFeatureResult(case.name, case.good, bad, layer, hook_layer(hook), hook, source, len(items), labels,
-                             feats, g, mean, lo, hi, frac)
+                             feats, g, mean, lo, hi, frac, execution=contrast.execution)

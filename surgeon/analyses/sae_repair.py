@@ -10,7 +10,7 @@ thresholds, minimal repairing sets).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -37,6 +37,8 @@ class FeatureRepairResult:
     top: list  # [(feature, attribution estimate, exact single-feature repair fraction)]
     search: ThresholdResult  # subsets of the top features
     heads: ThresholdResult  # the same search over the heads of the SAE's layer (patching head outputs z), to compare
+    # which execution path the engine took, and why (`Contrast.execution`)
+    execution: dict = field(default_factory=dict)
 
 
 def feature_repair(case: Case, model, sae, *, top: int = 8, direction: Direction = "denoise", bad: str | None = None,
@@ -77,7 +79,7 @@ def feature_repair(case: Case, model, sae, *, top: int = 8, direction: Direction
     heads = _search(contrast, [Unit(fs.layer, h) for h in range(contrast.units(head_site))], head_site, "z", **kw)
     return FeatureRepairResult(case.name, info["base"], info["source"], fs.layer, fs.hook, source, contrast.n_items, F,
                                float((empty - contrast.clean_base).abs().max()), frac(whole), frac(every),
-                               [(j, float(est[j]), s) for j, s in zip(chosen, singles)], search, heads)
+                               [(j, float(est[j]), s) for j, s in zip(chosen, singles)], search, heads, execution=contrast.execution)
 
 
 def _search(contrast, units, site, component: str, *, case: str, info: dict, item_rate: float, x: float, budget: int,

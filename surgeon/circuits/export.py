@@ -20,6 +20,7 @@ import networkx as nx
 from surgeon.errors import AnalysisError
 from surgeon.results import follow_umask
 from surgeon.circuits.graph import circuit_subgraph
+from surgeon.circuits.methods import SEMANTICS
 
 FORMATS = (".graphml", ".gexf", ".json", ".mib.json", ".dot", ".svg", ".pdf", ".tex", ".png")
 NODE_W, NODE_H = 0.8, 0.5  # node boxes in layout units (columns are 1 apart, rows ROW_GAP apart)
@@ -241,16 +242,8 @@ def mib_json(g: nx.DiGraph, cfg, semantics: str | None = None) -> dict:
     out = {"cfg": out_cfg, "nodes": nodes, "edges": edges}
     if semantics:
         out["semantics"] = semantics
-        out["semantics_note"] = SEMANTICS_NOTE[semantics]
+        out["semantics_note"] = SEMANTICS[semantics]
     return out
-
-
-SEMANTICS_NOTE = {
-    "chain": "MIB's: edges outside the circuit carry the other run's sender outputs, edges inside current values",
-    "edge-set": "surgeon edge-set: the circuit's edges are patched together (each carries the other run's sender "
-                "output at the aligned positions), every other edge carries current values; MIB's evaluator, which "
-                "ablates every edge outside the circuit, gives another faithfulness for this file",
-}
 
 
 def dot(g: nx.DiGraph, title: str = "") -> str:

@@ -1,5 +1,5 @@
-"""The edge-scoring methods of `surgeon circuit`, one list shared by the code, the CLI and the README (plain data:
-importing it costs nothing)."""
+"""The edge-scoring methods and the circuit semantics of `surgeon circuit`, each one list shared by the code, the CLI
+and the README (plain data: importing it costs nothing)."""
 
 # every edge-scoring method, with the convention it follows (shared by the code, the CLI help and the README)
 METHODS: dict[str, str] = {
@@ -22,3 +22,18 @@ METHODS: dict[str, str] = {
 IG_METHODS = ("eap-ig-inputs", "eap-ig-activations", "eap-ig-masks")
 IG_STEPS = 5  # MIB's and EAP-IG's usual step count
 MAX_IG_STEPS = 1000
+
+# what a circuit means, chosen by the case's alignment and recorded in every result and exported file
+SEMANTICS: dict[str, str] = {
+    "chain": "MIB's: edges outside the circuit carry the other run's sender outputs, edges inside current values "
+             "(every position aligned, align=\"index\": the difference enters through the input alone)",
+    "edge-set": "surgeon edge-set: the circuit's edges are patched together (each carries the other run's sender "
+                "output at the aligned positions), every other edge carries current values; MIB's evaluator, which "
+                "ablates every edge outside the circuit, gives another faithfulness for this file (prompts of "
+                "different lengths: the difference also enters through every sender's other positions)",
+}
+
+
+def semantics_for(align: str | None) -> str:
+    """The semantics circuits run under for a case's alignment: `chain` for index alignment, else `edge-set`."""
+    return "chain" if align == "index" else "edge-set"

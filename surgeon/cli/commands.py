@@ -13,6 +13,7 @@ from surgeon.cli import types as cli_types
 from surgeon.cli.common import (CASES_DIR, add_common, add_items, layers_of, load_case_and_model,
                                  print_report, setup)
 from surgeon.errors import SurgeonError
+from surgeon.sites.ablations import ABLATIONS
 
 def build_parser() -> argparse.ArgumentParser:
     from surgeon.sites.nodes import COMPONENTS
@@ -102,7 +103,7 @@ def build_parser() -> argparse.ArgumentParser:
                         + " (default: eap-ig-inputs where the formats' prompts have equal length, else eap-ig-masks)")
     p.add_argument("--ig-steps", type=cli_types.bounded(1, MAX_IG_STEPS), default=IG_STEPS,
                    help=f"integration steps of the eap-ig-* methods, 1..{MAX_IG_STEPS} (default: {IG_STEPS}, MIB's)")
-    p.add_argument("--ablation", default="resample", choices=["resample", "mean", "zero"],
+    p.add_argument("--ablation", default=ABLATIONS[0], choices=ABLATIONS,
                    help="what a patched edge carries: the other format's activation (resample, default), its mean "
                         "over items per aligned position (mean), or zero")
     p.add_argument("--direction", default="denoise", choices=["denoise", "noise"],
@@ -120,7 +121,7 @@ def build_parser() -> argparse.ArgumentParser:
                                             "or an EAP-IG / MIB circuit JSON)")
     add_common(p)
     p.add_argument("graph", type=Path, help="the circuit file (.json or .mib.json)")
-    p.add_argument("--ablation", default="resample", choices=["resample", "mean", "zero"],
+    p.add_argument("--ablation", default=ABLATIONS[0], choices=ABLATIONS,
                    help="what a patched edge carries (default: resample)")
     p.add_argument("--direction", default="denoise", choices=["denoise", "noise"], help="default: denoise")
     add_items(p)
@@ -203,7 +204,7 @@ def cmd_threshold(args) -> int:
     from surgeon.search.threshold import Interrupted, threshold_search
 
     out = args.out or Path("out") / f"threshold-{Path(args.case).stem}-L{args.layer if args.layer is not None else 'x'}"
-    args.out = out  # the checkpoint needs a folder: out/threshold-CASE-LN unless --out says otherwise
+    # the checkpoint needs a folder: out/threshold-CASE-LN unless --out says otherwise
     if (out / "parts").exists() and not args.resume and not args.shard:
         raise SurgeonError(f"{out} already holds a search", field="--out",
                            fix="add --resume to continue it, or choose another --out")
@@ -231,7 +232,7 @@ def cmd_threshold(args) -> int:
                                fix="e.g. --ray-workers 2")
         ray = RayOptions(address=None if args.ray == "local" else args.ray, workers=args.ray_workers,
                          threads=args.threads or 1)
-    case, model, device = load_case_and_model(args)
+    case, model, device = load_case_and_model(args, out=out)
     try:
         r = threshold_search(case, model, layer=args.layer, heads=args.heads, groups=groups, groups_spec=spec, grid=grid,
                              budget=args.budget, grid_budget=args.grid_budget, item_rate=args.item_rate, x=args.x,
@@ -239,28 +240,17 @@ def cmd_threshold(args) -> int:
                              chunk=args.chunk, seed=args.seed, out=out, shard=args.shard, generate=args.generate,
                              progress=True, ray=ray)
     except Interrupted as e:
-        _write_threshold(out, e.partial, case, args, device)
+        report.save_threshold(out, e.partial, case, args, device)
         print(report.threshold_text(e.partial))
         print(f"\ninterrupted: partial results in {out}; continue with --resume", file=sys.stderr)
         return 130
     if r is None:
         print(f"shard {args.shard} done: parts in {out}/parts; merge the shards with: surgeon merge DIR... --out DIR")
         return 0
-    _write_threshold(out, r, case, args, device)
+    report.save_threshold(out, r, case, args, device)
     print(report.threshold_text(r))
     print(f"\nwrote {out}/results.json, manifest.json, subsets.csv, threshold.png")
     return 0
-
-
-def _write_threshold(out, r, case, args, device):
-    from surgeon.report import figures
-    from surgeon.report import text as report
-    from surgeon.search.subsets import plan_from_options, subsets_csv_rows
-    from surgeon.search.threshold import per_subset
-
-    plan = plan_from_options(r.options)
-    report.save(out, "threshold", r, case, args, device, figures={"threshold.png": figures.threshold_figure},
-                tables={"subsets.csv": subsets_csv_rows(plan, per_subset(out), r.item_rate)})
 
 
 def cmd_merge(args) -> int:
@@ -268,7 +258,7 @@ def cmd_merge(args) -> int:
     from surgeon.search.threshold import merge
 
     r = merge(args.dirs, args.out)
-    _write_threshold(args.out, r, None, args, None)
+    report.save_threshold(args.out, r, None, args, None)
     print(report.threshold_text(r))
     print(f"\nmerged {len(args.dirs)} shards into {args.out}")
     return 0

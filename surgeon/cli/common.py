@@ -104,14 +104,14 @@ def setup(args):
     torch.manual_seed(getattr(args, "seed", 0))
 
 
-def load_case_and_model(args, check=None):
+def load_case_and_model(args, check=None, out=None):
     """case -> model, for the analysis commands; `check(case)` refuses bad input before the model loads."""
     from surgeon.models.checks import load_case
     from surgeon.models.loading import load_model
 
     from surgeon.results import check_out
 
-    check_out(getattr(args, "out", None))
+    check_out(out if out is not None else getattr(args, "out", None))
     case = load_case(args.case, model=args.model)  # before torch is imported: a bad case file is refused at once
     if check is not None:
         check(case)

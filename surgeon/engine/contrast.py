@@ -20,20 +20,20 @@ batch dimension. Further:
 """
 from __future__ import annotations
 
-from collections import defaultdict
+from collections import Counter, defaultdict
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from typing import Mapping, Sequence
 
 import torch
 from torch import Tensor
 
-from surgeon.sites import edges as edges_mod
 from surgeon.engine import prefix_attention
-from surgeon.sites.edges import EdgeSite
-from surgeon.spec.encoding import Row
-from surgeon.sites.features import FeatureSite, feature_hooks
 from surgeon.errors import AnalysisError
-from surgeon.sites.nodes import Site, hook_layer, units_view
+from surgeon.sites.nodes import Site, after_z, hook_layer, units_view
+from surgeon.sites.protocol import SiteKind, coerce
+from surgeon.spec.encoding import Row
+
 
 @dataclass
 class Bucket:
@@ -62,7 +62,7 @@ class Bucket:
     z: dict[int, Tensor] = field(default_factory=dict)  # layer -> head outputs z[:, p0:]
     source_acts: dict[Site, Tensor] = field(default_factory=dict)  # site -> [n, S, unit, rest]
     base_acts: dict[Site, Tensor] = field(default_factory=dict)  # site -> [n, S, unit, rest]
-    senders: dict[tuple, tuple[Tensor, Tensor]] = field(default_factory=dict)  # edge site -> sender outputs
+    site_cache: dict = field(default_factory=dict)  # what a site kind computes once per rows (edge senders)
     kv_rep: dict[int, tuple[Tensor, Tensor]] = field(default_factory=dict)  # kv repeated kv_copies times
     kv_copies: int = 0
 
@@ -83,9 +83,13 @@ class _Groups:
     ends: Tensor  # [G] cumulative group sizes
 
 
-def _after_z(layer: int) -> set[str]:
-    """Hook points of a layer at or after its head outputs: patches there leave its attention as it was."""
-    return {f"blocks.{layer}.{h}" for h in ("attn.hook_z", "hook_attn_out", "hook_mlp_out")}
+@dataclass
+class HookContext:
+    """What a site's hooks see of one chunk of rows: the model, the rows (with their caches), the device."""
+
+    model: object
+    bucket: Bucket
+    device: torch.device
 
 
 def _merge_rows(base: Sequence[Row], source: Sequence[Row], aligned: Sequence[tuple]):
@@ -145,7 +149,16 @@ class Contrast:
         self.batch_size = max(1, int(batch_size))
         self.backoffs = 0  # how often out-of-memory halved the batch size
         # attend to the shared prefix without copying it per patch, where the architecture allows
-        self.shared_prefix = prefix_attention.supported(model) if shared_prefix is None else shared_prefix
+        why_not = prefix_attention.unsupported(model)
+        self.shared_prefix = why_not is None if shared_prefix is None else shared_prefix
+        if self.shared_prefix:
+            prefix = "shared: every patch attends to one copy of the unpatched prefix's keys and values"
+        elif why_not is not None:
+            prefix = f"copied per patch ({why_not})"
+        else:
+            prefix = "copied per patch (asked for)"
+        # which execution path each call took, and why a faster one was not taken (see `execution`)
+        self._log = {"prefix": prefix, "paths": Counter(), "why": Counter()}
         self.device = next(model.parameters()).device
         self.n_items = max(r.item for r in base_rows) + 1
         self.align = align
@@ -285,7 +298,7 @@ class Contrast:
     # ----------------------------------------------------------------- the core
     def units(self, site: Site | str) -> int:
         """Number of units a mask at `site` addresses."""
-        return _key(site).n_units(self.cfg)
+        return coerce(site).n_units(self.cfg)
 
     def deltas(self, sites: Sequence[Site | str]) -> dict[Site, Tensor]:
         """Mean norm of (source - base) activation per unit at the patched positions: 0 means a no-op patch."""
@@ -302,25 +315,31 @@ class Contrast:
         return out
 
     def _by_first_layer(self, masks: Mapping, P: int, start: int):
-        """[(layer, patch indices)] grouping edge patches by the first layer they act at, or None.
+        """[(layer, patch indices)] grouping patches by the first layer they act at, or None.
 
-        A batch of exact edge patches (e.g. verifying the top edges one by one) mostly acts at later layers;
-        each group then runs from its own first layer, not from the earliest of the batch."""
-        edge = [s for s in masks if isinstance(s, EdgeSite)]
-        if not edge or any(m.requires_grad for m in masks.values()) or P < 2:
+        Done where a site kind asks for it (edges: a batch verifying the top edges one by one mostly acts
+        at later layers; each group then runs from its own first layer, not from the earliest of the batch)."""
+        if (not any(s.split_by_first_layer for s in masks) or any(m.requires_grad for m in masks.values())
+                or P < 2):
             return None
         first = torch.full((P,), self.cfg.n_layers, dtype=torch.long)
         for s, m in masks.items():
-            if isinstance(s, EdgeSite):
-                f = edges_mod.first_layers(s, m, self.cfg.n_layers)
-            else:
-                f = torch.where((m.detach().reshape(P, -1) != 0).any(1).cpu(), s.layer, self.cfg.n_layers)
-            first = torch.minimum(first, f)
+            first = torch.minimum(first, s.first_layers(m, self.cfg.n_layers))
         first = first.clamp(min=start, max=self.cfg.n_layers - 1)
         layers = torch.unique(first).tolist()
         if len(layers) < 2:
             return None
         return [(L, torch.nonzero(first == L).flatten()) for L in layers]
+
+    @property
+    def execution(self) -> dict:
+        """Which execution paths the calls so far took and why faster ones were not taken (recorded in every
+        result and manifest): `prefix` says whether patches share the unpatched prefix; `paths` counts the
+        runs by path (grouped: patches agreeing below their last layer share that work; split: patches
+        grouped by the first layer they act at; plain: every patch from the first patched layer); `why`
+        counts the reasons a run was not grouped; `backoffs` is how often out-of-memory halved the batch."""
+        return {"prefix": self._log["prefix"], "paths": dict(self._log["paths"]), "why": dict(self._log["why"]),
+                "batch_size": self.batch_size, "backoffs": self.backoffs}
 
     def run(self, masks: Mapping[Site | str, Tensor], progress: bool | str = False, _start: int | None = None) -> Tensor:
         """Item scores [P, n_items] with each of P patches applied.
@@ -328,7 +347,7 @@ class Contrast:
         `masks[site]` is [P, units] (the same mask at every patched position) or [P, slots, units]. Masks
         may require grad: the scores are differentiable w.r.t. them (attribution).
         """
-        masks = {_key(k): v for k, v in masks.items()}
+        masks = {coerce(k): v for k, v in masks.items()}
         if not masks:
             raise AnalysisError("no masks given")
         Ps = {m.shape[0] for m in masks.values()}
@@ -337,10 +356,11 @@ class Contrast:
         P = Ps.pop()
         for s, m in masks.items():
             if m.shape[-1] != s.n_units(self.cfg):
-                raise AnalysisError(f"mask for {s.hook} has {m.shape[-1]} units, the site has {s.n_units(self.cfg)}")
+                raise AnalysisError(f"mask for {s.name} has {m.shape[-1]} units, the site has {s.n_units(self.cfg)}")
         start = min(s.layer for s in masks)
         split = self._by_first_layer(masks, P, start)
         if split is not None:  # patches that act only at later layers start there
+            self._log["paths"]["split by first layer"] += 1
             out = None
             for L, idx in split:
                 sub = self.run({s: m[idx] for s, m in masks.items()}, progress=progress, _start=L)
@@ -355,7 +375,10 @@ class Contrast:
 
             bar = tqdm(total=P * sum(b.n for b in self.buckets), unit="run", leave=False,
                        desc=progress if isinstance(progress, str) else "patching")
-        groups = self._groups(masks, start, P)
+        groups, why = self._groups(masks, start, P)
+        self._log["paths"]["grouped" if groups is not None else "plain"] += 1
+        if why:
+            self._log["why"][why] += 1
         per_bucket = []
         nodes = _node_sites(masks)
         for b in self.buckets:
@@ -394,28 +417,36 @@ class Contrast:
             cols.append(torch.cat(outs))
         return torch.cat(cols, dim=1)
 
-    def _groups(self, masks: Mapping[Site, Tensor], start: int, P: int) -> "_Groups | None":
-        """How patches that also act at a later layer share work, or None where that does not pay.
+    def _groups(self, masks: Mapping[SiteKind, Tensor], start: int, P: int) -> "tuple[_Groups | None, str | None]":
+        """How patches that also act at a later layer share work, or (None, why not) where that does not pay.
 
         Patches whose masks agree below the last patched layer `last` agree on everything up to that
         layer's head outputs. When every patch at `last` acts at or after them, those are computed once
         per group of agreeing patches, and each patch runs only from there on (a subset search over the
         heads of two layers computes the lower layer's 2^8 head combinations, not one per subset)."""
         last = max(s.layer for s in masks)
-        if (not self.shared_prefix or last == start or any(isinstance(s, EdgeSite) for s in masks) or any(m.requires_grad for m in masks.values())
-                or not all(s.hook in _after_z(last) for s in masks if s.layer == last)):
-            return None
+        if last == start:
+            return None, None  # one layer: nothing below it to share
+        if not self.shared_prefix:
+            return None, "not grouped: the prefix is copied per patch"
+        kinds = sorted({s.kind for s in masks if not s.groupable})
+        if kinds:
+            return None, f"not grouped: {', '.join(kinds)} sites do not group"
+        if any(m.requires_grad for m in masks.values()):
+            return None, "not grouped: gradients w.r.t. the masks"
+        if not all(s.keeps_head_outputs(last) for s in masks if s.layer == last):
+            return None, f"not grouped: a site at layer {last} acts before its head outputs"
         lower = {s: m for s, m in masks.items() if s.layer < last}
         key = torch.cat([m.reshape(P, -1) for m in lower.values()], dim=1)
         _, group = torch.unique(key, dim=0, return_inverse=True)
         G = int(group.max()) + 1
         if 2 * G > P:
-            return None
+            return None, "not grouped: fewer than two patches per group"
         first = torch.full((G,), P, dtype=torch.long, device=group.device).scatter_reduce(
             0, group, torch.arange(P, device=group.device), "amin")
         return _Groups(last, {s: m[first] for s, m in lower.items()},
                        {s: m for s, m in masks.items() if s.layer == last}, group,
-                       torch.argsort(group, stable=True), torch.bincount(group, minlength=G).cumsum(0))
+                       torch.argsort(group, stable=True), torch.bincount(group, minlength=G).cumsum(0)), None
 
     def _grouped_scores(self, b: Bucket, start: int, g: "_Groups", chunk: int, bar) -> Tensor:
         """[P, n] scores, each group's state at its last layer computed once (see `_groups`)."""
@@ -469,48 +500,11 @@ class Contrast:
                 self.batch_size = max(1, self.batch_size // 2)
                 self.backoffs += 1
 
-    def _mix_hooks(self, b: Bucket, masks: Mapping[Site, Tensor], copies: int, offset: int, start: int = 0) -> list:
-        """The mixing hooks for one chunk: act <- act + m * (source - act) at the patched positions
-        (given relative to `offset`, the first position the forward pass sees)."""
-        n = b.n
-        rel = (b.base_pos - offset).to(self.device)
-        idx = torch.arange(n, device=self.device)[:, None]
-        hooks = []
-        valid = b.slot_valid[:, :, None, None]  # padded slots are left alone
-        for site, m in masks.items():
-            if isinstance(site, EdgeSite):
-                hooks += self._edge_hooks(b, site, m, copies, offset, start)
-                continue
-            if isinstance(site, FeatureSite):
-                hooks += feature_hooks(site, m, b.source_acts[site.node_sites()[0]], copies, n, rel, b.slot_valid)
-                continue
-            src = b.source_acts[site]
-            m = m.to(src.device, src.dtype)
-            m = m[:, None, None, :, None] if m.dim() == 2 else m[:, None, :, :, None]  # [c, 1, S|1, U, 1]
-            m = m * valid.to(m.device, m.dtype)  # [c, n, S, U, 1]
-
-            def mix(act, hook, src=src, m=m, site=site):
-                out = act.clone() if torch.is_grad_enabled() else act
-                x = units_view(out, site.component, site.n_units(self.cfg))
-                x = x.view(copies, n, *x.shape[1:])
-                i, r = idx.to(x.device), rel.to(x.device)  # layers may sit on different GPUs
-                cur = x[:, i, r]  # [c, n, S, U, R]
-                x[:, i, r] = cur + m.to(x.device) * (src.to(x.device) - cur)
-                return out
-
-            hooks.append((site.hook, mix))
-        return hooks
-
-    def _edge_hooks(self, b: Bucket, site: EdgeSite, m: Tensor, copies: int, offset: int, start: int) -> list:
-        """Hooks that patch the edges of mask m [copies, n_edges] (see `surgeon.sites.edges`)."""
-        key = (site.ablation, site.senders)
-        if key not in b.senders:
-            src = edges_mod.sender_outputs(self.model, site, b.source_acts)
-            base = edges_mod.sender_outputs(self.model, site, b.base_acts)
-            b.senders[key] = (edges_mod.ablated_source(site, src, base, b.slot_valid), base)
-        src, base = b.senders[key]
-        return edges_mod.edge_hooks(self.model, site, m.to(src.device, src.dtype), src, base, copies, b.n,
-                                    b.base_pos - offset, b.slot_valid, start)
+    def _mix_hooks(self, b: Bucket, masks: Mapping[SiteKind, Tensor], copies: int, offset: int, start: int = 0) -> list:
+        """Every site's hooks for one chunk of `copies` patches (positions relative to `offset`, the first
+        position the forward pass sees)."""
+        ctx = HookContext(self.model, b, self.device)
+        return [h for site, m in masks.items() for h in site.hooks(ctx, m, copies, offset, start)]
 
     def _run_chunk(self, b: Bucket, start: int, masks: Mapping[Site, Tensor], copies: int, kv_cache,
                    resid: Tensor | None = None, z: Tensor | None = None) -> Tensor:
@@ -526,9 +520,11 @@ class Contrast:
         hooks = self._mix_hooks(b, masks, copies, offset=b.p0, start=start) + list(extra_hooks)
         if resid is None:
             resid = b.resid[start].repeat(copies, 1, 1)
-        edges = any(isinstance(s, EdgeSite) for s in masks)
-        with (self.model.hooks(fwd_hooks=hooks), self._prefix_mode(b, start, masks, z),
-              edges_mod.split_inputs(self.model, _split_layers(masks)) if edges else _nothing()):
+        with ExitStack() as stack:
+            stack.enter_context(self.model.hooks(fwd_hooks=hooks))
+            stack.enter_context(self._prefix_mode(b, start, masks, z))
+            for s, m in masks.items():
+                stack.enter_context(s.forward_context(self.model, m))
             return self.model(resid, start_at_layer=start, stop_at_layer=stop or self.cfg.n_layers,
                               past_kv_cache=kv_cache)
 
@@ -539,9 +535,7 @@ class Contrast:
             return nullcontext()
         # patches that act at or after the head outputs of the first layer leave everything before them in
         # that layer as in the base run: start from its cached head outputs
-        # (edges into layer `start` act on its query/key/value inputs, before the head outputs)
-        if z is None and not any(isinstance(s, EdgeSite) for s in masks) and all(
-                s.hook in _after_z(start) for s in masks if s.layer == start):
+        if z is None and all(s.keeps_head_outputs(start) for s in masks):
             z = b.z[start]
         return prefix_attention.shared_prefix(self.model, b.kv, b.n, b.p0, start, z_start=z)
 
@@ -569,7 +563,7 @@ class Contrast:
 
         Returns ([P, n_items, S, d] activations, [n_items, S] 1 for real slots). The pass stops after
         `hook`'s layer. Build the Contrast from prompt-only rows (one row per item), as for `generate`."""
-        masks = {_key(k): v for k, v in masks.items()}
+        masks = {coerce(k): v for k, v in masks.items()}
         P = next(iter(masks.values())).shape[0]
         start = min(s.layer for s in masks)
         at = hook_layer(hook)
@@ -612,11 +606,11 @@ class Contrast:
         """Greedy continuations [P, n_items, n_new] of the base prompts with each patch applied to the
         prompt's patched positions (generated positions are not patched). Build the Contrast from
         prompt-only rows (`surgeon.spec.encoding.prompt_rows`): one row per item."""
-        masks = {Site.coerce(k): v for k, v in masks.items()}
+        masks = {coerce(k): v for k, v in masks.items()}
         P = next(iter(masks.values())).shape[0]
         out = torch.zeros(P, self.n_items, n_new, dtype=torch.long)
         for b in self.buckets:
-            self._ensure_source(b, list(masks))
+            self._ensure_source(b, _node_sites(masks))
             lengths = b.tgt_pos[:, 0] + 1  # prompt rows: the target marks the last prompt token
             chunk = max(1, self.batch_size // b.n)
             for lo in range(0, P, chunk):
@@ -648,35 +642,10 @@ def greedy(model, tokens: Tensor, lengths: Tensor, n_new: int, hooks: Sequence =
     return torch.stack(out, dim=1)
 
 
-def _key(k):
-    return k if isinstance(k, (EdgeSite, FeatureSite)) else Site.coerce(k)
-
-
 def _node_sites(masks) -> list[Site]:
-    """The node sites whose activations the masks need cached (edge sites need their senders' outputs,
-    feature sites the activation their SAE reads)."""
-    out: list[Site] = []
-    for s in masks:
-        out += s.node_sites() if isinstance(s, (EdgeSite, FeatureSite)) else [s]
-    return list(dict.fromkeys(out))
-
-
-def _split_layers(masks):
-    """Where edge masks need per-head query/key/value inputs: a set of layers (maybe empty), None for all."""
-    out: set[int] | None = set()
-    for s, m in masks.items():
-        if isinstance(s, EdgeSite):
-            layers = edges_mod.qkv_layers(s, m)
-            if layers is None:
-                return None
-            out |= layers
-    return out
-
-
-def _nothing():
-    from contextlib import nullcontext
-
-    return nullcontext()
+    """The node sites whose activations the masks need cached (a node site itself; edge sites their
+    senders' outputs; feature sites the activation their SAE reads)."""
+    return list(dict.fromkeys(n for s in masks for n in s.node_sites()))
 
 
 def _row_slice(b: Bucket, r0: int, r1: int) -> Bucket:

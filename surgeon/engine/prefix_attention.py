@@ -20,18 +20,29 @@ from torch import Tensor
 _ATTENTION_CLASSES = ("Attention", "GroupedQueryAttention")
 
 
-def supported(model) -> bool:
-    """Whether every attention layer is one whose forward this mode reproduces exactly."""
+def unsupported(model) -> str | None:
+    """Why this mode cannot reproduce the model's attention exactly, or None where it can."""
     cfg = model.cfg
     flags = ("use_logn_attn", "use_attention_sinks", "use_attn_result", "load_in_4bit", "use_split_qkv_input",
              "use_attn_in", "use_hook_mlp_in")
-    return (cfg.positional_embedding_type in ("standard", "rotary")
-            and getattr(cfg, "attention_dir", "causal") == "causal"
-            and not any(getattr(cfg, f, False) for f in flags)
-            and getattr(cfg, "clip_qkv", None) is None
-            and getattr(cfg, "original_architecture", None) not in ("OlmoeForCausalLM", "Olmo2ForCausalLM",
-                                                                    "Olmo3ForCausalLM")
-            and all(type(b.attn).__name__ in _ATTENTION_CLASSES for b in model.blocks))
+    if cfg.positional_embedding_type not in ("standard", "rotary"):
+        return f"{cfg.positional_embedding_type} positional embeddings"
+    if getattr(cfg, "attention_dir", "causal") != "causal":
+        return "non-causal attention"
+    on = [f for f in flags if getattr(cfg, f, False)]
+    if on:
+        return "the model's config sets " + ", ".join(on)
+    if getattr(cfg, "clip_qkv", None) is not None:
+        return "clipped query/key/value"
+    if getattr(cfg, "original_architecture", None) in ("OlmoeForCausalLM", "Olmo2ForCausalLM", "Olmo3ForCausalLM"):
+        return f"{cfg.original_architecture} attention"
+    other = sorted({type(b.attn).__name__ for b in model.blocks} - set(_ATTENTION_CLASSES))
+    return f"attention class {', '.join(other)}" if other else None
+
+
+def supported(model) -> bool:
+    """Whether every attention layer is one whose forward this mode reproduces exactly."""
+    return unsupported(model) is None
 
 
 class PrefixEntry:

@@ -140,12 +140,24 @@ def save(out: Path, command: str, result, case, args, device: str | None, figure
         write_json(tmp / "results.json", {"command": command, "result": result})
         write_json(tmp / "manifest.json", manifest(command, case, seed=getattr(args, "seed", None), device=device,
                                                    dtype=getattr(args, "dtype", None), options=opts,
-                                                   model_info=model_info(case)))
+                                                   model_info=model_info(case),
+                                                   execution=getattr(result, "execution", None)))
         for name, draw in (figures or {}).items():
             draw(result, tmp / name)
         for name, rows in (tables or {}).items():
             with open(tmp / name, "w", newline="") as f:
                 csv.writer(f).writerows(rows)
+
+
+def save_threshold(out: Path, r, case, args, device: str | None) -> None:
+    """A subset search's results, manifest, figure and per-subset table (subsets.csv) in `out`."""
+    from surgeon.report import figures
+    from surgeon.search.subsets import plan_from_options, subsets_csv_rows
+    from surgeon.search.threshold import per_subset
+
+    plan = plan_from_options(r.options)
+    save(out, "threshold", r, case, args, device, figures={"threshold.png": figures.threshold_figure},
+         tables={"subsets.csv": subsets_csv_rows(plan, per_subset(out), r.item_rate)})
 
 
 def threshold_text(r) -> str:

@@ -301,6 +301,8 @@ class ThresholdResult:
     subsets_evaluated: int
     options: dict = field(default_factory=dict)
     generation: list = field(default_factory=list)  # with --generate: greedy check of chosen subsets
+    # which execution path the engine took, and why (`Contrast.execution`)
+    execution: dict = field(default_factory=dict)
 
     def size(self, family: str, k: int) -> SizeRow:
         return next(r for r in self.sizes if r.family == family and r.key == (k,))

@@ -111,6 +111,9 @@ def threshold_search(case: Case, model, *, layer: int | None = None, heads: str 
     result = collect(Path(out))
     if tmp is not None:
         tmp.cleanup()
+    # chunks evaluated here ran on this contrast (Ray workers and earlier runs of a resumed search record
+    # nothing here: their paths are those of the same code on the same plan)
+    result.execution = contrast.execution
     if generate:
         result.generation = generation_check(case, model, result, n_new=generate, component=component, bad=bad,
                                              tag=tag, batch_size=batch_size)

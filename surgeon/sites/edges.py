@@ -22,17 +22,19 @@ backward pass (edge attribution patching).
 from __future__ import annotations
 
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from functools import cached_property
 from typing import Literal
 
 import torch
 from torch import Tensor
 
 from surgeon.errors import AnalysisError
+from surgeon.sites.ablations import ABLATIONS, DIFFERENCES, EDGE_VALUES, FREEZE
 from surgeon.sites.nodes import Site
+from surgeon.sites.protocol import SiteKind, register
 
 Ablation = Literal["resample", "mean", "zero"]
-ABLATIONS = ("resample", "mean", "zero")
 
 
 @dataclass(frozen=True)
@@ -56,20 +58,73 @@ def head_name(layer: int, head: int) -> str:
 
 
 @dataclass(frozen=True, eq=False)
-class EdgeSite:
-    """Every edge of a model's graph, in a fixed order; the key of an edge mask [P, n_edges] in `Contrast.run`."""
+class EdgeGraph:
+    """A model's graph: senders, receivers and edges in a fixed order, with the index tensors the engine
+    needs, computed once per graph (shared by every site over it)."""
 
     senders: tuple[Sender, ...]
     receivers: tuple[Receiver, ...]
     edges: tuple[tuple[int, int], ...]  # (sender index, receiver index)
     n_layers: int
+
+    @cached_property
+    def names(self) -> list[str]:
+        """EAP-IG edge names: `a0.h1->a1.h2<k>`, `input->m0`, `m1->logits`."""
+        return [f"{self.senders[s].name}->{self.receivers[r].name}" for s, r in self.edges]
+
+    @cached_property
+    def position(self) -> dict[str, int]:
+        return {n: i for i, n in enumerate(self.names)}
+
+    @cached_property
+    def first_layer(self) -> int:
+        return min(self.receivers[r].layer for _, r in self.edges)
+
+    @cached_property
+    def orders(self) -> tuple[Tensor, Tensor, Tensor]:
+        """Per edge: the computation order of its sender (input -1, heads of layer l 2l, MLP l 2l+1), of its
+        receiver (q/k/v of layer l read before 2l, MLP l before 2l+1, logits last), and its receiver's layer."""
+        so = {"input": lambda s: -1, "head": lambda s: 2 * s.layer, "mlp": lambda s: 2 * s.layer + 1}
+        ro = lambda r: 2 * r.layer + (1 if r.kind == "mlp" else 0)  # noqa: E731
+        return (torch.tensor([so[self.senders[s].kind](self.senders[s]) for s, _ in self.edges]),
+                torch.tensor([ro(self.receivers[r]) for _, r in self.edges]),
+                torch.tensor([self.receivers[r].layer for _, r in self.edges]))
+
+    @cached_property
+    def qkv(self) -> Tensor:
+        """Per edge: True where the receiver is a query, key or value input."""
+        return torch.tensor([self.receivers[r].kind in "qkv" for _, r in self.edges])
+
+    @cached_property
+    def groups(self):
+        """Per receiver group (layer, kind): receiver units, and the dense [sender, receiver] index of each edge."""
+        groups: dict[tuple[int, str], list[int]] = {}
+        for ri, r in enumerate(self.receivers):
+            groups.setdefault((r.layer, r.kind), []).append(ri)
+        pos = {ri: (key, j) for key, ris in groups.items() for j, ri in enumerate(ris)}
+        per: dict[tuple[int, str], tuple[list[int], list[int], list[int]]] = {k: ([], [], []) for k in groups}
+        for e, (si, ri) in enumerate(self.edges):
+            key, j = pos[ri]
+            per[key][0].append(e)
+            per[key][1].append(si)
+            per[key][2].append(j)
+        return {k: (groups[k], *map(torch.tensor, per[k])) for k in groups if per[k][0]}
+
+
+@register("edges")
+@dataclass(frozen=True, eq=False)
+class EdgeSite(SiteKind):
+    """Every edge of a model's graph with an ablation and a difference mode; the key of an edge mask
+    [P, n_edges] in `Contrast.run`."""
+
+    graph: EdgeGraph
     ablation: str = "resample"
     # "live": an edge carries (source - current) of its sender, current being what the sender computes in this
     # (possibly patched) pass; "fixed": (source - base), the two runs' own outputs (EAP-IG's differences)
     difference: str = "live"
-    hook: str = "edges"  # not a hook point: the core dispatches edge sites here
-    component: object = None
-    _index: dict = field(default_factory=dict, repr=False)
+
+    groupable = False  # each edge patch reads senders' outputs live: nothing below its last layer is shared
+    split_by_first_layer = True  # a batch verifying edges one by one mostly starts at later layers
 
     # ------------------------------------------------------------------ construction
     @staticmethod
@@ -98,35 +153,39 @@ class EdgeSite:
             for si, s in enumerate(senders):
                 if s.layer < r.layer or (r.kind == "mlp" and s.kind == "head" and s.layer == r.layer):
                     edges.append((si, ri))
-        return EdgeSite(tuple(senders), tuple(receivers), tuple(edges), L, ablation)
+        return EdgeSite(EdgeGraph(tuple(senders), tuple(receivers), tuple(edges), L), ablation)
 
     def variant(self, *, ablation: str | None = None, difference: str | None = None) -> "EdgeSite":
-        """The same graph (and its index caches) with another ablation or difference mode: a separate mask key."""
-        return EdgeSite(self.senders, self.receivers, self.edges, self.n_layers, ablation or self.ablation,
-                        difference or self.difference, _index=self._index)
+        """The same graph with another ablation or difference mode: a separate mask key."""
+        if ablation is not None and ablation not in EDGE_VALUES:
+            raise AnalysisError(f"unknown ablation {ablation!r}", field="--ablation", fix=f"use one of: {', '.join(ABLATIONS)}")
+        if difference is not None and difference not in DIFFERENCES:
+            raise AnalysisError(f"unknown difference mode {difference!r}", fix=f"use one of: {', '.join(DIFFERENCES)}")
+        return EdgeSite(self.graph, ablation or self.ablation, difference or self.difference)
+
+    senders = property(lambda self: self.graph.senders)
+    receivers = property(lambda self: self.graph.receivers)
+    edges = property(lambda self: self.graph.edges)
+    n_layers = property(lambda self: self.graph.n_layers)
+    names = property(lambda self: self.graph.names)
 
     @property
     def layer(self) -> int:
         """The first layer an edge acts at (receivers at layer 0 read the input)."""
-        if "layer" not in self._index:
-            self._index["layer"] = min(self.receivers[r].layer for _, r in self.edges)
-        return self._index["layer"]
+        return self.graph.first_layer
 
     @property
-    def names(self) -> list[str]:
-        """EAP-IG edge names: `a0.h1->a1.h2<k>`, `input->m0`, `m1->logits`."""
-        return [f"{self.senders[s].name}->{self.receivers[r].name}" for s, r in self.edges]
+    def name(self) -> str:
+        return f"edges ({self.ablation}, {self.difference})"
 
     def n_units(self, cfg=None) -> int:
         return len(self.edges)
 
     def index(self, name: str) -> int:
-        if "names" not in self._index:
-            self._index["names"] = {n: i for i, n in enumerate(self.names)}
-        if name not in self._index["names"]:
+        if name not in self.graph.position:
             raise AnalysisError(f"no edge {name!r} in this model's graph", field="edges",
                                 fix="name edges as sender->receiver, e.g. a0.h1->a1.h2<k>, input->m0, m1->logits")
-        return self._index["names"][name]
+        return self.graph.position[name]
 
     def mask(self, edge_sets, device=None) -> Tensor:
         """[P, n_edges] 0/1 masks from P collections of edge names (or indices)."""
@@ -137,6 +196,7 @@ class EdgeSite:
         return m
 
     # ------------------------------------------------------------------ what the core needs
+    # ------------------------------------------------------------------ the site protocol
     def node_sites(self) -> list[Site]:
         """Node sites whose activations (base and source, at the aligned positions) give the senders' outputs."""
         layers = sorted({s.layer for s in self.senders if s.layer >= 0})
@@ -144,33 +204,28 @@ class EdgeSite:
         out += [Site.of("mlp_out", L) for L in layers if any(s.kind == "mlp" and s.layer == L for s in self.senders)]
         return out
 
-    def _groups(self):
-        """Per receiver group (layer, kind): receiver units, and the dense [sender, receiver] index of each edge."""
-        if "groups" not in self._index:
-            groups: dict[tuple[int, str], list[int]] = {}
-            for ri, r in enumerate(self.receivers):
-                groups.setdefault((r.layer, r.kind), []).append(ri)
-            pos = {ri: (key, j) for key, ris in groups.items() for j, ri in enumerate(ris)}
-            per: dict[tuple[int, str], tuple[list[int], list[int], list[int]]] = {k: ([], [], []) for k in groups}
-            for e, (si, ri) in enumerate(self.edges):
-                key, j = pos[ri]
-                per[key][0].append(e)
-                per[key][1].append(si)
-                per[key][2].append(j)
-            self._index["groups"] = {k: (groups[k], *map(torch.tensor, per[k])) for k in groups if per[k][0]}
-        return self._index["groups"]
+    def first_layers(self, mask: Tensor, n_layers: int) -> Tensor:
+        """[P] the first layer each patch acts at (its earliest patched receiver; n_layers for an empty patch)."""
+        _, _, rl = self.graph.orders
+        on = mask.detach().cpu() != 0
+        return torch.where(on, rl, torch.full_like(rl, n_layers)).min(1).values
 
+    def hooks(self, ctx, mask: Tensor, copies: int, offset: int, start: int) -> list:
+        """Hooks that patch the edges of `mask` [copies, n_edges]; the senders' outputs in both runs are
+        computed once per rows (kept in the rows' cache) from their node activations."""
+        b = ctx.bucket
+        key = ("edges", self.ablation, self.graph)
+        if key not in b.site_cache:
+            src = sender_outputs(ctx.model, self, b.source_acts)
+            base = sender_outputs(ctx.model, self, b.base_acts)
+            b.site_cache[key] = (ablated_source(self, src, base, b.slot_valid), base)
+        src, base = b.site_cache[key]
+        return edge_hooks(ctx.model, self, mask.to(src.device, src.dtype), src, base, copies, b.n,
+                          b.base_pos - offset, b.slot_valid, start)
 
-def _orders(site: EdgeSite) -> tuple[Tensor, Tensor, Tensor]:
-    """Per edge: the computation order of its sender (input -1, heads of layer l 2l, MLP l 2l+1), of its
-    receiver (q/k/v of layer l read before 2l, MLP l before 2l+1, logits last), and its receiver's layer."""
-    if "orders" not in site._index:
-        so = {"input": lambda s: -1, "head": lambda s: 2 * s.layer, "mlp": lambda s: 2 * s.layer + 1}
-        ro = lambda r: 2 * r.layer + (1 if r.kind == "mlp" else 0)  # noqa: E731
-        site._index["orders"] = (torch.tensor([so[site.senders[s].kind](site.senders[s]) for s, _ in site.edges]),
-                                 torch.tensor([ro(site.receivers[r]) for _, r in site.edges]),
-                                 torch.tensor([site.receivers[r].layer for _, r in site.edges]))
-    return site._index["orders"]
+    def forward_context(self, model, mask: Tensor):
+        """Per-head query/key/value inputs where this mask patches them (all of them under gradients)."""
+        return split_inputs(model, qkv_layers(self, mask))
 
 
 def is_static(site: EdgeSite, mask: Tensor) -> bool:
@@ -179,19 +234,12 @@ def is_static(site: EdgeSite, mask: Tensor) -> bool:
     Always true for single edges; not used under gradients (EAP-IG evaluates along the mask)."""
     if mask.requires_grad:
         return False
-    so, ro, _ = _orders(site)
+    so, ro, _ = site.graph.orders
     on = mask.detach().cpu() != 0
     inf = torch.iinfo(torch.long).max
     max_s = torch.where(on, so, torch.full_like(so, -inf)).max(1).values
     min_r = torch.where(on, ro, torch.full_like(ro, inf)).min(1).values
     return bool((max_s < min_r).all())
-
-
-def first_layers(site: EdgeSite, mask: Tensor, n_layers: int) -> Tensor:
-    """[P] the first layer each patch acts at (its earliest patched receiver; n_layers for an empty patch)."""
-    _, _, rl = _orders(site)
-    on = mask.detach().cpu() != 0
-    return torch.where(on, rl, torch.full_like(rl, n_layers)).min(1).values
 
 
 def sender_outputs(model, site: EdgeSite, acts: dict[Site, Tensor]) -> Tensor:
@@ -218,17 +266,20 @@ def split_inputs(model, layers=None):
     """TransformerLens's per-head query/key/value inputs and MLP-input hook, on while the block runs.
 
     Per-head inputs make a block's LayerNorm and projections run once per head; with `layers` (a set)
-    they are on only in those blocks (where q/k/v receivers are patched), the MLP-input hook everywhere."""
+    they are on only in those blocks (where q/k/v receivers are patched), the MLP-input hook everywhere.
+    The model's flags are restored on exit, and each block restores the value it found, so contexts nest
+    (an enclosing context that switched per-head inputs on everywhere keeps them on)."""
     cfg = model.cfg
     old = (cfg.use_split_qkv_input, cfg.use_hook_mlp_in)
-    cfg.use_split_qkv_input, cfg.use_hook_mlp_in = layers is None, True
-    handles = []
-    if layers is not None:
+    cfg.use_split_qkv_input, cfg.use_hook_mlp_in = old[0] or layers is None, True
+    handles, found = [], []
+    if layers is not None and not cfg.use_split_qkv_input:
         def on(module, args):
+            found.append(cfg.use_split_qkv_input)
             cfg.use_split_qkv_input = True
 
         def off(module, args, out):
-            cfg.use_split_qkv_input = False
+            cfg.use_split_qkv_input = found.pop()
 
         for L in layers:
             handles += [model.blocks[L].register_forward_pre_hook(on), model.blocks[L].register_forward_hook(off)]
@@ -244,10 +295,8 @@ def qkv_layers(site: EdgeSite, mask: Tensor):
     """The layers whose query/key/value receivers `mask` [P, n_edges] patches (None: all, under gradients)."""
     if mask.requires_grad:
         return None
-    _, _, rl = _orders(site)
-    if "qkv" not in site._index:
-        site._index["qkv"] = torch.tensor([site.receivers[r].kind in "qkv" for _, r in site.edges])
-    on = (mask.detach() != 0).any(0).cpu() & site._index["qkv"]
+    _, _, rl = site.graph.orders
+    on = (mask.detach() != 0).any(0).cpu() & site.graph.qkv
     return set(rl[on].tolist())
 
 
@@ -293,7 +342,7 @@ def edge_hooks(model, site: EdgeSite, mask: Tensor, source: Tensor, base: Tensor
         return hook
 
     def patch(key, units):
-        _, e, si, ri = site._groups()[key]
+        _, e, si, ri = site.graph.groups[key]
         k = int(si.max()) + 1  # the receiver reads senders 0..k-1
         dense = mask.new_zeros(copies, k, len(units))
         dense = dense.index_put((torch.arange(copies)[:, None], si[None], ri[None]), mask[:, e], accumulate=True)
@@ -339,7 +388,7 @@ def edge_hooks(model, site: EdgeSite, mask: Tensor, source: Tensor, base: Tensor
             if _sender_range(site, L, "mlp") is not None:
                 lo, hi = _sender_range(site, L, "mlp")
                 hooks.append((f"blocks.{L}.hook_mlp_out", capture(lo, hi)))
-    groups = site._groups()
+    groups = site.graph.groups
     used = (mask != 0).any(0).cpu()
     for (L, kind), (units, e, *_rest) in sorted(groups.items()):
         if L < start or (not mask.requires_grad and not bool(used[e].any())):  # no edge of this chunk enters it
@@ -367,7 +416,7 @@ def ablated_source(site: EdgeSite, source: Tensor, base: Tensor, valid: Tensor) 
     position (mean), zero, or this run's own (freeze: path patching holds the edges off a path at it)."""
     if site.ablation == "resample":
         return source
-    if site.ablation == "freeze":
+    if site.ablation == FREEZE:
         return base
     if site.ablation == "zero":
         return torch.zeros_like(source)

@@ -23,11 +23,13 @@ import torch
 from torch import Tensor
 
 from surgeon.errors import AnalysisError
-from surgeon.sites.nodes import Site, hook_component, hook_layer
+from surgeon.sites.nodes import Site, after_z, hook_component, hook_layer
+from surgeon.sites.protocol import SiteKind, register
 
 
+@register("sae_features")
 @dataclass(frozen=True, eq=False)
-class FeatureSite:
+class FeatureSite(SiteKind):
     """An SAE's features at its hook point; the key of a feature mask [P, d_sae] in `Contrast.run`."""
 
     sae: object  # a sae-lens SAE (encode, decode, cfg.d_sae)
@@ -50,8 +52,20 @@ class FeatureSite:
     def component(self):
         return hook_component(self.hook)
 
+    @property
+    def name(self) -> str:
+        return f"{self.hook} (SAE features)"
+
     def n_units(self, cfg=None) -> int:
         return int(self.sae.cfg.d_sae)
+
+    def keeps_head_outputs(self, layer: int) -> bool:
+        return self.layer > layer or self.hook in after_z(layer)
+
+    def hooks(self, ctx, mask: Tensor, copies: int, offset: int, start: int) -> list:
+        b = ctx.bucket
+        rel = (b.base_pos - offset).to(ctx.device)
+        return feature_hooks(self, mask, b.source_acts[self.node_sites()[0]], copies, b.n, rel, b.slot_valid)
 
     def node_sites(self) -> list[Site]:
         """The node site whose activations (base and source, at the aligned positions) the features read."""

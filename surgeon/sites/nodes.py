@@ -10,6 +10,8 @@ import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
+from surgeon.sites.protocol import SiteKind, register
+
 if TYPE_CHECKING:
     from torch import Tensor
 
@@ -57,18 +59,8 @@ def hook_name(comp: str, layer: int) -> str:
 
 
 def n_units(comp: str, cfg) -> int:
-    """How many units a mask over this component has for a model config."""
-    c = component(comp)
-    if c.units == "head" or c.units == "slice":
-        return cfg.n_heads
-    if c.units == "kv_head":
-        return getattr(cfg, "n_key_value_heads", None) or cfg.n_heads
-    if c.name == "mlp_out" and getattr(cfg, "attn_only", False):
-        from surgeon.errors import AnalysisError
-
-        raise AnalysisError("this model is attention-only: it has no MLP", field="component",
-                            fix="choose an attention component (z, q, k, v, pattern, attn_out)")
-    return 1
+    """How many units a mask over this component has for a model config (the same as its sites')."""
+    return Site.of(comp, 0).n_units(cfg)
 
 
 def unit_label(comp: str, layer: int, unit: int) -> str:
@@ -102,9 +94,20 @@ def hook_component(hook: str) -> Component:
     raise AnalysisError(f"unknown hook point {hook!r}", fix=f"use one of the components: {', '.join(COMPONENTS)}")
 
 
+def after_z(layer: int) -> set[str]:
+    """Hook points of a layer at or after its head outputs: patches there leave its attention as it was."""
+    return {f"blocks.{layer}.{h}" for h in ("attn.hook_z", "hook_attn_out", "hook_mlp_out")}
+
+
+def _parse(key: str) -> "Site":
+    return Site(key, hook_component(key))
+
+
+@register("node", parse=_parse)
 @dataclass(frozen=True)
-class Site:
-    """A hook point and how its activation splits into units."""
+class Site(SiteKind):
+    """A hook point and how its activation splits into units: masks [P, units] or [P, slots, units] blend
+    each unit at the aligned positions, act <- act + m * (source - act)."""
 
     hook: str
     component: Component
@@ -113,21 +116,62 @@ class Site:
     def layer(self) -> int:
         return hook_layer(self.hook)
 
+    @property
+    def name(self) -> str:
+        return self.hook
+
     @staticmethod
     def of(comp: str, layer: int) -> "Site":
-        c = COMPONENTS[comp]
+        c = component(comp)
         return Site(c.hook.format(layer=layer), c)
 
     @staticmethod
     def coerce(key: "Site | str") -> "Site":
-        return key if isinstance(key, Site) else Site(key, hook_component(key))
+        return key if isinstance(key, Site) else _parse(key)
 
     def n_units(self, cfg) -> int:
+        if self.component.name == "mlp_out" and getattr(cfg, "attn_only", False):
+            from surgeon.errors import AnalysisError
+
+            raise AnalysisError("this model is attention-only: it has no MLP", field="component",
+                                fix="choose an attention component (z, q, k, v, pattern, attn_out)")
         if self.component.units == "whole":
             return 1
         if self.component.units == "kv_head":
             return getattr(cfg, "n_key_value_heads", None) or cfg.n_heads
         return cfg.n_heads
+
+    # ------------------------------------------------------------------ the site protocol
+    def node_sites(self) -> list["Site"]:
+        return [self]
+
+    def keeps_head_outputs(self, layer: int) -> bool:
+        return self.layer > layer or self.hook in after_z(layer)
+
+    def hooks(self, ctx, mask: "Tensor", copies: int, offset: int, start: int) -> list:
+        """act <- act + m * (source - act) at the aligned positions (given relative to `offset`)."""
+        import torch
+
+        src = ctx.bucket.source_acts[self]
+        n, cfg = ctx.bucket.n, ctx.model.cfg
+        rel = (ctx.bucket.base_pos - offset).to(ctx.device)
+        idx = torch.arange(n, device=ctx.device)[:, None]
+        valid = ctx.bucket.slot_valid[:, :, None, None]  # padded slots are left alone
+        m = mask.to(src.device, src.dtype)
+        m = m[:, None, None, :, None] if m.dim() == 2 else m[:, None, :, :, None]  # [c, 1, S|1, U, 1]
+        m = m * valid.to(m.device, m.dtype)  # [c, n, S, U, 1]
+        units = self.n_units(cfg)
+
+        def mix(act, hook):
+            out = act.clone() if torch.is_grad_enabled() else act
+            x = units_view(out, self.component, units)
+            x = x.view(copies, n, *x.shape[1:])
+            i, r = idx.to(x.device), rel.to(x.device)  # layers may sit on different GPUs
+            cur = x[:, i, r]  # [c, n, S, U, R]
+            x[:, i, r] = cur + m.to(x.device) * (src.to(x.device) - cur)
+            return out
+
+        return [(self.hook, mix)]
 
 
 def units_view(x: Tensor, comp: Component, n_units: int) -> Tensor:

@@ -12,9 +12,9 @@ from surgeon.engine.contrast import Contrast
 from surgeon.sites.nodes import Site
 from surgeon.models.loading import load_model
 
-from .checkpoints import make_gemma2, make_gpt2, make_llama, make_qwen2
-from .conftest import ROOT
-from .reference import direct_patch_scores
+from tests.checkpoints import make_gemma2, make_gpt2, make_llama, make_qwen2
+from tests.conftest import ROOT
+from tests.reference import direct_patch_scores
 
 MAKERS = {"gpt2": make_gpt2, "tiny-llama-gqa": make_llama, "qwen2": make_qwen2, "gemma-2-local": make_gemma2}
 LLAMA_CASE = os.path.join(ROOT, "cases", "llama31_decimal.py")
@@ -124,7 +124,7 @@ def test_gpt2_cases_validate_and_patch_on_standin(tmp_path, name):
     """The GPT-2 cases load, validate and run per-head patching on a stand-in with GPT-2 small's layout."""
     from surgeon.analyses import patch_heads
 
-    from .checkpoints import make_gpt2_standin
+    from tests.checkpoints import make_gpt2_standin
 
     path = os.path.join(ROOT, "cases", f"{name}.py")
     draft = load_case(path, check_model=False)

@@ -20,8 +20,8 @@ from surgeon.circuits.graph import build_graph
 from surgeon.sites.edges import EdgeSite
 from surgeon.errors import AnalysisError
 
-from .conftest import ROOT
-from .reference import graph_forward, row_score, sender_outputs
+from tests.conftest import ROOT
+from tests.reference import graph_forward, row_score, sender_outputs
 
 ORGANISMS = ["induction_organism", "threshold_organism", "decimal_organism"]
 
@@ -170,7 +170,7 @@ def test_mib_evaluator_gets_the_faithfulness_circuit_eval_reports(circuits, tmp_
     items = case.items_for(r.tag)
     clean = format_rows(case, model, case.good, items)
     corrupt = format_rows(case, model, case.bad_formats[0], items)
-    from .reference import edge_name
+    from tests.reference import edge_name
 
     def m(circuit_edges):
         total = 0.0

@@ -15,7 +15,7 @@ from surgeon.organisms import induction
 from surgeon.organisms import threshold
 from surgeon.organisms import measure
 
-from .conftest import ROOT
+from tests.conftest import ROOT
 
 
 def recorded(name):

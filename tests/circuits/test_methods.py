@@ -12,8 +12,8 @@ from surgeon.engine.contrast import Contrast
 from surgeon.sites.edges import EdgeSite
 from surgeon.errors import AnalysisError
 
-from .conftest import ROOT
-from .reference import eap_ig_reference, edge_name, graph_forward, row_score, sender_outputs
+from tests.conftest import ROOT
+from tests.reference import eap_ig_reference, edge_name, graph_forward, row_score, sender_outputs
 
 
 # ---------------------------------------------------------------------------------------------- the search

@@ -16,8 +16,8 @@ from surgeon.search.threshold import collect, merge, threshold_search
 from surgeon.sites.nodes import Site
 from surgeon.errors import AnalysisError
 
-from .conftest import ROOT
-from .reference import direct_patch_scores
+from tests.conftest import ROOT
+from tests.reference import direct_patch_scores
 
 
 @pytest.fixture(scope="module")
@@ -119,6 +119,8 @@ def test_shards_merge_into_the_single_run_result(decimal_model, small_case, tmp_
     merged = merge([tmp_path / f"s{i}" for i in range(3)], tmp_path / "merged")
     assert merged.complete
     a, b = single.__dict__.copy(), merged.__dict__.copy()
+    # how this process ran its chunks is recorded; a merge of other processes' chunks ran none here
+    assert a.pop("execution")["paths"] and b.pop("execution") == {}
     assert json.dumps(a, default=str, sort_keys=True) == json.dumps(b, default=str, sort_keys=True)
     # a partial shard alone is reported as partial
     part = collect(tmp_path / "s0")

@@ -13,7 +13,7 @@ import pytest
 from surgeon.cli.commands import main
 from surgeon.results import check_out
 
-from .conftest import ROOT
+from tests.conftest import ROOT
 
 CASE = f"{ROOT}/cases/decimal_organism.py"
 THRESHOLD = f"{ROOT}/cases/threshold_organism.py"

@@ -9,7 +9,7 @@ from surgeon.analyses import diagnose
 from surgeon.analyses.generation import generate_format, generate_patched, judge
 from surgeon.sites.nodes import Site
 
-from .conftest import ROOT
+from tests.conftest import ROOT
 
 
 def test_judge():

@@ -9,7 +9,7 @@ from surgeon.analyses import diagnose
 from surgeon.analyses.blend import blend
 from surgeon.cli.commands import main
 
-from .conftest import ROOT
+from tests.conftest import ROOT
 
 CASE = f"{ROOT}/cases/decimal_organism.py"
 

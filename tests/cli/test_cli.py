@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from .conftest import ROOT
+from tests.conftest import ROOT
 
 CASE = f"{ROOT}/cases/decimal_organism.py"
 

@@ -9,7 +9,7 @@ from surgeon.sites.nodes import Site
 from surgeon.spec.encoding import encode_rows
 from surgeon.errors import AnalysisError
 
-from .reference import clean_scores, direct_patch_scores
+from tests.reference import clean_scores, direct_patch_scores
 
 ITEMS = [Item({"a": a, "b": b}, correct=c, incorrect=d) for a, b, c, d in [
     ("9.8", "9.11", " 9.8", " 9.11"),  # multi-token answers of different length
@@ -96,10 +96,11 @@ def test_patches_agreeing_below_the_last_layer_share_work_and_give_the_same_scor
     lo, hi, mlp = Site.of("v", 0), Site.of("z", 2), Site.of("mlp_out", 2)
     masks = {lo: torch.rand(3, c.units(lo), generator=g)[torch.arange(12) % 3],
              hi: (torch.rand(12, c.units(hi), generator=g) > 0.5).float(), mlp: torch.rand(12, 1, generator=g)}
-    groups = c._groups(masks, 0, 12)
-    assert groups is not None and len(groups.ends) == 3
     together = c.run(masks)
+    assert c.execution["paths"] == {"grouped": 1} and c.execution["why"] == {}  # the grouped path ran
     alone = torch.cat([c.run({k: m[i: i + 1] for k, m in masks.items()}) for i in range(12)])
+    assert c.execution["paths"] == {"grouped": 1, "plain": 12}  # one patch each: nothing to share
+    assert c.execution["why"] == {"not grouped: fewer than two patches per group": 12}
     torch.testing.assert_close(together, alone, atol=1e-5, rtol=0)
     one = {k: m[5] for k, m in masks.items()}  # and one of them against one hooked forward per row
     want = direct_patch_scores(random_model, b, s, how, hi, one[hi], extra=[(lo, one[lo]), (mlp, one[mlp])])
@@ -226,7 +227,7 @@ def test_organisms_match_transformer_lens_patching(decimal_model, induction_mode
     # induction: repeated vs fresh first half, one cue length
     from surgeon import load_case
 
-    from .conftest import ROOT
+    from tests.conftest import ROOT
 
     case = load_case(f"{ROOT}/cases/induction_organism.py")
     length = lambda it: sum(len(v) for k, v in it.values.items() if k != "z")

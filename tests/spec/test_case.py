@@ -7,7 +7,7 @@ import pytest
 
 from surgeon import CaseError, load_case
 
-from .conftest import ROOT
+from tests.conftest import ROOT
 
 HEADER = "from surgeon import Case, Item, Chat\n"
 GOOD = dict(

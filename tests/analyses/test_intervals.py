@@ -8,7 +8,7 @@ from surgeon.report import text as report
 from surgeon.analyses import attribute, patch_heads
 from surgeon.analyses.circuit import discover, evaluate_circuit
 
-from .conftest import ROOT
+from tests.conftest import ROOT
 
 NUM = r"([-+]?\d+(?:\.\d+)?)%?"
 INTERVAL = re.compile(NUM + r"\s*\[\s*" + NUM + r",\s*" + NUM + r"\]")
@@ -40,7 +40,7 @@ def test_every_interval_is_ordered_and_holds_its_estimate(direction, decimal_mod
 
     from surgeon.analyses.sae_repair import feature_repair
 
-    from .test_sae import shipped
+    from tests.sae.test_sae import shipped
 
     texts = [report.patch_text(patch_heads(decimal_case, decimal_model, direction=direction)),
              report.attribution_text(attribute(decimal_case, decimal_model, direction=direction, compare=True)),

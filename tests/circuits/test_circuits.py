@@ -18,7 +18,7 @@ from surgeon.engine.contrast import Contrast
 from surgeon.sites.edges import EdgeSite
 from surgeon.spec.encoding import encode_rows
 
-from .conftest import ROOT
+from tests.conftest import ROOT
 
 ITEMS = [Item({"a": a, "b": b}, correct=" x", incorrect=" y") for a, b in [("ab", "cd"), ("ef", "gh"), ("ij", "kl")]]
 LAYOUTS = {"index": ("Q {a} {b}:", "P {a} {b}:"), "last": ("Q: {a} {b}?", "Answer {a} {b}:")}
@@ -314,7 +314,7 @@ def test_shipped_circuits_are_current(tmp_path, name):
     stale = f"circuits/{name}.* are stale: run python circuits/regenerate.py"
     assert new_text == old_text, stale
     assert np.allclose(new_nums, old_nums, atol=2e-3, rtol=0), stale
-    from .test_circuit_exports import opens_in_its_tool
+    from tests.circuits.test_exports import opens_in_its_tool
 
     for fmt in regen["FORMATS"]:
         assert (shipped / f"{name}.{fmt}").exists(), f"circuits/{name}.{fmt} is missing: run python circuits/regenerate.py"

@@ -1,0 +1,136 @@
+"""The house: the way through the package reads case -> model -> engine -> analyses -> report -> CLI with no
+arrow back, no import cycle (function-local imports count), no private name imported across modules, an
+engine that knows no site kind by name, and tests that mirror the package's folders."""
+import ast
+import re
+
+from pathlib import Path
+
+from tests.conftest import ROOT as _ROOT
+
+ROOT = Path(_ROOT)
+
+PKG = ROOT / "surgeon"
+# lowest first; a module may import its own layer and those below it, never one above
+LAYERS = [
+    ("surgeon.errors", "surgeon.stats", "surgeon.results"),
+    ("surgeon.sites",),  # the vocabulary of sites (a case names components) and the protocol the engine calls
+    ("surgeon.spec",),
+    ("surgeon.models", "surgeon.organisms"),  # loading an organism knows no engine
+    ("surgeon.engine",),
+    ("surgeon.circuits", "surgeon.search", "surgeon.sae", "surgeon.analyses"),
+    ("surgeon.organisms.measure",),  # measuring an organism uses the engine
+    ("surgeon.report",),
+    ("surgeon.cli",),
+    ("surgeon", "surgeon.__main__"),
+]
+
+
+def modules():
+    out = {}
+    for f in PKG.rglob("*.py"):
+        if "cases" in f.relative_to(ROOT).parts:
+            continue
+        parts = f.relative_to(ROOT).with_suffix("").parts
+        out[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = f
+    return out
+
+
+def imports(name, f, mods):
+    """(target module, imported name) for every import in the module, TYPE_CHECKING blocks left out."""
+    tree = ast.parse(f.read_text())
+    skip = {id(n) for t in ast.walk(tree) if isinstance(t, ast.If) and "TYPE_CHECKING" in ast.unparse(t.test)
+            for n in ast.walk(t)}
+    for n in ast.walk(tree):
+        if id(n) in skip:
+            continue
+        if isinstance(n, ast.Import):
+            for a in n.names:
+                yield a.name, None
+        elif isinstance(n, ast.ImportFrom):
+            if n.level:
+                base = name.split(".")
+                keep = len(base) - n.level + (1 if f.name == "__init__.py" else 0)
+                target = ".".join(base[:keep] + ([n.module] if n.module else []))
+            else:
+                target = n.module or ""
+            for a in n.names:
+                yield (f"{target}.{a.name}" if f"{target}.{a.name}" in mods else target), a.name
+
+
+def owner(name, mods):
+    while name and name not in mods and "." in name:
+        name = name.rsplit(".", 1)[0]
+    return name if name in mods else None
+
+
+def graph():
+    mods = modules()
+    g, private = {m: set() for m in mods}, []
+    for name, f in mods.items():
+        for tgt, nm in imports(name, f, mods):
+            t = owner(tgt, mods)
+            if t and t != name:
+                g[name].add(t)
+                if nm and nm.startswith("_") and not nm.startswith("__"):
+                    private.append(f"{name} imports {t}.{nm}")
+    return g, private
+
+
+def layer(mod):
+    best = None
+    for i, prefixes in enumerate(LAYERS):
+        for p in prefixes:
+            if (mod == p or mod.startswith(p + ".")) and (best is None or len(p) > best[1]):
+                best = (i, len(p))
+    assert best is not None, f"{mod} is in no layer: add its folder to LAYERS"
+    return best[0]
+
+
+def test_no_arrow_back_no_cycle_no_private_import():
+    g, private = graph()
+    assert not private
+    back = [f"{a} -> {b}" for a, ts in g.items() for b in ts if layer(b) > layer(a)]
+    assert not back, back
+    # a cycle would need an arrow back or a cycle inside one layer: find any by depth-first search
+    state = {}
+
+    def visit(v, path):
+        state[v] = 1
+        for w in g[v]:
+            assert state.get(w) != 1, "import cycle: " + " -> ".join(path + [w])
+            if w not in state:
+                visit(w, path + [w])
+        state[v] = 2
+
+    for v in g:
+        if v not in state:
+            visit(v, [v])
+
+
+def test_the_checker_sees_an_arrow_back_and_a_cycle(tmp_path):
+    """The layer rule is not vacuous: the engine importing an analysis would be caught."""
+    assert layer("surgeon.engine.contrast") < layer("surgeon.analyses.patching")
+    assert layer("surgeon.organisms") < layer("surgeon.engine") < layer("surgeon.organisms.measure")
+    g, _ = graph()
+    assert "surgeon.engine.contrast" in g["surgeon.analyses.common"]  # edges are seen, local imports too
+    assert "surgeon.spec.encoding" in g["surgeon.analyses.common"]
+
+
+def test_the_engine_knows_no_site_kind_by_name():
+    src = "\n".join(f.read_text() for f in (PKG / "engine").glob("*.py"))
+    assert not re.search(r"EdgeSite|FeatureSite|isinstance\([^)]*Site", src)
+    from surgeon.sites import edges, features, nodes, protocol  # noqa: F401 (each registers its kind)
+
+    assert {"node", "edges", "sae_features"} <= set(protocol.KINDS)
+
+
+def test_tests_mirror_the_package():
+    folders = {p.name for p in PKG.iterdir() if p.is_dir() and (p / "__init__.py").exists()}
+    tests = {p.name for p in (ROOT / "tests").iterdir() if p.is_dir() and (p / "__init__.py").exists()}
+    assert tests <= folders, tests - folders
+    for t in (ROOT / "tests").rglob("test_*.py"):  # tests drive the CLI through its entry point only
+        for line in t.read_text().splitlines():
+            m = re.match(r"\s*from surgeon\.cli(\.\w+)? import (.+)", line)
+            if m:
+                assert m.group(1) in (None, ".commands") and set(re.split(r",\s*", m.group(2))) <= {"main", "build_parser"}, line
