@@ -134,3 +134,14 @@ def test_tests_mirror_the_package():
             m = re.match(r"\s*from surgeon\.cli(\.\w+)? import (.+)", line)
             if m:
                 assert m.group(1) in (None, ".commands") and set(re.split(r",\s*", m.group(2))) <= {"main", "build_parser"}, line
+
+
+def test_the_readme_layout_shows_every_folder_once():
+    text = (ROOT / "README.md").read_text()
+    tree = text[text.index("## Layout"):]
+    tree = tree[tree.index("```\n") + 4:]
+    tree = tree[:tree.index("```")]
+    lines = [line.strip().split()[0] for line in tree.splitlines() if line.startswith("  ")]
+    folders = sorted(str(p.parent.relative_to(PKG)) + "/" for p in PKG.rglob("__init__.py")
+                     if p.parent != PKG and "cases" not in p.parts)
+    assert sorted(x for x in lines if x.endswith("/")) == folders

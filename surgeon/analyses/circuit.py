@@ -260,49 +260,54 @@ def _paths(contrast, site, g, scores, full, n_paths, direction, min_share, min_i
     return out[:n_paths], None
 
 
-def discover(case: Case, model, *, method: Method | None = None, ablation: str = "resample",
-             direction: Direction = "denoise", bad: str | None = None, tag: str | None = None,
-             target: float | None = 0.9, n_edges: int | None = None, n_paths: int = 10, ig_steps: int = IG_STEPS,
-             verify: int = 50, min_share: float = 0.1, min_items: float = 0.5, batch_size: int = 256,
-             exhaustive_up_to: int | None = None) -> CircuitResult:
-    """Score every edge, verify the top ones, draw the faithfulness curve, prune a circuit (the smallest
-    top-k prefix of the ranking reaching `target` faithfulness, or the top `n_edges`; then, under chain
-    semantics, less the edges on no complete path) and rank its complete paths by path patching.
+def default_method(case: Case) -> str:
+    """The method `discover` uses when none is named: MIB's `eap-ig-inputs` where every position is aligned
+    (prompts of equal length), else `eap-ig-masks`."""
+    return "eap-ig-inputs" if case.align == "index" else "eap-ig-masks"
 
-    `method` None picks `eap-ig-inputs` (MIB's) where the prompts have equal length, else `eap-ig-masks`."""
-    from surgeon.circuits.graph import build_graph, prune_dangling
-    from surgeon.circuits.prune import EXHAUSTIVE_UP_TO, smallest_prefix
-    from surgeon.sites.edges import EdgeSite
-    from surgeon.stats import scaled
 
+def check_options(method: str, ablation: str, ig_steps: int, target: float | None, n_edges: int | None) -> None:
+    """Refuse options that cannot run, before any model work."""
     if target is not None and not 0 < target <= 1.5:
         raise AnalysisError(f"faithfulness target {target} is not in (0, 1.5]", field="--faithfulness", fix="e.g. 0.9")
     if n_edges is not None and n_edges < 1:
         raise AnalysisError(f"--edges {n_edges} must be at least 1", field="--edges", fix="e.g. 50")
-    if method is None:
-        method = "eap-ig-inputs" if case.align == "index" else "eap-ig-masks"
     check_method(method, ig_steps)
     if method == "eap-ig-inputs" and ablation != "resample":
         raise AnalysisError(f"eap-ig-inputs interpolates towards the other run's inputs, so it has no {ablation!r} "
                             f"ablation", field="--ablation", fix="use --ablation resample, or another --method")
-    site = EdgeSite.of(model.cfg, ablation)
-    contrast, info = make_contrast(case, model, bad=bad, direction=direction, tag=tag, batch_size=batch_size,
-                                   sites=site.node_sites())
-    sem = semantics(contrast)
-    E = len(site.edges)
-    full = full_circuit(contrast, site)
+
+
+def ranked_edges(contrast, site, method: str, ig_steps: int, verify: int):
+    """Edge scores by `method`, the ranking by |score|, and the exact effects of the top `verify` edges
+    (every edge for `exact`) with their Pearson r against the scores."""
     scores = edge_scores(contrast, site, method, ig_steps)
     order = np.argsort(-np.abs(scores), kind="stable")
     if method == "exact":
-        exact, pearson = {int(e): float(scores[e]) for e in range(E)}, None
-    else:
-        exact, pearson = _verify(contrast, site, scores, order, verify)
-    # faithfulness curve at MIB's fractions (plus the empty circuit), every circuit in one batch
+        return scores, order, {int(e): float(scores[e]) for e in range(len(site.edges))}, None
+    exact, pearson = _verify(contrast, site, scores, order, verify)
+    return scores, order, exact, pearson
+
+
+def faithfulness_curve(contrast, site, order, full):
+    """Faithfulness at MIB's edge fractions (plus the empty circuit), every circuit in one batch:
+    (fractions, edge counts, faithfulness, CPR, CMD)."""
+    E = len(site.edges)
     counts = [0] + [max(1, int(round(fr * E))) for fr in CURVE]
     f_curve, _ = faithfulness(contrast, site, [order[:k] for k in counts], full)
     xs = [0.0] + list(CURVE)
-    cpr, cmd = _area(xs, f_curve), _area(xs, np.abs(1 - f_curve))
-    # step 1 of pruning: the smallest top-k prefix that reaches the target
+    return xs, counts, f_curve, _area(xs, f_curve), _area(xs, np.abs(1 - f_curve))
+
+
+def prune(contrast, site, g, order, full, target: float | None, n_edges: int | None, sem: str,
+          exhaustive_up_to: int | None = None) -> tuple[list[int], dict]:
+    """The circuit: the smallest top-k prefix of the ranking reaching `target` (or the top `n_edges`), then,
+    under chain semantics, less the edges on no complete path input -> logits (they carry nothing).
+    Returns the circuit's edge indices and how the prefix was found."""
+    from surgeon.circuits.graph import prune_dangling
+    from surgeon.circuits.prune import EXHAUSTIVE_UP_TO, smallest_prefix
+
+    E = len(site.edges)
     search: dict = {}
     if n_edges is not None:
         k = min(E, n_edges)
@@ -312,11 +317,38 @@ def discover(case: Case, model, *, method: Method | None = None, ablation: str =
         k = E if ps.k is None else ps.k
         search = dict(k=ps.k, f=ps.f, f_before=ps.f_before, search=ps.search, monotone_assumed=ps.monotone_assumed,
                       evaluated=len(ps.evaluated), describe=ps.describe())
-    g = build_graph(site, scores, exact)
     circuit = [int(e) for e in order[:k]]
-    # under chain semantics an edge on no complete path input -> logits carries nothing: drop it
     circuit = sorted(prune_dangling(g, circuit) if sem == "chain" else circuit)
     search["prefix"], search["pruned"] = k, len(circuit)
+    return circuit, search
+
+
+def discover(case: Case, model, *, method: Method | None = None, ablation: str = "resample",
+             direction: Direction = "denoise", bad: str | None = None, tag: str | None = None,
+             target: float | None = 0.9, n_edges: int | None = None, n_paths: int = 10, ig_steps: int = IG_STEPS,
+             verify: int = 50, min_share: float = 0.1, min_items: float = 0.5, batch_size: int = 256,
+             exhaustive_up_to: int | None = None) -> CircuitResult:
+    """Score every edge, verify the top ones, draw the faithfulness curve, prune a circuit (the smallest
+    top-k prefix of the ranking reaching `target` faithfulness, or the top `n_edges`; then, under chain
+    semantics, less the edges on no complete path) and rank its complete paths by path patching.
+
+    `method` None picks `default_method(case)`. What a circuit means (`semantics`) follows the case's alignment
+    and is recorded in the result, its exports and the report."""
+    from surgeon.circuits.graph import build_graph
+    from surgeon.sites.edges import EdgeSite
+    from surgeon.stats import scaled
+
+    method = method or default_method(case)
+    check_options(method, ablation, ig_steps, target, n_edges)
+    site = EdgeSite.of(model.cfg, ablation)
+    contrast, info = make_contrast(case, model, bad=bad, direction=direction, tag=tag, batch_size=batch_size,
+                                   sites=site.node_sites())
+    sem = semantics(contrast)
+    full = full_circuit(contrast, site)
+    scores, order, exact, pearson = ranked_edges(contrast, site, method, ig_steps, verify)
+    xs, counts, f_curve, cpr, cmd = faithfulness_curve(contrast, site, order, full)
+    circuit, search = prune(contrast, site, build_graph(site, scores, exact), order, full, target, n_edges, sem,
+                            exhaustive_up_to)
     f_c, per_item = faithfulness(contrast, site, [circuit], full)
     gap = float(full.mean() - contrast.clean_base.mean())
     ci = scaled(bootstrap_mean(per_item[0] - contrast.clean_base.cpu().numpy()), gap)
@@ -325,11 +357,11 @@ def discover(case: Case, model, *, method: Method | None = None, ablation: str =
                                                                   min_share, min_items, sem)
     return CircuitResult(
         case=case.name, method=method, ablation=ablation, direction=direction, base=info["base"],
-        source=info["source"], tag=info["tag"], n_items=contrast.n_items, n_edges=E, edge_names=site.names,
-        scores=scores, exact=exact, verify_pearson=pearson, empty=float(contrast.clean_base.mean()),
-        full=float(full.mean()), curve_fractions=xs, curve_edges=counts, curve=[float(v) for v in f_curve],
-        cpr=cpr, cmd=cmd, target=target if n_edges is None else None, circuit=circuit,
-        circuit_faithfulness=float(f_c[0]), circuit_faithfulness_ci=(ci.lo, ci.hi), paths=paths,
+        source=info["source"], tag=info["tag"], n_items=contrast.n_items, n_edges=len(site.edges),
+        edge_names=site.names, scores=scores, exact=exact, verify_pearson=pearson,
+        empty=float(contrast.clean_base.mean()), full=float(full.mean()), curve_fractions=xs, curve_edges=counts,
+        curve=[float(v) for v in f_curve], cpr=cpr, cmd=cmd, target=target if n_edges is None else None,
+        circuit=circuit, circuit_faithfulness=float(f_c[0]), circuit_faithfulness_ci=(ci.lo, ci.hi), paths=paths,
         options=dict(method=method, ablation=ablation, direction=direction, ig_steps=ig_steps, verify=verify,
                      target=target, n_edges=n_edges, n_paths=n_paths, min_share=min_share, min_items=min_items,
                      semantics=sem, align=contrast.align),

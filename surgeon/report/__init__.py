@@ -1,0 +1,1 @@
+"""What a user reads: text reports and saved results (text), figures (figures)."""
