@@ -57,10 +57,10 @@ def run(args) -> int:
     from surgeon import load_case
     from surgeon.analyses.circuit import METHODS, edge_scores, faithfulness, full_circuit, semantics
     from surgeon.analyses.common import make_contrast
-    from surgeon.sites.edges import EdgeSite
     from surgeon.errors import AnalysisError
     from surgeon.models.loading import load_model
     from surgeon.organisms import ground_truth
+    from surgeon.sites.edges import EdgeSite
 
     print("| organism | method | ROC AUC | planted edges' ranks | f(planted circuit) | time |")
     print("|---|---|---|---|---|---|")

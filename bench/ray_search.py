@@ -36,9 +36,9 @@ def run(args):
     import ray
 
     from surgeon import load_case
-    from surgeon.search.threshold import threshold_search
-    from surgeon.search.ray import RayOptions
     from surgeon.models.loading import load_model
+    from surgeon.search.ray import RayOptions
+    from surgeon.search.threshold import threshold_search
 
     case = load_case(Path(__file__).parent.parent / "cases" / "threshold_organism.py")
     model = load_model(case.model)

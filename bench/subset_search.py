@@ -60,10 +60,10 @@ def run(case, model, args) -> bool:
     import tempfile
 
     from surgeon.analyses.common import format_rows, make_contrast
+    from surgeon.search.store import ChunkStore
     from surgeon.search.subsets import Unit, evaluate, make_plan
     from surgeon.sites.nodes import Site
     from surgeon.spec.encoding import align
-    from surgeon.search.store import ChunkStore
 
     units = [Unit(L, h) for L in (1, 2) for h in range(8)]
     subsets = [sum(1 << i for i in c) for c in itertools.combinations(range(16), 8)]

@@ -4,8 +4,8 @@ Mirrors the Llama-3.1-8B-Instruct case (cases/llama31_decimal.py) on a 3-layer m
 whose failure was planted on purpose (see surgeon/organisms/decimal.py): the ground truth is known.
 """
 from surgeon import Case, Item
-from surgeon.organisms import sae_dir
 from surgeon.organisms import decimal as organism
+from surgeon.organisms import sae_dir
 
 N_TRAP, N_CONTROL, SEED = 64, 64, 0
 

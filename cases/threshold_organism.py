@@ -10,8 +10,7 @@ cases/threshold_organism.py --layer 0 --groups even,odd` must recover exactly th
 gives (`planted` in the organism's module and config.json), subset by subset.
 """
 from surgeon import Case, Item
-from surgeon.organisms import sae_dir
-from surgeon.organisms import ground_truth
+from surgeon.organisms import ground_truth, sae_dir
 from surgeon.organisms import threshold as organism
 
 case = Case(

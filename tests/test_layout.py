@@ -3,7 +3,6 @@ arrow back, no import cycle (function-local imports count), no private name impo
 engine that knows no site kind by name, and tests that mirror the package's folders."""
 import ast
 import re
-
 from pathlib import Path
 
 from tests.conftest import ROOT as _ROOT
@@ -145,3 +144,23 @@ def test_the_readme_layout_shows_every_folder_once():
     folders = sorted(str(p.parent.relative_to(PKG)) + "/" for p in PKG.rglob("__init__.py")
                      if p.parent != PKG and "cases" not in p.parts)
     assert sorted(x for x in lines if x.endswith("/")) == folders
+
+
+# the one way lazy imports are done: only the modules `import surgeon` and `surgeon --help` load (and the CLI,
+# which imports each command's code when the command runs) import the package inside functions; everything
+# else imports at the top, where its dependencies can be read
+STARTUP = {"surgeon", "surgeon.__main__", "surgeon.errors", "surgeon.results", "surgeon.spec.case",
+           "surgeon.spec.encoding", "surgeon.models", "surgeon.models.loading", "surgeon.models.checks",
+           "surgeon.sites.nodes", "surgeon.sites.protocol", "surgeon.organisms"}
+
+
+def test_lazy_imports_only_on_the_start_up_path():
+    local = []
+    for name, f in modules().items():
+        if name in STARTUP or name.startswith("surgeon.cli"):
+            continue
+        for fn in ast.walk(ast.parse(f.read_text())):
+            if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                local += [f"{name}: {ast.unparse(n)}" for n in ast.walk(fn)
+                          if isinstance(n, ast.ImportFrom) and (n.module or "").startswith("surgeon")]
+    assert not local, local

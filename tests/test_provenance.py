@@ -6,7 +6,6 @@ from pathlib import Path
 import pytest
 
 from surgeon.organisms import names, sae_dir, weights_sha256
-
 from tests.conftest import ROOT
 
 

@@ -11,8 +11,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from surgeon.spec.case import Case
 from surgeon.analyses.common import Direction, layer_sites, make_contrast
+from surgeon.analyses.patching import patch_heads
+from surgeon.spec.case import Case
 
 
 @dataclass(frozen=True)
@@ -60,8 +61,6 @@ def attribute(case: Case, model, *, layers=None, component: str = "z", direction
     estimate = grad / gap if abs(gap) > 1e-12 else grad * np.nan
     exact = pearson = spearman = None
     if compare:
-        from surgeon.analyses.patching import patch_heads
-
         exact = patch_heads(case, model, layers=layers, component=component, direction=direction, bad=bad, tag=tag,
                             batch_size=batch_size).fraction
         a, b = estimate.ravel(), exact.ravel()

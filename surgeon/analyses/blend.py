@@ -5,10 +5,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from surgeon.spec.case import Case
-from surgeon.errors import AnalysisError
-from surgeon.stats import Estimate, bootstrap_mean, wilson_many
 from surgeon.analyses.common import make_contrast
+from surgeon.errors import AnalysisError
+from surgeon.sites.nodes import Site, unit_label
+from surgeon.spec.case import Case
+from surgeon.stats import Estimate, bootstrap_mean, wilson_many
 
 
 @dataclass(frozen=True)
@@ -42,8 +43,6 @@ def blend(case: Case, model, *, layer: int, heads: list[int] | None = None, comp
     """Score every item on a grid of blend fractions a (step 0.01 by default) in one batch, and locate each
     item's switching point a* by linear interpolation between the grid points around its sign change."""
     import torch
-
-    from surgeon.sites.nodes import Site, unit_label
 
     if not 0 < step <= 0.5:
         raise AnalysisError(f"step {step} is not in (0, 0.5]", field="--step", fix="e.g. 0.01")

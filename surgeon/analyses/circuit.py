@@ -18,12 +18,16 @@ from typing import Literal, Sequence
 
 import numpy as np
 
-from surgeon.spec.case import Case
-from surgeon.circuits.methods import IG_METHODS, IG_STEPS, MAX_IG_STEPS, METHODS, semantics_for  # noqa: F401
-from surgeon.sites.ablations import FREEZE
-from surgeon.errors import AnalysisError
-from surgeon.stats import Estimate, bootstrap_mean
 from surgeon.analyses.common import Direction, make_contrast
+from surgeon.circuits.export import edges_for_model
+from surgeon.circuits.graph import build_graph, path_nodes, prune_dangling, strongest_paths
+from surgeon.circuits.methods import IG_METHODS, IG_STEPS, MAX_IG_STEPS, METHODS, semantics_for  # noqa: F401
+from surgeon.circuits.prune import EXHAUSTIVE_UP_TO, smallest_prefix
+from surgeon.errors import AnalysisError
+from surgeon.sites.ablations import FREEZE
+from surgeon.sites.edges import EdgeSite
+from surgeon.spec.case import Case
+from surgeon.stats import Estimate, bootstrap_mean, scaled
 
 Method = Literal["eap", "eap-ig-inputs", "eap-ig-activations", "eap-ig-masks", "exact"]
 CURVE = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0)  # MIB's edge fractions
@@ -236,7 +240,6 @@ def _verify(contrast, site, scores: np.ndarray, order: np.ndarray, verify: int):
 
 def _paths(contrast, site, g, scores, full, n_paths, direction, min_share, min_items, sem):
     """The strongest complete paths by |score| product, verified by path patching; or why there are none."""
-    from surgeon.circuits.graph import path_nodes, strongest_paths
 
     # under edge-set semantics the format difference enters every sender through unaligned positions, so a
     # path may start at any sender; under chain semantics it enters through the input alone
@@ -304,8 +307,6 @@ def prune(contrast, site, g, order, full, target: float | None, n_edges: int | N
     """The circuit: the smallest top-k prefix of the ranking reaching `target` (or the top `n_edges`), then,
     under chain semantics, less the edges on no complete path input -> logits (they carry nothing).
     Returns the circuit's edge indices and how the prefix was found."""
-    from surgeon.circuits.graph import prune_dangling
-    from surgeon.circuits.prune import EXHAUSTIVE_UP_TO, smallest_prefix
 
     E = len(site.edges)
     search: dict = {}
@@ -334,9 +335,6 @@ def discover(case: Case, model, *, method: Method | None = None, ablation: str =
 
     `method` None picks `default_method(case)`. What a circuit means (`semantics`) follows the case's alignment
     and is recorded in the result, its exports and the report."""
-    from surgeon.circuits.graph import build_graph
-    from surgeon.sites.edges import EdgeSite
-    from surgeon.stats import scaled
 
     method = method or default_method(case)
     check_options(method, ablation, ig_steps, target, n_edges)
@@ -374,9 +372,6 @@ def evaluate_circuit(case: Case, model, edges, *, ablation: str = "resample", di
     """Faithfulness of a given edge set (names, or a circuit read by `circuits.export.read_circuit`), with a
     95% interval over items. A file whose semantics differ from this contrast's is refused: the same edges
     mean another circuit there."""
-    from surgeon.circuits.export import edges_for_model
-    from surgeon.sites.edges import EdgeSite
-    from surgeon.stats import scaled
 
     site = EdgeSite.of(model.cfg, ablation)
     if isinstance(edges, dict):

@@ -3,8 +3,12 @@ from __future__ import annotations
 
 from typing import Literal
 
-from surgeon.spec.case import Case
+from surgeon.engine.contrast import Contrast
 from surgeon.errors import AnalysisError
+from surgeon.sites.nodes import Site
+from surgeon.sites.nodes import component as get_component
+from surgeon.spec.case import Case
+from surgeon.spec.encoding import encode_rows
 
 Direction = Literal["denoise", "noise"]
 DIRECTIONS = ("denoise", "noise")
@@ -33,8 +37,6 @@ def pick_items(case: Case, tag: str | None):
 
 
 def format_rows(case: Case, model, fmt: str, items):
-    from surgeon.spec.encoding import encode_rows
-
     return encode_rows(case.formats[fmt], items, model.tokenizer, prepend_bos(case, model), case.score,
                        case.answer_end)
 
@@ -42,7 +44,6 @@ def format_rows(case: Case, model, fmt: str, items):
 def make_contrast(case: Case, model, *, bad: str | None = None, direction: Direction = "denoise",
                   tag: str | None = None, batch_size: int = 256, sites=()):
     """The Contrast for a case: base = failing format, source = good format (denoise) or the reverse."""
-    from surgeon.engine.contrast import Contrast
 
     if direction not in DIRECTIONS:
         raise AnalysisError(f"unknown direction {direction!r}", field="direction", fix="use denoise or noise")
@@ -62,7 +63,6 @@ def make_contrast(case: Case, model, *, bad: str | None = None, direction: Direc
 
 def layer_sites(model, layers, component: str):
     """The layers to examine (all when None), checked against the model, and one site per layer."""
-    from surgeon.sites.nodes import Site, component as get_component
 
     get_component(component)
     n_layers = model.cfg.n_layers

@@ -5,9 +5,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from surgeon.analyses.common import format_rows
+from surgeon.analyses.generation import generate_format
+from surgeon.engine.contrast import score_rows
 from surgeon.spec.case import Case
 from surgeon.stats import Estimate, bootstrap_mean, wilson
-from surgeon.analyses.common import format_rows
 
 
 @dataclass(frozen=True)
@@ -39,7 +41,6 @@ def diagnose(case: Case, model, *, batch_size: int = 256, generate: int = 0, pro
     """Score every item in every format. The failure is *reproduced* for a failing format when, on the
     focus items (all items if the case names none), its accuracy's 95% interval lies entirely below the
     good format's."""
-    from surgeon.engine.contrast import score_rows
 
     formats = [case.good] + list(case.bad_formats)
     tags = ["all"] + [t for t in case.tags if len(case.tags) > 1 or t == case.focus]
@@ -60,8 +61,6 @@ def diagnose(case: Case, model, *, batch_size: int = 256, generate: int = 0, pro
     reproduced = {b: d.get(b, focus).accuracy.hi < good.lo for b in case.bad_formats}
     gens = ()
     if generate:
-        from surgeon.analyses.generation import generate_format
-
         gens = tuple(generate_format(case, model, f, case.items_for(case.focus), generate, batch_size) for f in formats)
     per_item = tuple({"item": i, "tag": it.tag, "values": dict(it.values), "correct": it.correct,
                       "incorrect": it.incorrect, "score": {f: float(scores[f][i]) for f in formats}}

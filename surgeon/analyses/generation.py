@@ -2,12 +2,14 @@
 against the answers. Logit scores stay the default; this is the check beside them."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Literal, Sequence
 
-from surgeon.spec.case import Case, Item
-from surgeon.stats import Estimate, wilson
 from surgeon.analyses.common import pick_bad, pick_items, prepend_bos
+from surgeon.engine.contrast import Contrast, greedy
+from surgeon.spec.case import Case, Item
+from surgeon.spec.encoding import prompt_rows
+from surgeon.stats import Estimate, wilson
 
 Verdict = Literal["correct", "incorrect", "other"]
 
@@ -43,9 +45,6 @@ def generate_format(case: Case, model, fmt: str, items: Sequence[Item], n_new: i
     """Greedy continuations of every item's prompt in one format, unpatched."""
     import torch
 
-    from surgeon.engine.contrast import greedy
-    from surgeon.spec.encoding import prompt_rows
-
     rows = prompt_rows(case.formats[fmt], items, model.tokenizer, prepend_bos(case, model))
     device = next(model.parameters()).device
     texts = [""] * len(rows)
@@ -64,8 +63,6 @@ def generate_patched(case: Case, model, masks: dict, n_new: int = 8, *, bad: str
                      tag: str | None = None, batch_size: int = 256) -> list[Generations]:
     """Greedy continuations of the failing format with each of P patches (masks {site: [P, units]}) applied
     at the case's aligned prompt positions; one Generations per patch."""
-    from surgeon.engine.contrast import Contrast
-    from surgeon.spec.encoding import prompt_rows
 
     bad = pick_bad(case, bad)
     _, items = pick_items(case, tag)

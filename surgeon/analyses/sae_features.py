@@ -14,10 +14,14 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from surgeon.spec.case import Case
-from surgeon.errors import AnalysisError
-from surgeon.stats import Estimate, bootstrap_mean, bootstrap_means
 from surgeon.analyses.common import pick_bad, pick_items, prepend_bos
+from surgeon.engine.contrast import cached_batches
+from surgeon.errors import AnalysisError
+from surgeon.sae.load import neuronpedia_url
+from surgeon.sites.features import sae_hook
+from surgeon.spec.case import Case
+from surgeon.spec.encoding import align, prompt_rows
+from surgeon.stats import Estimate, bootstrap_mean
 
 POSITIONS = ("last", "aligned")
 METRICS = ("overlap", "jaccard", "weighted_jaccard")
@@ -34,7 +38,6 @@ def top_sets(f: Tensor, k: int) -> Tensor:
 
 def overlap_metrics(a: Tensor, b: Tensor, k: int) -> dict[str, np.ndarray]:
     """Per row of two feature-activation sets a, b [N, F]:
-
     - overlap: |A ∩ B| / min(|A|, |B|) with A, B the top-k active features (|A ∩ B| / k when both
       have k active features: the paper's number);
     - jaccard: |A ∩ B| / |A ∪ B|;
@@ -58,9 +61,6 @@ def overlap_metrics(a: Tensor, b: Tensor, k: int) -> dict[str, np.ndarray]:
 @torch.no_grad()
 def format_activations(case: Case, model, fmt: str, items, hooks: Sequence[str], batch_size: int = 64):
     """Prompt rows of `items` in `fmt` and, per hook, the activations [n_items, max_len, d] (right-padded)."""
-    from surgeon.spec.encoding import prompt_rows
-
-    from surgeon.engine.contrast import cached_batches
 
     rows = prompt_rows(case.formats[fmt], items, model.tokenizer, prepend_bos(case, model))
     W = max(len(r.tokens) for r in rows)  # one width for all, so the items stack into [n_items, W, d]
@@ -73,7 +73,6 @@ def format_activations(case: Case, model, fmt: str, items, hooks: Sequence[str],
 
 def matched_positions(case: Case, good_rows, bad_rows, position: str):
     """Per item, (good positions, bad positions) to compare."""
-    from surgeon.spec.encoding import align
 
     if position not in POSITIONS:
         raise AnalysisError(f"unknown position {position!r}", field="--position", fix=f"use one of: {', '.join(POSITIONS)}")
@@ -90,7 +89,6 @@ def _encode(sae, x: Tensor) -> Tensor:
 
 def paired_features(case: Case, model, saes: dict, *, bad: str, items, position: str, batch_size: int = 64):
     """Per layer: good and bad feature activations [pairs, F] and each pair's item index [pairs]."""
-    from surgeon.sites.features import sae_hook
 
     hooks = {L: sae_hook(s) for L, s in saes.items()}
     g_rows, g_act = format_activations(case, model, case.good, items, list(set(hooks.values())), batch_size)
@@ -190,7 +188,6 @@ def amplified(case: Case, model, sae, layer: int, *, bad: str | None = None, pos
               neuronpedia: str | None = None, batch_size: int = 64, source: str = "") -> AmplifiedResult:
     """Features active in both formats ranked by their activation ratio failing / good (per item, then the
     mean over the items where both are active, with an interval), and features active in one format only."""
-    from surgeon.sae.load import neuronpedia_url
 
     bad = pick_bad(case, bad)
     tag, items = pick_items(case, tag)

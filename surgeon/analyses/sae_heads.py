@@ -16,10 +16,15 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from surgeon.spec.case import Case
-from surgeon.errors import AnalysisError
-from surgeon.stats import bootstrap_means
 from surgeon.analyses.common import pick_bad, pick_items, prepend_bos
+from surgeon.engine.contrast import Contrast
+from surgeon.errors import AnalysisError
+from surgeon.search.subsets import Unit, make_groups
+from surgeon.sites.features import sae_hook
+from surgeon.sites.nodes import Site, hook_layer
+from surgeon.spec.case import Case
+from surgeon.spec.encoding import prompt_rows
+from surgeon.stats import bootstrap_means
 
 
 @dataclass(frozen=True)
@@ -46,12 +51,6 @@ class HeadFeatureResult:
 def head_feature_effects(case: Case, model, sae, *, layer: int, groups: Sequence[str] = ("even", "odd"),
                          bad: str | None = None, tag: str | None = None, top: int = 10, batch_size: int = 256,
                          source: str = "") -> HeadFeatureResult:
-    from surgeon.engine.contrast import Contrast
-    from surgeon.spec.encoding import prompt_rows
-    from surgeon.sites.features import sae_hook
-    from surgeon.sites.nodes import Site, hook_layer
-    from surgeon.search.subsets import Unit, make_groups
-
     if not 0 <= layer < model.cfg.n_layers:
         raise AnalysisError(f"layer {layer} is out of range (the model has layers 0..{model.cfg.n_layers - 1})",
                             field="--layer", fix=f"use a layer between 0 and {model.cfg.n_layers - 1}")

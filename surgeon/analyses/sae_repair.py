@@ -12,13 +12,14 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-import numpy as np
 import torch
 
-from surgeon.spec.case import Case
-from surgeon.errors import AnalysisError
 from surgeon.analyses.common import Direction, make_contrast
+from surgeon.errors import AnalysisError
 from surgeon.search.subsets import ThresholdResult, Unit, aggregate, chunk_scores, make_plan, summarize_chunks
+from surgeon.sites.features import FeatureSite
+from surgeon.sites.nodes import Site
+from surgeon.spec.case import Case
 
 
 @dataclass(frozen=True)
@@ -45,9 +46,6 @@ def feature_repair(case: Case, model, sae, *, top: int = 8, direction: Direction
                    tag: str | None = None, budget: int = 2000, item_rate: float = 1.0, x: float = 0.5,
                    batch_size: int = 256, chunk: int = 256, source: str = "", progress: bool = False
                    ) -> FeatureRepairResult:
-    from surgeon.sites.features import FeatureSite
-    from surgeon.sites.nodes import Site
-
     if not 1 <= top <= 24:
         raise AnalysisError(f"--top {top}: the subset search needs 1 to 24 features", field="--top", fix="e.g. --top 8")
     fs = FeatureSite.of(sae)

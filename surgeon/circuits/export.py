@@ -17,10 +17,10 @@ from pathlib import Path
 
 import networkx as nx
 
-from surgeon.errors import AnalysisError
-from surgeon.results import follow_umask
 from surgeon.circuits.graph import circuit_subgraph
 from surgeon.circuits.methods import SEMANTICS
+from surgeon.errors import AnalysisError
+from surgeon.results import follow_umask
 
 FORMATS = (".graphml", ".gexf", ".json", ".mib.json", ".dot", ".svg", ".pdf", ".tex", ".png")
 NODE_W, NODE_H = 0.8, 0.5  # node boxes in layout units (columns are 1 apart, rows ROW_GAP apart)

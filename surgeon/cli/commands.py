@@ -10,10 +10,10 @@ import sys
 from pathlib import Path
 
 from surgeon.cli import types as cli_types
-from surgeon.cli.common import (CASES_DIR, add_common, add_items, layers_of, load_case_and_model,
-                                 print_report, setup)
+from surgeon.cli.common import CASES_DIR, add_common, add_items, layers_of, load_case_and_model, print_report, setup
 from surgeon.errors import SurgeonError
 from surgeon.sites.ablations import ABLATIONS
+
 
 def build_parser() -> argparse.ArgumentParser:
     from surgeon.sites.nodes import COMPONENTS
@@ -153,9 +153,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def cmd_diagnose(args) -> int:
+    from surgeon.analyses import diagnose
     from surgeon.report import figures
     from surgeon.report import text as report
-    from surgeon.analyses import diagnose
 
     case, model, device = load_case_and_model(args)
     d = diagnose(case, model, batch_size=args.batch_size, generate=args.generate, progress=True)
@@ -164,9 +164,9 @@ def cmd_diagnose(args) -> int:
 
 
 def cmd_patch(args) -> int:
+    from surgeon.analyses import patch_heads
     from surgeon.report import figures
     from surgeon.report import text as report
-    from surgeon.analyses import patch_heads
 
     case, model, device = load_case_and_model(args)
     layers = layers_of(args, case)
@@ -176,9 +176,9 @@ def cmd_patch(args) -> int:
 
 
 def cmd_attribute(args) -> int:
+    from surgeon.analyses import attribute
     from surgeon.report import figures
     from surgeon.report import text as report
-    from surgeon.analyses import attribute
 
     case, model, device = load_case_and_model(args)
     layers = layers_of(args, case)
@@ -265,9 +265,9 @@ def cmd_merge(args) -> int:
 
 
 def cmd_blend(args) -> int:
+    from surgeon.analyses.blend import blend
     from surgeon.report import figures
     from surgeon.report import text as report
-    from surgeon.analyses.blend import blend
 
     case, model, device = load_case_and_model(args)
     r = blend(case, model, layer=args.layer, heads=_int_list(args.heads, "--heads"), component=args.component,
@@ -326,10 +326,10 @@ def cmd_organisms(args) -> int:
 
 
 def cmd_circuit(args) -> int:
-    from surgeon.report import figures
-    from surgeon.report import text as report
     from surgeon.analyses.circuit import discover
     from surgeon.circuits.export import check_targets
+    from surgeon.report import figures
+    from surgeon.report import text as report
 
     check_targets(args.export)  # refuse before loading anything
     case, model, device = load_case_and_model(args)
@@ -371,9 +371,9 @@ def export_circuit(r, model, files) -> None:
 
 
 def cmd_circuit_eval(args) -> int:
-    from surgeon.report import text as report
     from surgeon.analyses.circuit import evaluate_circuit
     from surgeon.circuits.export import read_circuit
+    from surgeon.report import text as report
 
     circuit = read_circuit(args.graph)  # refused before the model loads
 
@@ -381,8 +381,8 @@ def cmd_circuit_eval(args) -> int:
         from types import SimpleNamespace
 
         from surgeon.circuits.export import edges_for_model
-        from surgeon.sites.edges import EdgeSite
         from surgeon.models.loading import resolve, shape
+        from surgeon.sites.edges import EdgeSite
 
         shp = shape(resolve(case.model))
         cfg = SimpleNamespace(n_layers=shp.n_layers, n_heads=shp.n_heads, n_key_value_heads=shp.n_kv_heads,

@@ -8,7 +8,6 @@ from pathlib import Path
 from surgeon.cli import types as cli_types
 from surgeon.errors import SurgeonError
 
-
 # the shipped cases (the repository's cases/ folder, inside the package so they run from anywhere)
 CASES_DIR = Path(__file__).parent.parent / "cases"
 
@@ -108,7 +107,6 @@ def load_case_and_model(args, check=None, out=None):
     """case -> model, for the analysis commands; `check(case)` refuses bad input before the model loads."""
     from surgeon.models.checks import load_case
     from surgeon.models.loading import load_model
-
     from surgeon.results import check_out
 
     check_out(out if out is not None else getattr(args, "out", None))

@@ -122,9 +122,9 @@ def run(args) -> int:
         saes = {L: load_sae(source, L, device, dtype) for L in layers}
         where = {L: source.describe(L) for L in layers}
         if args.action == "quality":
-            from surgeon.sites.features import sae_hook
             from surgeon.sae.quality import measure, quality_text
             from surgeon.sae.train import collect_activations
+            from surgeon.sites.features import sae_hook
 
             hooks = {L: sae_hook(s) for L, s in saes.items()}
             acts = collect_activations(case, model, sorted(set(hooks.values())))

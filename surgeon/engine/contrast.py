@@ -30,9 +30,10 @@ from torch import Tensor
 
 from surgeon.engine import prefix_attention
 from surgeon.errors import AnalysisError
-from surgeon.sites.nodes import Site, after_z, hook_layer, units_view
+from surgeon.sites.nodes import Site, hook_layer, units_view
 from surgeon.sites.protocol import SiteKind, coerce
 from surgeon.spec.encoding import Row
+from surgeon.spec.encoding import align as align_rows
 
 
 @dataclass
@@ -140,8 +141,6 @@ class Contrast:
                  *, batch_size: int = 256, base_name: str = "base", source_name: str = "source",
                  sites: Sequence[Site | str] = (), start_layer: int | None = None,
                  shared_prefix: bool | None = None, clean: bool = True):
-        from surgeon.spec.encoding import align as align_rows
-
         if len(base_rows) != len(source_rows) or not base_rows:
             raise AnalysisError("internal: base and source rows differ in number, or there are none")
         self.model = model

@@ -6,8 +6,8 @@ from pathlib import Path
 
 from surgeon.errors import CaseError, ModelError
 from surgeon.models.loading import load_tokenizer, resolve, shape
-from surgeon.spec.case import Case, Chat, read_case
 from surgeon.sites.nodes import COMPONENTS
+from surgeon.spec.case import Case, Chat, read_case
 
 
 def load_case(path: str | Path, check_model: bool = True, model: str | None = None) -> Case:
@@ -88,8 +88,8 @@ def _check_equal_lengths(case, tok, where: str) -> None:
 def _warn_answer_traps(case, tok, where: str) -> None:
     """Warn (once each) about answers that silently change what is scored: no leading space after a prompt
     that ends in a word or punctuation, and one answer a prefix of the other."""
-    from surgeon.spec.case import Chat
     from surgeon.errors import warn
+    from surgeon.spec.case import Chat
 
     plain_ends = [f for f in case.formats.values() if not isinstance(f, Chat) and f and not f[-1].isspace()]
     bare = [i for i, it in enumerate(case.items) if not it.correct[:1].isspace() and not it.incorrect[:1].isspace()]

@@ -33,9 +33,7 @@ class OrganismSpec:
 
 
 def _specs() -> dict[str, OrganismSpec]:
-    from surgeon.organisms import decimal
-    from surgeon.organisms import induction
-    from surgeon.organisms import threshold
+    from surgeon.organisms import decimal, induction, threshold
 
     return {
         "decimal": OrganismSpec(

@@ -19,6 +19,8 @@ from dataclasses import dataclass
 from decimal import Decimal
 from typing import Iterator, Literal
 
+from surgeon.spec.case import Item
+
 FORMATS: dict[str, str] = {
     "plain": "Which is bigger: {a} or {b}?\nAnswer:",
     "qa": "Q: Which is bigger: {a} or {b}?\nA:",
@@ -123,7 +125,6 @@ POSITION_REPAIR_MAX = 0.10  # patching only the layer-0 residual stream repairs 
 
 def held_out_items(n_trap: int = 128, n_control: int = 128, seed: int = 0, split: str = "test"):
     """Held-out items: trap pairs (9.8 vs 9.11) and controls (same or different integer part)."""
-    from surgeon.spec.case import Item
 
     def item(p, tag):
         loser = p.b if p.decimal_winner == p.a else p.a

@@ -5,6 +5,11 @@ from pathlib import Path
 
 import numpy as np
 
+from surgeon.models.loading import resolve, shape
+from surgeon.report import figures
+from surgeon.results import manifest, staging, write_json
+from surgeon.search.subsets import plan_from_options, subsets_csv_rows
+from surgeon.search.threshold import per_subset
 from surgeon.sites.nodes import component, unit_label
 
 
@@ -118,7 +123,6 @@ def model_info(case) -> dict | None:
     """Where the case's model came from: spec, kind, resolved path (a cache snapshot names its revision)."""
     if case is None:
         return None
-    from surgeon.models.loading import resolve, shape
 
     ref = resolve(case.model)
     shp = shape(ref)
@@ -131,8 +135,6 @@ def save(out: Path, command: str, result, case, args, device: str | None, figure
          tables: dict | None = None) -> None:
     """results.json + manifest.json + figures (name -> draw(result, path)) + CSV tables, all or nothing."""
     import csv
-
-    from surgeon.results import manifest, staging, write_json
 
     opts = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()
             if k not in ("debug", "out", "case")}
@@ -151,9 +153,6 @@ def save(out: Path, command: str, result, case, args, device: str | None, figure
 
 def save_threshold(out: Path, r, case, args, device: str | None) -> None:
     """A subset search's results, manifest, figure and per-subset table (subsets.csv) in `out`."""
-    from surgeon.report import figures
-    from surgeon.search.subsets import plan_from_options, subsets_csv_rows
-    from surgeon.search.threshold import per_subset
 
     plan = plan_from_options(r.options)
     save(out, "threshold", r, case, args, device, figures={"threshold.png": figures.threshold_figure},

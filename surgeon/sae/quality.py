@@ -9,8 +9,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-import numpy as np
 import torch
+
+from surgeon.analyses.common import format_rows, prepend_bos
+from surgeon.engine.contrast import score_rows
 
 # an SAE below these is flagged: its features are not a faithful account of the activation here
 MIN_EXPLAINED_VARIANCE = 0.7
@@ -67,9 +69,6 @@ def splice_hook(sae, skip: int):
 
 
 def measure(case, model, sae, layer: int, hook: str, acts: torch.Tensor, where: str, batch_size: int = 256) -> Quality:
-    from surgeon.analyses.common import format_rows, prepend_bos
-    from surgeon.engine.contrast import score_rows
-
     stats = reconstruction_stats(sae, acts)
     clean, spliced = {}, {}
     skip = 1 if prepend_bos(case, model) else 0

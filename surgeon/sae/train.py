@@ -14,6 +14,10 @@ from typing import Sequence
 import torch
 from torch import Tensor
 
+from surgeon.analyses.common import format_rows, prepend_bos
+from surgeon.engine.contrast import cached_batches
+from surgeon.results import follow_umask
+
 
 @dataclass(frozen=True)
 class TrainOptions:
@@ -28,8 +32,6 @@ class TrainOptions:
 @torch.no_grad()
 def collect_activations(case, model, hooks: Sequence[str], batch_size: int = 64) -> dict[str, Tensor]:
     """[tokens, d] activations at each hook over every format's rows (prompt + each answer), BOS dropped."""
-    from surgeon.analyses.common import format_rows, prepend_bos
-    from surgeon.engine.contrast import cached_batches
 
     rows = [r for fmt in case.formats for r in format_rows(case, model, fmt, case.items)]
     skip = 1 if prepend_bos(case, model) else 0
@@ -76,8 +78,6 @@ def save(sae, path: Path, record: dict | None = None) -> None:
     with `record` (how it was trained) as training.json beside it."""
     import shutil
     import tempfile
-
-    from surgeon.results import follow_umask
 
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
-from surgeon.errors import AnalysisError
+from surgeon.errors import AnalysisError, warn
 from surgeon.results import follow_umask
 
 
@@ -55,8 +55,6 @@ class ChunkStore:
                     for k in z.files:
                         z[k]
             except Exception as e:
-                from surgeon.errors import warn
-
                 warn(f"{p} cannot be read ({type(e).__name__}); it is set aside as {p.name}.broken and evaluated again")
                 os.replace(p, p.with_name(p.name + ".broken"))
                 continue

@@ -24,6 +24,7 @@ from typing import Iterable, Sequence
 import numpy as np
 
 from surgeon.errors import AnalysisError
+from surgeon.sites.nodes import Site
 from surgeon.stats import wilson
 
 
@@ -190,8 +191,6 @@ def chunk_scores(contrast, plan: Plan, c: int, chunk: int, component: str = "z",
     """Chunk c of the plan: its subsets as a bool [subsets, units] array and their item scores [subsets, items].
     `sites` (layer -> site) overrides the component's sites, e.g. an SAE's `FeatureSite`."""
     import torch
-
-    from surgeon.sites.nodes import Site
 
     n_units = len(plan.units)
     layers = sorted({u.layer for u in plan.units})

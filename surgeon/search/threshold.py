@@ -10,11 +10,27 @@ from typing import Sequence
 
 import numpy as np
 
-from surgeon.spec.case import Case
-from surgeon.errors import AnalysisError
-from surgeon.search.store import ChunkStore, parse_shard
 from surgeon.analyses.common import Direction, make_contrast
-from surgeon.search.subsets import ThresholdResult, aggregate, chunk_scores, evaluate, make_groups, make_plan, parse_units, plan_from_options, summarize_chunks, todo_chunks
+from surgeon.analyses.generation import generate_patched
+from surgeon.errors import AnalysisError
+from surgeon.models.loading import load_model
+from surgeon.search.ray import evaluate_on_ray
+from surgeon.search.store import ChunkStore, parse_shard
+from surgeon.search.subsets import (
+    ThresholdResult,
+    aggregate,
+    chunk_scores,
+    evaluate,
+    make_groups,
+    make_plan,
+    parse_units,
+    plan_from_options,
+    summarize_chunks,
+    todo_chunks,
+)
+from surgeon.sites.nodes import Site
+from surgeon.sites.nodes import component as get_component
+from surgeon.spec.case import Case
 
 
 @dataclass(frozen=True)
@@ -30,9 +46,6 @@ class ChunkEvaluator:
 
     def __call__(self):
         import torch
-
-        from surgeon.models.loading import load_model
-        from surgeon.sites.nodes import Site
 
         case = self.case
         device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -59,8 +72,6 @@ def threshold_search(case: Case, model, *, layer: int | None = None, heads: str 
     With `ray` (a `surgeon.search.ray.RayOptions`), the chunks run on Ray workers that each load the model
     (from the case's file) once; the saved chunks and the result are those of a local run.
     """
-    from surgeon.sites.nodes import Site
-    from surgeon.sites.nodes import component as get_component
 
     if not 0 < item_rate <= 1:
         raise AnalysisError(f"item rate {item_rate} is not in (0, 1]", field="--item-rate", fix="e.g. 1.0 (all items) or 0.9")
@@ -89,8 +100,6 @@ def threshold_search(case: Case, model, *, layer: int | None = None, heads: str 
     store = ChunkStore(Path(out), plan.digest + f"-chunk{chunk}", meta)
     try:
         if ray is not None:
-            from surgeon.search.ray import evaluate_on_ray
-
             dtype = str(model.cfg.dtype).removeprefix("torch.")
             factory = ChunkEvaluator(case, dtype,
                                      dict(bad=bad, direction=direction, tag=tag, batch_size=batch_size),
@@ -124,9 +133,6 @@ def generation_check(case: Case, model, result: ThresholdResult, *, n_new: int, 
                      bad: str | None = None, tag: str | None = None, batch_size: int = 256) -> list[dict]:
     """Greedy generation with each minimal repairing subset (up to 20) and with every candidate patched."""
     import torch
-
-    from surgeon.sites.nodes import Site
-    from surgeon.analyses.generation import generate_patched
 
     subsets = [list(m) for m in result.minimal[:20]] + [list(result.units)]
     units = parse_units(",".join(result.units), None, model.cfg.n_layers, Site.of(component, 0).n_units(model.cfg))
@@ -204,11 +210,6 @@ def merge(roots: Sequence[Path], out: Path) -> ThresholdResult:
 def per_subset(out) -> dict:
     """Per evaluated subset (bit mask over the plan's units): (item rate, mean repair fraction, ...) from the
     chunk store a search wrote to `out`."""
-    import numpy as np
-
-    from surgeon.search.store import ChunkStore
-    from surgeon.search.subsets import summarize_chunks
-
     meta = _meta(out)
     return summarize_chunks(ChunkStore(out, meta["digest"]).iter(), np.array(meta["clean_base"]),
                             np.array(meta["clean_source"]))

@@ -10,8 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Mapping, Sequence
 
-from surgeon.spec.case import Chat, Format, Item
 from surgeon.errors import AnalysisError, CaseError
+from surgeon.spec.case import Chat, Format, Item
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,6 @@ from surgeon import Item, load_case
 from surgeon.analyses import diagnose
 from surgeon.analyses.generation import generate_format, generate_patched, judge
 from surgeon.sites.nodes import Site
-
 from tests.conftest import ROOT
 
 

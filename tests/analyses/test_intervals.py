@@ -4,10 +4,9 @@ import re
 
 import pytest
 
-from surgeon.report import text as report
 from surgeon.analyses import attribute, patch_heads
 from surgeon.analyses.circuit import discover, evaluate_circuit
-
+from surgeon.report import text as report
 from tests.conftest import ROOT
 
 NUM = r"([-+]?\d+(?:\.\d+)?)%?"
@@ -37,9 +36,7 @@ def test_the_checker_catches_a_reversed_interval():
 @pytest.mark.parametrize("direction", ["denoise", "noise"])
 def test_every_interval_is_ordered_and_holds_its_estimate(direction, decimal_model, decimal_case, induction_model):
     from surgeon import load_case
-
     from surgeon.analyses.sae_repair import feature_repair
-
     from tests.sae.test_sae import shipped
 
     texts = [report.patch_text(patch_heads(decimal_case, decimal_model, direction=direction)),

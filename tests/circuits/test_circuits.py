@@ -17,7 +17,6 @@ from surgeon import Item, load_case
 from surgeon.engine.contrast import Contrast
 from surgeon.sites.edges import EdgeSite
 from surgeon.spec.encoding import encode_rows
-
 from tests.conftest import ROOT
 
 ITEMS = [Item({"a": a, "b": b}, correct=" x", incorrect=" y") for a, b in [("ab", "cd"), ("ef", "gh"), ("ij", "kl")]]

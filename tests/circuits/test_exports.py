@@ -15,11 +15,21 @@ import torch
 
 from surgeon import load_case
 from surgeon.analyses.circuit import discover, evaluate_circuit
-from surgeon.circuits.export import FORMATS, NODE_H, NODE_W, check_targets, drawn, edges_for_model, layout, mib_json, read_circuit, write
+from surgeon.circuits.export import (
+    FORMATS,
+    NODE_H,
+    NODE_W,
+    check_targets,
+    drawn,
+    edges_for_model,
+    layout,
+    mib_json,
+    read_circuit,
+    write,
+)
 from surgeon.circuits.graph import build_graph
-from surgeon.sites.edges import EdgeSite
 from surgeon.errors import AnalysisError
-
+from surgeon.sites.edges import EdgeSite
 from tests.conftest import ROOT
 from tests.reference import graph_forward, row_score, sender_outputs
 

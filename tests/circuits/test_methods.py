@@ -5,13 +5,22 @@ import pytest
 import torch
 
 from surgeon import load_case
-from surgeon.analyses.circuit import IG_STEPS, METHODS, discover, edge_scores, evaluate_circuit, faithfulness, full_circuit, path_scores, semantics
+from surgeon.analyses.circuit import (
+    IG_STEPS,
+    METHODS,
+    discover,
+    edge_scores,
+    evaluate_circuit,
+    faithfulness,
+    full_circuit,
+    path_scores,
+    semantics,
+)
 from surgeon.analyses.common import format_rows
 from surgeon.circuits.prune import exhaustive_scan, smallest_prefix
 from surgeon.engine.contrast import Contrast
-from surgeon.sites.edges import EdgeSite
 from surgeon.errors import AnalysisError
-
+from surgeon.sites.edges import EdgeSite
 from tests.conftest import ROOT
 from tests.reference import eap_ig_reference, edge_name, graph_forward, row_score, sender_outputs
 

@@ -12,7 +12,6 @@ import pytest
 
 from surgeon.cli.commands import main
 from surgeon.results import check_out
-
 from tests.conftest import ROOT
 
 CASE = f"{ROOT}/cases/decimal_organism.py"

@@ -3,12 +3,11 @@ import pytest
 import torch
 from transformer_lens import patching
 
-from surgeon.spec.case import Item
 from surgeon.engine.contrast import Contrast
-from surgeon.sites.nodes import Site
-from surgeon.spec.encoding import encode_rows
 from surgeon.errors import AnalysisError
-
+from surgeon.sites.nodes import Site
+from surgeon.spec.case import Item
+from surgeon.spec.encoding import encode_rows
 from tests.reference import clean_scores, direct_patch_scores
 
 ITEMS = [Item({"a": a, "b": b}, correct=c, incorrect=d) for a, b, c, d in [
@@ -166,8 +165,7 @@ def test_out_of_memory_halves_the_batch_and_gives_the_same_numbers(random_model)
 
 def test_bfloat16_model_gives_the_float32_answer(decimal_case):
     """The organism in bfloat16: same verdicts, patch effects close to float32's."""
-    from surgeon.analyses import patch_heads
-    from surgeon.analyses import diagnose
+    from surgeon.analyses import diagnose, patch_heads
     from surgeon.models.loading import load_model
 
     m32, m16 = load_model("organism:decimal"), load_model("organism:decimal", dtype="bfloat16")
@@ -226,7 +224,6 @@ def test_organisms_match_transformer_lens_patching(decimal_model, induction_mode
     _tl_check(decimal_model, b, s)
     # induction: repeated vs fresh first half, one cue length
     from surgeon import load_case
-
     from tests.conftest import ROOT
 
     case = load_case(f"{ROOT}/cases/induction_organism.py")

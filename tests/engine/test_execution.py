@@ -32,8 +32,8 @@ def test_paths_and_reasons_are_recorded(induction_model):
 
 
 def test_prefix_copied_says_why(induction_model):
-    from surgeon.engine.contrast import Contrast
     from surgeon.analyses.common import format_rows
+    from surgeon.engine.contrast import Contrast
 
     case = load_case(INDUCTION)
     items = case.items[:4]

@@ -9,9 +9,8 @@ from surgeon import CaseError, load_case
 from surgeon.analyses import diagnose
 from surgeon.analyses.common import format_rows
 from surgeon.engine.contrast import Contrast
-from surgeon.sites.nodes import Site
 from surgeon.models.loading import load_model
-
+from surgeon.sites.nodes import Site
 from tests.checkpoints import make_gemma2, make_gpt2, make_llama, make_qwen2
 from tests.conftest import ROOT
 from tests.reference import direct_patch_scores
@@ -123,7 +122,6 @@ def test_hub_name_is_read_from_the_local_cache(tmp_path):
 def test_gpt2_cases_validate_and_patch_on_standin(tmp_path, name):
     """The GPT-2 cases load, validate and run per-head patching on a stand-in with GPT-2 small's layout."""
     from surgeon.analyses import patch_heads
-
     from tests.checkpoints import make_gpt2_standin
 
     path = os.path.join(ROOT, "cases", f"{name}.py")

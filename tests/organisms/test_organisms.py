@@ -8,13 +8,8 @@ import sys
 import pytest
 import torch
 
-from surgeon import load_case
-from surgeon import organisms
-from surgeon.organisms import decimal
-from surgeon.organisms import induction
-from surgeon.organisms import threshold
-from surgeon.organisms import measure
-
+from surgeon import load_case, organisms
+from surgeon.organisms import decimal, induction, measure, threshold
 from tests.conftest import ROOT
 
 

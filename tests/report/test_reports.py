@@ -3,12 +3,10 @@ from dataclasses import replace
 
 import numpy as np
 
-from surgeon.report import text as report
-from surgeon.analyses import attribute, patch_heads
-from surgeon.analyses import diagnose
+from surgeon.analyses import attribute, diagnose, patch_heads
 from surgeon.analyses.blend import blend
 from surgeon.cli.commands import main
-
+from surgeon.report import text as report
 from tests.conftest import ROOT
 
 CASE = f"{ROOT}/cases/decimal_organism.py"

@@ -77,9 +77,9 @@ def test_feature_patch_equals_independent_hooks(decimal_case, decimal_model):
     prompt token and the answer tokens (align='last') of every failing-format row."""
     from surgeon.analyses.common import format_rows, make_contrast
     from surgeon.engine.contrast import score_rows
-    from surgeon.spec.encoding import align
     from surgeon.sites.features import FeatureSite
     from surgeon.sites.nodes import Site
+    from surgeon.spec.encoding import align
 
     sae = shipped("decimal", 2)
     fs = FeatureSite.of(sae)
@@ -237,9 +237,8 @@ def test_training_is_deterministic_and_reproduces_the_shipped_sae(threshold_case
 
 # ----------------------------------------------------------------------------- where SAEs come from
 def test_local_dir_templating_and_errors(tmp_path):
-    from surgeon.sae.load import SAEError, SAESource, load_sae
-
     from surgeon.organisms import sae_dir
+    from surgeon.sae.load import SAEError, SAESource, load_sae
 
     sae = load_sae(SAESource(path=str(sae_dir("decimal")) + "/blocks.{layer}.hook_mlp_out"), 2)
     assert sae.cfg.metadata.hook_name == "blocks.2.hook_mlp_out"

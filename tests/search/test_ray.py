@@ -78,8 +78,8 @@ def test_a_ray_run_resumes_without_ray_and_the_reverse(cluster, decimal_model, s
 def test_without_ray_installed_the_error_says_how_to_install(monkeypatch):
     import sys
 
-    from surgeon.search.ray import import_ray
     from surgeon.errors import AnalysisError
+    from surgeon.search.ray import import_ray
 
     monkeypatch.setitem(sys.modules, "ray", None)
     with pytest.raises(AnalysisError, match=r"pip install -e \"\.\[ray\]\""):

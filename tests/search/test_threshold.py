@@ -11,11 +11,10 @@ import torch
 
 from surgeon.analyses.blend import blend
 from surgeon.analyses.common import format_rows
+from surgeon.errors import AnalysisError
 from surgeon.search.subsets import Unit, make_groups, make_plan, parse_units
 from surgeon.search.threshold import collect, merge, threshold_search
 from surgeon.sites.nodes import Site
-from surgeon.errors import AnalysisError
-
 from tests.conftest import ROOT
 from tests.reference import direct_patch_scores
 

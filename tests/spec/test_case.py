@@ -6,7 +6,6 @@ import sys
 import pytest
 
 from surgeon import CaseError, load_case
-
 from tests.conftest import ROOT
 
 HEADER = "from surgeon import Case, Item, Chat\n"

@@ -1,7 +1,9 @@
 """Measuring organism:decimal with the engine and plain TransformerLens hooks (above the engine; nothing below imports it)."""
 from __future__ import annotations
 
+from surgeon.engine.contrast import Contrast, score_rows
 from surgeon.organisms.decimal import FAILING, FORMATS, GOOD, held_out_items
+from surgeon.spec.encoding import encode_rows
 
 
 def measure(model, n: int = 128) -> dict:
@@ -9,9 +11,6 @@ def measure(model, n: int = 128) -> dict:
     format when only the residual stream entering layer 0 (token + any positional embedding) is patched
     from plain at the aligned positions (`last` and `decision`)."""
     import torch
-
-    from surgeon.engine.contrast import Contrast, score_rows
-    from surgeon.spec.encoding import encode_rows
 
     items = held_out_items(n, n)
     tok = model.tokenizer

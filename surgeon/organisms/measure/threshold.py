@@ -1,14 +1,24 @@
 """Measuring organism:threshold with the engine and plain TransformerLens hooks (above the engine; nothing below imports it)."""
 from __future__ import annotations
 
-from surgeon.organisms.threshold import (EVEN, FAILING, FORMATS, GOOD, N_HEADS, NEED, ODD, WEIGHTS, items_values, positions,
-                                         subset_scores)
+from surgeon.organisms.threshold import (
+    EVEN,
+    FAILING,
+    FORMATS,
+    GOOD,
+    N_HEADS,
+    NEED,
+    ODD,
+    WEIGHTS,
+    items_values,
+    positions,
+    subset_scores,
+)
+from surgeon.spec.case import Item
+from surgeon.spec.encoding import encode_rows
 
 
 def _rows(model, fmt):
-    from surgeon.spec.case import Item
-    from surgeon.spec.encoding import encode_rows
-
     items = [Item({"x": x, "y": y}, correct=x, incorrect=y) for x, y in items_values()]
     return encode_rows(FORMATS[fmt], items, model.tokenizer, True)
 
