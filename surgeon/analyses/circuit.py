@@ -14,16 +14,19 @@ Every number comes from `Contrast.run` with an edge mask (`surgeon.sites.edges`)
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
+from types import SimpleNamespace
 from typing import Literal, Sequence
 
 import numpy as np
 
 from surgeon.analyses.common import Direction, make_contrast
-from surgeon.circuits.export import edges_for_model
+from surgeon.circuits.export import check_targets, edges_for_model, write
 from surgeon.circuits.graph import build_graph, path_nodes, prune_dangling, strongest_paths
 from surgeon.circuits.methods import IG_METHODS, IG_STEPS, MAX_IG_STEPS, METHODS, semantics_for  # noqa: F401
 from surgeon.circuits.prune import EXHAUSTIVE_UP_TO, smallest_prefix
 from surgeon.errors import AnalysisError
+from surgeon.models.loading import resolve, shape
 from surgeon.sites.ablations import FREEZE
 from surgeon.sites.edges import EdgeSite
 from surgeon.spec.case import Case
@@ -75,6 +78,22 @@ class CircuitResult:
     no_paths: str | None = None  # why no path is listed, when none is
     # which execution path the engine took, and why (`Contrast.execution`)
     execution: dict = field(default_factory=dict)
+    # the model's shape the edge graph was built from (layers, heads, key/value heads, attention-only)
+    shape: dict = field(default_factory=dict)
+
+    def graph(self):
+        """The circuit as a networkx graph of the model's edges (scores, exact effects, in-circuit marks)."""
+        return build_graph(EdgeSite.of(shape_cfg(self.shape), self.ablation), self.scores, self.exact, self.circuit)
+
+    def export(self, *paths) -> None:
+        """Write the circuit to each path, in the format its extension names (the formats `--export` takes),
+        every target checked before anything is written."""
+        check_targets([Path(p) for p in paths])
+        g = self.graph()
+        for f in map(Path, paths):
+            f.parent.mkdir(parents=True, exist_ok=True)
+            write(g, f, shape_cfg(self.shape), title=f"{self.case}: {self.source} -> {self.base}, "
+                                                     f"{len(self.circuit)} edges", semantics=self.options.get("semantics"))
 
     def names(self, edges: Sequence[int]) -> list[str]:
         return [self.edge_names[e] for e in edges]
@@ -263,6 +282,27 @@ def _paths(contrast, site, g, scores, full, n_paths, direction, min_share, min_i
     return out[:n_paths], None
 
 
+def model_shape(cfg) -> dict:
+    """What the edge graph depends on in a model's config."""
+    return dict(n_layers=cfg.n_layers, n_heads=cfg.n_heads,
+                n_key_value_heads=getattr(cfg, "n_key_value_heads", None) or cfg.n_heads,
+                attn_only=bool(getattr(cfg, "attn_only", False)), d_model=cfg.d_model)
+
+
+def shape_cfg(shape: dict):
+    """A config stand-in from `model_shape` (enough to build the edge graph without the model)."""
+    return SimpleNamespace(**shape, parallel_attn_mlp=False)
+
+
+def check_circuit_file(circuit: dict, model_spec: str, ablation: str = "resample", where: str = "") -> None:
+    """A circuit file read by `read_circuit` checked against a model's config alone (names, cfg, GQA copies),
+    so a file for another model is refused before the weights load."""
+    shp = shape(resolve(model_spec))
+    cfg = shape_cfg(dict(n_layers=shp.n_layers, n_heads=shp.n_heads, n_key_value_heads=shp.n_kv_heads,
+                         attn_only=shp.attn_only, d_model=shp.d_model))
+    edges_for_model(circuit, EdgeSite.of(cfg, ablation), cfg, where)
+
+
 def default_method(case: Case) -> str:
     """The method `discover` uses when none is named: MIB's `eap-ig-inputs` where every position is aligned
     (prompts of equal length), else `eap-ig-masks`."""
@@ -363,7 +403,7 @@ def discover(case: Case, model, *, method: Method | None = None, ablation: str =
         options=dict(method=method, ablation=ablation, direction=direction, ig_steps=ig_steps, verify=verify,
                      target=target, n_edges=n_edges, n_paths=n_paths, min_share=min_share, min_items=min_items,
                      semantics=sem, align=contrast.align),
-        search=search, no_paths=why, execution=contrast.execution)
+        search=search, no_paths=why, execution=contrast.execution, shape=model_shape(model.cfg))
 
 
 def evaluate_circuit(case: Case, model, edges, *, ablation: str = "resample", direction: Direction = "denoise",

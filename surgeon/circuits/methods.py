@@ -23,14 +23,13 @@ IG_METHODS = ("eap-ig-inputs", "eap-ig-activations", "eap-ig-masks")
 IG_STEPS = 5  # MIB's and EAP-IG's usual step count
 MAX_IG_STEPS = 1000
 
-# what a circuit means, chosen by the case's alignment and recorded in every result and exported file
+# what a circuit means, chosen by the case's alignment (`semantics_for`: chain where every position is aligned,
+# align="index"; edge-set otherwise) and recorded in every result and exported file
 SEMANTICS: dict[str, str] = {
-    "chain": "MIB's: edges outside the circuit carry the other run's sender outputs, edges inside current values "
-             "(every position aligned, align=\"index\": the difference enters through the input alone)",
+    "chain": "MIB's: edges outside the circuit carry the other run's sender outputs, edges inside current values",
     "edge-set": "surgeon edge-set: the circuit's edges are patched together (each carries the other run's sender "
                 "output at the aligned positions), every other edge carries current values; MIB's evaluator, which "
-                "ablates every edge outside the circuit, gives another faithfulness for this file (prompts of "
-                "different lengths: the difference also enters through every sender's other positions)",
+                "ablates every edge outside the circuit, gives another faithfulness for this file",
 }
 
 

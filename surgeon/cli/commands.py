@@ -337,57 +337,22 @@ def cmd_circuit(args) -> int:
                  tag=args.tag, target=None if args.edges else args.faithfulness, n_edges=args.edges,
                  n_paths=args.paths, ig_steps=args.ig_steps, verify=args.verify, batch_size=args.batch_size)
     code = print_report(args, "circuit", r, case, device, report.circuit_text(r),
-                   {"faithfulness.png": figures.faithfulness_figure, "circuit.png": _circuit_png(model)})
+                   {"faithfulness.png": figures.faithfulness_figure, "circuit.png": figures.circuit_figure})
     if args.export:
-        export_circuit(r, model, args.export)
+        r.export(*args.export)
         print("exported " + ", ".join(str(f) for f in args.export))
     return code
 
 
-def _circuit_png(model):
-    def draw(r, path):
-        from surgeon.circuits.export import png
-
-        png(circuit_graph(r, model), path, f"{r.case}: {len(r.circuit)} edges, f = {r.circuit_faithfulness:.2f}")
-    return draw
-
-
-def circuit_graph(r, model):
-    from surgeon.circuits.graph import build_graph
-    from surgeon.sites.edges import EdgeSite
-
-    return build_graph(EdgeSite.of(model.cfg, r.ablation), r.scores, r.exact, r.circuit)
-
-
-def export_circuit(r, model, files) -> None:
-    from surgeon.circuits.export import write
-
-    g = circuit_graph(r, model)
-    for f in files:
-        f = Path(f)
-        f.parent.mkdir(parents=True, exist_ok=True)
-        write(g, f, model.cfg, title=f"{r.case}: {r.source} -> {r.base}, {len(r.circuit)} edges",
-              semantics=r.options.get("semantics"))
-
-
 def cmd_circuit_eval(args) -> int:
-    from surgeon.analyses.circuit import evaluate_circuit
+    from surgeon.analyses.circuit import check_circuit_file, evaluate_circuit
     from surgeon.circuits.export import read_circuit
     from surgeon.report import text as report
 
     circuit = read_circuit(args.graph)  # refused before the model loads
 
     def against_the_model(case):  # names, cfg and GQA copies checked from the model's config alone
-        from types import SimpleNamespace
-
-        from surgeon.circuits.export import edges_for_model
-        from surgeon.models.loading import resolve, shape
-        from surgeon.sites.edges import EdgeSite
-
-        shp = shape(resolve(case.model))
-        cfg = SimpleNamespace(n_layers=shp.n_layers, n_heads=shp.n_heads, n_key_value_heads=shp.n_kv_heads,
-                              attn_only=shp.attn_only, parallel_attn_mlp=False, d_model=shp.d_model)
-        edges_for_model(circuit, EdgeSite.of(cfg, args.ablation), cfg, str(args.graph))
+        check_circuit_file(circuit, case.model, args.ablation, str(args.graph))
 
     case, model, device = load_case_and_model(args, check=against_the_model)
     r = evaluate_circuit(case, model, circuit, ablation=args.ablation, direction=args.direction, bad=args.bad,
