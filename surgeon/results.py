@@ -80,10 +80,18 @@ def staging(out_dir: str | Path) -> Iterator[Path]:
     tmp = Path(tempfile.mkdtemp(prefix=".staging-", dir=out))
     try:
         yield tmp
+        files = sorted((f for f in tmp.rglob("*") if f.is_file()), key=lambda f: f.name == "manifest.json")
+        names = sorted(str(f.relative_to(tmp)) for f in files)
+        if (tmp / "manifest.json").is_file():  # the manifest lists the files of its set
+            m = json.loads((tmp / "manifest.json").read_text())
+            m["files"] = names
+            write_json(tmp / "manifest.json", m)
+        old = _listed(out / "manifest.json")
         # manifest.json marks a complete set: it goes first and comes back last, so a kill while the files
         # move leaves a folder without a manifest (incomplete), never a new manifest beside old results
         (out / "manifest.json").unlink(missing_ok=True)
-        files = sorted((f for f in tmp.rglob("*") if f.is_file()), key=lambda f: f.name == "manifest.json")
+        for f in old - set(names):  # what an earlier run (of another command) wrote and this one does not
+            (out / f).unlink(missing_ok=True)
         for f in files:
             dest = out / f.relative_to(tmp)
             dest.parent.mkdir(parents=True, exist_ok=True)
@@ -91,6 +99,15 @@ def staging(out_dir: str | Path) -> Iterator[Path]:
             os.replace(f, dest)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _listed(manifest_path: Path) -> set[str]:
+    """The files an earlier manifest in this folder listed (only plain relative names inside the folder)."""
+    try:
+        files = json.loads(manifest_path.read_text()).get("files", [])
+    except (OSError, ValueError, AttributeError):
+        return set()
+    return {f for f in files if isinstance(f, str) and f and not Path(f).is_absolute() and ".." not in Path(f).parts}
 
 
 def follow_umask(path, directory: bool = False) -> None:
@@ -107,12 +124,16 @@ def write_json(path: Path, data: Any) -> None:
 
 def check_out(out) -> None:
     """Refuse an --out that cannot be written before any work is done, and take a lock on it so that a
-    second run writing the same folder is refused (the lock lasts as long as this process)."""
+    second run writing the same folder is refused. The lock file (`.NAME.surgeon-lock` beside the folder) is
+    opened without following symlinks and removed when this process ends."""
+    import atexit
+    import errno
     import fcntl
-    import os
 
     if out is None:
         return
+    if not str(out).strip():
+        raise SurgeonError("--out is empty", field="--out", fix="give a directory, e.g. --out out/run1")
     out = Path(out).expanduser().absolute()
     if out.exists() and not out.is_dir():
         raise SurgeonError(f"{out} exists and is a file", field="--out", fix="give a directory (new or existing)")
@@ -124,14 +145,35 @@ def check_out(out) -> None:
     if not os.access(parent, os.W_OK | os.X_OK):
         raise SurgeonError(f"{parent} is not writable", field="--out", fix="choose a directory you can write to")
     lock_dir = out.parent if out.parent.exists() else parent
-    fd = os.open(lock_dir / f".{out.name}.surgeon-lock", os.O_CREAT | os.O_RDWR, 0o666)
+    lock = lock_dir / f".{out.name}.surgeon-lock"
+    try:
+        fd = os.open(lock, os.O_CREAT | os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666)
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise SurgeonError(f"{lock} is a symbolic link, which surgeon will not follow", field="--out",
+                               fix=f"remove {lock} (surgeon makes its lock files itself)") from None
+        raise SurgeonError(f"cannot make the lock file {lock}: {e.strerror}", field="--out",
+                           fix="choose a directory you can write to") from None
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:
         os.close(fd)
         raise SurgeonError(f"another surgeon run is writing {out}", field="--out",
                            fix="wait for it to finish, or use another --out") from None
-    _LOCKS.append(fd)
+    if not _LOCKS:
+        atexit.register(_release_locks)
+    _LOCKS.append((fd, lock))
 
 
-_LOCKS: list[int] = []
+def _release_locks() -> None:
+    """Remove this process's lock files (only the holder does; a refused run never touches them)."""
+    while _LOCKS:
+        fd, lock = _LOCKS.pop()
+        try:
+            lock.unlink()
+        except OSError:
+            pass
+        os.close(fd)
+
+
+_LOCKS: list[tuple[int, Path]] = []

@@ -379,6 +379,9 @@ def discover(case: Case, model, *, method: Method | None = None, ablation: str =
     method = method or default_method(case)
     check_options(method, ablation, ig_steps, target, n_edges)
     site = EdgeSite.of(model.cfg, ablation)
+    if n_edges is not None and n_edges > len(site.edges):
+        raise AnalysisError(f"--edges {n_edges} is more than the model's {len(site.edges)} edges", field="--edges",
+                            fix=f"use --edges {len(site.edges)} or fewer")
     contrast, info = make_contrast(case, model, bad=bad, direction=direction, tag=tag, batch_size=batch_size,
                                    sites=site.node_sites())
     sem = semantics(contrast)

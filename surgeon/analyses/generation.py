@@ -7,6 +7,7 @@ from typing import Literal, Sequence
 
 from surgeon.analyses.common import pick_bad, pick_items, prepend_bos
 from surgeon.engine.contrast import Contrast, greedy
+from surgeon.errors import AnalysisError
 from surgeon.spec.case import Case, Item
 from surgeon.spec.encoding import prompt_rows
 from surgeon.stats import Estimate, wilson
@@ -40,12 +41,24 @@ def _judged(fmt: str, n_new: int, texts: list[str], items: Sequence[Item]) -> Ge
     return Generations(fmt, n_new, tuple(texts), verdicts, wilson(verdicts.count("correct"), len(verdicts)))
 
 
+def check_room(model, rows, n_new: int) -> None:
+    """Refuse a generation that would run past the model's context (before any of it runs)."""
+    if n_new < 1:
+        raise AnalysisError(f"--generate {n_new} must be at least 1", field="--generate", fix="e.g. --generate 8")
+    longest = max(len(r.tokens) for r in rows)
+    if longest + n_new > model.cfg.n_ctx:
+        raise AnalysisError(f"generating {n_new} tokens after a prompt of {longest} would pass the model's context "
+                            f"of {model.cfg.n_ctx} tokens", field="--generate",
+                            fix=f"use --generate {max(1, model.cfg.n_ctx - longest)} or less")
+
+
 def generate_format(case: Case, model, fmt: str, items: Sequence[Item], n_new: int = 8,
                     batch_size: int = 256) -> Generations:
     """Greedy continuations of every item's prompt in one format, unpatched."""
     import torch
 
     rows = prompt_rows(case.formats[fmt], items, model.tokenizer, prepend_bos(case, model))
+    check_room(model, rows, n_new)
     device = next(model.parameters()).device
     texts = [""] * len(rows)
     for lo in range(0, len(rows), batch_size):
@@ -69,6 +82,7 @@ def generate_patched(case: Case, model, masks: dict, n_new: int = 8, *, bad: str
     pb = prepend_bos(case, model)
     base = prompt_rows(case.formats[bad], items, model.tokenizer, pb)
     source = prompt_rows(case.formats[case.good], items, model.tokenizer, pb)
+    check_room(model, base, n_new)
     align = "end" if case.align == "last" else case.align  # prompts only: no answer tokens to match
     c = Contrast(model, base, source, align, batch_size=batch_size, base_name=bad, source_name=case.good,
                  clean=False)

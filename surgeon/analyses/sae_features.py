@@ -136,6 +136,10 @@ def overlap(case: Case, model, saes: dict, *, k: int = 20, position: str = "last
     """Top-k feature overlap between the good format and each failing format (or `bad`), per layer."""
     if k < 1:
         raise AnalysisError(f"top-k {k} must be at least 1", field="--top-k", fix="e.g. --top-k 20")
+    width = min(int(sae.cfg.d_sae) for sae in saes.values())
+    if k >= width:
+        raise AnalysisError(f"top-k {k} is not below the SAE's {width} features (every feature would be in every set)",
+                            field="--top-k", fix=f"use --top-k {max(1, width // 10)} or so")
     bads = (pick_bad(case, bad),) if bad else tuple(case.bad_formats)
     tag, items = pick_items(case, tag)
     layers = tuple(sorted(saes))

@@ -10,7 +10,15 @@ import sys
 from pathlib import Path
 
 from surgeon.cli import types as cli_types
-from surgeon.cli.common import CASES_DIR, add_common, add_items, layers_of, load_case_and_model, print_report, setup
+from surgeon.cli.common import (
+    CASES_DIR,
+    add_common,
+    add_items,
+    layers_of,
+    load_case_and_model,
+    print_report,
+    setup,
+)
 from surgeon.errors import SurgeonError
 from surgeon.sites.ablations import ABLATIONS
 
@@ -80,7 +88,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("merge", help="merge threshold shards into the result one run gives")
     p.add_argument("dirs", nargs="+", type=Path, help="the --out directories of the shards")
-    p.add_argument("--out", type=Path, required=True, help="write the merged results.json, subsets.csv and figure here")
+    p.add_argument("--out", type=cli_types.directory, required=True, help="write the merged results.json, subsets.csv and figure here")
     p.add_argument("--debug", action="store_true", help="show tracebacks")
 
     p = sub.add_parser("blend", help="blend (1-a)*failing + a*good for chosen heads: where does repair switch on?")
@@ -143,9 +151,10 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--debug", action="store_true", help="show tracebacks")
     q = osub.add_parser("train", help="retrain (or rebuild) an organism deterministically and measure it")
     q.add_argument("name", help="the organism, e.g. decimal")
-    q.add_argument("--out", type=Path, help="write weights under OUT/NAME (default: the package's weights)")
+    q.add_argument("--out", type=cli_types.directory, help="write weights under OUT/NAME (default: the package's weights)")
     q.add_argument("--shrink", action="store_true", help="a few steps only (smoke test)")
-    q.add_argument("--seed", type=int, default=0, help="random seed (default: 0)")
+    q.add_argument("--seed", type=cli_types.bounded(0, 2**32 - 1), default=0,
+                   help="random seed, 0 .. 2^32-1 (default: 0)")
     q.add_argument("--device", default="cpu", help="device to train on (default: cpu)")
     q.add_argument("--threads", type=cli_types.positive, default=None, help="CPU threads for torch (default: torch's choice)")
     q.add_argument("--debug", action="store_true", help="show tracebacks")
@@ -198,25 +207,20 @@ def _int_list(text: str | None, field: str):
 
 
 def cmd_threshold(args) -> int:
-    import json
 
     from surgeon.report import text as report
+    from surgeon.search.subsets import read_groups
     from surgeon.search.threshold import Interrupted, threshold_search
 
     out = args.out or Path("out") / f"threshold-{Path(args.case).stem}-L{args.layer if args.layer is not None else 'x'}"
     # the checkpoint needs a folder: out/threshold-CASE-LN unless --out says otherwise
+    if not args.out:
+        print(f"the search and its checkpoints go to {out} (choose with --out)", file=sys.stderr)
     if (out / "parts").exists() and not args.resume and not args.shard:
         raise SurgeonError(f"{out} already holds a search", field="--out",
                            fix="add --resume to continue it, or choose another --out")
     groups = [] if args.groups in ("", "none") else [g.strip() for g in args.groups.split(",") if g.strip()]
-    spec = None
-    if args.groups_file:
-        try:
-            spec = json.loads(Path(args.groups_file).read_text())
-            assert isinstance(spec, dict)
-        except (OSError, ValueError, AssertionError) as e:
-            raise SurgeonError(f"cannot read groups file: {e}", where=str(args.groups_file), field="--groups-file",
-                               fix='write JSON like {"mine": ["L1H0", "L1H3"]}') from None
+    spec = read_groups(args.groups_file) if args.groups_file else None
     grid = None
     if args.grid:
         grid = tuple(g.strip() for g in args.grid.split(","))

@@ -33,7 +33,7 @@ def add_common(p: argparse.ArgumentParser, case: bool = True,
                        help=f"case file, or the name of a shipped case (see `surgeon cases`; default: {DEFAULT_CASE})")
     p.add_argument("--model", help="run the case on this model instead (organism:NAME, a checkpoint directory, "
                                    "or a Hugging Face name in the local cache)")
-    p.add_argument("--out", type=Path, help=out_help)
+    p.add_argument("--out", type=cli_types.directory, help=out_help)
     p.add_argument("--device", default=None, help="cpu, cuda, cuda:1, mps (default: cuda if available, else cpu)")
     p.add_argument("--dtype", default="float32", help="float32, bfloat16 or float16 (default: float32)")
     p.add_argument("--n-devices", type=cli_types.positive, default=1,
@@ -41,7 +41,8 @@ def add_common(p: argparse.ArgumentParser, case: bool = True,
     p.add_argument("--batch-size", type=cli_types.positive, default=256,
                    help="rows per forward pass (default: 256); patched runs that recompute only the last positions "
                         "fit proportionally more rows in the same memory")
-    p.add_argument("--seed", type=int, default=0, help="random seed (default: 0)")
+    p.add_argument("--seed", type=cli_types.bounded(0, 2**32 - 1), default=0,
+                   help="random seed, 0 .. 2^32-1 (default: 0)")
     p.add_argument("--threads", type=cli_types.positive, default=None, help="CPU threads for torch (default: torch's choice)")
     p.add_argument("--debug", action="store_true", help="show tracebacks")
 
@@ -115,6 +116,9 @@ def load_case_and_model(args, check=None, out=None):
         check(case)
     setup(args)
     device = device_of(args.device)
+    if args.n_devices > 1 and not device.startswith("cuda"):
+        raise SurgeonError(f"--n-devices {args.n_devices} spreads layers over GPUs, but the device is {device}",
+                           field="--n-devices", fix="use --device cuda with as many GPUs, or leave --n-devices at 1")
     model = load_model(case.model, device=device, dtype=args.dtype, n_devices=args.n_devices)
     return case, model, device
 

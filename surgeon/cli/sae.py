@@ -32,7 +32,7 @@ def add_parser(sub, common, items) -> None:
     q.add_argument("--k", type=cli_types.positive, default=8, help="active features per token (TopK; default 8)")
     q.add_argument("--expansion", type=cli_types.positive, default=4, help="features per input dimension (default 4)")
     q.add_argument("--steps", type=cli_types.positive, default=2000, help="training steps of 256 activations (default 2000)")
-    q.add_argument("--sae-out", type=Path, help="write SAEs under this directory, one folder per hook "
+    q.add_argument("--sae-out", type=cli_types.directory, help="write SAEs under this directory, one folder per hook "
                                                  "(default: the organism's SAE folder for organism models)")
 
     q = ssub.add_parser("quality", help="L0, explained variance, MSE, dead features and the score shift when the "

@@ -3,6 +3,7 @@ naming the option) before anything is loaded or computed."""
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 
 def _int(text: str) -> int:
@@ -52,3 +53,10 @@ def bounded(lo: int, hi: int):
         return v
     check.__name__ = f"integer {lo}..{hi}"
     return check
+
+
+def directory(text: str) -> Path:
+    """An output folder: any path but the empty one (which would mean the current directory unannounced)."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("--out is empty: give a directory, e.g. --out out/run1")
+    return Path(text)

@@ -69,6 +69,23 @@ def check_case_against_model(case) -> None:
         if isinstance(fmt, Chat) and not getattr(tok, "chat_template", None):
             raise CaseError(f"format {name!r} asks for the chat template, but the tokenizer has none", where=where,
                             field=f"formats[{name!r}]", fix="write the format out as a plain template string")
+    if shp.n_ctx:
+        _check_context(case, tok, shp.n_ctx, where)
+
+
+def _check_context(case, tok, n_ctx: int, where: str) -> None:
+    """Every prompt with its longer answer (and an end token) must fit in the model's context."""
+    from surgeon.spec.encoding import encode_prompt
+
+    bos = case.prepend_bos is not False
+    for i, it in enumerate(case.items):
+        answer = max(len(tok(a, add_special_tokens=False)["input_ids"]) for a in (it.correct, it.incorrect)) + 1
+        for name, fmt in case.formats.items():
+            n = len(encode_prompt(fmt, it.values, tok, bos)[0]) + answer
+            if n > n_ctx:
+                raise CaseError(f"items[{i}] in format {name!r} is {n} tokens with its answer, longer than the "
+                                f"model's context of {n_ctx}", where=where, field=f"items[{i}]",
+                                fix="shorten the item's values or the template")
 
 
 def _check_equal_lengths(case, tok, where: str) -> None:

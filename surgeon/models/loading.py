@@ -33,6 +33,7 @@ class ModelShape:
     n_kv_heads: int
     d_model: int
     attn_only: bool = False
+    n_ctx: int | None = None  # the longest sequence the model reads (None: not stated)
 
 
 def _offline() -> None:
@@ -103,15 +104,16 @@ def shape(ref: ModelRef) -> ModelShape:
 
         c = config_of(ref.name)
         return ModelShape(c["n_layers"], c["n_heads"], c.get("n_key_value_heads") or c["n_heads"], c["d_model"],
-                          bool(c.get("attn_only")))
+                          bool(c.get("attn_only")), c.get("n_ctx"))
     _offline()
     from transformers import AutoConfig
 
     c = AutoConfig.from_pretrained(str(ref.path), local_files_only=True)
     c = getattr(c, "text_config", None) or c
     n_heads = c.num_attention_heads
+    n_ctx = getattr(c, "max_position_embeddings", None) or getattr(c, "n_positions", None)
     return ModelShape(c.num_hidden_layers, n_heads, getattr(c, "num_key_value_heads", None) or n_heads,
-                      c.hidden_size)
+                      c.hidden_size, n_ctx=n_ctx)
 
 
 def load_tokenizer(ref: ModelRef):

@@ -19,6 +19,7 @@ import math
 import random
 import re
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Iterable, Sequence
 
 import numpy as np
@@ -69,6 +70,27 @@ def parse_units(spec: str | None, layer: int | None, n_layers: int, n_heads: int
 
 
 BUILTIN_GROUPS = ("even", "odd", "first_half", "second_half")
+
+
+def read_groups(path) -> dict[str, list[str]]:
+    """A groups file: a JSON object mapping each group's name to a list of head labels ("L1H0"). Its shape
+    is checked here, before any model loads; the labels are checked against the candidates by `make_groups`."""
+    import json
+
+    where = str(path)
+    try:
+        spec = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as e:
+        raise AnalysisError(f"cannot read groups file: {e}", where=where, field="--groups-file",
+                            fix='write JSON like {"mine": ["L1H0", "L1H3"]}') from None
+    if not isinstance(spec, dict) or not spec:
+        raise AnalysisError("a groups file holds a JSON object of groups", where=where, field="--groups-file",
+                            fix='write JSON like {"mine": ["L1H0", "L1H3"]}')
+    for name, labels in spec.items():
+        if not isinstance(labels, list) or not labels or not all(isinstance(x, str) for x in labels):
+            raise AnalysisError(f"group {name!r} is not a non-empty list of head labels", where=where,
+                                field=f"--groups-file[{name!r}]", fix=f'write e.g. "{name}": ["L1H0", "L1H3"]')
+    return spec
 
 
 def make_groups(units: Sequence[Unit], names: Sequence[str] = (), spec: dict | None = None) -> dict[str, tuple[int, ...]]:

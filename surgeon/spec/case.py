@@ -182,16 +182,29 @@ def validate(case: Case, where: str | None = None) -> None:
     names = list(case.formats)
     fields_of: dict[str, set[str]] = {}
     for fname, fmt in case.formats.items():
+        if not isinstance(fname, str) or not fname:
+            fail("formats", f"has a key {fname!r} that is not a format name", 'name formats with strings, e.g. "qa"')
         if not isinstance(fmt, (str, Chat)):
             fail(f"formats[{fname!r}]", f"is a {type(fmt).__name__}", "use a template string or surgeon.Chat(user=...)")
+        text = fmt.user if isinstance(fmt, Chat) else fmt
+        if not isinstance(text, str) or not text.strip():
+            fail(f"formats[{fname!r}]", "is empty", 'write the prompt, e.g. "{a} or {b}? Answer:"')
         try:
             fields_of[fname] = placeholders(fmt)
+            specs = [(f, spec, conv) for _, f, spec, conv in string.Formatter().parse(text) if f is not None]
         except ValueError as e:
             fail(f"formats[{fname!r}]", str(e), "placeholders are written {name}; write literal braces as {{ and }}")
         bad_names = [p for p in fields_of[fname] if not p.isidentifier()]
         if bad_names:
             fail(f"formats[{fname!r}]", f"has placeholders that are not plain names: {bad_names}",
                  "use simple names like {a} and {b}")
+        fancy = [f for f, spec, conv in specs if spec or conv]
+        if fancy:
+            fail(f"formats[{fname!r}]", f"formats placeholder {{{fancy[0]}}} with a spec or conversion (:..., !r)",
+                 "write plain {name} placeholders: the item's value is put in as it is")
+        if not fields_of[fname] and isinstance(case.items, Sequence) and len(case.items) > 1:
+            fail(f"formats[{fname!r}]", "has no placeholders, so every item would be the same prompt",
+                 "put the item's values in the template, e.g. {a} and {b}")
     if not isinstance(case.good, str):
         fail("good", f"is a {type(case.good).__name__}; it names one format", f"e.g. good={names[0]!r}")
     if isinstance(case.bad, Mapping) or not (isinstance(case.bad, str) or (
@@ -266,7 +279,11 @@ def validate(case: Case, where: str | None = None) -> None:
         if keys not in ({"dir"}, {"release", "id"}) or not all(isinstance(v, str) and v for v in case.saes.values()):
             fail("saes", f"is {case.saes!r}", 'use saes={"dir": "path/blocks.{layer}.hook_mlp_out"} or '
                  'saes={"release": "llama_scope_lxm_8x", "id": "l{layer}m_8x"}')
+    if case.prepend_bos is not None and not isinstance(case.prepend_bos, bool):
+        fail("prepend_bos", f"is a {type(case.prepend_bos).__name__}", "use True, False or None (the model's default)")
     if case.layers is not None:
+        if isinstance(case.layers, (str, bytes, Mapping)) or not isinstance(case.layers, Sequence):
+            fail("layers", f"is a {type(case.layers).__name__}, not a list of layers", "e.g. layers=[8, 9, 10]")
         if not all(isinstance(x, int) and not isinstance(x, bool) for x in case.layers):
             fail("layers", "must be a list of integers", "e.g. layers=[8, 9, 10]")
 

@@ -1,0 +1,123 @@
+"""Reliability families: bad input gets exit 2 and one message naming the file or option, the field and the
+fix, before the model loads wherever the input can be checked without it; nothing is left behind."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from surgeon.cli import main
+from tests.conftest import ROOT
+
+THRESHOLD = f"{ROOT}/cases/threshold_organism.py"
+DECIMAL = f"{ROOT}/cases/decimal_organism.py"
+
+CASE = '''from surgeon import Case, Item
+case = Case(name="t", model="organism:threshold", formats={formats}, good="plain", bad=["qa"],
+            items=[Item({{"x": "a", "y": "b"}}, correct="a", incorrect="b"),
+                   Item({{"x": "c", "y": "d"}}, correct="c", incorrect="d")]{extra})
+'''
+OK_FORMATS = '{"plain": "{x} or {y}:", "qa": "{x} or {y}?"}'
+
+
+def refused(capsys, argv, *phrases):
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and "Traceback" not in err, err
+    for p in phrases:
+        assert p in err, (p, err)
+    return err
+
+
+def code_of(capsys, argv):
+    try:
+        return main(argv), capsys.readouterr().err
+    except SystemExit as e:
+        return e.code, capsys.readouterr().err
+
+
+# family 6: case content that parses but cannot mean anything
+@pytest.mark.parametrize("formats,extra,field,phrase", [
+    ('{"plain": "{x} or {y}:", "qa": ""}', "", "formats['qa']", "is empty"),
+    ('{"plain": "{x} or {y}:", "qa": "{x:>5} or {y}?"}', "", "formats['qa']", "with a spec or conversion"),
+    ('{"plain": "{x} or {y}:", "qa": "{x!r} or {y}?"}', "", "formats['qa']", "with a spec or conversion"),
+    ('{"plain": "{x} or {y}:", "qa": "which one?"}', "", "formats['qa']", "has no placeholders"),
+    ('{"plain": "{x} or {y}:", "qa": "{x} or {y}?", 3: "{x}"}', "", "formats", "is not a format name"),
+    (OK_FORMATS, ", prepend_bos='yes'", "prepend_bos", "is a str"),
+    (OK_FORMATS, ", layers=0", "layers", "not a list of layers"),
+    ('{"plain": "{x} or {y}:", "qa": "{x} or {y}?" + " pad" * 40}', "", "items[0]", "longer than the model's context"),
+])
+def test_case_content_that_cannot_mean_anything(tmp_path, capsys, formats, extra, field, phrase):
+    f = tmp_path / "case.py"
+    f.write_text(CASE.format(formats=formats, extra=extra))
+    code, err = code_of(capsys, ["diagnose", str(f), "--out", str(tmp_path / "out")])
+    assert code == 2 and "Traceback" not in err, err
+    assert str(f) in err and f"field '{field}'" in err and phrase in err and "fix:" in err, err
+    assert not (tmp_path / "out").exists()
+
+
+# family 3: absurd sizes, refused by what the model and the case allow
+@pytest.mark.parametrize("argv,phrases", [
+    (["diagnose", THRESHOLD, "--seed", str(10 ** 23)], ["--seed", "between 0 and 4294967295"]),
+    (["diagnose", THRESHOLD, "--n-devices", "2", "--device", "cpu"], ["--n-devices", "the device is cpu"]),
+    (["diagnose", THRESHOLD, "--generate", "500"], ["--generate", "pass the model's context", "fix: use --generate"]),
+    (["circuit", THRESHOLD, "--edges", str(10 ** 9)], ["--edges", "more than the model's"]),
+    (["sae", "overlap", THRESHOLD, "--top-k", "100000"], ["--top-k", "is not below the SAE's"]),
+    (["diagnose", THRESHOLD, "--out", ""], ["--out is empty"]),
+])
+def test_absurd_sizes_are_refused(capsys, argv, phrases):
+    code, err = code_of(capsys, argv)
+    assert code == 2 and "Traceback" not in err, err
+    for p in phrases:
+        assert p in err, (p, err)
+
+
+# families 8 and 9: late errors, leftovers, locks that follow no symlink
+def test_a_planted_lock_symlink_is_not_followed(tmp_path, capsys):
+    target = tmp_path / "elsewhere" / "created-by-surgeon"
+    target.parent.mkdir()
+    (tmp_path / ".out.surgeon-lock").symlink_to(target)
+    code, err = code_of(capsys, ["diagnose", THRESHOLD, "--out", str(tmp_path / "out")])
+    assert code == 2 and "is a symbolic link" in err and "Traceback" not in err
+    assert not target.exists() and not (tmp_path / "out").exists()
+
+
+def test_no_lock_file_is_left_and_another_command_leaves_no_files_of_its_own(tmp_path):
+    out = tmp_path / "out"
+    run = lambda *a: subprocess.run([sys.executable, "-m", "surgeon", *a], capture_output=True, text=True,
+                                    cwd=tmp_path)
+    r = run("blend", THRESHOLD, "--layer", "0", "--component", "z", "--out", str(out))
+    assert r.returncode == 0, r.stderr
+    assert (out / "blend.png").exists()
+    r = run("patch", THRESHOLD, "--layers", "0", "--out", str(out))
+    assert r.returncode == 0, r.stderr
+    man = json.loads((out / "manifest.json").read_text())
+    assert man["command"] == "patch" and sorted(os.listdir(out)) == sorted(man["files"])
+    assert not (out / "blend.png").exists()  # the old command's figure is gone with its manifest
+    assert [p.name for p in tmp_path.iterdir() if "surgeon-lock" in p.name] == []
+
+
+def test_threshold_says_where_it_writes_and_groups_files_are_read_as_lists(tmp_path, capsys):
+    groups = tmp_path / "groups.json"
+    groups.write_text(json.dumps({"mine": "L0H0"}))
+    err = refused_code(capsys, ["threshold", THRESHOLD, "--layer", "0", "--groups-file", str(groups),
+                                "--out", str(tmp_path / "t")])
+    assert "field '--groups-file['mine']'" in err and "not a non-empty list of head labels" in err
+    groups.write_text(json.dumps(["L0H0"]))
+    err = refused_code(capsys, ["threshold", THRESHOLD, "--layer", "0", "--groups-file", str(groups),
+                                "--out", str(tmp_path / "t")])
+    assert "a groups file holds a JSON object of groups" in err
+    assert not (tmp_path / "t").exists()
+    r = subprocess.run([sys.executable, "-m", "surgeon", "threshold", THRESHOLD, "--layer", "0", "--groups", "none",
+                        "--budget", "10"], capture_output=True, text=True, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert "the search and its checkpoints go to out/threshold-threshold_organism-L0" in r.stderr
+    assert (tmp_path / "out" / "threshold-threshold_organism-L0" / "manifest.json").exists()
+
+
+def refused_code(capsys, argv):
+    code, err = code_of(capsys, argv)
+    assert code == 2 and "Traceback" not in err, err
+    return err
