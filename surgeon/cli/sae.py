@@ -119,7 +119,7 @@ def run(args) -> int:
     dtype = args.dtype
     if args.action in ("quality", "overlap"):
         layers = layers_of(args, model, source)
-        saes = {L: load_sae(source, L, device, dtype) for L in layers}
+        saes = {L: load_sae(source, L, device, dtype, model.cfg.d_model) for L in layers}
         where = {L: source.describe(L) for L in layers}
         if args.action == "quality":
             from surgeon.sae.quality import measure, quality_text
@@ -140,7 +140,7 @@ def run(args) -> int:
         raise SurgeonError(f"layer {L} is out of range (the model has layers 0..{model.cfg.n_layers - 1})",
                            field="--sae-layer" if args.action == "heads" else "--layer",
                            fix=f"use a layer between 0 and {model.cfg.n_layers - 1}")
-    sae = load_sae(source, L, device, dtype)
+    sae = load_sae(source, L, device, dtype, model.cfg.d_model)
     if args.action == "amplified":
         from surgeon.analyses.sae_features import amplified
 
@@ -173,6 +173,7 @@ def run(args) -> int:
 def _train(args, case, model, device, report_fn) -> int:
     from surgeon import organisms
     from surgeon.models.loading import resolve
+    from surgeon.results import check_out
     from surgeon.sae.quality import measure, quality_text
     from surgeon.sae.train import TrainOptions, collect_activations, save, train_sae
 
@@ -182,6 +183,12 @@ def _train(args, case, model, device, report_fn) -> int:
         if ref.kind != "organism":
             raise SurgeonError("where should the SAEs go?", field="--sae-out", fix="give --sae-out DIR")
         out = organisms.sae_dir(ref.name)
+    check_out(out)  # a file, a read-only folder or another run writing there: refused before any training
+    width = args.expansion * model.cfg.d_model
+    if args.k >= width:
+        raise SurgeonError(f"--k {args.k} active features is not below the dictionary's {width} features "
+                           f"(--expansion {args.expansion} x d_model {model.cfg.d_model})", field="--k",
+                           fix=f"use --k {max(1, width // 32)} or so, or a larger --expansion")
     layers = layers_of(argparse.Namespace(layers=args.layers), model, _AllLayers())
     hooks = {L: f"blocks.{L}.hook_{args.component}" for L in layers}
     acts = collect_activations(case, model, list(hooks.values()))

@@ -208,6 +208,8 @@ class Contrast:
                 source_scores.append(self._ensure_source(b, sites, score=True)[None])
         self.clean_base = self._to_items(base_scores)[0]
         self.clean_source = self._to_items(source_scores)[0]
+        check_scores(self.clean_base, base_name)
+        check_scores(self.clean_source, source_name)
 
     def _to_items(self, per_bucket: list[Tensor]) -> Tensor:
         return _to_items(self.buckets, per_bucket, self.n_items)
@@ -712,7 +714,16 @@ def score_rows(model, rows: Sequence[Row], batch_size: int = 256, progress: str 
         resid = model(tokens, stop_at_layer=model.cfg.n_layers)
         items = torch.tensor([r.item for r in batch], device=device)
         out = out.index_add(0, items, readout(model, resid, pos, tok, sign)[0])
+    check_scores(out, "unpatched")
     return out
+
+
+def check_scores(scores: Tensor, run: str) -> None:
+    """Refuse scores that are NaN or infinite: every number after them would be meaningless."""
+    if not bool(torch.isfinite(scores).all()):
+        raise AnalysisError(f"the model's scores in the {run} run are not finite (NaN or infinity in its logits)",
+                            field="model", fix="check the checkpoint's weights; under float16 activations can "
+                                               "overflow: use --dtype bfloat16 or float32")
 
 
 @torch.no_grad()

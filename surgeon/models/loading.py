@@ -108,7 +108,12 @@ def shape(ref: ModelRef) -> ModelShape:
     _offline()
     from transformers import AutoConfig
 
-    c = AutoConfig.from_pretrained(str(ref.path), local_files_only=True)
+    try:
+        c = AutoConfig.from_pretrained(str(ref.path), local_files_only=True)
+    except (OSError, ValueError, TypeError, KeyError) as e:
+        raise ModelError(f"cannot read the model's config.json: {type(e).__name__}: {str(e).splitlines()[0][:200]}",
+                         where=str(ref.path), field="model",
+                         fix="repair config.json (valid JSON with model_type, the layer and head counts)") from None
     c = getattr(c, "text_config", None) or c
     n_heads = c.num_attention_heads
     n_ctx = getattr(c, "max_position_embeddings", None) or getattr(c, "n_positions", None)
@@ -124,7 +129,13 @@ def load_tokenizer(ref: ModelRef):
     _offline()
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(str(ref.path), local_files_only=True)
+    try:
+        return AutoTokenizer.from_pretrained(str(ref.path), local_files_only=True)
+    except (OSError, ValueError, TypeError, KeyError) as e:
+        raise ModelError(f"cannot load the tokenizer: {type(e).__name__}: {str(e).splitlines()[0][:200]}",
+                         where=str(ref.path), field="model",
+                         fix="the checkpoint needs its tokenizer files (tokenizer.json or tokenizer.model with "
+                             "tokenizer_config.json)") from None
 
 
 def _torch_dtype(dtype: str):
@@ -150,7 +161,19 @@ def load_model(ref: ModelRef | str, device: str = "cpu", dtype: str = "float32",
         model = _load_hf(ref, device, tdtype, n_devices)
     # analyses differentiate w.r.t. masks, never weights: no weight gradients to store
     model.requires_grad_(False)
+    check_finite(model, str(ref.path))
     return model
+
+
+def check_finite(model, where: str) -> None:
+    """Refuse weights holding NaN or infinity (TransformerLens would turn NaN attention into zeros and report
+    plausible scores), naming the tensor."""
+    import torch
+
+    for name, w in model.named_parameters():
+        if w.is_floating_point() and not bool(torch.isfinite(w).all()):
+            raise ModelError(f"the weight {name} holds NaN or infinite values", where=where, field="model",
+                             fix="use an intact checkpoint (re-download or re-save it)")
 
 
 def _load_hf(ref: ModelRef, device: str, tdtype, n_devices: int):

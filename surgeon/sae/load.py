@@ -70,8 +70,45 @@ def neuronpedia_url(np_id: str | None, feature: int) -> str | None:
     return f"https://www.neuronpedia.org/{np_id}/{feature}" if np_id else None
 
 
-def load_sae(source: SAESource, layer: int, device: str = "cpu", dtype: str = "float32"):
-    """The sae-lens SAE for one layer, from the local disk or cache only."""
+def load_sae(source: SAESource, layer: int, device: str = "cpu", dtype: str = "float32", d_model: int | None = None):
+    """The sae-lens SAE for one layer, from the local disk or cache only, checked (`check_sae`) against the
+    layer it is used at and, with `d_model`, the model's width."""
+    sae = _load(source, layer, device, dtype)
+    if source.path is not None:
+        check_sae(sae, layer, d_model, source.path.format(layer=layer), "--sae-dir")
+    else:
+        check_sae(sae, layer, d_model, f"{source.release}/{source.sae_id.format(layer=layer)}", "--sae-id")
+    return sae
+
+
+def check_sae(sae, layer: int, d_model: int | None, where: str, field: str = "--sae-dir") -> None:
+    """An SAE must read a hook point of the layer it is used at, as wide as the model writes there, with finite
+    weights: anything else would give numbers that look fine and mean nothing."""
+    import re
+
+    import torch
+
+    hook = getattr(getattr(sae.cfg, "metadata", None), "hook_name", None) or getattr(sae.cfg, "hook_name", None)
+    m = re.fullmatch(r"blocks\.(\d+)\.(hook_resid_pre|hook_resid_mid|hook_resid_post|hook_mlp_out|hook_attn_out)",
+                     hook or "")
+    if m is None:
+        raise SAEError(f"the SAE reads {hook!r}, which is not a residual, MLP-output or attention-output hook point",
+                       where=where, field=field, fix="set metadata.hook_name in its cfg.json, e.g. blocks.3.hook_mlp_out")
+    if int(m.group(1)) != layer:
+        raise SAEError(f"the SAE was trained on {hook} (layer {m.group(1)}) but is used at layer {layer}", where=where,
+                       field=field, fix="use {layer} in the SAE path or id, so each layer gets its own SAE")
+    d_in = int(getattr(sae.cfg, "d_in", 0) or sae.W_enc.shape[0])
+    if d_model is not None and d_in != d_model:
+        raise SAEError(f"the SAE reads vectors of width {d_in}, but the model writes {d_model} at {hook}", where=where,
+                       field=field, fix="use an SAE trained on this model")
+    for name in ("W_enc", "W_dec", "b_enc", "b_dec"):
+        w = getattr(sae, name, None)
+        if isinstance(w, torch.Tensor) and not bool(torch.isfinite(w).all()):
+            raise SAEError(f"the SAE's {name} holds NaN or infinite values", where=where, field=field,
+                           fix="retrain or re-save the SAE")
+
+
+def _load(source: SAESource, layer: int, device: str, dtype: str):
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     from sae_lens import SAE
 
@@ -120,6 +157,7 @@ def _check_processing(release: str, sae_id: str) -> None:
                        fix="use an SAE trained on the unprocessed model, or one you trained (surgeon sae train)")
 
 
-def load_saes(source: SAESource, layers, device: str = "cpu", dtype: str = "float32") -> dict:
+def load_saes(source: SAESource, layers, device: str = "cpu", dtype: str = "float32",
+              d_model: int | None = None) -> dict:
     """{layer: SAE} for the given layers."""
-    return {L: load_sae(source, L, device, dtype) for L in layers}
+    return {L: load_sae(source, L, device, dtype, d_model) for L in layers}

@@ -176,3 +176,40 @@ def test_patching_through_the_core_on_every_architecture(checkpoint):
     assert c._groups(masks, 0, 8) is not None
     alone = torch.cat([c.run({k: m[i: i + 1] for k, m in masks.items()}) for i in range(8)])
     torch.testing.assert_close(c.run(masks), alone, atol=1e-5, rtol=0)
+
+
+# reliability, family 5: a broken checkpoint gets one clear error, never plausible numbers
+@pytest.mark.parametrize("tensor,name", [("model.layers.0.self_attn.q_proj.weight", "blocks.0.attn.W_Q"),
+                                         ("model.layers.1.mlp.up_proj.weight", "blocks.1.mlp.W_in")])
+def test_non_finite_weights_are_refused_naming_the_tensor(tmp_path, tensor, name):
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    from surgeon.errors import ModelError
+    from surgeon.models.loading import load_model
+
+    path = make_llama(tmp_path / "nan")
+    f = next(path.glob("*.safetensors"))
+    state = load_file(str(f))
+    state[tensor][0, 0] = float("nan")
+    save_file(state, str(f), metadata={"format": "pt"})
+    with pytest.raises(ModelError, match=f"the weight {name} holds NaN or infinite values"):
+        load_model(str(path))
+
+
+@pytest.mark.parametrize("breakage,phrase", [("config", "cannot read the model's config.json"),
+                                             ("tokenizer", "cannot load the tokenizer")])
+def test_broken_checkpoint_folders_get_one_error(tmp_path, breakage, phrase):
+    from surgeon.errors import ModelError
+    from surgeon.models.loading import load_tokenizer, resolve, shape
+
+    path = make_llama(tmp_path / "broken")
+    if breakage == "config":
+        (path / "config.json").write_text("{not json")
+        with pytest.raises(ModelError, match=phrase):
+            shape(resolve(str(path)))
+    else:
+        for f in path.glob("tokenizer*"):
+            f.unlink()
+        with pytest.raises(ModelError, match=phrase):
+            load_tokenizer(resolve(str(path)))
