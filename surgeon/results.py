@@ -146,6 +146,8 @@ def check_out(out) -> None:
         raise SurgeonError(f"{parent} is not writable", field="--out", fix="choose a directory you can write to")
     lock_dir = out.parent if out.parent.exists() else parent
     lock = lock_dir / f".{out.name}.surgeon-lock"
+    if any(held == lock for _, held in _LOCKS):  # this process holds it already
+        return
     try:
         fd = os.open(lock, os.O_CREAT | os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666)
     except OSError as e:

@@ -171,11 +171,21 @@ def run(args) -> int:
 
 
 def _train(args, case, model, device, report_fn) -> int:
+    import shutil
+    import tempfile
+
     from surgeon import organisms
     from surgeon.models.loading import resolve
     from surgeon.results import check_out
+    from surgeon.sae.load import SAESource, load_sae
     from surgeon.sae.quality import measure, quality_text
-    from surgeon.sae.train import TrainOptions, collect_activations, save, train_sae
+    from surgeon.sae.train import (
+        TrainOptions,
+        collect_activations,
+        install,
+        save,
+        train_sae,
+    )
 
     out = args.sae_out
     if out is None:
@@ -199,18 +209,23 @@ def _train(args, case, model, device, report_fn) -> int:
     from tqdm.auto import tqdm
 
     qs = []
-    for L in tqdm(layers, desc="training SAEs", unit="SAE"):
-        sae = train_sae(acts[hooks[L]], hooks[L], opts, model_name=case.model)
-        save(sae, Path(out) / hooks[L], dict(case=case.name, model=case.model, model_sha256=model_sha, hook=hooks[L],
-                                             component=args.component,
-                                             n_activations=int(acts[hooks[L]].shape[0]), **opts.__dict__,
-                                             command=f"surgeon sae train {args.case} --layers {L} --component "
-                                                     f"{args.component} --k {opts.k} --expansion {opts.expansion} "
-                                                     f"--steps {opts.steps} --seed {opts.seed}"))
-        from surgeon.sae.load import SAESource, load_sae
-
-        inf = load_sae(SAESource(path=str(Path(out) / hooks[L])), L)
-        qs.append(measure(case, model, inf, L, hooks[L], acts[hooks[L]], str(Path(out) / hooks[L]), args.batch_size))
+    Path(out).mkdir(parents=True, exist_ok=True)
+    staged = Path(tempfile.mkdtemp(prefix=".staging-", dir=out))  # every layer first, then all of them in at once
+    try:
+        for L in tqdm(layers, desc="training SAEs", unit="SAE"):
+            sae = train_sae(acts[hooks[L]], hooks[L], opts, model_name=case.model)
+            save(sae, staged / hooks[L], dict(case=case.name, model=case.model, model_sha256=model_sha,
+                                              hook=hooks[L], component=args.component,
+                                              n_activations=int(acts[hooks[L]].shape[0]), **opts.__dict__,
+                                              command=f"surgeon sae train {args.case} --layers {L} --component "
+                                                      f"{args.component} --k {opts.k} --expansion {opts.expansion} "
+                                                      f"--steps {opts.steps} --seed {opts.seed}"))
+            inf = load_sae(SAESource(path=str(staged / hooks[L])), L, d_model=model.cfg.d_model)
+            qs.append(measure(case, model, inf, L, hooks[L], acts[hooks[L]], str(Path(out) / hooks[L]),
+                              args.batch_size))
+        install(staged, Path(out), [hooks[L] for L in layers])
+    finally:
+        shutil.rmtree(staged, ignore_errors=True)
     text = (f"trained {len(layers)} SAEs ({acts[hooks[layers[0]]].shape[0]:,} activations each, {opts}) into {out}\n"
             + quality_text(qs))
     result = {"sae_out": str(out), "layers": layers, "hooks": [hooks[L] for L in layers], "options": opts.__dict__,

@@ -97,3 +97,20 @@ def save(sae, path: Path, record: dict | None = None) -> None:
     finally:
         if tmp.exists():
             shutil.rmtree(tmp)
+
+
+def install(staged: Path, out: Path, names) -> None:
+    """Move the SAE folders `names` from `staged` into `out` together, at the end of a run: an interrupted run
+    leaves `out` as it was, never some layers new and the rest old."""
+    import shutil
+    import tempfile
+
+    out.mkdir(parents=True, exist_ok=True)
+    trash = Path(tempfile.mkdtemp(prefix=".replaced-", dir=out))
+    try:
+        for name in names:
+            if (out / name).exists():
+                (out / name).rename(trash / name)
+            (staged / name).rename(out / name)
+    finally:
+        shutil.rmtree(trash, ignore_errors=True)

@@ -37,7 +37,7 @@ class ChunkStore:
         self.dir.mkdir(parents=True, exist_ok=True)
         meta = self.dir / "plan.json"
         if meta.exists():
-            old = json.loads(meta.read_text())
+            old = read_plan(Path(root))
             if old.get("digest") != digest:
                 raise AnalysisError(f"{self.dir} holds parts of a different search (plan {old.get('digest', '?')[:12]}, "
                                     f"this one {digest[:12]})", field="--out",
@@ -81,6 +81,36 @@ class ChunkStore:
     def digest_of(root: Path) -> str | None:
         meta = Path(root) / "parts" / "plan.json"
         return json.loads(meta.read_text()).get("digest") if meta.exists() else None
+
+
+def read_plan(root: Path) -> dict:
+    """`ROOT/parts/plan.json`, checked: a search folder without one, or with one cut short or edited, is refused
+    naming the file."""
+    p = Path(root) / "parts" / "plan.json"
+    if not p.is_file():
+        raise AnalysisError(f"{root} holds no search parts (no parts/plan.json)", field="merge",
+                            fix="give the --out directories of threshold runs")
+    try:
+        plan = json.loads(p.read_text())
+    except (OSError, ValueError) as e:
+        raise AnalysisError(f"{p} cannot be read ({type(e).__name__})", field="--resume",
+                            fix="start the search again in a fresh --out (the chunks cannot be matched to a plan)"
+                            ) from None
+    if not isinstance(plan, dict) or not isinstance(plan.get("digest"), str) or "options" not in plan:
+        raise AnalysisError(f"{p} is not a search plan", field="--resume",
+                            fix="start the search again in a fresh --out")
+    return plan
+
+
+def check_chunk(p: Path) -> None:
+    """Refuse a chunk file that cannot be read, naming it and the fix."""
+    try:
+        with np.load(p) as z:
+            for k in z.files:
+                z[k]
+    except Exception as e:
+        raise AnalysisError(f"the chunk {p} cannot be read ({type(e).__name__}): it was cut short", field="merge",
+                            fix="rerun that shard with --resume (it evaluates the chunk again), then merge") from None
 
 
 def _atomic_write(path: Path, data: bytes) -> None:

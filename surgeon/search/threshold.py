@@ -1,7 +1,6 @@
 """`threshold`: the head-subset search as one function, with checkpoints, shards, merge and a Ray backend."""
 from __future__ import annotations
 
-import json
 import math
 import tempfile
 from dataclasses import dataclass
@@ -14,8 +13,9 @@ from surgeon.analyses.common import Direction, make_contrast
 from surgeon.analyses.generation import generate_patched
 from surgeon.errors import AnalysisError
 from surgeon.models.loading import load_model
+from surgeon.results import check_out
 from surgeon.search.ray import evaluate_on_ray
-from surgeon.search.store import ChunkStore, parse_shard
+from surgeon.search.store import ChunkStore, check_chunk, parse_shard, read_plan
 from surgeon.search.subsets import (
     ThresholdResult,
     aggregate,
@@ -160,10 +160,7 @@ class Interrupted(KeyboardInterrupt):
 
 
 def _meta(root: Path) -> dict:
-    p = Path(root) / "parts" / "plan.json"
-    if not p.exists():
-        raise AnalysisError(f"{root} holds no search parts", field="merge", fix="give the --out directories of threshold runs")
-    return json.loads(p.read_text())
+    return read_plan(root)
 
 
 def collect(root: Path, item_rate: float | None = None, x: float | None = None, extra_roots: Sequence[Path] = ()
@@ -190,20 +187,29 @@ def collect(root: Path, item_rate: float | None = None, x: float | None = None, 
 
 
 def merge(roots: Sequence[Path], out: Path) -> ThresholdResult:
-    """Copy the shards' chunks into `out` and aggregate: the same result one run gives."""
+    """Copy the shards' chunks into `out` and aggregate: the same result one run gives. Everything is checked
+    first (`out` writable and not being written by another run, every shard of the same plan, every chunk
+    readable), so a refused merge writes nothing."""
     import shutil
 
+    check_out(out)
     roots = [Path(r) for r in roots]
     meta = _meta(roots[0])
-    store = ChunkStore(Path(out), meta["digest"], {k: v for k, v in meta.items() if k != "digest"})
+    chunks = []
     for r in roots:
         if _meta(r)["digest"] != meta["digest"]:
             raise AnalysisError(f"{r} was planned differently from {roots[0]}", field="merge",
                                 fix="merge only shards of one search (same case, heads, groups, budget and seed)")
         for p in sorted((r / "parts").glob("chunk-*.npz")):
-            dest = store.dir / p.name
-            if Path(p).resolve() != dest.resolve():
-                shutil.copyfile(p, dest)
+            check_chunk(p)
+            chunks.append(p)
+    if Path(out).exists() and ChunkStore.digest_of(Path(out)) not in (None, meta["digest"]):
+        raise AnalysisError(f"{out} holds parts of a different search", field="--out", fix="merge into a fresh --out")
+    store = ChunkStore(Path(out), meta["digest"], {k: v for k, v in meta.items() if k != "digest"})
+    for p in chunks:
+        dest = store.dir / p.name
+        if Path(p).resolve() != dest.resolve():
+            shutil.copyfile(p, dest)
     return collect(Path(out))
 
 

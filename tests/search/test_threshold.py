@@ -214,3 +214,32 @@ def test_mixed_grid_cells_hold_i_from_a_and_j_from_b():
         for m in f.masks:
             assert sum((m >> h) & 1 for h in groups["even"]) == i
             assert sum((m >> h) & 1 for h in groups["odd"]) == j
+
+
+def test_merge_checks_everything_before_writing(decimal_model, small_case, tmp_path):
+    """Reliability, family 7: a shard with a truncated chunk, shards of different plans, an --out that is a file
+    or holds another search: refused before anything is copied; a corrupt plan.json is refused on --resume."""
+    from surgeon.errors import SurgeonError
+
+    kw = dict(layer=1, groups=["even"], item_rate=0.5, chunk=40)
+    for i in range(2):
+        threshold_search(small_case, decimal_model, out=tmp_path / f"s{i}", shard=f"{i}/2", **kw)
+    other = tmp_path / "other"
+    threshold_search(small_case, decimal_model, out=other, **dict(kw, item_rate=0.9, chunk=20))
+    shards = [tmp_path / "s0", tmp_path / "s1"]
+    with pytest.raises(SurgeonError, match="was planned differently"):
+        merge([*shards, other], tmp_path / "m1")
+    assert not (tmp_path / "m1").exists()
+    (tmp_path / "afile").write_text("x")
+    with pytest.raises(SurgeonError, match="exists and is a file"):
+        merge(shards, tmp_path / "afile")
+    with pytest.raises(SurgeonError, match="holds parts of a different search"):
+        merge(shards, other)
+    victim = sorted((tmp_path / "s1" / "parts").glob("chunk-*.npz"))[0]
+    victim.write_bytes(victim.read_bytes()[:40])
+    with pytest.raises(SurgeonError, match=f"the chunk {victim} cannot be read.*cut short"):
+        merge(shards, tmp_path / "m2")
+    assert not (tmp_path / "m2").exists()
+    (tmp_path / "s0" / "parts" / "plan.json").write_text('{"digest": ')
+    with pytest.raises(SurgeonError, match="plan.json cannot be read"):
+        threshold_search(small_case, decimal_model, out=tmp_path / "s0", shard="0/2", **kw)
