@@ -9,12 +9,13 @@ measured) and `in_circuit`. Display labels follow `L{l}H{h}`.
 """
 from __future__ import annotations
 
-from typing import Iterable, Sequence
+from typing import TYPE_CHECKING, Iterable, Sequence
 
 import networkx as nx
 import numpy as np
 
-from surgeon.sites.edges import EdgeSite
+if TYPE_CHECKING:  # a type only: reading and writing circuit files needs no torch
+    from surgeon.sites.edges import EdgeSite
 
 
 def _label(name: str) -> str:

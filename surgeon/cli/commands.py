@@ -162,22 +162,22 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def cmd_diagnose(args) -> int:
+    case, model, device = load_case_and_model(args)
     from surgeon.analyses import diagnose
     from surgeon.report import figures
     from surgeon.report import text as report
 
-    case, model, device = load_case_and_model(args)
     d = diagnose(case, model, batch_size=args.batch_size, generate=args.generate, progress=True)
     return print_report(args, "diagnose", d, case, device, report.diagnosis_text(d, case),
                    {"accuracy.png": figures.diagnosis_figure}, {"items.csv": report.diagnosis_rows(d)})
 
 
 def cmd_patch(args) -> int:
+    case, model, device = load_case_and_model(args)
     from surgeon.analyses import patch_heads
     from surgeon.report import figures
     from surgeon.report import text as report
 
-    case, model, device = load_case_and_model(args)
     layers = layers_of(args, case)
     r = patch_heads(case, model, layers=layers, component=args.component, direction=args.direction, bad=args.bad,
                     tag=args.tag, batch_size=args.batch_size, progress=True)
@@ -185,11 +185,11 @@ def cmd_patch(args) -> int:
 
 
 def cmd_attribute(args) -> int:
+    case, model, device = load_case_and_model(args)
     from surgeon.analyses import attribute
     from surgeon.report import figures
     from surgeon.report import text as report
 
-    case, model, device = load_case_and_model(args)
     layers = layers_of(args, case)
     r = attribute(case, model, layers=layers, component=args.component, direction=args.direction, bad=args.bad,
                   tag=args.tag, batch_size=args.batch_size, compare=args.compare)
@@ -207,10 +207,7 @@ def _int_list(text: str | None, field: str):
 
 
 def cmd_threshold(args) -> int:
-
-    from surgeon.report import text as report
     from surgeon.search.subsets import read_groups
-    from surgeon.search.threshold import Interrupted, threshold_search
 
     out = args.out or Path("out") / f"threshold-{Path(args.case).stem}-L{args.layer if args.layer is not None else 'x'}"
     # the checkpoint needs a folder: out/threshold-CASE-LN unless --out says otherwise
@@ -237,6 +234,9 @@ def cmd_threshold(args) -> int:
         ray = RayOptions(address=None if args.ray == "local" else args.ray, workers=args.ray_workers,
                          threads=args.threads or 1)
     case, model, device = load_case_and_model(args, out=out)
+    from surgeon.report import text as report
+    from surgeon.search.threshold import Interrupted, threshold_search
+
     try:
         r = threshold_search(case, model, layer=args.layer, heads=args.heads, groups=groups, groups_spec=spec, grid=grid,
                              budget=args.budget, grid_budget=args.grid_budget, item_rate=args.item_rate, x=args.x,
@@ -269,11 +269,11 @@ def cmd_merge(args) -> int:
 
 
 def cmd_blend(args) -> int:
+    case, model, device = load_case_and_model(args)
     from surgeon.analyses.blend import blend
     from surgeon.report import figures
     from surgeon.report import text as report
 
-    case, model, device = load_case_and_model(args)
     r = blend(case, model, layer=args.layer, heads=_int_list(args.heads, "--heads"), component=args.component,
               step=args.step, bad=args.bad, tag=args.tag, batch_size=args.batch_size)
     return print_report(args, "blend", r, case, device, report.blend_text(r), {"blend.png": figures.blend_figure})
@@ -330,13 +330,14 @@ def cmd_organisms(args) -> int:
 
 
 def cmd_circuit(args) -> int:
-    from surgeon.analyses.circuit import discover
     from surgeon.circuits.export import check_targets
-    from surgeon.report import figures
-    from surgeon.report import text as report
 
     check_targets(args.export)  # refuse before loading anything
     case, model, device = load_case_and_model(args)
+    from surgeon.analyses.circuit import discover
+    from surgeon.report import figures
+    from surgeon.report import text as report
+
     r = discover(case, model, method=args.method, ablation=args.ablation, direction=args.direction, bad=args.bad,
                  tag=args.tag, target=None if args.edges else args.faithfulness, n_edges=args.edges,
                  n_paths=args.paths, ig_steps=args.ig_steps, verify=args.verify, batch_size=args.batch_size)
@@ -351,7 +352,6 @@ def cmd_circuit(args) -> int:
 def cmd_circuit_eval(args) -> int:
     from surgeon.analyses.circuit import check_circuit_file, evaluate_circuit
     from surgeon.circuits.export import read_circuit
-    from surgeon.report import text as report
 
     circuit = read_circuit(args.graph)  # refused before the model loads
 
@@ -359,6 +359,8 @@ def cmd_circuit_eval(args) -> int:
         check_circuit_file(circuit, case.model, args.ablation, str(args.graph))
 
     case, model, device = load_case_and_model(args, check=against_the_model)
+    from surgeon.report import text as report
+
     r = evaluate_circuit(case, model, circuit, ablation=args.ablation, direction=args.direction, bad=args.bad,
                          tag=args.tag, batch_size=args.batch_size, where=str(args.graph))
     print(report.circuit_eval_text(r, args.graph))

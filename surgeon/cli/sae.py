@@ -106,9 +106,15 @@ def layers_of(args, model, source):
 
 
 def run(args) -> int:
-    from surgeon.cli.common import load_case_and_model, print_report
+    from surgeon.cli.common import load_case_and_model, parse_layers, print_report
 
-    case, model, device = load_case_and_model(args)
+    def sae_first(case):  # the SAEs named and on disk, before the model loads
+        if args.action != "train":
+            layers = [args.sae_layer] if args.action == "heads" else (
+                [args.layer] if getattr(args, "layer", None) is not None else parse_layers(getattr(args, "layers", None)))
+            _source(args, case).check_available(layers)
+
+    case, model, device = load_case_and_model(args, check=sae_first)
     if args.action == "train":
         return _train(args, case, model, device, print_report)
     from surgeon.report import figures

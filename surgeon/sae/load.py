@@ -37,6 +37,23 @@ class SAESource:
             raise SAEError(f"release {self.release!r} needs an SAE id", field="--sae-id",
                            fix="e.g. --sae-id 'l{layer}m_8x' ({layer} is replaced by each layer)")
 
+    def check_available(self, layers=None) -> None:
+        """Refuse, before any model loads, a directory source with no SAE for the layers asked for (or, with no
+        layers named, for any layer)."""
+        if self.path is None:
+            return
+        import glob
+
+        if layers is not None:
+            missing = [L for L in layers if not (Path(self.path.format(layer=L)).expanduser() / "cfg.json").is_file()]
+            if missing:
+                raise SAEError(f"{self.path.format(layer=missing[0])} is not an SAE directory (no cfg.json)",
+                               field="--sae-dir", fix="point at directories written by sae-lens (cfg.json + "
+                                                      "sae_weights.safetensors); use {layer} for the layer number")
+        elif not glob.glob(str(Path(self.path.replace("{layer}", "*")).expanduser() / "cfg.json")):
+            raise SAEError(f"no SAE directory matches {self.path}", field="--sae-dir",
+                           fix="point at directories written by sae-lens; use {layer} for the layer number")
+
     @staticmethod
     def from_case(case, release: str | None = None, sae_id: str | None = None, path: str | None = None) -> "SAESource":
         """Command-line choices first, then the case's `saes` (a relative dir from the case file's folder)."""

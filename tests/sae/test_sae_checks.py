@@ -88,3 +88,20 @@ def test_sae_train_refuses_before_training(tmp_path, capsys, how, phrase):
     code = main(["sae", "train", DECIMAL, "--layers", "0", "--steps", "1", "--sae-out", str(out), *extra])
     err = capsys.readouterr().err
     assert code == 2 and phrase in err and "Traceback" not in err, err
+
+
+@pytest.mark.parametrize("argv,phrase", [
+    (["sae", "overlap", f"{ROOT}/cases/induction_organism.py"], "names no SAEs and none were given"),
+    (["sae", "overlap", DECIMAL, "--sae-dir", "/nonexistent/blocks.{layer}.hook_mlp_out"], "no SAE directory matches"),
+    (["sae", "amplified", DECIMAL, "--layer", "1", "--sae-dir", "/nonexistent/x{layer}"], "is not an SAE directory"),
+])
+def test_sae_sources_are_checked_before_the_model_loads(capsys, monkeypatch, argv, phrase):
+    import surgeon.models.loading as loading
+
+    def never(*a, **k):
+        raise AssertionError("the model was loaded before the SAE source was checked")
+
+    monkeypatch.setattr(loading, "load_model", never)
+    code = main(argv)
+    err = capsys.readouterr().err
+    assert code == 2 and phrase in err and "Traceback" not in err, err
