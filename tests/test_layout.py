@@ -164,3 +164,13 @@ def test_lazy_imports_only_on_the_start_up_path():
                 local += [f"{name}: {ast.unparse(n)}" for n in ast.walk(fn)
                           if isinstance(n, ast.ImportFrom) and (n.module or "").startswith("surgeon")]
     assert not local, local
+
+
+def test_data_is_never_unpickled():
+    """Every input but a case file is data: no pickle, torch.load only with weights_only=True, np.load never
+    with allow_pickle=True."""
+    for name, f in modules().items():
+        src = f.read_text()
+        assert "import pickle" not in src and "allow_pickle=True" not in src, name
+        for call in re.findall(r"torch\.load\([^)]*\)", src):
+            assert "weights_only=True" in call, (name, call)

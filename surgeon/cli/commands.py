@@ -411,6 +411,15 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(f"surgeon: error: {e}", file=sys.stderr)
         return 2
+    except OSError as e:  # the disk filled up or a folder vanished while writing: nothing half-written is kept
+        import errno
+
+        if getattr(args, "debug", False) or e.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES):
+            raise
+        print(f"surgeon: error: writing {e.filename or 'results'} failed: {e.strerror}\n"
+              "  fix: free space or choose another --out; finished search chunks are kept (--resume continues)",
+              file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         out = getattr(args, "out", None)
         parts = Path(out) / "parts" if out else None

@@ -485,11 +485,14 @@ class Contrast:
         return kept[names[0]], kept[names[1]]
 
     def _with_backoff(self, fn):
-        """Run fn; on out-of-memory halve the batch size and try again (down to one row)."""
+        """Run fn; on out-of-memory (a GPU's, or the CPU allocator's) halve the batch size and try again (down to
+        one row)."""
         while True:
             try:
                 return fn()
-            except torch.OutOfMemoryError:
+            except (torch.OutOfMemoryError, RuntimeError) as e:
+                if not is_out_of_memory(e):
+                    raise
                 for b in self.buckets:
                     b.kv_rep, b.kv_copies = {}, 0
                 if self.device.type == "cuda":
@@ -641,6 +644,12 @@ def greedy(model, tokens: Tensor, lengths: Tensor, n_new: int, hooks: Sequence =
             lengths += 1
             out.append(nxt)
     return torch.stack(out, dim=1)
+
+
+def is_out_of_memory(e: BaseException) -> bool:
+    """torch's out-of-memory error on any device: CUDA's type, or the CPU allocator's RuntimeError."""
+    return isinstance(e, torch.OutOfMemoryError) or (
+        isinstance(e, RuntimeError) and ("can't allocate memory" in str(e) or "out of memory" in str(e).lower()))
 
 
 def _node_sites(masks) -> list[Site]:

@@ -62,11 +62,16 @@ class ChunkStore:
         return out
 
     def save(self, index: int, **arrays) -> None:
+        """Write a finished chunk atomically; a failed write (a full disk) leaves no temporary file behind."""
         fd, tmp = tempfile.mkstemp(prefix=".chunk-", suffix=".npz", dir=self.dir)
         os.close(fd)
-        np.savez(tmp, **arrays)
-        follow_umask(tmp)
-        os.replace(tmp, self.dir / f"chunk-{index:06d}.npz")
+        try:
+            np.savez(tmp, **arrays)
+            follow_umask(tmp)
+            os.replace(tmp, self.dir / f"chunk-{index:06d}.npz")
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
 
     def files(self) -> dict[int, Path]:
         return {int(p.stem.split("-")[1]): p for p in sorted(self.dir.glob("chunk-*.npz"))}

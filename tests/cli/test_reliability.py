@@ -121,3 +121,34 @@ def refused_code(capsys, argv):
     code, err = code_of(capsys, argv)
     assert code == 2 and "Traceback" not in err, err
     return err
+
+
+def test_a_full_disk_is_reported_and_leaves_no_temporary_file(tmp_path, capsys, monkeypatch):
+    """Family 7: the disk fills up after the first chunk: exit 2 with the fix, the finished chunk kept, no hidden
+    temporary file, and --resume then finishes the search."""
+    import errno
+
+    import numpy as np
+
+    real, calls = np.savez, {"n": 0}
+
+    def full(path, **arrays):
+        calls["n"] += 1
+        if calls["n"] > 1:
+            open(path, "wb").write(b"partial")  # what a full disk leaves of a file
+            raise OSError(errno.ENOSPC, "No space left on device", str(path))
+        return real(path, **arrays)
+
+    out = tmp_path / "t"
+    argv = ["threshold", THRESHOLD, "--layer", "0", "--groups", "none", "--budget", "120", "--chunk", "32",
+            "--out", str(out)]
+    monkeypatch.setattr(np, "savez", full)
+    code, err = code_of(capsys, argv)
+    assert code == 2 and "No space left on device" in err and "--resume continues" in err and "Traceback" not in err
+    parts = out / "parts"
+    assert list(parts.glob(".chunk-*")) == [] and len(list(parts.glob("chunk-*.npz"))) == 1
+    assert not (out / "manifest.json").exists()
+    monkeypatch.setattr(np, "savez", real)
+    code, err = code_of(capsys, [*argv, "--resume"])
+    assert code == 0, err
+    assert json.loads((out / "manifest.json").read_text())["command"] == "threshold"

@@ -2,6 +2,7 @@
 contrast, in every result that patches and in its manifest."""
 import json
 
+import pytest
 import torch
 
 from surgeon import load_case
@@ -50,3 +51,31 @@ def test_results_and_manifest_record_the_execution(tmp_path):
     assert man["execution"] == res["execution"]
     assert man["execution"]["paths"] == {"plain": 1} and man["execution"]["prefix"].startswith("shared")
     assert man["execution"]["backoffs"] == 0 and man["execution"]["batch_size"] == 256
+
+
+def test_cpu_out_of_memory_halves_the_batch_and_is_recorded(induction_model):
+    """Family 3: the CPU allocator's out-of-memory error is retried with half the batch like CUDA's; the scores
+    are those of an unhindered run and the manifest's execution record says how often it backed off."""
+    case = load_case(INDUCTION)
+    c, _ = make_contrast(case, induction_model, batch_size=64)
+    masks = {Site.of("z", 1): torch.eye(2)[[0, 1, 0, 1]]}
+    want = c.run(masks)
+
+    def scarce(module, args):
+        if args[0].shape[0] > 8:
+            raise RuntimeError("[enforce fail at alloc_cpu.cpp:117] DefaultCPUAllocator: can't allocate memory")
+
+    handle = induction_model.blocks[1].register_forward_pre_hook(scarce)
+    try:
+        got = c.run(masks)
+    finally:
+        handle.remove()
+    torch.testing.assert_close(got, want)
+    assert c.execution["backoffs"] >= 1 and c.execution["batch_size"] < 64
+    handle = induction_model.blocks[1].register_forward_pre_hook(
+        lambda m, a: (_ for _ in ()).throw(RuntimeError("some other failure")))
+    try:
+        with pytest.raises(RuntimeError, match="some other failure"):  # not memory: not retried
+            c.run(masks)
+    finally:
+        handle.remove()
