@@ -21,7 +21,7 @@ import subprocess
 import sys
 import time
 
-CASE = "from surgeon.case import load_case; load_case('cases/decimal_organism.py')"
+CASE = "from surgeon import load_case; load_case('cases/decimal_organism.py')"
 STAGES = [
     ("python", "pass"),
     ("surgeon cli", "import surgeon.cli"),

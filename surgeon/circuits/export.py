@@ -436,3 +436,8 @@ def edges_for_model(circuit: dict, site, cfg, where: str = "") -> list[int]:
         if vals == {True}:
             out.append(i)
     return sorted(out)
+
+
+def circuit_figure(r, path: Path):
+    """The circuit of a `CircuitResult` drawn layer by layer (the PNG `surgeon circuit --out` writes)."""
+    return png(r.graph(), path, f"{r.case}: {len(r.circuit)} edges, f = {r.circuit_faithfulness:.2f}")

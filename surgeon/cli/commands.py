@@ -330,7 +330,7 @@ def cmd_organisms(args) -> int:
 
 
 def cmd_circuit(args) -> int:
-    from surgeon.circuits.export import check_targets
+    from surgeon.circuits.export import check_targets, circuit_figure
 
     check_targets(args.export)  # refuse before loading anything
     case, model, device = load_case_and_model(args)
@@ -342,7 +342,7 @@ def cmd_circuit(args) -> int:
                  tag=args.tag, target=None if args.edges else args.faithfulness, n_edges=args.edges,
                  n_paths=args.paths, ig_steps=args.ig_steps, verify=args.verify, batch_size=args.batch_size)
     code = print_report(args, "circuit", r, case, device, report.circuit_text(r),
-                   {"faithfulness.png": figures.faithfulness_figure, "circuit.png": figures.circuit_figure})
+                   {"faithfulness.png": figures.faithfulness_figure, "circuit.png": circuit_figure})
     if args.export:
         r.export(*args.export)
         print("exported " + ", ".join(str(f) for f in args.export))

@@ -8,8 +8,6 @@ from pathlib import Path
 
 import numpy as np
 
-from surgeon.circuits.export import png as circuit_png
-
 
 def _plt():
     import matplotlib
@@ -235,8 +233,3 @@ def head_feature_heatmap(r, path: Path):
     ax.set_title(f"{r.case}: heads of layer {r.layer} -> SAE features at {r.hook}", fontsize=8)
     fig.colorbar(im, ax=ax, label="activation change")
     return _save(fig, path)
-
-
-def circuit_figure(r, path: Path):
-    """The circuit of a `CircuitResult` drawn layer by layer (the PNG export)."""
-    return circuit_png(r.graph(), path, f"{r.case}: {len(r.circuit)} edges, f = {r.circuit_faithfulness:.2f}")

@@ -25,6 +25,7 @@ from typing import Iterable, Sequence
 import numpy as np
 
 from surgeon.errors import AnalysisError
+from surgeon.search.store import ChunkStore, read_plan
 from surgeon.sites.nodes import Site
 from surgeon.stats import wilson
 
@@ -421,3 +422,11 @@ def subsets_csv_rows(plan: Plan, per_subset: dict[int, tuple[float, float, float
             r, s, f = per_subset[m]
             yield ["+".join(labels[i] for i in range(len(labels)) if (m >> i) & 1) or "(none)", bin(m).count("1"),
                    " ".join(member.get(m, [])), f"{r:.6g}", int(r >= item_rate - 1e-12), f"{s:.6g}", f"{f:.6g}"]
+
+
+def per_subset(out) -> dict:
+    """Per evaluated subset (bit mask over the plan's units): (item rate, mean repair fraction, ...) from the
+    chunk store a search wrote to `out`."""
+    meta = read_plan(out)
+    return summarize_chunks(ChunkStore(out, meta["digest"]).iter(), np.array(meta["clean_base"]),
+                            np.array(meta["clean_source"]))

@@ -213,9 +213,3 @@ def merge(roots: Sequence[Path], out: Path) -> ThresholdResult:
     return collect(Path(out))
 
 
-def per_subset(out) -> dict:
-    """Per evaluated subset (bit mask over the plan's units): (item rate, mean repair fraction, ...) from the
-    chunk store a search wrote to `out`."""
-    meta = _meta(out)
-    return summarize_chunks(ChunkStore(out, meta["digest"]).iter(), np.array(meta["clean_base"]),
-                            np.array(meta["clean_source"]))

@@ -66,7 +66,7 @@ def test_search_rates_equal_direct_forwards(decimal_model, small_case, tmp_path)
     assert r.complete and r.subsets_evaluated == 256
     assert r.size("all", 8).evaluated == 1 and r.size("even", 2).total == 6
     # a few subsets' repair rates and mean scores from the search equal one hooked forward per row
-    from surgeon.search.threshold import per_subset as _per_subset
+    from surgeon.search.subsets import per_subset as _per_subset
 
     per = _per_subset(tmp_path)
     for heads in ([0], [2, 4], [0, 2, 4, 6], list(range(8))):
