@@ -24,7 +24,6 @@ from __future__ import annotations
 from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Literal
 
 import torch
 from torch import Tensor
@@ -34,7 +33,6 @@ from surgeon.sites.ablations import ABLATIONS, DIFFERENCES, EDGE_VALUES, FREEZE
 from surgeon.sites.nodes import Site
 from surgeon.sites.protocol import SiteKind, register
 
-Ablation = Literal["resample", "mean", "zero"]
 
 
 @dataclass(frozen=True)
@@ -128,7 +126,7 @@ class EdgeSite(SiteKind):
 
     # ------------------------------------------------------------------ construction
     @staticmethod
-    def of(cfg, ablation: Ablation = "resample") -> "EdgeSite":
+    def of(cfg, ablation: str = ABLATIONS[0]) -> "EdgeSite":
         if ablation not in ABLATIONS:
             raise AnalysisError(f"unknown ablation {ablation!r}", field="--ablation", fix=f"use one of: {', '.join(ABLATIONS)}")
         if getattr(cfg, "parallel_attn_mlp", False):

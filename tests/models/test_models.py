@@ -182,7 +182,6 @@ def test_patching_through_the_core_on_every_architecture(checkpoint):
 @pytest.mark.parametrize("tensor,name", [("model.layers.0.self_attn.q_proj.weight", "blocks.0.attn.W_Q"),
                                          ("model.layers.1.mlp.up_proj.weight", "blocks.1.mlp.W_in")])
 def test_non_finite_weights_are_refused_naming_the_tensor(tmp_path, tensor, name):
-    import torch
     from safetensors.torch import load_file, save_file
 
     from surgeon.errors import ModelError

@@ -30,7 +30,6 @@ def edit_cfg(d, layer, **meta):
 
 
 def nan_weights(d, layer):
-    import torch
     from safetensors.torch import load_file, save_file
 
     f = d / f"blocks.{layer}.hook_mlp_out" / "sae_weights.safetensors"
