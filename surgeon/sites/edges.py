@@ -34,7 +34,6 @@ from surgeon.sites.nodes import Site
 from surgeon.sites.protocol import SiteKind, register
 
 
-
 @dataclass(frozen=True)
 class Receiver:
     name: str  # a1.h2<q>, a1.g0<k>, m1, logits
