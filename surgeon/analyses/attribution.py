@@ -53,10 +53,8 @@ def attribute(case: Case, model, *, layers=None, component: str = "z", direction
     contrast, info = make_contrast(case, model, bad=bad, direction=direction, tag=tag, batch_size=batch_size,
                                    sites=sites)
     U = contrast.units(sites[0])
-    masks = {s: torch.zeros(1, U, requires_grad=True) for s in sites}
-    with torch.enable_grad():
-        contrast.run(masks).mean().backward()
-    grad = np.stack([masks[s].grad[0].numpy() for s in sites])
+    grads, _ = contrast.gradient({s: torch.zeros(1, U) for s in sites})
+    grad = np.stack([grads[s][0].cpu().numpy() for s in sites])
     gap = float((contrast.clean_source - contrast.clean_base).mean())
     estimate = grad / gap if abs(gap) > 1e-12 else grad * np.nan
     exact = pearson = spearman = None

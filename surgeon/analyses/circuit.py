@@ -169,10 +169,8 @@ def edge_scores(contrast, site, method: Method = "eap-ig-inputs", ig_steps: int 
             out[idx] = _mean_scores(contrast, site, m).mean(1) - base
         return out
     key, rows = _ig_masks(site, method, ig_steps)
-    m = rows.clone().requires_grad_(True)
-    with torch.enable_grad():
-        contrast.run({key: m}).mean(1).sum().backward()
-    return m.grad.mean(0).numpy().astype(float)
+    grads, _ = contrast.gradient({key: rows})
+    return grads[key].mean(0).cpu().numpy().astype(float)
 
 
 def semantics(contrast) -> str:

@@ -64,10 +64,8 @@ def feature_repair(case: Case, model, sae, *, top: int = 8, direction: Direction
         whole = contrast.run({node: torch.ones(1, 1)})[0]
         every = contrast.run({fs: torch.ones(1, F)})[0]
     frac = lambda s: (float(s.mean()) - base_mean) / gap
-    m = torch.zeros(1, F, requires_grad=True)
-    with torch.enable_grad():
-        contrast.run({fs: m}).mean().backward()
-    est = (m.grad[0] / gap).cpu()
+    grads, _ = contrast.gradient({fs: torch.zeros(1, F)})
+    est = (grads[fs][0] / gap).cpu()
     chosen = torch.argsort(est, descending=True)[:min(top, F)].tolist()
     with torch.no_grad():
         single = contrast.run({fs: torch.eye(F)[chosen]})

@@ -17,6 +17,10 @@ batch dimension. Further:
 - a patch that acts at or after layer L's head outputs starts from the cached ones (no attention at L);
 - patches that agree below their last patched layer share the work up to that layer's head outputs;
 - an answer row whose tokens another row of the same item reads is merged into it.
+
+Memory does not grow with the number of items: rows are held in buckets of at most `batch_size`, their caches
+are kept while they fit in `cache_bytes` (later buckets recompute theirs on each call), and `gradient`
+back-propagates each chunk of rows as soon as it is scored.
 """
 from __future__ import annotations
 
@@ -34,6 +38,16 @@ from surgeon.sites.nodes import Site, hook_layer, units_view
 from surgeon.sites.protocol import SiteKind, coerce
 from surgeon.spec.encoding import Row
 from surgeon.spec.encoding import align as align_rows
+
+CACHE_BYTES = 2 * 2**30  # activations a Contrast keeps between calls on CPU; buckets past it recompute theirs
+CACHE_FRACTION = 0.3  # on a GPU: this fraction of its free memory when the Contrast is built
+
+
+def default_cache_bytes(device: torch.device) -> int:
+    """How many bytes of cached activations a Contrast keeps by default on `device`."""
+    if device.type == "cuda":
+        return int(CACHE_FRACTION * torch.cuda.mem_get_info(device)[0])
+    return CACHE_BYTES
 
 
 @dataclass
@@ -70,6 +84,11 @@ class Bucket:
     @property
     def n(self) -> int:
         return self.base_tokens.shape[0]
+
+    def drop_caches(self) -> None:
+        """Forget every cached activation (they are recomputed on demand)."""
+        self.resid, self.kv, self.z, self.source_acts, self.base_acts = {}, {}, {}, {}, {}
+        self.site_cache, self.kv_rep, self.kv_copies = {}, {}, 0
 
 
 @dataclass
@@ -134,13 +153,14 @@ class Contrast:
     `run(masks)` returns each item's score (log P(correct) - log P(incorrect)) under each patch.
     `sites` and `start_layer` say up front what will be patched, so one forward pass per format
     fills every cache (they are filled lazily otherwise). `clean=False` skips the clean scores (and
-    the passes that compute them) where only `generate` is needed.
+    the passes that compute them) where only `generate` is needed. `cache_bytes` bounds the activations kept
+    between calls (default `default_cache_bytes`): buckets past it recompute theirs.
     """
 
     def __init__(self, model, base_rows: Sequence[Row], source_rows: Sequence[Row], align: str = "last",
                  *, batch_size: int = 256, base_name: str = "base", source_name: str = "source",
                  sites: Sequence[Site | str] = (), start_layer: int | None = None,
-                 shared_prefix: bool | None = None, clean: bool = True):
+                 shared_prefix: bool | None = None, clean: bool = True, cache_bytes: int | None = None):
         if len(base_rows) != len(source_rows) or not base_rows:
             raise AnalysisError("internal: base and source rows differ in number, or there are none")
         self.model = model
@@ -157,8 +177,10 @@ class Contrast:
         else:
             prefix = "copied per patch (asked for)"
         # which execution path each call took, and why a faster one was not taken (see `execution`)
-        self._log = {"prefix": prefix, "paths": Counter(), "why": Counter()}
+        self._log = {"prefix": prefix, "paths": Counter(), "why": Counter(), "recomputed": 0}
+        self._grad_leaves: list[Tensor] = []  # set while `gradient` runs: the masks whose .grad it accumulates
         self.device = next(model.parameters()).device
+        self.cache_bytes = default_cache_bytes(self.device) if cache_bytes is None else int(cache_bytes)
         self.n_items = max(r.item for r in base_rows) + 1
         self.align = align
         sites = [Site.coerce(x) for x in sites]
@@ -172,7 +194,10 @@ class Contrast:
             groups[min(pb)].append(i)
         self.buckets: list[Bucket] = []
         dev = self.device
-        for p0, ids in sorted(groups.items()):
+        # rows in buckets of at most batch_size, so a bucket's caches are those of one batch
+        chunks = [(p0, ids[lo: lo + self.batch_size]) for p0, ids in sorted(groups.items())
+                  for lo in range(0, len(ids), self.batch_size)]
+        for p0, ids in chunks:
             B, Sr = [base_rows[i] for i in ids], [source_rows[i] for i in ids]
             S = max(len(aligned[i][0]) for i in ids)
             ragged = any(len(aligned[i][0]) < S for i in ids)  # padded slots need a column of their own
@@ -206,6 +231,7 @@ class Contrast:
             for b in self.buckets:
                 base_scores.append(self._ensure_base(b, start_layer, sites, score=True)[None])
                 source_scores.append(self._ensure_source(b, sites, score=True)[None])
+                self._trim(b)
         self.clean_base = self._to_items(base_scores)[0]
         self.clean_source = self._to_items(source_scores)[0]
         check_scores(self.clean_base, base_name)
@@ -215,6 +241,15 @@ class Contrast:
         return _to_items(self.buckets, per_bucket, self.n_items)
 
     # ----------------------------------------------------------------- caches
+    def _trim(self, b: Bucket) -> None:
+        """After bucket `b` was used: drop its caches if all buckets' caches together pass `cache_bytes`.
+
+        Calls walk the buckets in order, so the first ones that fit stay cached and the later ones recompute
+        theirs (one unpatched forward per run) each time: memory stays bounded whatever the number of items."""
+        if sum(_nbytes(x) for x in self.buckets) > self.cache_bytes:
+            b.drop_caches()
+            self._log["recomputed"] += 1
+
     def _ensure_base(self, b: Bucket, start: int, sites: Sequence[Site], score: bool = False):
         """Cache what patches of layers >= start need from the base run; with `score`, return clean scores."""
         layers = [L for L in range(start, self.cfg.n_layers) if L not in b.resid]
@@ -312,6 +347,7 @@ class Contrast:
                 d = (b.source_acts[s].float() - b.base_acts[s].float()).norm(dim=-1)  # [n, S, U]
                 tot = tot + (d * b.slot_valid[..., None]).sum(dim=(0, 1))
                 cnt += float(b.slot_valid.sum())
+                self._trim(b)
             out[s] = tot / cnt
         return out
 
@@ -338,9 +374,11 @@ class Contrast:
         result and manifest): `prefix` says whether patches share the unpatched prefix; `paths` counts the
         runs by path (grouped: patches agreeing below their last layer share that work; split: patches
         grouped by the first layer they act at; plain: every patch from the first patched layer); `why`
-        counts the reasons a run was not grouped; `backoffs` is how often out-of-memory halved the batch."""
+        counts the reasons a run was not grouped; `backoffs` is how often out-of-memory halved the batch;
+        `caches_recomputed` how often a bucket's caches were dropped to stay within `cache_bytes`."""
         return {"prefix": self._log["prefix"], "paths": dict(self._log["paths"]), "why": dict(self._log["why"]),
-                "batch_size": self.batch_size, "backoffs": self.backoffs}
+                "batch_size": self.batch_size, "backoffs": self.backoffs, "buckets": len(self.buckets),
+                "cache_bytes": self.cache_bytes, "caches_recomputed": self._log["recomputed"]}
 
     def run(self, masks: Mapping[Site | str, Tensor], progress: bool | str = False, _start: int | None = None) -> Tensor:
         """Item scores [P, n_items] with each of P patches applied.
@@ -385,10 +423,45 @@ class Contrast:
         for b in self.buckets:
             self._ensure_base(b, start, nodes)
             self._ensure_source(b, nodes)
-            per_bucket.append(self._with_backoff(lambda: self._bucket_scores(b, start, masks, P, bar, groups)))
+            per_bucket.append(self._with_backoff(lambda: self._bucket_scores(b, start, masks, P, bar, groups),
+                                                 restart=self._restore_grads()))
+            self._trim(b)
         if bar is not None:
             bar.close()
         return self._to_items(per_bucket)
+
+    def gradient(self, masks: Mapping[Site | str, Tensor], progress: bool | str = False
+                 ) -> tuple[dict[SiteKind, Tensor], Tensor]:
+        """d/d(mask) of the sum over patches of the mean score over items, at the given masks; and the scores
+        [P, n_items]. Each chunk of rows is back-propagated as soon as it is scored, so memory holds one chunk's
+        graph, not every item's (what `run(masks).mean(1).sum().backward()` would keep)."""
+        leaves = {coerce(k): v.detach().clone().requires_grad_(True) for k, v in masks.items()}
+        self._grad_leaves = list(leaves.values())
+        try:
+            with torch.enable_grad():
+                scores = self.run(leaves, progress)
+        finally:
+            self._grad_leaves = []
+        return {s: (m.grad if m.grad is not None else torch.zeros_like(m)) for s, m in leaves.items()}, scores
+
+    def _backward_now(self, scores: Tensor) -> Tensor:
+        """Within `gradient`: back-propagate one chunk's share of the mean score and keep only the values."""
+        if not self._grad_leaves or not scores.requires_grad:
+            return scores
+        (scores.sum() / self.n_items).backward()
+        return scores.detach()
+
+    def _restore_grads(self):
+        """Within `gradient`: a function putting the masks' gradients back to what they are now (before a bucket
+        is retried after out-of-memory, so its rows are not counted twice)."""
+        if not self._grad_leaves:
+            return None
+        saved = [None if m.grad is None else m.grad.clone() for m in self._grad_leaves]
+
+        def restore():
+            for m, g in zip(self._grad_leaves, saved):
+                m.grad = g
+        return restore
 
     def _bucket_scores(self, b: Bucket, start: int, masks: Mapping[Site, Tensor], P: int, bar,
                        groups: "_Groups | None" = None) -> Tensor:
@@ -412,7 +485,7 @@ class Contrast:
                 if c not in kv:
                     kv = {c: prefix_attention.prefix_cache(self.model, sb.p0, start) if self.shared_prefix
                           else self._kv_cache(sb, start, c)}
-                outs.append(self._run_chunk(sb, start, sub, c, kv[c]))
+                outs.append(self._backward_now(self._run_chunk(sb, start, sub, c, kv[c])))
                 if bar is not None:
                     bar.update(c * sb.n)
             cols.append(torch.cat(outs))
@@ -484,9 +557,9 @@ class Contrast:
                       stop=last + 1, extra_hooks=[(name, keep) for name in names])
         return kept[names[0]], kept[names[1]]
 
-    def _with_backoff(self, fn):
+    def _with_backoff(self, fn, restart=None):
         """Run fn; on out-of-memory (a GPU's, or the CPU allocator's) halve the batch size and try again (down to
-        one row)."""
+        one row). `restart` is called before a retry (to undo what the failed attempt accumulated)."""
         while True:
             try:
                 return fn()
@@ -503,6 +576,8 @@ class Contrast:
                                         ) from None
                 self.batch_size = max(1, self.batch_size // 2)
                 self.backoffs += 1
+                if restart is not None:
+                    restart()
 
     def _mix_hooks(self, b: Bucket, masks: Mapping[SiteKind, Tensor], copies: int, offset: int, start: int = 0) -> list:
         """Every site's hooks for one chunk of `copies` patches (positions relative to `offset`, the first
@@ -559,6 +634,7 @@ class Contrast:
             if out is None:
                 out = torch.zeros(self.n_items, S, *x.shape[2:], dtype=x.dtype)
             out[b.items.cpu(), : x.shape[1]] = (x * b.slot_valid[:, :, None, None].to(x.dtype)).cpu()
+            self._trim(b)
         return out
 
     @torch.no_grad()
@@ -603,6 +679,7 @@ class Contrast:
                     valid = torch.zeros(self.n_items, S)
                 out[lo: lo + c, b.items.cpu(), : x.shape[2]] = x.cpu()
             valid[b.items.cpu(), : b.slot_valid.shape[1]] = b.slot_valid.cpu()
+            self._trim(b)
         return out, valid
 
     @torch.no_grad()
@@ -622,6 +699,7 @@ class Contrast:
                 hooks = self._mix_hooks(b, {s: m[lo: lo + c] for s, m in masks.items()}, c, offset=0)
                 gen = greedy(self.model, b.base_tokens.repeat(c, 1), lengths.repeat(c), n_new, hooks)
                 out[lo: lo + c, b.items.cpu()] = gen.view(c, b.n, n_new).cpu()
+            self._trim(b)
         return out
 
 
@@ -755,3 +833,17 @@ def _to_items(buckets: Sequence[Bucket], per_bucket: list[Tensor], n_items: int)
     for b, s in zip(buckets, per_bucket):
         out = out.index_add(1, b.items.to(out.device), s)
     return out
+
+
+def _nbytes(b: Bucket) -> int:
+    """Bytes held by a bucket's caches (tensors in its cache dicts, nested tuples and dicts included)."""
+    def size(x) -> int:
+        if isinstance(x, Tensor):
+            return x.numel() * x.element_size()
+        if isinstance(x, dict):
+            return sum(size(v) for v in x.values())
+        if isinstance(x, (tuple, list)):
+            return sum(size(v) for v in x)
+        return 0
+
+    return size([b.resid, b.kv, b.z, b.source_acts, b.base_acts, b.site_cache, b.kv_rep])

@@ -79,3 +79,99 @@ def test_cpu_out_of_memory_halves_the_batch_and_is_recorded(induction_model):
             c.run(masks)
     finally:
         handle.remove()
+
+
+# ---------------------------------------------------------------------------------------------- memory and items
+def _decimal_contrast(model, n_traps: int, **kw):
+    """qa -> plain on `n_traps` held-out trap pairs of the decimal organism (as many as asked: drawn afresh)."""
+    from surgeon import Item
+    from surgeon.analyses.common import format_rows
+    from surgeon.engine.contrast import Contrast
+    from surgeon.organisms import decimal as organism
+
+    case = load_case(f"{ROOT}/cases/decimal_organism.py")
+    items = [Item({"a": p.a, "b": p.b}, correct=f" {p.decimal_winner}",
+                  incorrect=f" {p.b if p.decimal_winner == p.a else p.a}", tag="trap")
+             for p in organism.pairs("trap", "test", n_traps, seed=1)]
+    b, s = (format_rows(case, model, f, items) for f in ("qa", "plain"))
+    return Contrast(model, b, s, case.align, **kw)
+
+
+def test_caches_past_the_budget_are_recomputed_and_give_the_same_numbers(decimal_model):
+    """Family 3: rows sit in buckets of at most batch_size; with no room for caches every bucket recomputes its
+    activations on each call, and every call (patches, edges, gradients, deltas, activations) returns what the
+    fully cached contrast returns."""
+    from surgeon.engine.contrast import _nbytes
+
+    kept = _decimal_contrast(decimal_model, 40, batch_size=16)
+    tight = _decimal_contrast(decimal_model, 40, batch_size=16, cache_bytes=0)
+    assert len(kept.buckets) >= 3 and all(b.n <= 16 for b in kept.buckets)
+    edges = EdgeSite.of(decimal_model.cfg)
+    z1 = Site.of("z", 1)
+    calls = [
+        lambda c: c.run({z1: torch.eye(8)[:5]}),
+        lambda c: c.run({edges: torch.eye(len(edges.edges))[[0, 7, len(edges.edges) - 1]]}),
+        lambda c: c.run({edges: (torch.rand(3, len(edges.edges), generator=torch.Generator().manual_seed(0)) > .5)
+                         .float()}),
+        lambda c: c.gradient({edges: torch.full((2, len(edges.edges)), 0.5)})[0][edges],
+        lambda c: c.deltas([z1])[z1],
+        lambda c: c.activations(z1, "base"),
+    ]
+    for call in calls:
+        torch.testing.assert_close(call(tight), call(kept), atol=2e-5, rtol=1e-5)
+        assert sum(_nbytes(b) for b in tight.buckets) == 0
+    assert tight.execution["caches_recomputed"] > 0 and kept.execution["caches_recomputed"] == 0
+    assert sum(_nbytes(b) for b in kept.buckets) > 0
+
+
+def test_gradient_back_propagates_each_chunk_like_one_backward_of_the_whole_run(decimal_model):
+    c = _decimal_contrast(decimal_model, 40, batch_size=16)
+    edges, z0 = EdgeSite.of(decimal_model.cfg), Site.of("z", 0)
+    for site, mask in ((edges, torch.linspace(0.1, 0.9, 3)[:, None].repeat(1, len(edges.edges))),
+                       (z0, torch.zeros(1, 8))):
+        m = mask.clone().requires_grad_(True)
+        with torch.enable_grad():
+            whole = c.run({site: m})
+            whole.mean(1).sum().backward()
+        grads, scores = c.gradient({site: mask})
+        torch.testing.assert_close(grads[site], m.grad, atol=1e-6, rtol=1e-5)
+        torch.testing.assert_close(scores, whole.detach())
+        assert mask.grad is None and not scores.requires_grad
+
+
+PEAK = """
+import resource, sys, torch
+from surgeon.models.loading import load_model
+from surgeon.analyses.circuit import edge_scores, faithfulness_curve, full_circuit
+from surgeon.sites.edges import EdgeSite
+from tests.engine.test_execution import _decimal_contrast
+torch.set_num_threads(1)
+model = load_model("organism:decimal")
+c = _decimal_contrast(model, int(sys.argv[1]), cache_bytes=16 * 2**20, batch_size=32)
+site = EdgeSite.of(model.cfg)
+scores = edge_scores(c, site, "eap-ig-masks", 5)
+faithfulness_curve(c, site, (-abs(torch.tensor(scores))).argsort().numpy(), full_circuit(c, site))
+print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024)
+"""
+
+
+@pytest.mark.slow
+def test_memory_does_not_grow_with_the_number_of_items():
+    """Family 3: EAP-IG's gradients and the faithfulness curve over 8x the items in fresh processes: peak memory
+    grows by at most 40 MB (before streaming, 1.2 MB per item: about 1 GB more here; 10,000 items passed 6 GB).
+    Caches are capped at 16 MB, rows sit in buckets of batch_size, and each chunk of rows is back-propagated as
+    soon as it is scored: the peak is set by the batch, not by the items."""
+    import os
+    import subprocess
+    import sys
+
+    def peak(n):
+        # large blocks from mmap, so the peak is what the tensors needed, not what glibc's heap kept after freeing
+        env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536"}
+        out = subprocess.run([sys.executable, "-c", PEAK, str(n)], cwd=ROOT, capture_output=True, text=True,
+                             check=True, env=env).stdout
+        return int(out.split()[-1])
+
+    small, large = peak(128), peak(1024)
+    print(f"peak memory: 128 items {small} MB, 1024 items {large} MB")
+    assert large - small < 40, (small, large)
