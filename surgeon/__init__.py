@@ -7,10 +7,31 @@ circuits (`surgeon.circuits`), subset searches (`surgeon.search`) and the analys
 plain functions over it; reports, figures and exports (`surgeon.report`, `surgeon.circuits.export`) and the
 command line (`surgeon.cli`) come last. Heavy libraries are imported lazily.
 """
+from surgeon import show as _show
 from surgeon.errors import AnalysisError, CaseError, ModelError, SurgeonError
 from surgeon.models.checks import load_case
 from surgeon.spec.case import Case, Chat, Item
 
+
+def _load_views() -> None:
+    """Register how every result shows itself (the report layer's views), the first time one is shown."""
+    from surgeon.report import views  # noqa: F401
+
+
+_show.install_loader(_load_views)
+
+API = ("diagnose", "patch", "attribute", "threshold", "blend", "circuit", "circuit_eval")
+
+
+def __getattr__(name: str):
+    """`surgeon.diagnose`, `surgeon.patch`, ...: the notebook API (`surgeon.api`), imported on first use so that
+    `import surgeon` stays light."""
+    if name in API:
+        from surgeon import api
+
+        return getattr(api, name)
+    raise AttributeError(f"module 'surgeon' has no attribute {name!r}")
+
 __version__ = "0.1.0"
 __all__ = ["Case", "Chat", "Item", "load_case", "SurgeonError", "CaseError", "ModelError", "AnalysisError",
-           "__version__"]
+           "__version__", *API]

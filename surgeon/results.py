@@ -31,10 +31,11 @@ def _versions() -> dict[str, str]:
 
 def manifest(command: str, case=None, *, seed: int | None = None, device: str | None = None,
              dtype: str | None = None, options: dict | None = None, model_info: dict | None = None,
-             execution: dict | None = None) -> dict:
+             execution: dict | None = None, argv: list[str] | None = None) -> dict:
+    """What made a result: the command (and its command line; from Python, `argv` is None and `api` says so)."""
     m: dict[str, Any] = {
         "command": command,
-        "argv": sys.argv,
+        "argv": sys.argv if argv is None else argv,
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "versions": _versions(),
         "seed": seed,

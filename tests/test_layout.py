@@ -12,7 +12,7 @@ ROOT = Path(_ROOT)
 PKG = ROOT / "surgeon"
 # lowest first; a module may import its own layer and those below it, never one above
 LAYERS = [
-    ("surgeon.errors", "surgeon.stats", "surgeon.results"),
+    ("surgeon.errors", "surgeon.stats", "surgeon.results", "surgeon.show"),
     ("surgeon.sites",),  # the vocabulary of sites (a case names components) and the protocol the engine calls
     ("surgeon.spec",),
     ("surgeon.models", "surgeon.organisms"),  # loading an organism knows no engine

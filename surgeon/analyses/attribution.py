@@ -14,10 +14,11 @@ import numpy as np
 from surgeon.analyses.common import Direction, layer_sites, make_contrast
 from surgeon.analyses.patching import patch_heads
 from surgeon.spec.case import Case
+from surgeon.show import Shows
 
 
 @dataclass(frozen=True)
-class AttributionResult:
+class AttributionResult(Shows):
     case: str
     component: str
     direction: str

@@ -10,10 +10,11 @@ from surgeon.errors import AnalysisError
 from surgeon.sites.nodes import Site, unit_label
 from surgeon.spec.case import Case
 from surgeon.stats import Estimate, bootstrap_mean, wilson_many
+from surgeon.show import Shows
 
 
 @dataclass(frozen=True)
-class BlendResult:
+class BlendResult(Shows):
     case: str
     component: str
     base: str

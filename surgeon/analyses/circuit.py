@@ -31,6 +31,7 @@ from surgeon.sites.ablations import FREEZE
 from surgeon.sites.edges import EdgeSite
 from surgeon.spec.case import Case
 from surgeon.stats import Estimate, bootstrap_mean, scaled
+from surgeon.show import Shows
 
 Method = Literal["eap", "eap-ig-inputs", "eap-ig-activations", "eap-ig-masks", "exact"]
 CURVE = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0)  # MIB's edge fractions
@@ -47,7 +48,7 @@ class PathResult:
 
 
 @dataclass
-class CircuitResult:
+class CircuitResult(Shows):
     case: str
     method: str
     ablation: str

@@ -10,6 +10,7 @@ from surgeon.analyses.generation import generate_format
 from surgeon.engine.contrast import score_rows
 from surgeon.spec.case import Case
 from surgeon.stats import Estimate, bootstrap_mean, wilson
+from surgeon.show import Shows
 
 
 @dataclass(frozen=True)
@@ -22,7 +23,7 @@ class FormatStats:
 
 
 @dataclass(frozen=True)
-class Diagnosis:
+class Diagnosis(Shows):
     case: str
     model: str
     good: str

@@ -8,10 +8,11 @@ import numpy as np
 from surgeon.analyses.common import Direction, layer_sites, make_contrast
 from surgeon.spec.case import Case
 from surgeon.stats import Estimate, bootstrap_fraction, bootstrap_mean, bootstrap_means, wilson, wilson_many
+from surgeon.show import Shows
 
 
 @dataclass(frozen=True)
-class PatchResult:
+class PatchResult(Shows):
     case: str
     component: str
     direction: str

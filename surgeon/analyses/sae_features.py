@@ -22,6 +22,7 @@ from surgeon.sites.features import sae_hook
 from surgeon.spec.case import Case
 from surgeon.spec.encoding import align, prompt_rows
 from surgeon.stats import Estimate, bootstrap_mean
+from surgeon.show import Shows
 
 POSITIONS = ("last", "aligned")
 METRICS = ("overlap", "jaccard", "weighted_jaccard")
@@ -118,7 +119,7 @@ def _per_item(x: np.ndarray, item: Tensor, n: int) -> np.ndarray:
 
 # ----------------------------------------------------------------------------- overlap
 @dataclass(frozen=True)
-class OverlapResult:
+class OverlapResult(Shows):
     case: str
     good: str
     bad: tuple[str, ...]
@@ -173,7 +174,7 @@ class FeatureRatio:
 
 
 @dataclass(frozen=True)
-class AmplifiedResult:
+class AmplifiedResult(Shows):
     case: str
     good: str
     bad: str

@@ -25,10 +25,11 @@ from surgeon.sites.nodes import Site, hook_layer
 from surgeon.spec.case import Case
 from surgeon.spec.encoding import prompt_rows
 from surgeon.stats import bootstrap_means
+from surgeon.show import Shows
 
 
 @dataclass(frozen=True)
-class HeadFeatureResult:
+class HeadFeatureResult(Shows):
     case: str
     good: str
     bad: str

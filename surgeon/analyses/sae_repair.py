@@ -20,10 +20,11 @@ from surgeon.search.subsets import ThresholdResult, Unit, aggregate, chunk_score
 from surgeon.sites.features import FeatureSite
 from surgeon.sites.nodes import Site
 from surgeon.spec.case import Case
+from surgeon.show import Shows
 
 
 @dataclass(frozen=True)
-class FeatureRepairResult:
+class FeatureRepairResult(Shows):
     case: str
     base: str
     source: str

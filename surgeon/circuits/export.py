@@ -189,11 +189,15 @@ def _figure(g: nx.DiGraph, title: str = ""):
     return fig
 
 
-def figure(g: nx.DiGraph, path: Path, title: str = "") -> None:
-    """The circuit drawn by matplotlib (PNG, SVG or PDF from the suffix): no Graphviz needed."""
+def figure(g: nx.DiGraph, path: Path | None, title: str = ""):
+    """The circuit drawn by matplotlib (PNG, SVG or PDF from the suffix; no path: the Figure only): no Graphviz
+    needed. Returns the (closed) Figure."""
     import matplotlib.pyplot as plt
 
     fig = _figure(g, title)
+    if path is None:  # a notebook: the figure only
+        plt.close(fig)
+        return fig
     fmt = Path(path).suffix[1:]
     meta = {"svg": {"Date": None}, "pdf": {"CreationDate": None, "ModDate": None}}.get(fmt, {})
     import matplotlib
@@ -201,6 +205,7 @@ def figure(g: nx.DiGraph, path: Path, title: str = "") -> None:
     with matplotlib.rc_context({"svg.hashsalt": "surgeon"}):  # no dates, fixed ids: same circuit, same file
         fig.savefig(path, dpi=150, format=fmt, metadata=meta)
     plt.close(fig)
+    return fig
 
 
 png = figure

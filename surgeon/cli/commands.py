@@ -164,37 +164,29 @@ def build_parser() -> argparse.ArgumentParser:
 def cmd_diagnose(args) -> int:
     case, model, device = load_case_and_model(args)
     from surgeon.analyses import diagnose
-    from surgeon.report import figures
-    from surgeon.report import text as report
 
     d = diagnose(case, model, batch_size=args.batch_size, generate=args.generate, progress=True)
-    return print_report(args, "diagnose", d, case, device, report.diagnosis_text(d, case),
-                   {"accuracy.png": figures.diagnosis_figure}, {"items.csv": report.diagnosis_rows(d)})
+    return print_report(args, d, case, device)
 
 
 def cmd_patch(args) -> int:
     case, model, device = load_case_and_model(args)
     from surgeon.analyses import patch_heads
-    from surgeon.report import figures
-    from surgeon.report import text as report
 
     layers = layers_of(args, case)
     r = patch_heads(case, model, layers=layers, component=args.component, direction=args.direction, bad=args.bad,
                     tag=args.tag, batch_size=args.batch_size, progress=True)
-    return print_report(args, "patch", r, case, device, report.patch_text(r), {"heatmap.png": figures.patch_heatmap})
+    return print_report(args, r, case, device)
 
 
 def cmd_attribute(args) -> int:
     case, model, device = load_case_and_model(args)
     from surgeon.analyses import attribute
-    from surgeon.report import figures
-    from surgeon.report import text as report
 
     layers = layers_of(args, case)
     r = attribute(case, model, layers=layers, component=args.component, direction=args.direction, bad=args.bad,
                   tag=args.tag, batch_size=args.batch_size, compare=args.compare)
-    return print_report(args, "attribute", r, case, device, report.attribution_text(r),
-                   {"attribution.png": figures.attribution_heatmap})
+    return print_report(args, r, case, device)
 
 
 def _int_list(text: str | None, field: str):
@@ -271,12 +263,10 @@ def cmd_merge(args) -> int:
 def cmd_blend(args) -> int:
     case, model, device = load_case_and_model(args)
     from surgeon.analyses.blend import blend
-    from surgeon.report import figures
-    from surgeon.report import text as report
 
     r = blend(case, model, layer=args.layer, heads=_int_list(args.heads, "--heads"), component=args.component,
               step=args.step, bad=args.bad, tag=args.tag, batch_size=args.batch_size)
-    return print_report(args, "blend", r, case, device, report.blend_text(r), {"blend.png": figures.blend_figure})
+    return print_report(args, r, case, device)
 
 
 def cmd_organisms(args) -> int:
@@ -330,19 +320,16 @@ def cmd_organisms(args) -> int:
 
 
 def cmd_circuit(args) -> int:
-    from surgeon.circuits.export import check_targets, circuit_figure
+    from surgeon.circuits.export import check_targets
 
     check_targets(args.export)  # refuse before loading anything
     case, model, device = load_case_and_model(args)
     from surgeon.analyses.circuit import discover
-    from surgeon.report import figures
-    from surgeon.report import text as report
 
     r = discover(case, model, method=args.method, ablation=args.ablation, direction=args.direction, bad=args.bad,
                  tag=args.tag, target=None if args.edges else args.faithfulness, n_edges=args.edges,
                  n_paths=args.paths, ig_steps=args.ig_steps, verify=args.verify, batch_size=args.batch_size)
-    code = print_report(args, "circuit", r, case, device, report.circuit_text(r),
-                   {"faithfulness.png": figures.faithfulness_figure, "circuit.png": circuit_figure})
+    code = print_report(args, r, case, device)
     if args.export:
         r.export(*args.export)
         print("exported " + ", ".join(str(f) for f in args.export))

@@ -123,14 +123,18 @@ def load_case_and_model(args, check=None, out=None):
     return case, model, device
 
 
-def print_report(args, kind: str, result, case, device, text: str, figures: dict, tables: dict | None = None) -> int:
-    """Print a command's report; with --out, save results, manifest, figures and tables and say so."""
+def print_report(args, result, case, device, text: str | None = None) -> int:
+    """Print a result's report (its view's, or `text`); with --out, save what `result.save` saves (results,
+    manifest, figures, tables) with the command line's options, and say so."""
     from surgeon.report import text as report
+    from surgeon.show import view_of
 
-    print(text)
+    v = view_of(result)
+    print(v.text(result) if text is None else text)
     if args.out:
-        report.save(args.out, kind, result, case, args, device, figures=figures, tables=tables)
-        print(f"\nwrote {args.out}/" + ", ".join(["results.json", "manifest.json", *figures, *(tables or {})]))
+        report.save(args.out, v.command, result, case, args, device, figures=v.figures,
+                    tables={n: rows(result) for n, rows in v.tables.items()})
+        print(f"\nwrote {args.out}/" + ", ".join(["results.json", "manifest.json", *v.figures, *v.tables]))
     return 0
 
 

@@ -117,7 +117,6 @@ def run(args) -> int:
     case, model, device = load_case_and_model(args, check=sae_first)
     if args.action == "train":
         return _train(args, case, model, device, print_report)
-    from surgeon.report import figures
     from surgeon.report import text as report
     from surgeon.sae.load import load_sae
 
@@ -135,12 +134,16 @@ def run(args) -> int:
             hooks = {L: sae_hook(s) for L, s in saes.items()}
             acts = collect_activations(case, model, sorted(set(hooks.values())))
             qs = [measure(case, model, saes[L], L, hooks[L], acts[hooks[L]], where[L], args.batch_size) for L in layers]
-            return print_report(args, "sae-quality", qs, case, device, quality_text(qs), {})
+            print(quality_text(qs))
+            if args.out:
+                report.save(args.out, "sae-quality", qs, case, args, device)
+                print(f"\nwrote {args.out}/results.json, manifest.json")
+            return 0
         from surgeon.analyses.sae_features import overlap
 
         r = overlap(case, model, saes, k=args.top_k, position=args.position, bad=args.bad, tag=args.tag or "all",
                     sources=where)
-        return print_report(args, "sae-overlap", r, case, device, report.overlap_text(r), {"overlap.png": figures.overlap_figure})
+        return print_report(args, r, case, device)
     L = args.layer if args.action != "heads" else args.sae_layer
     if not 0 <= L < model.cfg.n_layers:
         raise SurgeonError(f"layer {L} is out of range (the model has layers 0..{model.cfg.n_layers - 1})",
@@ -160,20 +163,19 @@ def run(args) -> int:
         r = amplified(case, model, sae, L, bad=args.bad, position=args.position, tag=args.tag or "all",
                       min_items=args.min_items, top=args.top, labels=labels, neuronpedia=source.neuronpedia(L),
                       source=source.describe(L))
-        return print_report(args, "sae-amplified", r, case, device, report.amplified_text(r, args.top), {})
+        return print_report(args, r, case, device, report.amplified_text(r, args.top))
     if args.action == "heads":
         from surgeon.analyses.sae_heads import head_feature_effects
 
         groups = [g for g in args.groups.split(",") if g.strip()]
         r = head_feature_effects(case, model, sae, layer=args.layer, groups=groups, bad=args.bad, tag=args.tag,
                                  top=args.top, batch_size=args.batch_size, source=source.describe(L))
-        return print_report(args, "sae-heads", r, case, device, report.head_feature_text(r),
-                       {"heads_features.png": figures.head_feature_heatmap})
+        return print_report(args, r, case, device)
     from surgeon.analyses.sae_repair import feature_repair
 
     r = feature_repair(case, model, sae, top=args.top, direction=args.direction, bad=args.bad, tag=args.tag,
                        budget=args.budget, item_rate=args.item_rate, batch_size=args.batch_size, source=source.describe(L), progress=True)
-    return print_report(args, "sae-repair", r, case, device, report.feature_repair_text(r), {})
+    return print_report(args, r, case, device)
 
 
 def _train(args, case, model, device, report_fn) -> int:

@@ -1,7 +1,7 @@
 """Figures, drawn only from numbers the analyses computed (matplotlib, headless).
 
-Each function draws one result into `path` and returns the (closed) matplotlib Figure, so a notebook or a test
-can look at what was drawn."""
+Each function draws one result into `path` (None: no file) and returns the (closed) matplotlib Figure, so a
+notebook or a test can look at what was drawn."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -18,11 +18,13 @@ def _plt():
     return plt
 
 
-def _save(fig, path: Path):
+def _save(fig, path: Path | None):
+    """Lay out, write to `path` (none: only return it, for a notebook) and close the figure."""
     import matplotlib.pyplot as plt
 
     fig.tight_layout()
-    fig.savefig(path, dpi=150)
+    if path is not None:
+        fig.savefig(path, dpi=150)
     plt.close(fig)
     return fig
 

@@ -35,11 +35,11 @@ def _no_gap(base, source) -> str | None:
             f"(check the case's templates and --bad)?")
 
 
-def diagnosis_text(d, case) -> str:
+def diagnosis_text(d, case=None) -> str:
     tags = {}
-    for it in case.items:
-        tags[it.tag or "(untagged)"] = tags.get(it.tag or "(untagged)", 0) + 1
-    lines = [f"case {d.case} · model {d.model} · {len(case.items)} items ("
+    for it in d.per_item:
+        tags[it["tag"] or "(untagged)"] = tags.get(it["tag"] or "(untagged)", 0) + 1
+    lines = [f"case {d.case} · model {d.model} · {len(d.per_item)} items ("
              + ", ".join(f"{k} {v}" for k, v in sorted(tags.items())) + ")",
              "score = log P(correct) - log P(incorrect), summed over answer tokens; accuracy = score > 0",
              "",
@@ -132,17 +132,26 @@ def model_info(case) -> dict | None:
 
 def save(out: Path, command: str, result, case, args, device: str | None, figures: dict | None = None,
          tables: dict | None = None) -> None:
-    """results.json + manifest.json + figures (name -> draw(result, path)) + CSV tables, all or nothing."""
-    import csv
-
+    """A command's results in `out` (see `save_result`), its options taken from the parsed command line."""
     opts = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()
             if k not in ("debug", "out", "case")}
+    save_result(out, command, result, case, options=opts, device=device, figures=figures, tables=tables)
+
+
+def save_result(out: Path, command: str, result, case, *, options: dict, device: str | None,
+                figures: dict | None = None, tables: dict | None = None, api: str | None = None) -> None:
+    """results.json + manifest.json + figures (name -> draw(result, path)) + CSV tables, all or nothing.
+    `api`: the Python call that made the result (the manifest then holds no command line)."""
+    import csv
+
     with staging(out) as tmp:
         write_json(tmp / "results.json", {"command": command, "result": result})
-        write_json(tmp / "manifest.json", manifest(command, case, seed=getattr(args, "seed", None), device=device,
-                                                   dtype=getattr(args, "dtype", None), options=opts,
-                                                   model_info=model_info(case),
-                                                   execution=getattr(result, "execution", None)))
+        m = manifest(command, case, seed=options.get("seed"), device=device, dtype=options.get("dtype"),
+                     options=options, model_info=model_info(case), execution=getattr(result, "execution", None),
+                     argv=[] if api else None)
+        if api:
+            m["api"] = api
+        write_json(tmp / "manifest.json", m)
         for name, draw in (figures or {}).items():
             draw(result, tmp / name)
         for name, rows in (tables or {}).items():

@@ -28,6 +28,7 @@ from surgeon.errors import AnalysisError
 from surgeon.search.store import ChunkStore, read_plan
 from surgeon.sites.nodes import Site
 from surgeon.stats import wilson
+from surgeon.show import Shows
 
 
 # ----------------------------------------------------------------------------- candidates and groups
@@ -299,7 +300,7 @@ class Threshold:
 
 
 @dataclass
-class ThresholdResult:
+class ThresholdResult(Shows):
     case: str
     component: str
     base: str

@@ -1,0 +1,28 @@
+"""How each analysis result shows itself (`surgeon.show`): the report the CLI prints, the figures and tables it
+writes with `--out`, under the command's name. The CLI prints and saves through these same views, so
+`print(r)` and `r.save(dir)` in a notebook are what the command line gives."""
+from __future__ import annotations
+
+from surgeon.circuits.export import circuit_figure
+from surgeon.report import figures
+from surgeon.report import text
+from surgeon.show import View, register
+
+VIEWS = {
+    "Diagnosis": View("diagnose", text.diagnosis_text, {"accuracy.png": figures.diagnosis_figure},
+                      {"items.csv": text.diagnosis_rows}),
+    "PatchResult": View("patch", text.patch_text, {"heatmap.png": figures.patch_heatmap}),
+    "AttributionResult": View("attribute", text.attribution_text, {"attribution.png": figures.attribution_heatmap}),
+    "ThresholdResult": View("threshold", text.threshold_text, {"threshold.png": figures.threshold_figure}),
+    "BlendResult": View("blend", text.blend_text, {"blend.png": figures.blend_figure}),
+    "CircuitResult": View("circuit", text.circuit_text, {"faithfulness.png": figures.faithfulness_figure,
+                                                        "circuit.png": circuit_figure}),
+    "OverlapResult": View("sae-overlap", text.overlap_text, {"overlap.png": figures.overlap_figure}),
+    "AmplifiedResult": View("sae-amplified", text.amplified_text),
+    "HeadFeatureResult": View("sae-heads", text.head_feature_text, {"heads_features.png": figures.head_feature_heatmap}),
+    "FeatureRepairResult": View("sae-repair", text.feature_repair_text),
+}
+
+for _name, _view in VIEWS.items():
+    _view.save = text.save_result
+    register(_name, _view)

@@ -1,0 +1,87 @@
+"""Results that show themselves: `print(r)` is the report the CLI prints, `r._repr_html_()` its tables and
+figures in Jupyter, `r.figure()` a matplotlib Figure, `r.save(dir)` what the CLI writes with `--out`.
+
+Results are plain dataclasses of the analyses; how each is shown is a `View` registered by the report layer
+(`surgeon.report.views`), so nothing here or in the analyses imports the layers above them. The package root
+installs the loader that registers the views the first time one is needed (sae-lens's registry is the model).
+"""
+from __future__ import annotations
+
+import html
+import io
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+VIEWS: dict[str, "View"] = {}  # result class name -> how it is shown
+_loader: list[Callable[[], None]] = []  # installed by the package root: imports the report layer's views
+
+
+@dataclass
+class View:
+    """How one kind of result is shown and saved."""
+
+    command: str  # the CLI command that writes it (results.json's "command", the manifest's)
+    text: Callable  # result -> the printed report
+    figures: dict[str, Callable] = field(default_factory=dict)  # file name -> draw(result, path or None) -> Figure
+    tables: dict[str, Callable] = field(default_factory=dict)  # file name -> rows(result) (CSV)
+    save: Callable | None = None  # save(out, command, result, case, options=, device=, figures=, tables=, api=)
+
+
+def register(cls_name: str, view: View) -> None:
+    VIEWS[cls_name] = view
+
+
+def install_loader(load: Callable[[], None]) -> None:
+    _loader[:] = [load]
+
+
+def view_of(result) -> View:
+    name = type(result).__name__
+    if name not in VIEWS:
+        for load in _loader:
+            load()
+    if name not in VIEWS:
+        raise TypeError(f"no view is registered for {name}")
+    return VIEWS[name]
+
+
+def _svg(fig) -> str:
+    buf = io.StringIO()
+    fig.savefig(buf, format="svg", bbox_inches="tight")
+    text = buf.getvalue()
+    return text[text.find("<svg"):]  # drop the XML prolog and doctype: inline SVG in HTML
+
+
+class Shows:
+    """Mixed into every analysis result (dataclasses): printing, Jupyter display, figures and saving."""
+
+    def __str__(self) -> str:
+        return view_of(self).text(self)
+
+    def figure(self, name: str | None = None):
+        """The result's figure (the first, or the one whose file name is `name`) as a matplotlib Figure."""
+        figs = view_of(self).figures
+        if not figs:
+            raise ValueError(f"{type(self).__name__} has no figure")
+        if name is not None and name not in figs:
+            raise ValueError(f"no figure {name!r}; this result draws: {', '.join(figs)}")
+        return figs[name or next(iter(figs))](self, None)
+
+    def _repr_html_(self) -> str:
+        v = view_of(self)
+        parts = [f"<pre>{html.escape(v.text(self))}</pre>"]
+        for draw in v.figures.values():
+            parts.append(f"<div>{_svg(draw(self, None))}</div>")
+        return "\n".join(parts)
+
+    def save(self, out, case=None, *, device: str | None = None) -> Path:
+        """Write what `surgeon COMMAND --out DIR` writes: results.json, manifest.json (with the case and its
+        model's facts when `case` is given), the figures and the tables; all or nothing (staged, then moved into
+        place). The manifest records the options the result was computed with and that it came from Python."""
+        v = view_of(self)
+        out = Path(out)
+        options = dict(getattr(self, "options", None) or {})
+        v.save(out, v.command, self, case, options=options, device=device, figures=v.figures,
+               tables={n: rows(self) for n, rows in v.tables.items()}, api=f"{type(self).__name__}.save")
+        return out

@@ -1,0 +1,128 @@
+"""The notebook's surgeon (`surgeon.diagnose`, `surgeon.patch`, ...): the CLI's names and defaults, results that
+print as the CLI's report, render in Jupyter, draw their figure and save what `--out` writes; a model held in
+memory gives what the same model loaded by name gives; the README's Python example runs."""
+import argparse
+import html
+import inspect
+import json
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import surgeon
+from surgeon.cli import build_parser, main
+from surgeon.show import view_of
+from tests.conftest import ROOT
+
+THRESHOLD = f"{ROOT}/cases/threshold_organism.py"
+
+
+def _subparsers(parser) -> dict:
+    act = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    return act.choices
+
+
+COMMANDS = {"diagnose": "diagnose", "patch": "patch", "attribute": "attribute", "threshold": "threshold",
+            "blend": "blend", "circuit": "circuit", "circuit_eval": "circuit-eval"}
+# options whose command-line form is text the command parses into the value the function takes
+CLI_ONLY = {"n_devices", "threads", "export", "resume", "shard", "ray", "ray_workers", "groups_file", "seed", "model"}
+PARSED = {"groups": lambda v: tuple(g.strip() for g in v.split(",")), "layers": lambda v: v, "heads": lambda v: v}
+
+
+@pytest.mark.parametrize("name", sorted(COMMANDS))
+def test_the_api_has_the_commands_names_and_defaults(name):
+    fn = getattr(surgeon, name)
+    sub = _subparsers(build_parser())[COMMANDS[name]]
+    cli = {a.dest: a.default for a in sub._actions if a.dest not in ("help", "debug", "out", "case", "graph")}
+    params = inspect.signature(fn).parameters
+    shared = set(cli) & set(params)
+    assert shared, name
+    for opt in sorted(shared):
+        default = params[opt].default
+        if default is inspect.Parameter.empty:  # required in both
+            assert cli[opt] is None or sub._option_string_actions.get(f"--{opt}").required, opt
+            continue
+        want = PARSED.get(opt, lambda v: v)(cli[opt]) if isinstance(cli[opt], str) else cli[opt]
+        assert (default if not isinstance(default, list) else tuple(default)) == want, (name, opt, default, want)
+    # every option of the analysis is a parameter; only the command line's own mechanics are not
+    assert set(cli) - set(params) <= CLI_ONLY, (name, set(cli) - set(params) - CLI_ONLY)
+
+
+def _cli_text(capsys, argv) -> str:
+    capsys.readouterr()
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    return out.split("\nwrote ")[0].rstrip("\n")
+
+
+@pytest.fixture(scope="module")
+def results(threshold_model):
+    return {
+        "diagnose": (surgeon.diagnose(THRESHOLD), ["diagnose", THRESHOLD]),
+        "patch": (surgeon.patch(THRESHOLD, threshold_model), ["patch", THRESHOLD]),
+        "attribute": (surgeon.attribute(THRESHOLD, threshold_model), ["attribute", THRESHOLD]),
+        "blend": (surgeon.blend("threshold_organism", threshold_model, layer=0, heads=[0, 2, 4]),
+                  ["blend", THRESHOLD, "--layer", "0", "--heads", "0,2,4"]),
+    }
+
+
+@pytest.mark.parametrize("name", ["diagnose", "patch", "attribute", "blend"])
+def test_results_print_render_draw_and_save_what_the_cli_does(results, name, tmp_path, capsys):
+    r, argv = results[name]
+    cli_out = tmp_path / "cli"
+    assert str(r) == _cli_text(capsys, [*argv, "--out", str(cli_out)])  # print(r) is the command's report
+    page = r._repr_html_()  # Jupyter: the report, then each figure as inline SVG
+    assert page.startswith("<pre>") and html.unescape(page.split("</pre>")[0][len("<pre>"):]) == str(r)
+    assert page.count("<svg") == len(view_of(r).figures) >= 1
+    fig = r.figure()
+    assert fig.axes and any(ax.has_data() for ax in fig.axes)
+    saved = r.save(tmp_path / "api")
+    assert sorted(p.name for p in saved.iterdir()) == sorted(p.name for p in cli_out.iterdir())
+    api_res = json.loads((saved / "results.json").read_text())
+    cli_res = json.loads((cli_out / "results.json").read_text())
+    assert api_res["command"] == cli_res["command"]
+    drop = lambda d: {k: v for k, v in d.items() if k != "execution"}  # noqa: E731
+    assert drop(api_res["result"]) == drop(cli_res["result"])
+    man = json.loads((saved / "manifest.json").read_text())
+    assert man["argv"] == [] and man["api"].endswith(".save") and man["command"] == cli_res["command"]
+
+
+def test_a_result_saved_with_its_case_records_the_model(results, tmp_path):
+    r, _ = results["patch"]
+    man = json.loads((r.save(tmp_path / "p", surgeon.load_case(THRESHOLD)) / "manifest.json").read_text())
+    assert man["case"]["name"] == "threshold_organism" and man["model"]["n_heads"] == 32
+
+
+def test_a_model_in_memory_gives_what_the_model_loaded_by_name_gives(results, threshold_model):
+    by_name = surgeon.patch(THRESHOLD)
+    np.testing.assert_allclose(results["patch"][0].fraction, by_name.fraction, atol=1e-6)
+    threshold_model.cfg.n_heads  # noqa: B018 - the same object the fixture holds, not a copy
+    assert surgeon.api.case_and_model(THRESHOLD, threshold_model)[1] is threshold_model
+
+
+def test_circuits_export_from_python(induction_model, tmp_path):
+    r = surgeon.circuit("induction_organism", induction_model, method="eap", paths=0, verify=5)
+    assert "circuit" in str(r) and "<svg" in r._repr_html_()
+    r.export(tmp_path / "c.mib.json", tmp_path / "c.svg")
+    assert json.loads((tmp_path / "c.mib.json").read_text())["edges"]
+    ev = surgeon.circuit_eval("induction_organism", tmp_path / "c.mib.json", induction_model)
+    assert ev["faithfulness"] == pytest.approx(r.circuit_faithfulness, abs=1e-6)
+
+
+def test_bad_input_is_refused_by_the_api_as_by_the_cli():
+    with pytest.raises(surgeon.AnalysisError, match="--ig-steps"):
+        surgeon.circuit("induction_organism", method="eap-ig-masks", ig_steps=0)
+    with pytest.raises(surgeon.SurgeonError):
+        surgeon.diagnose(Path(ROOT) / "cases" / "no_such_case.py")
+
+
+def test_the_readme_python_example_runs(tmp_path, monkeypatch):
+    text = (Path(ROOT) / "README.md").read_text()
+    block = re.search(r"<!-- python example -->\n```python\n(.*?)```", text, re.S)
+    assert block, "the README's Python example is marked <!-- python example -->"
+    monkeypatch.chdir(tmp_path)
+    scope: dict = {}
+    exec(compile(block.group(1), "README.md", "exec"), scope)  # noqa: S102 - the README's own example
+    assert (tmp_path / "out" / "patch" / "results.json").exists()
