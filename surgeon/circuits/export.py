@@ -351,6 +351,9 @@ def write(g: nx.DiGraph, path: Path, cfg, title: str = "", semantics: str | None
         raise
 
 
+MAX_SCORE = 1e30  # no effect on a log-probability score comes near this: a larger one is a corrupt file
+
+
 def read_circuit(path: Path) -> dict:
     """A circuit file as {"edges": {name: in_graph}, "semantics": str | None, "cfg": dict | None}: any of our
     JSON exports, the results.json of `surgeon circuit --out`, or an EAP-IG / MIB circuit JSON."""
@@ -380,6 +383,9 @@ def read_circuit(path: Path) -> dict:
             if not isinstance(score, (int, float)) or isinstance(score, bool) or not math.isfinite(score):
                 raise AnalysisError(f"edge {str(n)[:60]!r} has score {score!r}, not a finite number", field="edges",
                                     **bad)
+            if abs(score) > MAX_SCORE:
+                raise AnalysisError(f"edge {str(n)[:60]!r} has score {score!r}: an edge's effect is a difference of "
+                                    f"log-probabilities, never past {MAX_SCORE:g}", field="edges", **bad)
             out[n] = d["in_graph"]
         cfg = data.get("cfg") if isinstance(data.get("cfg"), dict) else None
         return {"edges": out, "semantics": data.get("semantics", "chain"), "cfg": cfg}

@@ -146,6 +146,7 @@ def test_circuit_files_are_checked_against_the_model(decimal_model, tmp_path):
                         ('{"result": {"edge_names": ["x"], "circuit": [5]}}', "indices"),
                         ('{"cfg": {}, "nodes": {}, "edges": {"a": {"score": 1}}}', "in_graph"),
                         ('{"cfg": {}, "nodes": {}, "edges": {"a": {"score": NaN, "in_graph": true}}}', "finite"),
+                        ('{"cfg": {}, "nodes": {}, "edges": {"a": {"score": 1e308, "in_graph": true}}}', "never past"),
                         ("[" * 100000 + "]" * 100000, "cannot read")]:
         p = tmp_path / "junk.json"
         p.write_text(text)
