@@ -27,7 +27,7 @@ from surgeon.analyses.circuit import (
 from surgeon.analyses.diagnose import diagnose as diagnose_case
 from surgeon.analyses.patching import patch_heads
 from surgeon.circuits.export import read_circuit
-from surgeon.circuits.methods import IG_STEPS
+from surgeon.circuits.methods import ATTRIBUTION_IG_STEPS, IG_STEPS
 from surgeon.cli.common import device_of, shipped_case
 from surgeon.models.checks import load_case
 from surgeon.models.loading import load_model
@@ -78,12 +78,14 @@ def patch(case, model=None, *, layers: Sequence[int] | None = None, component: s
 
 def attribute(case, model=None, *, layers: Sequence[int] | None = None, component: str = "z",
               direction: str = "denoise", bad: str | None = None, tag: str | None = None, batch_size: int = 256,
-              compare: bool = False, device: str | None = None, dtype: str = "float32"):
+              compare: bool = False, method: str = "gradient", ig_steps: int = ATTRIBUTION_IG_STEPS,
+              device: str | None = None, dtype: str = "float32"):
     """Gradient attribution over the units' masks, optionally against exact patching (`surgeon attribute`)."""
 
     case, model = case_and_model(case, model, device=device, dtype=dtype)
     return attribute_units(case, model, layers=_layers(case, layers), component=component, direction=direction,
-                                 bad=bad, tag=tag, batch_size=batch_size, compare=compare)
+                                 bad=bad, tag=tag, batch_size=batch_size, compare=compare, method=method,
+                                 ig_steps=ig_steps)
 
 
 def threshold(case, model=None, *, layer: int | None = None, heads: str | None = None,

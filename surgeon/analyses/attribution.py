@@ -4,6 +4,10 @@ The same masks as per-unit patching, held at 0 with `requires_grad`: d(mean scor
 first-order estimate of what patching each unit alone would do (as in attribution patching / EAP).
 All layers go through the core in one batch, so one forward and one backward cover every unit.
 `compare=True` also runs the exact per-unit patching and reports how well the estimate ranks it.
+
+Methods (`ATTRIBUTION_METHODS`): `gradient` (the derivative at mask 0, one backward pass) and `ig` (integrated
+gradients over the masks of every unit together, from 0 to 1, midpoint rule with `ig_steps` points: the
+estimates then sum to the effect of patching every unit at once, and a saturated unit is not missed).
 """
 from __future__ import annotations
 
@@ -13,8 +17,11 @@ import numpy as np
 
 from surgeon.analyses.common import Direction, layer_sites, make_contrast
 from surgeon.analyses.patching import patch_heads
-from surgeon.spec.case import Case
+from surgeon.circuits.methods import ATTRIBUTION_IG_STEPS as IG_STEPS
+from surgeon.circuits.methods import ATTRIBUTION_METHODS, MAX_IG_STEPS
+from surgeon.errors import AnalysisError
 from surgeon.show import Shows
+from surgeon.spec.case import Case
 
 
 @dataclass(frozen=True)
@@ -29,13 +36,15 @@ class AttributionResult(Shows):
     n_units: int
     n_items: int
     gap: float  # mean score of the source run - mean score of the base run (what a full patch moves)
-    gradient: np.ndarray  # [layer, unit] d(mean score) / d(mask) at mask = 0
+    gradient: np.ndarray  # [layer, unit] d(mean score) / d(mask) at mask = 0 (ig: averaged along the path)
     estimate: np.ndarray  # [layer, unit] the gradient as a fraction of the gap (source - base): estimated repair
     exact: np.ndarray | None  # [layer, unit] exact repair fraction of patching the unit alone (compare=True)
     pearson: float | None  # correlation of estimate and exact
     spearman: float | None  # rank correlation of estimate and exact
     # which execution path the engine took, and why (`Contrast.execution`)
     execution: dict = field(default_factory=dict)
+    method: str = "gradient"
+    ig_steps: int | None = None
 
 
 def _ranks(x: np.ndarray) -> np.ndarray:
@@ -46,16 +55,23 @@ def _ranks(x: np.ndarray) -> np.ndarray:
 
 def attribute(case: Case, model, *, layers=None, component: str = "z", direction: Direction = "denoise",
               bad: str | None = None, tag: str | None = None, batch_size: int = 256,
-              compare: bool = False) -> AttributionResult:
+              compare: bool = False, method: str = "gradient", ig_steps: int = IG_STEPS) -> AttributionResult:
     import torch
 
-
+    if method not in ATTRIBUTION_METHODS:
+        raise AnalysisError(f"unknown attribution method {method!r}", field="--method",
+                            fix=f"use one of: {', '.join(ATTRIBUTION_METHODS)}")
+    if method == "ig" and not 1 <= ig_steps <= MAX_IG_STEPS:
+        raise AnalysisError(f"--ig-steps {ig_steps} is not between 1 and {MAX_IG_STEPS}", field="--ig-steps",
+                            fix=f"e.g. {IG_STEPS}")
     layers, sites = layer_sites(model, layers, component)
     contrast, info = make_contrast(case, model, bad=bad, direction=direction, tag=tag, batch_size=batch_size,
                                    sites=sites)
     U = contrast.units(sites[0])
-    grads, _ = contrast.gradient({s: torch.zeros(1, U) for s in sites})
-    grad = np.stack([grads[s][0].cpu().numpy() for s in sites])
+    steps = 1 if method == "gradient" else ig_steps
+    alphas = torch.zeros(1) if method == "gradient" else (torch.arange(steps) + 0.5) / steps
+    grads, _ = contrast.gradient({s: alphas[:, None].repeat(1, U) for s in sites})
+    grad = np.stack([grads[s].mean(0).cpu().numpy() for s in sites])
     gap = float((contrast.clean_source - contrast.clean_base).mean())
     estimate = grad / gap if abs(gap) > 1e-12 else grad * np.nan
     exact = pearson = spearman = None
@@ -67,4 +83,5 @@ def attribute(case: Case, model, *, layers=None, component: str = "z", direction
             pearson = float(np.corrcoef(a, b)[0, 1])
             spearman = float(np.corrcoef(_ranks(a), _ranks(b))[0, 1])
     return AttributionResult(case.name, component, direction, info["base"], info["source"], info["tag"], layers, U,
-                             contrast.n_items, gap, grad, estimate, exact, pearson, spearman, execution=contrast.execution)
+                             contrast.n_items, gap, grad, estimate, exact, pearson, spearman, execution=contrast.execution,
+                             method=method, ig_steps=ig_steps if method == "ig" else None)

@@ -1,5 +1,5 @@
-"""The edge-scoring methods and the circuit semantics of `surgeon circuit`, each one list shared by the code, the CLI
-and the README (plain data: importing it costs nothing)."""
+"""The scoring methods (edges for `surgeon circuit`, units for `surgeon attribute`) and the circuit semantics, each
+one list shared by the code, the CLI and the README (plain data: importing it costs nothing)."""
 
 # every edge-scoring method, with the convention it follows (shared by the code, the CLI help and the README)
 METHODS: dict[str, str] = {
@@ -22,6 +22,13 @@ METHODS: dict[str, str] = {
 IG_METHODS = ("eap-ig-inputs", "eap-ig-activations", "eap-ig-masks")
 IG_STEPS = 5  # MIB's and EAP-IG's usual step count
 MAX_IG_STEPS = 1000
+
+# estimating every unit's patching effect (`surgeon attribute --method`)
+ATTRIBUTION_METHODS: dict[str, str] = {
+    "gradient": "d(mean score)/d(mask) at mask 0: one forward and one backward pass",
+    "ig": "integrated gradients along mask = a for every unit, a from 0 to 1 (midpoint rule, --ig-steps points)",
+}
+ATTRIBUTION_IG_STEPS = 10
 
 # what a circuit means, chosen by the case's alignment (`semantics_for`: chain where every position is aligned,
 # align="index"; edge-set otherwise) and recorded in every result and exported file

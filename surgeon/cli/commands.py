@@ -24,6 +24,11 @@ from surgeon.sites.ablations import ABLATIONS
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from surgeon.circuits.methods import (
+        ATTRIBUTION_IG_STEPS,
+        ATTRIBUTION_METHODS,
+        MAX_IG_STEPS,
+    )
     from surgeon.sites.nodes import COMPONENTS
 
     parser = argparse.ArgumentParser(prog="surgeon", description=__doc__.splitlines()[0])
@@ -53,6 +58,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "reverse (default: denoise)")
     add_items(p)
     p.add_argument("--compare", action="store_true", help="also run exact per-unit patching and correlate")
+    p.add_argument("--method", default="gradient", choices=list(ATTRIBUTION_METHODS),
+                   help="; ".join(f"{k}: {v}" for k, v in ATTRIBUTION_METHODS.items()) + " (default: gradient)")
+    p.add_argument("--ig-steps", type=cli_types.bounded(1, MAX_IG_STEPS), default=ATTRIBUTION_IG_STEPS,
+                   help=f"points of the integral for --method ig (default: {ATTRIBUTION_IG_STEPS})")
 
     p = sub.add_parser("threshold", help="search head subsets that repair: fraction repairing per size k, "
                                          "threshold k*, minimal subsets, per-head necessity")
@@ -104,7 +113,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("circuit", help="path-level circuit discovery: score every edge, prune a faithful circuit, "
                                        "rank complete paths by path patching, export the graph")
     add_common(p)
-    from surgeon.circuits.methods import IG_STEPS, MAX_IG_STEPS, METHODS
+    from surgeon.circuits.methods import IG_STEPS, METHODS
 
     p.add_argument("--method", choices=list(METHODS),
                    help="edge scores: " + "; ".join(f"{k}: {v}" for k, v in METHODS.items())
@@ -185,7 +194,8 @@ def cmd_attribute(args) -> int:
 
     layers = layers_of(args, case)
     r = attribute(case, model, layers=layers, component=args.component, direction=args.direction, bad=args.bad,
-                  tag=args.tag, batch_size=args.batch_size, compare=args.compare)
+                  tag=args.tag, batch_size=args.batch_size, compare=args.compare, method=args.method,
+                  ig_steps=args.ig_steps)
     return print_report(args, r, case, device)
 
 

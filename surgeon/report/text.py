@@ -265,8 +265,12 @@ def blend_text(r) -> str:
 def attribution_text(r, top: int = 10) -> str:
     what = "repair" if r.direction == "denoise" else "damage"
     lines = [f"case {r.case} · attribution of {r.component} from {r.source!r} into {r.base!r} ({r.direction}) · "
-             f"{r.n_items} items ({r.tag or 'all'}) · one forward and one backward pass",
-             f"estimated {what} fraction of patching each unit alone (gradient w.r.t. its mask at 0, over the gap):",
+             f"{r.n_items} items ({r.tag or 'all'}) · "
+             + ("one forward and one backward pass" if r.method == "gradient" else
+                f"integrated gradients, {r.ig_steps} points"),
+             f"estimated {what} fraction of patching each unit alone ("
+             + ("gradient w.r.t. its mask at 0" if r.method == "gradient" else
+                "gradient w.r.t. its mask integrated as every mask goes from 0 to 1") + ", over the gap):",
              "layer " + "".join(f"{u:>7d}" for u in range(r.n_units))]
     if abs(r.gap) <= 1e-12:
         lines[-2:] = ["warning: the two formats score the same on these items (no gap): estimated repair "
