@@ -25,6 +25,7 @@ from surgeon.analyses.circuit import (
     evaluate_circuit,
 )
 from surgeon.analyses.diagnose import diagnose as diagnose_case
+from surgeon.analyses.logit_attribution import logit_attribution
 from surgeon.analyses.patching import patch_heads
 from surgeon.circuits.export import read_circuit
 from surgeon.circuits.methods import ATTRIBUTION_IG_STEPS, IG_STEPS
@@ -35,7 +36,7 @@ from surgeon.search.threshold import threshold_search
 from surgeon.sites.ablations import ABLATIONS
 from surgeon.spec.case import Case
 
-__all__ = ["diagnose", "patch", "attribute", "threshold", "blend", "circuit", "circuit_eval", "case_and_model", "read"]
+__all__ = ["diagnose", "dla", "patch", "attribute", "threshold", "blend", "circuit", "circuit_eval", "case_and_model", "read"]
 
 
 def read(case, model=None) -> Case:
@@ -74,6 +75,13 @@ def patch(case, model=None, *, layers: Sequence[int] | None = None, component: s
     case, model = case_and_model(case, model, device=device, dtype=dtype)
     return patch_heads(case, model, layers=_layers(case, layers), component=component, direction=direction, bad=bad,
                        tag=tag, batch_size=batch_size)
+
+
+def dla(case, model=None, *, tag: str | None = None, batch_size: int = 256, device: str | None = None,
+        dtype: str = "float32"):
+    """Direct logit attribution per head and layer, and the logit lens, in every format (`surgeon dla`)."""
+    case, model = case_and_model(case, model, device=device, dtype=dtype)
+    return logit_attribution(case, model, tag=tag, batch_size=batch_size)
 
 
 def attribute(case, model=None, *, layers: Sequence[int] | None = None, component: str = "z",

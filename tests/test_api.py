@@ -24,7 +24,7 @@ def _subparsers(parser) -> dict:
     return act.choices
 
 
-COMMANDS = {"diagnose": "diagnose", "patch": "patch", "attribute": "attribute", "threshold": "threshold",
+COMMANDS = {"diagnose": "diagnose", "dla": "dla", "patch": "patch", "attribute": "attribute", "threshold": "threshold",
             "blend": "blend", "circuit": "circuit", "circuit_eval": "circuit-eval"}
 # options whose command-line form is text the command parses into the value the function takes
 CLI_ONLY = {"n_devices", "threads", "export", "resume", "shard", "ray", "ray_workers", "groups_file", "seed", "model"}
@@ -61,6 +61,7 @@ def _cli_text(capsys, argv) -> str:
 def results(threshold_model):
     return {
         "diagnose": (surgeon.diagnose(THRESHOLD), ["diagnose", THRESHOLD]),
+        "dla": (surgeon.dla(THRESHOLD, threshold_model), ["dla", THRESHOLD]),
         "patch": (surgeon.patch(THRESHOLD, threshold_model), ["patch", THRESHOLD]),
         "attribute": (surgeon.attribute(THRESHOLD, threshold_model), ["attribute", THRESHOLD]),
         "blend": (surgeon.blend("threshold_organism", threshold_model, layer=0, heads=[0, 2, 4]),
@@ -68,7 +69,7 @@ def results(threshold_model):
     }
 
 
-@pytest.mark.parametrize("name", ["diagnose", "patch", "attribute", "blend"])
+@pytest.mark.parametrize("name", ["diagnose", "dla", "patch", "attribute", "blend"])
 def test_results_print_render_draw_and_save_what_the_cli_does(results, name, tmp_path, capsys):
     r, argv = results[name]
     cli_out = tmp_path / "cli"

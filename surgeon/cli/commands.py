@@ -40,6 +40,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--generate", type=cli_types.nonnegative, default=0, metavar="N",
                    help="also generate N tokens greedily per focus item and judge them (what the paper did)")
 
+    p = sub.add_parser("dla", help="direct logit attribution per head and layer, and the logit lens, in every "
+                                   "format: the first look before patching")
+    add_common(p)
+    p.add_argument("--tag", help="only items with this tag ('all' for every item; default: the case's focus)")
+
     p = sub.add_parser("patch", help="patch each head (unit) of each layer from one format into the other")
     add_common(p)
     p.add_argument("--layers", help="layers to patch, e.g. 0,1,2 or 0-2 (default: the case's, else all)")
@@ -185,6 +190,14 @@ def cmd_patch(args) -> int:
     layers = layers_of(args, case)
     r = patch_heads(case, model, layers=layers, component=args.component, direction=args.direction, bad=args.bad,
                     tag=args.tag, batch_size=args.batch_size, progress=True)
+    return print_report(args, r, case, device)
+
+
+def cmd_dla(args) -> int:
+    case, model, device = load_case_and_model(args)
+    from surgeon.analyses.logit_attribution import logit_attribution
+
+    r = logit_attribution(case, model, tag=args.tag, batch_size=args.batch_size)
     return print_report(args, r, case, device)
 
 
@@ -383,7 +396,7 @@ def cmd_sae(args) -> int:
     return run(args)
 
 
-COMMANDS = {"cases": cmd_cases, "sae": cmd_sae, "diagnose": cmd_diagnose, "circuit": cmd_circuit, "circuit-eval": cmd_circuit_eval, "patch": cmd_patch, "attribute": cmd_attribute, "threshold": cmd_threshold,
+COMMANDS = {"cases": cmd_cases, "sae": cmd_sae, "diagnose": cmd_diagnose, "circuit": cmd_circuit, "circuit-eval": cmd_circuit_eval, "patch": cmd_patch, "attribute": cmd_attribute, "dla": cmd_dla, "threshold": cmd_threshold,
             "merge": cmd_merge,
             "blend": cmd_blend, "organisms": cmd_organisms}
 

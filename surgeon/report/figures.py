@@ -235,3 +235,27 @@ def head_feature_heatmap(r, path: Path):
     ax.set_title(f"{r.case}: heads of layer {r.layer} -> SAE features at {r.hook}", fontsize=8)
     fig.colorbar(im, ax=ax, label="activation change")
     return _save(fig, path)
+
+
+def logit_attribution_figure(r, path: Path):
+    """Each head's direct effect on the logit difference in every format (one heatmap each, symmetric about 0), and the
+    logit lens per format with 95% intervals."""
+    plt = _plt()
+    n = len(r.formats)
+    fig, axes = plt.subplots(1, n + 1, figsize=(1.5 + (0.45 * r.n_heads + 1.5) * n + 4, 1.6 + 0.45 * max(r.n_layers, 5)),
+                             squeeze=False)
+    layers = list(range(r.n_layers))
+    for ax, f in zip(axes[0], r.formats):
+        _heatmap(ax, f.heads[..., 0], layers, "z", f"{f.format} ({f.role}): direct effect per head (n={r.n_items})",
+                 "logit difference")
+    ax = axes[0, n]
+    for f in r.formats:
+        m = f.lens[:, 0]
+        ax.errorbar(layers, m, yerr=_yerr(m, f.lens[:, 1], f.lens[:, 2]), marker="o", capsize=3, label=f.format)
+    ax.axhline(0, color="grey", lw=0.8)
+    ax.set_xticks(layers)
+    ax.set_xlabel("after layer")
+    ax.set_ylabel("logit difference (correct - incorrect)")
+    ax.set_title(f"{r.case}: logit lens (95% CI)", fontsize=9)
+    ax.legend(fontsize=7)
+    return _save(fig, path)

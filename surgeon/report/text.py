@@ -1,6 +1,7 @@
 """Plain-text reports and saved results (results.json + manifest.json + figures) for the CLI."""
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import numpy as np
@@ -435,4 +436,41 @@ def feature_repair_text(r) -> str:
     lines += ["", f"against head subsets of layer {r.layer} (head outputs patched, same items):",
               f"  features: k* = {kf if kf is not None else 'none'}, best mean repair fraction of a size {best(f_all):+.3f}",
               f"  heads:    k* = {kh if kh is not None else 'none'}, best mean repair fraction of a size {best(h_all):+.3f}"]
+    return "\n".join(lines)
+
+
+def logit_attribution_text(r, top: int = 10) -> str:
+    def ci(v) -> str:
+        return f"{v[0]:+.2f} [{v[1]:+.2f}, {v[2]:+.2f}]" if np.isfinite(v[1]) else f"{v[0]:+.2f} (no interval)"
+
+    names = [f.format for f in r.formats]
+    lines = [f"case {r.case} · direct logit attribution and logit lens · {r.n_items} items ({r.tag or 'all'}) · "
+             "logit difference correct - incorrect at the first token where the answers differ, 95% CI over items",
+             "", f"{'':24s}" + "".join(f"{n + (' (good)' if f.role == 'good' else ''):>26s}"
+                                       for n, f in zip(names, r.formats)),
+             f"{'logit difference':24s}" + "".join(f"{ci(f.logit_diff):>26s}" for f in r.formats),
+             "", "logit lens (the residual stream after each layer, read through the final norm and unembedding):"]
+    for L in range(r.n_layers):
+        lines.append(f"{'after layer ' + str(L):24s}" + "".join(f"{ci(f.lens[L]):>26s}" for f in r.formats))
+    gap = max(f.max_residual for f in r.formats)
+    bound = f"below {10 ** math.ceil(math.log10(gap)):.0e}" if gap > 0 else "0"
+    lines += ["", f"direct effect on the logit difference, per layer (the parts sum to it; largest gap {bound}):"]
+    for key, label in (("embed", "embeddings"),):
+        lines.append(f"{label:24s}" + "".join(f"{ci(f.other[key]):>26s}" for f in r.formats))
+    for L in range(r.n_layers):
+        lines.append(f"{f'L{L} attention':24s}" + "".join(f"{ci(f.attn[L]):>26s}" for f in r.formats))
+        if np.any([f.mlp[L, 0] != 0 for f in r.formats]):
+            lines.append(f"{f'L{L} MLP':24s}" + "".join(f"{ci(f.mlp[L]):>26s}" for f in r.formats))
+    lines.append(f"{'biases (norm, unembed)':24s}"
+                 + "".join(f"{ci(f.other['norm and unembedding biases']):>26s}" for f in r.formats))
+    good = r.formats[0]
+    for bad, diff in r.head_difference.items():
+        b = next(f for f in r.formats if f.format == bad)
+        order = np.argsort(-np.abs(diff[..., 0]), axis=None)[:top]
+        lines += ["", f"heads whose direct effect differs most between {bad!r} and {good.format!r}:",
+                  f"{'head':8s} {good.format:>10s} {bad:>10s} {bad + ' - ' + good.format + ' [95% CI]':>32s}"]
+        for k in order:
+            L, h = divmod(int(k), r.n_heads)
+            lines.append(f"{f'L{L}H{h}':8s} {good.heads[L, h, 0]:+10.3f} {b.heads[L, h, 0]:+10.3f} "
+                         f"{ci(diff[L, h]):>32s}")
     return "\n".join(lines)

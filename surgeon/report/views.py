@@ -21,6 +21,7 @@ VIEWS = {
     "AmplifiedResult": View("sae-amplified", text.amplified_text),
     "HeadFeatureResult": View("sae-heads", text.head_feature_text, {"heads_features.png": figures.head_feature_heatmap}),
     "FeatureRepairResult": View("sae-repair", text.feature_repair_text),
+    "LogitAttributionResult": View("dla", text.logit_attribution_text, {"dla.png": figures.logit_attribution_figure}),
 }
 
 for _name, _view in VIEWS.items():
