@@ -27,6 +27,7 @@ from surgeon.analyses.circuit import (
 from surgeon.analyses.diagnose import diagnose as diagnose_case
 from surgeon.analyses.logit_attribution import logit_attribution
 from surgeon.analyses.patching import patch_heads
+from surgeon.analyses.positions import patch_positions as patch_by_position
 from surgeon.circuits.export import read_circuit
 from surgeon.circuits.methods import ATTRIBUTION_IG_STEPS, IG_STEPS
 from surgeon.cli.common import device_of, shipped_case
@@ -36,7 +37,7 @@ from surgeon.search.threshold import threshold_search
 from surgeon.sites.ablations import ABLATIONS
 from surgeon.spec.case import Case
 
-__all__ = ["diagnose", "dla", "patch", "attribute", "threshold", "blend", "circuit", "circuit_eval", "case_and_model", "read"]
+__all__ = ["diagnose", "dla", "patch", "patch_positions", "attribute", "threshold", "blend", "circuit", "circuit_eval", "case_and_model", "read"]
 
 
 def read(case, model=None) -> Case:
@@ -82,6 +83,16 @@ def dla(case, model=None, *, tag: str | None = None, batch_size: int = 256, devi
     """Direct logit attribution per head and layer, and the logit lens, in every format (`surgeon dla`)."""
     case, model = case_and_model(case, model, device=device, dtype=dtype)
     return logit_attribution(case, model, tag=tag, batch_size=batch_size)
+
+
+def patch_positions(case, model=None, *, layers: Sequence[int] | None = None, component: str = "z",
+                    direction: str = "denoise", bad: str | None = None, tag: str | None = None,
+                    batch_size: int = 256, device: str | None = None, dtype: str = "float32"):
+    """Every unit of each layer patched at each aligned position alone; `component="resid_pre"`: the residual
+    stream x positions (`surgeon patch-positions`)."""
+    case, model = case_and_model(case, model, device=device, dtype=dtype)
+    return patch_by_position(case, model, layers=_layers(case, layers), component=component, direction=direction,
+                             bad=bad, tag=tag, batch_size=batch_size)
 
 
 def attribute(case, model=None, *, layers: Sequence[int] | None = None, component: str = "z",

@@ -24,7 +24,7 @@ def _subparsers(parser) -> dict:
     return act.choices
 
 
-COMMANDS = {"diagnose": "diagnose", "dla": "dla", "patch": "patch", "attribute": "attribute", "threshold": "threshold",
+COMMANDS = {"diagnose": "diagnose", "dla": "dla", "patch": "patch", "patch_positions": "patch-positions", "attribute": "attribute", "threshold": "threshold",
             "blend": "blend", "circuit": "circuit", "circuit_eval": "circuit-eval"}
 # options whose command-line form is text the command parses into the value the function takes
 CLI_ONLY = {"n_devices", "threads", "export", "resume", "shard", "ray", "ray_workers", "groups_file", "seed", "model"}

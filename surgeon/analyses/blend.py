@@ -7,10 +7,10 @@ import numpy as np
 
 from surgeon.analyses.common import make_contrast
 from surgeon.errors import AnalysisError
+from surgeon.show import Shows
 from surgeon.sites.nodes import Site, unit_label
 from surgeon.spec.case import Case
 from surgeon.stats import Estimate, bootstrap_mean, wilson_many
-from surgeon.show import Shows
 
 
 @dataclass(frozen=True)

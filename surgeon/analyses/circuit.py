@@ -22,16 +22,27 @@ import numpy as np
 
 from surgeon.analyses.common import Direction, make_contrast
 from surgeon.circuits.export import check_targets, edges_for_model, write
-from surgeon.circuits.graph import build_graph, path_nodes, prune_dangling, strongest_paths
-from surgeon.circuits.methods import IG_METHODS, IG_STEPS, MAX_IG_STEPS, METHODS, semantics_for  # noqa: F401
+from surgeon.circuits.graph import (
+    build_graph,
+    path_nodes,
+    prune_dangling,
+    strongest_paths,
+)
+from surgeon.circuits.methods import (  # noqa: F401
+    IG_METHODS,
+    IG_STEPS,
+    MAX_IG_STEPS,
+    METHODS,
+    semantics_for,
+)
 from surgeon.circuits.prune import EXHAUSTIVE_UP_TO, smallest_prefix
 from surgeon.errors import AnalysisError
 from surgeon.models.loading import resolve, shape
+from surgeon.show import Shows
 from surgeon.sites.ablations import FREEZE
 from surgeon.sites.edges import EdgeSite
 from surgeon.spec.case import Case
 from surgeon.stats import Estimate, bootstrap_mean, scaled
-from surgeon.show import Shows
 
 Method = Literal["eap", "eap-ig-inputs", "eap-ig-activations", "eap-ig-masks", "exact"]
 CURVE = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0)  # MIB's edge fractions

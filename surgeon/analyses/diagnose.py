@@ -8,9 +8,9 @@ import numpy as np
 from surgeon.analyses.common import format_rows
 from surgeon.analyses.generation import generate_format
 from surgeon.engine.contrast import score_rows
+from surgeon.show import Shows
 from surgeon.spec.case import Case
 from surgeon.stats import Estimate, bootstrap_mean, wilson
-from surgeon.show import Shows
 
 
 @dataclass(frozen=True)

@@ -6,9 +6,16 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from surgeon.analyses.common import Direction, layer_sites, make_contrast
-from surgeon.spec.case import Case
-from surgeon.stats import Estimate, bootstrap_fraction, bootstrap_mean, bootstrap_means, wilson, wilson_many
 from surgeon.show import Shows
+from surgeon.spec.case import Case
+from surgeon.stats import (
+    Estimate,
+    bootstrap_fraction,
+    bootstrap_mean,
+    bootstrap_means,
+    wilson,
+    wilson_many,
+)
 
 
 @dataclass(frozen=True)

@@ -18,11 +18,11 @@ from surgeon.analyses.common import pick_bad, pick_items, prepend_bos
 from surgeon.engine.contrast import cached_batches
 from surgeon.errors import AnalysisError
 from surgeon.sae.load import neuronpedia_url
+from surgeon.show import Shows
 from surgeon.sites.features import sae_hook
 from surgeon.spec.case import Case
 from surgeon.spec.encoding import align, prompt_rows
 from surgeon.stats import Estimate, bootstrap_mean
-from surgeon.show import Shows
 
 POSITIONS = ("last", "aligned")
 METRICS = ("overlap", "jaccard", "weighted_jaccard")

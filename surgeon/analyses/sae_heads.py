@@ -20,12 +20,12 @@ from surgeon.analyses.common import pick_bad, pick_items, prepend_bos
 from surgeon.engine.contrast import Contrast
 from surgeon.errors import AnalysisError
 from surgeon.search.subsets import Unit, make_groups
+from surgeon.show import Shows
 from surgeon.sites.features import sae_hook
 from surgeon.sites.nodes import Site, hook_layer
 from surgeon.spec.case import Case
 from surgeon.spec.encoding import prompt_rows
 from surgeon.stats import bootstrap_means
-from surgeon.show import Shows
 
 
 @dataclass(frozen=True)

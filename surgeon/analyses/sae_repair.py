@@ -16,11 +16,18 @@ import torch
 
 from surgeon.analyses.common import Direction, make_contrast
 from surgeon.errors import AnalysisError
-from surgeon.search.subsets import ThresholdResult, Unit, aggregate, chunk_scores, make_plan, summarize_chunks
+from surgeon.search.subsets import (
+    ThresholdResult,
+    Unit,
+    aggregate,
+    chunk_scores,
+    make_plan,
+    summarize_chunks,
+)
+from surgeon.show import Shows
 from surgeon.sites.features import FeatureSite
 from surgeon.sites.nodes import Site
 from surgeon.spec.case import Case
-from surgeon.show import Shows
 
 
 @dataclass(frozen=True)

@@ -45,6 +45,15 @@ def build_parser() -> argparse.ArgumentParser:
     add_common(p)
     p.add_argument("--tag", help="only items with this tag ('all' for every item; default: the case's focus)")
 
+    p = sub.add_parser("patch-positions", help="patch each unit of each layer at each aligned position alone "
+                                               "(units x positions; --component resid_pre: the residual stream)")
+    add_common(p)
+    p.add_argument("--layers", help="layers to patch, e.g. 0,1,2 or 0-2 (default: the case's, else all)")
+    p.add_argument("--component", default="z", choices=list(COMPONENTS), help="what to patch (default: z)")
+    p.add_argument("--direction", default="denoise", choices=["denoise", "noise"],
+                   help="denoise: good format into the failing one (repair); noise: the reverse (default: denoise)")
+    add_items(p)
+
     p = sub.add_parser("patch", help="patch each head (unit) of each layer from one format into the other")
     add_common(p)
     p.add_argument("--layers", help="layers to patch, e.g. 0,1,2 or 0-2 (default: the case's, else all)")
@@ -198,6 +207,16 @@ def cmd_dla(args) -> int:
     from surgeon.analyses.logit_attribution import logit_attribution
 
     r = logit_attribution(case, model, tag=args.tag, batch_size=args.batch_size)
+    return print_report(args, r, case, device)
+
+
+def cmd_patch_positions(args) -> int:
+    case, model, device = load_case_and_model(args)
+    from surgeon.analyses.positions import patch_positions
+
+    r = patch_positions(case, model, layers=layers_of(args, case), component=args.component,
+                        direction=args.direction, bad=args.bad, tag=args.tag, batch_size=args.batch_size,
+                        progress=True)
     return print_report(args, r, case, device)
 
 
@@ -396,7 +415,7 @@ def cmd_sae(args) -> int:
     return run(args)
 
 
-COMMANDS = {"cases": cmd_cases, "sae": cmd_sae, "diagnose": cmd_diagnose, "circuit": cmd_circuit, "circuit-eval": cmd_circuit_eval, "patch": cmd_patch, "attribute": cmd_attribute, "dla": cmd_dla, "threshold": cmd_threshold,
+COMMANDS = {"cases": cmd_cases, "sae": cmd_sae, "diagnose": cmd_diagnose, "circuit": cmd_circuit, "circuit-eval": cmd_circuit_eval, "patch": cmd_patch, "attribute": cmd_attribute, "dla": cmd_dla, "patch-positions": cmd_patch_positions, "threshold": cmd_threshold,
             "merge": cmd_merge,
             "blend": cmd_blend, "organisms": cmd_organisms}
 

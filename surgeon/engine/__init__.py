@@ -1,5 +1,11 @@
 """The engine: one batched mechanism behind every analysis (`Contrast`), attention over a shared prefix, and
 reading scores out of the final residual stream."""
-from surgeon.engine.contrast import Contrast, cached_batches, greedy, readout, score_rows
+from surgeon.engine.contrast import (
+    Contrast,
+    cached_batches,
+    greedy,
+    readout,
+    score_rows,
+)
 
 __all__ = ["Contrast", "cached_batches", "greedy", "readout", "score_rows"]

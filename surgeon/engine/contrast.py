@@ -316,7 +316,9 @@ class Contrast:
 
         The repeated tensors are kept (for the largest chunk size seen) and reused by later calls."""
         from transformer_lens.cache.key_value_cache import TransformerLensKeyValueCache
-        from transformer_lens.cache.key_value_cache_entry import TransformerLensKeyValueCacheEntry
+        from transformer_lens.cache.key_value_cache_entry import (
+            TransformerLensKeyValueCacheEntry,
+        )
 
         if b.kv_copies < copies:
             b.kv_rep, b.kv_copies = {}, copies
@@ -332,6 +334,32 @@ class Contrast:
         return TransformerLensKeyValueCache(entries=entries, previous_attention_mask=mask, frozen=True)
 
     # ----------------------------------------------------------------- the core
+    @property
+    def n_slots(self) -> int:
+        """The most aligned positions (patch slots) any row has: a per-slot mask is [P, n_slots, units]."""
+        return max(b.base_pos.shape[1] for b in self.buckets)
+
+    def slot_items(self) -> Tensor:
+        """[n_slots, n_items] True where some row of the item has that slot (an aligned position)."""
+        out = torch.zeros(self.n_slots, self.n_items, dtype=torch.bool)
+        for b in self.buckets:
+            v = b.slot_valid.cpu() > 0  # [n, S]
+            for j in range(v.shape[1]):
+                out[j, b.items.cpu()[v[:, j]]] = True
+        return out
+
+    def slot_tokens(self) -> list[list[int]]:
+        """Per slot, the base run's token at that position in each row that has it."""
+        out: list[list[int]] = [[] for _ in range(self.n_slots)]
+        for b in self.buckets:
+            pos, v = b.base_pos.cpu(), b.slot_valid.cpu() > 0
+            tok = b.base_tokens.cpu()
+            for r in range(b.n):
+                for j in range(pos.shape[1]):
+                    if v[r, j]:
+                        out[j].append(int(tok[r, pos[r, j]]))
+        return out
+
     def units(self, site: Site | str) -> int:
         """Number of units a mask at `site` addresses."""
         return coerce(site).n_units(self.cfg)

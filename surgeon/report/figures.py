@@ -259,3 +259,22 @@ def logit_attribution_figure(r, path: Path):
     ax.set_title(f"{r.case}: logit lens (95% CI)", fontsize=9)
     ax.legend(fontsize=7)
     return _save(fig, path)
+
+
+def position_heatmap(r, path: Path):
+    """Repair (or damage) fraction per (layer, unit) and position, positions labelled by their token."""
+    plt = _plt()
+    rows = [(li, u) for li in range(len(r.layers)) for u in range(r.n_units)]
+    values = np.array([r.fraction[li, :, u] for li, u in rows])
+    labels = [f"L{r.layers[li]}" if r.n_units == 1 else f"L{r.layers[li]}H{u}" for li, u in rows]
+    fig, ax = plt.subplots(figsize=(2.5 + 1.1 * len(r.slots), 1.5 + 0.28 * len(rows)))
+    finite = np.abs(values[np.isfinite(values)])
+    lim = float(finite.max()) if finite.size and finite.max() > 0 else 1.0
+    im = ax.imshow(values, cmap="RdBu_r", vmin=-lim, vmax=lim, aspect="auto")
+    ax.set_xticks(range(len(r.slots)), r.slots, rotation=30, ha="right", fontsize=7)
+    ax.set_yticks(range(len(rows)), labels, fontsize=6 if len(rows) > 30 else 8)
+    what = "repair" if r.direction == "denoise" else "damage"
+    ax.set_title(f"{r.case}: {what} fraction by position, {r.component} {r.source}->{r.base} (n={r.n_items})",
+                 fontsize=9)
+    fig.colorbar(im, ax=ax, fraction=0.046, label=f"{what} fraction")
+    return _save(fig, path)

@@ -474,3 +474,25 @@ def logit_attribution_text(r, top: int = 10) -> str:
             lines.append(f"{f'L{L}H{h}':8s} {good.heads[L, h, 0]:+10.3f} {b.heads[L, h, 0]:+10.3f} "
                          f"{ci(diff[L, h]):>32s}")
     return "\n".join(lines)
+
+
+def position_patch_text(r, top: int = 12) -> str:
+    what = "repair" if r.direction == "denoise" else "damage"
+    lines = [f"case {r.case} · patch {r.component} by position from {r.source!r} into {r.base!r} ({r.direction}) · "
+             f"{r.n_items} items ({r.tag or 'all'}) · align {r.align} · layers {list(r.layers)}",
+             f"{what} fraction of patching one {'unit' if r.n_units > 1 else r.component} at one position alone "
+             "(over the items that have the position; 95% CI):", "",
+             "positions: " + "; ".join(f"{s} n={n}" for s, n in zip(r.slots, r.slot_items))]
+    if r.n_units == 1:  # a whole vector per layer: the layers x positions table
+        width = max(14, *(len(s) + 2 for s in r.slots))
+        lines += ["", f"{'layer':6s}" + "".join(f"{s:>{width}s}" for s in r.slots)]
+        for li, L in enumerate(r.layers):
+            lines.append(f"{L:<6d}" + "".join(f"{_f(v, f'{width}.3f')}" if np.isfinite(v) else f"{'-':>{width}s}"
+                                              for v in r.fraction[li, :, 0]))
+        return "\n".join(lines)
+    lines += ["", f"top {top} (unit, position) cells:", f"{'unit':10s} {'position':28s} {what + ' [95% CI]':>26s}"]
+    for L, j, u, f in r.top(top):
+        li = r.layers.index(L)
+        lines.append(f"{unit_label(r.component, L, u):10s} {r.slots[j]:28s} {f:+8.3f} "
+                     f"{_ci(r.fraction_lo[li, j, u], r.fraction_hi[li, j, u])}")
+    return "\n".join(lines)

@@ -4,14 +4,14 @@ writes with `--out`, under the command's name. The CLI prints and saves through 
 from __future__ import annotations
 
 from surgeon.circuits.export import circuit_figure
-from surgeon.report import figures
-from surgeon.report import text
+from surgeon.report import figures, text
 from surgeon.show import View, register
 
 VIEWS = {
     "Diagnosis": View("diagnose", text.diagnosis_text, {"accuracy.png": figures.diagnosis_figure},
                       {"items.csv": text.diagnosis_rows}),
     "PatchResult": View("patch", text.patch_text, {"heatmap.png": figures.patch_heatmap}),
+    "PositionPatchResult": View("patch-positions", text.position_patch_text, {"positions.png": figures.position_heatmap}),
     "AttributionResult": View("attribute", text.attribution_text, {"attribution.png": figures.attribution_heatmap}),
     "ThresholdResult": View("threshold", text.threshold_text, {"threshold.png": figures.threshold_figure}),
     "BlendResult": View("blend", text.blend_text, {"blend.png": figures.blend_figure}),

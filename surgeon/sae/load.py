@@ -77,7 +77,9 @@ class SAESource:
         """The release's Neuronpedia id for this layer's SAE (feature pages are BASE/ID/FEATURE), if it has one."""
         if self.release is None:
             return None
-        from sae_lens.loading.pretrained_saes_directory import get_pretrained_saes_directory
+        from sae_lens.loading.pretrained_saes_directory import (
+            get_pretrained_saes_directory,
+        )
 
         entry = get_pretrained_saes_directory().get(self.release)
         return (entry.neuronpedia_id or {}).get(self.sae_id.format(layer=layer)) if entry else None

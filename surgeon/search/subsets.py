@@ -26,9 +26,9 @@ import numpy as np
 
 from surgeon.errors import AnalysisError
 from surgeon.search.store import ChunkStore, read_plan
+from surgeon.show import Shows
 from surgeon.sites.nodes import Site
 from surgeon.stats import wilson
-from surgeon.show import Shows
 
 
 # ----------------------------------------------------------------------------- candidates and groups

@@ -158,7 +158,8 @@ class Site(SiteKind):
         idx = torch.arange(n, device=ctx.device)[:, None]
         valid = ctx.bucket.slot_valid[:, :, None, None]  # padded slots are left alone
         m = mask.to(src.device, src.dtype)
-        m = m[:, None, None, :, None] if m.dim() == 2 else m[:, None, :, :, None]  # [c, 1, S|1, U, 1]
+        # [c, 1, S|1, U, 1]; a per-slot mask may name more slots than these rows have (other rows' later slots)
+        m = m[:, None, None, :, None] if m.dim() == 2 else m[:, None, : rel.shape[1], :, None]
         m = m * valid.to(m.device, m.dtype)  # [c, n, S, U, 1]
         units = self.n_units(cfg)
 
