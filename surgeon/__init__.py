@@ -20,7 +20,7 @@ def _load_views() -> None:
 
 _show.install_loader(_load_views)
 
-API = ("diagnose", "dla", "patch", "patch_positions", "attribute", "threshold", "blend", "circuit", "circuit_eval")
+API = ("diagnose", "dla", "attention", "patch", "patch_positions", "attribute", "threshold", "blend", "circuit", "circuit_eval")
 
 
 def __getattr__(name: str):

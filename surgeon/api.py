@@ -16,6 +16,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Sequence
 
+from surgeon.analyses.attention import attention_patterns
 from surgeon.analyses.attribution import attribute as attribute_units
 from surgeon.analyses.blend import blend as blend_heads
 from surgeon.analyses.circuit import (
@@ -37,7 +38,7 @@ from surgeon.search.threshold import threshold_search
 from surgeon.sites.ablations import ABLATIONS
 from surgeon.spec.case import Case
 
-__all__ = ["diagnose", "dla", "patch", "patch_positions", "attribute", "threshold", "blend", "circuit", "circuit_eval", "case_and_model", "read"]
+__all__ = ["diagnose", "dla", "attention", "patch", "patch_positions", "attribute", "threshold", "blend", "circuit", "circuit_eval", "case_and_model", "read"]
 
 
 def read(case, model=None) -> Case:
@@ -93,6 +94,14 @@ def patch_positions(case, model=None, *, layers: Sequence[int] | None = None, co
     case, model = case_and_model(case, model, device=device, dtype=dtype)
     return patch_by_position(case, model, layers=_layers(case, layers), component=component, direction=direction,
                              bad=bad, tag=tag, batch_size=batch_size)
+
+
+def attention(case, model=None, *, heads, items: Sequence[int] = (0,), tag: str | None = None,
+              batch_size: int = 256, device: str | None = None, dtype: str = "float32"):
+    """Attention patterns of chosen heads ("L1H0,L1H1") on chosen items, every format side by side
+    (`surgeon attention`)."""
+    case, model = case_and_model(case, model, device=device, dtype=dtype)
+    return attention_patterns(case, model, heads=heads, items=items, tag=tag, batch_size=batch_size)
 
 
 def attribute(case, model=None, *, layers: Sequence[int] | None = None, component: str = "z",

@@ -24,11 +24,11 @@ def _subparsers(parser) -> dict:
     return act.choices
 
 
-COMMANDS = {"diagnose": "diagnose", "dla": "dla", "patch": "patch", "patch_positions": "patch-positions", "attribute": "attribute", "threshold": "threshold",
+COMMANDS = {"diagnose": "diagnose", "dla": "dla", "attention": "attention", "patch": "patch", "patch_positions": "patch-positions", "attribute": "attribute", "threshold": "threshold",
             "blend": "blend", "circuit": "circuit", "circuit_eval": "circuit-eval"}
 # options whose command-line form is text the command parses into the value the function takes
 CLI_ONLY = {"n_devices", "threads", "export", "resume", "shard", "ray", "ray_workers", "groups_file", "seed", "model"}
-PARSED = {"groups": lambda v: tuple(g.strip() for g in v.split(",")), "layers": lambda v: v, "heads": lambda v: v}
+PARSED = {"groups": lambda v: tuple(g.strip() for g in v.split(",")), "items": lambda v: tuple(int(x) for x in v.split(",")), "layers": lambda v: v, "heads": lambda v: v}
 
 
 @pytest.mark.parametrize("name", sorted(COMMANDS))
@@ -62,6 +62,10 @@ def results(threshold_model):
     return {
         "diagnose": (surgeon.diagnose(THRESHOLD), ["diagnose", THRESHOLD]),
         "dla": (surgeon.dla(THRESHOLD, threshold_model), ["dla", THRESHOLD]),
+        "attention": (surgeon.attention(THRESHOLD, threshold_model, heads="L0H0,L0H1", items=[0, 2]),
+                      ["attention", THRESHOLD, "--heads", "L0H0,L0H1", "--items", "0,2"]),
+        "patch_positions": (surgeon.patch_positions(THRESHOLD, threshold_model),
+                            ["patch-positions", THRESHOLD]),
         "patch": (surgeon.patch(THRESHOLD, threshold_model), ["patch", THRESHOLD]),
         "attribute": (surgeon.attribute(THRESHOLD, threshold_model), ["attribute", THRESHOLD]),
         "blend": (surgeon.blend("threshold_organism", threshold_model, layer=0, heads=[0, 2, 4]),
@@ -69,7 +73,7 @@ def results(threshold_model):
     }
 
 
-@pytest.mark.parametrize("name", ["diagnose", "dla", "patch", "attribute", "blend"])
+@pytest.mark.parametrize("name", ["diagnose", "dla", "attention", "patch", "patch_positions", "attribute", "blend"])
 def test_results_print_render_draw_and_save_what_the_cli_does(results, name, tmp_path, capsys):
     r, argv = results[name]
     cli_out = tmp_path / "cli"

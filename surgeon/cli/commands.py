@@ -54,6 +54,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="denoise: good format into the failing one (repair); noise: the reverse (default: denoise)")
     add_items(p)
 
+    p = sub.add_parser("attention", help="attention patterns of chosen heads on chosen items, every format side "
+                                         "by side")
+    add_common(p)
+    p.add_argument("--heads", required=True, help="heads, e.g. L1H0,L1H1")
+    p.add_argument("--items", default="0", help="item indices among the items analysed, e.g. 0,3 (default: 0)")
+    p.add_argument("--tag", help="only items with this tag ('all' for every item; default: the case's focus)")
+
     p = sub.add_parser("patch", help="patch each head (unit) of each layer from one format into the other")
     add_common(p)
     p.add_argument("--layers", help="layers to patch, e.g. 0,1,2 or 0-2 (default: the case's, else all)")
@@ -217,6 +224,15 @@ def cmd_patch_positions(args) -> int:
     r = patch_positions(case, model, layers=layers_of(args, case), component=args.component,
                         direction=args.direction, bad=args.bad, tag=args.tag, batch_size=args.batch_size,
                         progress=True)
+    return print_report(args, r, case, device)
+
+
+def cmd_attention(args) -> int:
+    items = _int_list(args.items, "--items")
+    case, model, device = load_case_and_model(args)
+    from surgeon.analyses.attention import attention_patterns
+
+    r = attention_patterns(case, model, heads=args.heads, items=items, tag=args.tag, batch_size=args.batch_size)
     return print_report(args, r, case, device)
 
 
@@ -415,7 +431,7 @@ def cmd_sae(args) -> int:
     return run(args)
 
 
-COMMANDS = {"cases": cmd_cases, "sae": cmd_sae, "diagnose": cmd_diagnose, "circuit": cmd_circuit, "circuit-eval": cmd_circuit_eval, "patch": cmd_patch, "attribute": cmd_attribute, "dla": cmd_dla, "patch-positions": cmd_patch_positions, "threshold": cmd_threshold,
+COMMANDS = {"cases": cmd_cases, "sae": cmd_sae, "diagnose": cmd_diagnose, "circuit": cmd_circuit, "circuit-eval": cmd_circuit_eval, "patch": cmd_patch, "attribute": cmd_attribute, "dla": cmd_dla, "attention": cmd_attention, "patch-positions": cmd_patch_positions, "threshold": cmd_threshold,
             "merge": cmd_merge,
             "blend": cmd_blend, "organisms": cmd_organisms}
 

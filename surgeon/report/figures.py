@@ -278,3 +278,25 @@ def position_heatmap(r, path: Path):
                  fontsize=9)
     fig.colorbar(im, ax=ax, fraction=0.046, label=f"{what} fraction")
     return _save(fig, path)
+
+
+def attention_figure(r, path: Path):
+    """Each chosen head on each chosen item: its pattern (query x key, labelled by token) in every format, side by
+    side on one colour scale (0 to 1)."""
+    plt = _plt()
+    pairs = [(h, i) for h in r.heads for i in r.items]
+    n = max(len(r.get(h, i, f).tokens) for h, i in pairs for f in r.formats)
+    size = 1.2 + 0.22 * n
+    fig, axes = plt.subplots(len(pairs), len(r.formats), figsize=(size * len(r.formats), size * len(pairs)),
+                             squeeze=False)
+    for row, (h, i) in enumerate(pairs):
+        for col, fmt in enumerate(r.formats):
+            p, ax = r.get(h, i, fmt), axes[row, col]
+            ax.imshow(p.pattern, cmap="Blues", vmin=0, vmax=1)
+            labels = [t.replace("\n", "\\n") for t in p.tokens]
+            ax.set_xticks(range(len(labels)), labels, rotation=90, fontsize=6)
+            ax.set_yticks(range(len(labels)), labels, fontsize=6)
+            ax.set_title(f"{h}, item {i}, {fmt}", fontsize=8)
+            ax.set_xlabel("key", fontsize=7)
+            ax.set_ylabel("query", fontsize=7)
+    return _save(fig, path)

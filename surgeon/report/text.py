@@ -496,3 +496,19 @@ def position_patch_text(r, top: int = 12) -> str:
         lines.append(f"{unit_label(r.component, L, u):10s} {r.slots[j]:28s} {f:+8.3f} "
                      f"{_ci(r.fraction_lo[li, j, u], r.fraction_hi[li, j, u])}")
     return "\n".join(lines)
+
+
+def attention_text(r, top: int = 3) -> str:
+    lines = [f"case {r.case} · attention patterns of {', '.join(r.heads)} · items {r.items} ({r.tag or 'all'}) · "
+             f"formats {', '.join(r.formats)}",
+             f"from the last prompt token: the {top} keys attended most (weight)"]
+    for head in r.heads:
+        for i in r.items:
+            lines.append("")
+            for fmt in r.formats:
+                p = r.get(head, i, fmt)
+                row = p.pattern[-1]
+                best = np.argsort(-row, kind="stable")[:top]
+                lines.append(f"{head} item {i:<3d} {fmt:8s} " + "  ".join(f"{k}:{p.tokens[k]!r} {row[k]:.2f}"
+                                                                         for k in best))
+    return "\n".join(lines)

@@ -12,6 +12,7 @@ VIEWS = {
                       {"items.csv": text.diagnosis_rows}),
     "PatchResult": View("patch", text.patch_text, {"heatmap.png": figures.patch_heatmap}),
     "PositionPatchResult": View("patch-positions", text.position_patch_text, {"positions.png": figures.position_heatmap}),
+    "AttentionResult": View("attention", text.attention_text, {"attention.png": figures.attention_figure}),
     "AttributionResult": View("attribute", text.attribution_text, {"attribution.png": figures.attribution_heatmap}),
     "ThresholdResult": View("threshold", text.threshold_text, {"threshold.png": figures.threshold_figure}),
     "BlendResult": View("blend", text.blend_text, {"blend.png": figures.blend_figure}),

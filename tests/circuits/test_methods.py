@@ -22,7 +22,13 @@ from surgeon.engine.contrast import Contrast
 from surgeon.errors import AnalysisError
 from surgeon.sites.edges import EdgeSite
 from tests.conftest import ROOT
-from tests.reference import eap_ig_reference, edge_name, graph_forward, row_score, sender_outputs
+from tests.reference import (
+    eap_ig_reference,
+    edge_name,
+    graph_forward,
+    row_score,
+    sender_outputs,
+)
 
 
 # ---------------------------------------------------------------------------------------------- the search

@@ -1,0 +1,91 @@
+"""Attention patterns of chosen heads on chosen items, in every format of the case side by side."""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from surgeon.analyses.common import pick_items, prepend_bos
+from surgeon.errors import AnalysisError
+from surgeon.show import Shows
+from surgeon.spec.case import Case
+from surgeon.spec.encoding import prompt_rows
+
+
+@dataclass
+class HeadPattern:
+    head: str  # L1H0
+    item: int  # index among the items analysed
+    format: str
+    tokens: list[str]  # the prompt's tokens (keys and queries)
+    pattern: np.ndarray  # [query, key] attention weights
+
+
+@dataclass
+class AttentionResult(Shows):
+    case: str
+    tag: str | None
+    formats: list[str]
+    heads: list[str]
+    items: list[int]
+    patterns: list[HeadPattern] = field(default_factory=list)
+    options: dict = field(default_factory=dict)
+
+    def get(self, head: str, item: int, fmt: str) -> HeadPattern:
+        return next(p for p in self.patterns if p.head == head and p.item == item and p.format == fmt)
+
+
+def parse_heads(text, cfg) -> list[tuple[int, int]]:
+    """"L1H0,L2H3" (or a list of such names) -> [(layer, head)], checked against the model."""
+    names = [h.strip() for h in (text.split(",") if isinstance(text, str) else text) if h.strip()]
+    out = []
+    for name in names:
+        m = re.fullmatch(r"L(\d+)H(\d+)", name)
+        if not m:
+            raise AnalysisError(f"cannot read head {name!r}", field="--heads", fix="write heads as L1H0,L2H3")
+        L, h = int(m.group(1)), int(m.group(2))
+        if not (0 <= L < cfg.n_layers and 0 <= h < cfg.n_heads):
+            raise AnalysisError(f"head {name} is not in the model ({cfg.n_layers} layers of {cfg.n_heads} heads)",
+                                field="--heads", fix=f"layers 0..{cfg.n_layers - 1}, heads 0..{cfg.n_heads - 1}")
+        out.append((L, h))
+    if not out:
+        raise AnalysisError("no head given", field="--heads", fix="e.g. --heads L1H0,L1H1")
+    return out
+
+
+@torch.no_grad()
+def attention_patterns(case: Case, model, *, heads, items=(0,), tag: str | None = None,
+                       batch_size: int = 256) -> AttentionResult:
+    """The attention pattern of each head on each item's prompt, in the good format and every failing one."""
+    chosen = parse_heads(heads, model.cfg)
+    tag, pool = pick_items(case, tag)
+    items = list(items)
+    bad = [i for i in items if not 0 <= i < len(pool)]
+    if bad or not items:
+        raise AnalysisError(f"items {bad or items} are not among the {len(pool)} items analysed", field="--items",
+                            fix=f"give indices 0..{len(pool) - 1}")
+    formats = [case.good, *case.bad_formats]
+    layers = sorted({L for L, _ in chosen})
+    out = []
+    device = next(model.parameters()).device
+    pad = getattr(model.tokenizer, "pad_token_id", None) or 0
+    for fmt in formats:
+        rows = prompt_rows(case.formats[fmt], [pool[i] for i in items], model.tokenizer, prepend_bos(case, model))
+        for lo in range(0, len(rows), batch_size):  # right-padded batches: exact for a causal model
+            chunk = rows[lo: lo + batch_size]
+            W = max(len(r.tokens) for r in chunk)
+            tokens = torch.full((len(chunk), W), pad, dtype=torch.long)
+            for b, row in enumerate(chunk):
+                tokens[b, : len(row.tokens)] = torch.tensor(row.tokens)
+            _, cache = model.run_with_cache(tokens.to(device),
+                                            names_filter=[f"blocks.{L}.attn.hook_pattern" for L in layers])
+            for b, (i, row) in enumerate(zip(items[lo: lo + batch_size], chunk)):
+                n = len(row.tokens)
+                toks = [model.tokenizer.decode([t]) for t in row.tokens]
+                for L, h in chosen:
+                    pat = cache[f"blocks.{L}.attn.hook_pattern"][b, h, :n, :n].float().cpu().numpy()
+                    out.append(HeadPattern(f"L{L}H{h}", i, fmt, toks, pat))
+    return AttentionResult(case.name, tag, formats, [f"L{L}H{h}" for L, h in chosen], items, out,
+                           options=dict(heads=[f"L{L}H{h}" for L, h in chosen], items=items, tag=tag))
