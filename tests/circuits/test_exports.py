@@ -23,7 +23,6 @@ from surgeon.circuits.export import (
     drawn,
     edges_for_model,
     layout,
-    mib_json,
     read_circuit,
     write,
 )

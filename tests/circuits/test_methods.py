@@ -10,11 +10,9 @@ from surgeon.analyses.circuit import (
     METHODS,
     discover,
     edge_scores,
-    evaluate_circuit,
     faithfulness,
     full_circuit,
     path_scores,
-    semantics,
 )
 from surgeon.analyses.common import format_rows
 from surgeon.circuits.prune import exhaustive_scan, smallest_prefix

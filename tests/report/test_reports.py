@@ -88,8 +88,6 @@ def test_diagnose_saves_per_item_scores_and_shows_progress(tmp_path, capsys):
 
 
 def test_figures_scale_to_the_data_and_mark_what_they_claim(decimal_model, decimal_case, threshold_model, tmp_path):
-    import numpy as np
-
     from surgeon.report import figures
     from surgeon.search.threshold import threshold_search
 
