@@ -23,6 +23,16 @@ from surgeon.errors import SurgeonError
 from surgeon.sites.ablations import ABLATIONS
 
 
+def add_patching(p: argparse.ArgumentParser, components) -> None:
+    """The options of a patching command: layers, component, direction, failing format and items."""
+    add_common(p)
+    p.add_argument("--layers", help="layers to patch, e.g. 0,1,2 or 0-2 (default: the case's, else all)")
+    p.add_argument("--component", default="z", choices=list(components), help="what to patch (default: z)")
+    p.add_argument("--direction", default="denoise", choices=["denoise", "noise"],
+                   help="denoise: good format into the failing one (repair); noise: the reverse (default: denoise)")
+    add_items(p)
+
+
 def build_parser() -> argparse.ArgumentParser:
     from surgeon.circuits.methods import (
         ATTRIBUTION_IG_STEPS,
@@ -47,12 +57,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("patch-positions", help="patch each unit of each layer at each aligned position alone "
                                                "(units x positions; --component resid_pre: the residual stream)")
-    add_common(p)
-    p.add_argument("--layers", help="layers to patch, e.g. 0,1,2 or 0-2 (default: the case's, else all)")
-    p.add_argument("--component", default="z", choices=list(COMPONENTS), help="what to patch (default: z)")
-    p.add_argument("--direction", default="denoise", choices=["denoise", "noise"],
-                   help="denoise: good format into the failing one (repair); noise: the reverse (default: denoise)")
-    add_items(p)
+    add_patching(p, COMPONENTS)
 
     p = sub.add_parser("attention", help="attention patterns of chosen heads on chosen items, every format side "
                                          "by side")
@@ -62,12 +67,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tag", help="only items with this tag ('all' for every item; default: the case's focus)")
 
     p = sub.add_parser("patch", help="patch each head (unit) of each layer from one format into the other")
-    add_common(p)
-    p.add_argument("--layers", help="layers to patch, e.g. 0,1,2 or 0-2 (default: the case's, else all)")
-    p.add_argument("--component", default="z", choices=list(COMPONENTS), help="what to patch (default: z)")
-    p.add_argument("--direction", default="denoise", choices=["denoise", "noise"],
-                   help="denoise: good format into the failing one (repair); noise: the reverse (default: denoise)")
-    add_items(p)
+    add_patching(p, COMPONENTS)
 
     p = sub.add_parser("attribute", help="estimate every unit's patching effect from one backward pass "
                                          "(gradients w.r.t. the masks); --compare checks it against exact patching")
