@@ -115,9 +115,10 @@ def run(args) -> int:
             _source(args, case).check_available(layers)
 
     case, model, device = load_case_and_model(args, check=sae_first)
-    if args.action == "train":
-        return _train(args, case, model, device, print_report)
     from surgeon.report import text as report
+
+    if args.action == "train":
+        return _train(args, case, model, device, report.save)
     from surgeon.sae.load import load_sae
 
     source = _source(args, case)
@@ -238,7 +239,11 @@ def _train(args, case, model, device, report_fn) -> int:
             + quality_text(qs))
     result = {"sae_out": str(out), "layers": layers, "hooks": [hooks[L] for L in layers], "options": opts.__dict__,
               "quality": qs}
-    return report_fn(args, "sae-train", result, case, device, text, {})
+    print(text)
+    if args.out:
+        report_fn(args.out, "sae-train", result, case, args, device)
+        print(f"\nwrote {args.out}/results.json, manifest.json")
+    return 0
 
 
 class _AllLayers:
