@@ -8,6 +8,7 @@ import numpy as np
 import torch
 
 from surgeon.analyses.common import pick_items, prepend_bos
+from surgeon.engine.contrast import cached_batches
 from surgeon.errors import AnalysisError
 from surgeon.show import Shows
 from surgeon.spec.case import Case
@@ -69,23 +70,17 @@ def attention_patterns(case: Case, model, *, heads, items=(0,), tag: str | None 
     formats = [case.good, *case.bad_formats]
     layers = sorted({L for L, _ in chosen})
     out = []
-    device = next(model.parameters()).device
-    pad = getattr(model.tokenizer, "pad_token_id", None) or 0
     for fmt in formats:
         rows = prompt_rows(case.formats[fmt], [pool[i] for i in items], model.tokenizer, prepend_bos(case, model))
-        for lo in range(0, len(rows), batch_size):  # right-padded batches: exact for a causal model
-            chunk = rows[lo: lo + batch_size]
-            W = max(len(r.tokens) for r in chunk)
-            tokens = torch.full((len(chunk), W), pad, dtype=torch.long)
+        hooks = [f"blocks.{L}.attn.hook_pattern" for L in layers]
+        done = 0
+        for chunk, cache in cached_batches(model, rows, hooks, batch_size):  # right-padded: exact when causal
             for b, row in enumerate(chunk):
-                tokens[b, : len(row.tokens)] = torch.tensor(row.tokens)
-            _, cache = model.run_with_cache(tokens.to(device),
-                                            names_filter=[f"blocks.{L}.attn.hook_pattern" for L in layers])
-            for b, (i, row) in enumerate(zip(items[lo: lo + batch_size], chunk)):
-                n = len(row.tokens)
+                n, i = len(row.tokens), items[done + b]
                 toks = [model.tokenizer.decode([t]) for t in row.tokens]
                 for L, h in chosen:
                     pat = cache[f"blocks.{L}.attn.hook_pattern"][b, h, :n, :n].float().cpu().numpy()
                     out.append(HeadPattern(f"L{L}H{h}", i, fmt, toks, pat))
+            done += len(chunk)
     return AttentionResult(case.name, tag, formats, [f"L{L}H{h}" for L, h in chosen], items, out,
                            options=dict(heads=[f"L{L}H{h}" for L, h in chosen], items=items, tag=tag))
