@@ -13,6 +13,7 @@ tables and figures in Jupyter, and has `.figure()` and `.save(dir)`; circuits al
 """
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Sequence
 
@@ -36,7 +37,7 @@ from surgeon.models.checks import load_case
 from surgeon.models.loading import load_model
 from surgeon.search.threshold import threshold_search
 from surgeon.sites.ablations import ABLATIONS
-from surgeon.spec.case import Case
+from surgeon.spec.case import Case, validate
 
 __all__ = ["diagnose", "dla", "attention", "patch", "patch_positions", "attribute", "threshold", "blend", "circuit", "circuit_eval", "case_and_model", "read"]
 
@@ -49,10 +50,14 @@ def read(case, model=None) -> Case:
     return load_case(shipped_case(str(case)), model=str(model) if isinstance(model, (str, Path)) else None)
 
 
-def case_and_model(case, model=None, *, device: str | None = None, dtype: str = "float32"):
+def case_and_model(case, model=None, *, device: str | None = None, dtype: str = "float32", metric=None):
     """(Case, model): the case read and checked (a path, a shipped case's name, or a Case), and the model (the
-    case's when None, loaded by spec when a string, else the model given)."""
+    case's when None, loaded by spec when a string, else the model given). `metric` (a name or a function)
+    replaces the case's (see `surgeon.spec.metrics`)."""
     case = read(case, model)
+    if metric is not None:
+        case = replace(case, metric=metric)
+        validate(case)
     if model is None or isinstance(model, (str, Path)):
         model = load_model(case.model, device=device_of(device), dtype=dtype)
     return case, model
@@ -62,19 +67,19 @@ def _layers(case: Case, layers):
     return list(case.layers) if layers is None and case.layers is not None else layers
 
 
-def diagnose(case, model=None, *, batch_size: int = 256, generate: int = 0, device: str | None = None,
+def diagnose(case, model=None, *, batch_size: int = 256, generate: int = 0, metric=None, device: str | None = None,
              dtype: str = "float32"):
     """Accuracy and score per format, with intervals: is the failure there? (`surgeon diagnose`)"""
 
-    case, model = case_and_model(case, model, device=device, dtype=dtype)
+    case, model = case_and_model(case, model, device=device, dtype=dtype, metric=metric)
     return diagnose_case(case, model, batch_size=batch_size, generate=generate)
 
 
 def patch(case, model=None, *, layers: Sequence[int] | None = None, component: str = "z",
           direction: str = "denoise", bad: str | None = None, tag: str | None = None, batch_size: int = 256,
-          device: str | None = None, dtype: str = "float32"):
+          metric=None, device: str | None = None, dtype: str = "float32"):
     """Patch every head (unit) of each layer alone from one format into the other (`surgeon patch`)."""
-    case, model = case_and_model(case, model, device=device, dtype=dtype)
+    case, model = case_and_model(case, model, device=device, dtype=dtype, metric=metric)
     return patch_heads(case, model, layers=_layers(case, layers), component=component, direction=direction, bad=bad,
                        tag=tag, batch_size=batch_size)
 
@@ -88,10 +93,10 @@ def dla(case, model=None, *, tag: str | None = None, batch_size: int = 256, devi
 
 def patch_positions(case, model=None, *, layers: Sequence[int] | None = None, component: str = "z",
                     direction: str = "denoise", bad: str | None = None, tag: str | None = None,
-                    batch_size: int = 256, device: str | None = None, dtype: str = "float32"):
+                    batch_size: int = 256, metric=None, device: str | None = None, dtype: str = "float32"):
     """Every unit of each layer patched at each aligned position alone; `component="resid_pre"`: the residual
     stream x positions (`surgeon patch-positions`)."""
-    case, model = case_and_model(case, model, device=device, dtype=dtype)
+    case, model = case_and_model(case, model, device=device, dtype=dtype, metric=metric)
     return patch_by_position(case, model, layers=_layers(case, layers), component=component, direction=direction,
                              bad=bad, tag=tag, batch_size=batch_size)
 
@@ -107,10 +112,10 @@ def attention(case, model=None, *, heads, items: Sequence[int] = (0,), tag: str 
 def attribute(case, model=None, *, layers: Sequence[int] | None = None, component: str = "z",
               direction: str = "denoise", bad: str | None = None, tag: str | None = None, batch_size: int = 256,
               compare: bool = False, method: str = "gradient", ig_steps: int = ATTRIBUTION_IG_STEPS,
-              device: str | None = None, dtype: str = "float32"):
+              metric=None, device: str | None = None, dtype: str = "float32"):
     """Gradient attribution over the units' masks, optionally against exact patching (`surgeon attribute`)."""
 
-    case, model = case_and_model(case, model, device=device, dtype=dtype)
+    case, model = case_and_model(case, model, device=device, dtype=dtype, metric=metric)
     return attribute_units(case, model, layers=_layers(case, layers), component=component, direction=direction,
                                  bad=bad, tag=tag, batch_size=batch_size, compare=compare, method=method,
                                  ig_steps=ig_steps)
@@ -120,10 +125,10 @@ def threshold(case, model=None, *, layer: int | None = None, heads: str | None =
               groups: Sequence[str] = ("even", "odd"), grid: tuple[str, str] | None = None, budget: int = 20000,
               grid_budget: int = 200, item_rate: float = 1.0, x: float = 0.5, component: str = "z",
               bad: str | None = None, tag: str | None = None, batch_size: int = 256, chunk: int = 256, seed: int = 0,
-              out: str | Path | None = None, generate: int = 0, device: str | None = None, dtype: str = "float32"):
+              out: str | Path | None = None, generate: int = 0, metric=None, device: str | None = None, dtype: str = "float32"):
     """Search head subsets that repair: the fraction repairing per size k, the threshold k*, minimal subsets
     (`surgeon threshold`). With `out`, finished chunks are kept there and a rerun resumes."""
-    case, model = case_and_model(case, model, device=device, dtype=dtype)
+    case, model = case_and_model(case, model, device=device, dtype=dtype, metric=metric)
     return threshold_search(case, model, layer=layer, heads=heads, groups=list(groups), grid=grid, budget=budget,
                             grid_budget=grid_budget, item_rate=item_rate, x=x, component=component, bad=bad, tag=tag,
                             batch_size=batch_size, chunk=chunk, seed=seed, out=out, generate=generate)
@@ -131,10 +136,10 @@ def threshold(case, model=None, *, layer: int | None = None, heads: str | None =
 
 def blend(case, model=None, *, layer: int, heads: Sequence[int] | None = None, component: str = "z",
           step: float = 0.01, bad: str | None = None, tag: str | None = None, batch_size: int = 256,
-          device: str | None = None, dtype: str = "float32"):
+          metric=None, device: str | None = None, dtype: str = "float32"):
     """Blend (1-a) failing + a good for chosen heads: where does repair switch on? (`surgeon blend`)"""
 
-    case, model = case_and_model(case, model, device=device, dtype=dtype)
+    case, model = case_and_model(case, model, device=device, dtype=dtype, metric=metric)
     return blend_heads(case, model, layer=layer, heads=list(heads) if heads is not None else None,
                           component=component, step=step, bad=bad, tag=tag, batch_size=batch_size)
 
@@ -142,24 +147,24 @@ def blend(case, model=None, *, layer: int, heads: Sequence[int] | None = None, c
 def circuit(case, model=None, *, method: str | None = None, ig_steps: int = IG_STEPS, ablation: str = ABLATIONS[0],
             direction: str = "denoise", faithfulness: float = 0.9, edges: int | None = None, paths: int = 10,
             verify: int = 50, bad: str | None = None, tag: str | None = None, batch_size: int = 256,
-            device: str | None = None, dtype: str = "float32"):
+            metric=None, device: str | None = None, dtype: str = "float32"):
     """Path-level circuit discovery: score every edge, prune the smallest faithful circuit, rank complete paths
     by path patching (`surgeon circuit`); `r.export("c.mib.json", "c.svg", ...)` writes the graph."""
     case = read(case, model)
     check_options(method or default_method(case), ablation, ig_steps, None if edges else faithfulness, edges)
-    case, model = case_and_model(case, model, device=device, dtype=dtype)
+    case, model = case_and_model(case, model, device=device, dtype=dtype, metric=metric)
     return discover(case, model, method=method, ablation=ablation, direction=direction, bad=bad, tag=tag,
                     target=None if edges else faithfulness, n_edges=edges, n_paths=paths, ig_steps=ig_steps,
                     verify=verify, batch_size=batch_size)
 
 
 def circuit_eval(case, graph, model=None, *, ablation: str = ABLATIONS[0], direction: str = "denoise",
-                 bad: str | None = None, tag: str | None = None, batch_size: int = 256, device: str | None = None,
+                 bad: str | None = None, tag: str | None = None, batch_size: int = 256, metric=None, device: str | None = None,
                  dtype: str = "float32") -> dict:
     """The faithfulness of a circuit file (any JSON export, or a circuit's results.json), with its interval
     (`surgeon circuit-eval`)."""
 
     edges = read_circuit(Path(graph))
-    case, model = case_and_model(case, model, device=device, dtype=dtype)
+    case, model = case_and_model(case, model, device=device, dtype=dtype, metric=metric)
     return evaluate_circuit(case, model, edges, ablation=ablation, direction=direction, bad=bad, tag=tag,
                             batch_size=batch_size, where=str(graph))

@@ -24,11 +24,11 @@ class BlendResult(Shows):
     units: tuple[str, ...]  # what is blended ("L10H0", ... or "attn_out10")
     n_items: int
     alphas: np.ndarray  # [A] grid of blend fractions
-    rate: np.ndarray  # [A] fraction of items whose correct answer wins
+    rate: np.ndarray  # [A] fraction of items right (the metric's `right`: for most, the correct answer wins)
     rate_lo: np.ndarray
     rate_hi: np.ndarray
     mean_score: np.ndarray  # [A]
-    switch: np.ndarray  # [n_items] a* where the score crosses 0 (nan: not repaired at a = 1)
+    switch: np.ndarray  # [n_items] a* where the score crosses into right (0 for most metrics; nan: not repaired at a = 1)
     crossings: np.ndarray  # [n_items] how many times the score changes sign along the grid
     switch_mean: Estimate  # over the items that switch
     switch_quartiles: tuple[float, float, float]
@@ -67,7 +67,8 @@ def blend(case: Case, model, *, layer: int, heads: list[int] | None = None, comp
     masks[:, chosen] = torch.tensor(alphas, dtype=torch.float32)[:, None]
     with torch.no_grad():
         scores = contrast.run({site: masks}).cpu().numpy()  # [A, n_items]
-    ok = scores > 0
+    t = contrast.metric.right_above  # an item is right above this score (0 for all but kl)
+    ok = scores > t
     rate, lo, hi = wilson_many(ok.sum(1), contrast.n_items)
     n = contrast.n_items
     switch = np.full(n, np.nan)
@@ -80,7 +81,7 @@ def blend(case: Case, model, *, layer: int, heads: list[int] | None = None, comp
         if len(idx):
             k = idx[0]
             s0, s1 = scores[k - 1, i], scores[k, i]
-            switch[i] = alphas[k - 1] + (0 - s0) / (s1 - s0) * (alphas[k] - alphas[k - 1])
+            switch[i] = alphas[k - 1] + (t - s0) / (s1 - s0) * (alphas[k] - alphas[k - 1])
     moved = switch[np.isfinite(switch) & ~ok[0]]
     q = tuple(float(v) for v in np.percentile(moved, [25, 50, 75])) if len(moved) else (float("nan"),) * 3
     rate_at = {f"{a:.1f}": float(rate[int(round(a / step))]) for a in np.arange(0, 1.01, 0.2)

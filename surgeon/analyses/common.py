@@ -3,12 +3,13 @@ from __future__ import annotations
 
 from typing import Literal
 
-from surgeon.engine.contrast import Contrast
-from surgeon.errors import AnalysisError
+from surgeon.engine.contrast import Contrast, reference_logprobs
+from surgeon.errors import AnalysisError, CaseError
 from surgeon.sites.nodes import Site
 from surgeon.sites.nodes import component as get_component
 from surgeon.spec.case import Case
 from surgeon.spec.encoding import encode_rows
+from surgeon.spec.metrics import metric_of
 
 Direction = Literal["denoise", "noise"]
 DIRECTIONS = ("denoise", "noise")
@@ -37,8 +38,30 @@ def pick_items(case: Case, tag: str | None):
 
 
 def format_rows(case: Case, model, fmt: str, items):
-    return encode_rows(case.formats[fmt], items, model.tokenizer, prepend_bos(case, model), case.score,
-                       case.answer_end)
+    """The rows that score `items` in format `fmt`: by the case's `score`, or where the answers first differ
+    when its metric reads only that position (kl, a function)."""
+    metric = metric_of(case.metric)
+    score = "first_token" if metric.decision else case.score
+    try:
+        return encode_rows(case.formats[fmt], items, model.tokenizer, prepend_bos(case, model), score,
+                           case.answer_end)
+    except CaseError as e:
+        if not metric.decision or case.score == "first_token" or e.field != "score":
+            raise
+        raise CaseError(f"metric {metric.label!r} reads where the answers first differ, but {e.message}",
+                        where=case.source, field="metric",
+                        fix='set answer_end="eos" (the answers then differ at the end token), or use metric '
+                            '"logprob" or "prob"') from None
+
+
+def case_metric(case: Case, model, items, batch_size: int = 256):
+    """(Metric, reference): the case's metric, and what it compares against (the good format's next-token
+    log-probabilities per item, for kl; else None)."""
+    metric = metric_of(case.metric)
+    ref = None
+    if metric.reference:
+        ref = reference_logprobs(model, format_rows(case, model, case.good, items), batch_size)
+    return metric, ref
 
 
 def make_contrast(case: Case, model, *, bad: str | None = None, direction: Direction = "denoise",
@@ -56,8 +79,9 @@ def make_contrast(case: Case, model, *, bad: str | None = None, direction: Direc
         raise AnalysisError(f"formats {bad!r} and {case.good!r} give the same tokens for every item, so there is "
                             f"nothing to patch between them", where=case.source, field="formats",
                             fix="give the failing format a different template (or pick another with --bad)")
+    metric, ref = case_metric(case, model, items, batch_size)
     c = Contrast(model, rows_b, rows_s, case.align, batch_size=batch_size, base_name=base, source_name=source,
-                 sites=sites)
+                 sites=sites, metric=metric, reference=ref)
     return c, dict(base=base, source=source, bad=bad, tag=tag, n_items=len(items), direction=direction)
 
 

@@ -5,7 +5,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from surgeon.analyses.common import format_rows
+from surgeon.analyses.common import case_metric, format_rows
 from surgeon.analyses.generation import generate_format
 from surgeon.engine.contrast import score_rows
 from surgeon.show import Shows
@@ -18,8 +18,8 @@ class FormatStats:
     format: str
     role: str  # good | bad
     tag: str  # item tag, or "all"
-    accuracy: Estimate  # fraction of items whose correct answer wins
-    score: Estimate  # mean log P(correct) - log P(incorrect)
+    accuracy: Estimate  # fraction of items the model gets right (the metric's `right`: for most, score > 0)
+    score: Estimate  # mean score (the case's metric; default log P(correct) - log P(incorrect))
 
 
 @dataclass(frozen=True)
@@ -33,6 +33,7 @@ class Diagnosis(Shows):
     reproduced: dict[str, bool]  # per failing format: its accuracy interval lies below the good format's
     generations: tuple = ()  # per format, with generate > 0: greedy continuations and their verdicts
     per_item: tuple = ()  # one dict per item: index, tag, values, answers, and its score in every format
+    metric: str = "logprob"  # what the scores measure (surgeon.spec.metrics)
 
     def get(self, fmt: str, tag: str = "all") -> FormatStats:
         return next(s for s in self.stats if s.format == fmt and s.tag == tag)
@@ -47,15 +48,16 @@ def diagnose(case: Case, model, *, batch_size: int = 256, generate: int = 0, pro
     tags = ["all"] + [t for t in case.tags if len(case.tags) > 1 or t == case.focus]
     stats = []
     scores = {}
+    metric, ref = case_metric(case, model, case.items, batch_size)
     for fmt in formats:
         s = score_rows(model, format_rows(case, model, fmt, case.items), batch_size,
-                       progress=f"scoring {fmt}" if progress else None).cpu().numpy()
+                       progress=f"scoring {fmt}" if progress else None, metric=metric, reference=ref).cpu().numpy()
         scores[fmt] = s
         for tag in tags:
             sel = np.array([tag == "all" or it.tag == tag for it in case.items])
             x = s[sel]
             stats.append(FormatStats(fmt, "good" if fmt == case.good else "bad", tag,
-                                     wilson(int((x > 0).sum()), int(x.size)), bootstrap_mean(x)))
+                                     wilson(int(metric.right(x).sum()), int(x.size)), bootstrap_mean(x)))
     focus = case.focus or "all"
     d = Diagnosis(case.name, case.model, case.good, case.bad_formats, case.focus, tuple(stats), {})
     good = d.get(case.good, focus).accuracy
@@ -67,6 +69,6 @@ def diagnose(case: Case, model, *, batch_size: int = 256, generate: int = 0, pro
                       "incorrect": it.incorrect, "score": {f: float(scores[f][i]) for f in formats}}
                      for i, it in enumerate(case.items))
     return Diagnosis(case.name, case.model, case.good, case.bad_formats, case.focus, tuple(stats), reproduced, gens,
-                     per_item)
+                     per_item, metric.label)
 
 

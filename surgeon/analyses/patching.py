@@ -87,7 +87,8 @@ def patch_heads(case: Case, model, *, layers=None, component: str = "z", directi
     flat = per_item.reshape(-1, contrast.n_items)
     s, s_lo, s_hi = bootstrap_means(flat)
     f, f_lo, f_hi = bootstrap_fraction(flat, base, source)
-    a, a_lo, a_hi = wilson_many((flat > 0).sum(-1), contrast.n_items)
+    right = contrast.metric.right
+    a, a_lo, a_hi = wilson_many(right(flat).sum(-1), contrast.n_items)
     shape = (len(layers), U)
     scale = max(float(np.abs(delta).max()), 1e-30)
     noop = tuple((int(layers[i]), int(u)) for i, u in zip(*np.nonzero(delta <= 1e-7 * scale)))
@@ -95,7 +96,7 @@ def patch_heads(case: Case, model, *, layers=None, component: str = "z", directi
         case=case.name, component=component, direction=direction, base=info["base"], source=info["source"],
         tag=info["tag"], layers=layers, n_units=U, n_items=contrast.n_items,
         clean_base=bootstrap_mean(base), clean_source=bootstrap_mean(source),
-        base_accuracy=wilson(int((base > 0).sum()), base.size), source_accuracy=wilson(int((source > 0).sum()), source.size),
+        base_accuracy=wilson(int(right(base).sum()), base.size), source_accuracy=wilson(int(right(source).sum()), source.size),
         score=s.reshape(shape), score_lo=s_lo.reshape(shape), score_hi=s_hi.reshape(shape),
         fraction=f.reshape(shape), fraction_lo=f_lo.reshape(shape), fraction_hi=f_hi.reshape(shape),
         accuracy=a.reshape(shape), accuracy_lo=a_lo.reshape(shape), accuracy_hi=a_hi.reshape(shape),

@@ -100,7 +100,7 @@ def _search(contrast, units, site, component: str, *, case: str, info: dict, ite
         it = tqdm(it, desc=f"{component} subsets", unit="chunk", leave=False)
     for c in it:
         per_subset.update(summarize_chunks([chunk_scores(contrast, plan, c, chunk, sites={units[0].layer: site})],
-                                           base_np, src_np))
+                                           base_np, src_np, contrast.metric.right_above))
     return aggregate(plan, per_subset, case=case, component=component, base=info["base"], source=info["source"],
                      tag=info["tag"], n_items=contrast.n_items, item_rate=item_rate, x=x,
                      base_mean=float(contrast.clean_base.mean()), source_mean=float(contrast.clean_source.mean()),

@@ -14,6 +14,7 @@ from surgeon.cli.common import (
     CASES_DIR,
     add_common,
     add_items,
+    add_metric,
     layers_of,
     load_case_and_model,
     print_report,
@@ -31,6 +32,7 @@ def add_patching(p: argparse.ArgumentParser, components) -> None:
     p.add_argument("--direction", default="denoise", choices=["denoise", "noise"],
                    help="denoise: good format into the failing one (repair); noise: the reverse (default: denoise)")
     add_items(p)
+    add_metric(p)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -47,6 +49,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("diagnose", help="accuracy and score per format, with intervals: is the failure there?")
     add_common(p)
+    add_metric(p)
     p.add_argument("--generate", type=cli_types.nonnegative, default=0, metavar="N",
                    help="also generate N tokens greedily per focus item and judge them (what the paper did)")
 
@@ -78,6 +81,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="denoise: gradients of patching the good format into the failing one (repair); noise: the "
                         "reverse (default: denoise)")
     add_items(p)
+    add_metric(p)
     p.add_argument("--compare", action="store_true", help="also run exact per-unit patching and correlate")
     p.add_argument("--method", default="gradient", choices=list(ATTRIBUTION_METHODS),
                    help="; ".join(f"{k}: {v}" for k, v in ATTRIBUTION_METHODS.items()) + " (default: gradient)")
@@ -105,6 +109,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="what a head's patch replaces: z (head output before W_O), o_slices (its slice after W_O), "
                         "q, k or v (its query, key or value input) (default: z)")
     add_items(p)
+    add_metric(p)
     p.add_argument("--chunk", type=cli_types.positive, default=256, help="subsets per saved chunk (default 256)")
     p.add_argument("--shard", help="i/n: evaluate only every n-th chunk (merge shards with surgeon merge)")
     p.add_argument("--resume", action="store_true", help="continue the search saved in --out")
@@ -130,6 +135,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "pattern: attention patterns (equal-length formats only) (default: z)")
     p.add_argument("--step", type=cli_types.fraction, default=0.01, help="grid step for a (default 0.01)")
     add_items(p)
+    add_metric(p)
 
     p = sub.add_parser("circuit", help="path-level circuit discovery: score every edge, prune a faithful circuit, "
                                        "rank complete paths by path patching, export the graph")
@@ -154,6 +160,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--export", nargs="+", type=Path, default=[], metavar="FILE",
                    help="write the circuit graph; format from the suffix: .graphml .gexf .json .mib.json .dot .svg .pdf .tex .png")
     add_items(p)
+    add_metric(p)
 
     p = sub.add_parser("circuit-eval", help="faithfulness of a circuit read from a file (our JSON exports, "
                                             "or an EAP-IG / MIB circuit JSON)")
@@ -163,6 +170,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="what a patched edge carries (default: resample)")
     p.add_argument("--direction", default="denoise", choices=["denoise", "noise"], help="default: denoise")
     add_items(p)
+    add_metric(p)
 
     from surgeon.cli.sae import add_parser as add_sae
 

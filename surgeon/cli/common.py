@@ -53,6 +53,16 @@ def add_items(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tag", help="only items with this tag ('all' for every item; default: the case's focus)")
 
 
+def add_metric(p: argparse.ArgumentParser) -> None:
+    """What an item's score measures, instead of the case's metric."""
+    from surgeon.spec.metrics import METRICS
+
+    p.add_argument("--metric", choices=list(METRICS),
+                   help="what an item's score measures: logprob (log P(correct) - log P(incorrect)), logit (logit "
+                        "difference), prob (probability difference), kl (-KL from the good format's next-token "
+                        "distribution) (default: the case's metric, else logprob; a function is a case field)")
+
+
 def parse_layers(text: str | None):
     if text is None:
         return None
@@ -112,6 +122,10 @@ def load_case_and_model(args, check=None, out=None):
 
     check_out(out if out is not None else getattr(args, "out", None))
     case = load_case(args.case, model=args.model)  # before torch is imported: a bad case file is refused at once
+    if getattr(args, "metric", None):
+        from dataclasses import replace
+
+        case = replace(case, metric=args.metric)
     if check is not None:
         check(case)
     setup(args)

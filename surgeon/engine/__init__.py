@@ -5,7 +5,8 @@ from surgeon.engine.contrast import (
     cached_batches,
     greedy,
     readout,
+    reference_logprobs,
     score_rows,
 )
 
-__all__ = ["Contrast", "cached_batches", "greedy", "readout", "score_rows"]
+__all__ = ["Contrast", "cached_batches", "greedy", "readout", "reference_logprobs", "score_rows"]

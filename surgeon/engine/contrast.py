@@ -38,6 +38,9 @@ from surgeon.sites.nodes import Site, hook_layer, units_view
 from surgeon.sites.protocol import SiteKind, coerce
 from surgeon.spec.encoding import Row
 from surgeon.spec.encoding import align as align_rows
+from surgeon.spec.metrics import LogProb, Metric
+
+LOGPROB = LogProb()
 
 CACHE_BYTES = 2 * 2**30  # activations a Contrast keeps between calls on CPU; buckets past it recompute theirs
 CACHE_FRACTION = 0.3  # on a GPU: this fraction of its free memory when the Contrast is built
@@ -150,7 +153,7 @@ class Contrast:
     """Items run in a base format, with activations from a source format ready to patch in.
 
     Denoising (repair) is base = failing format, source = good format; noising is the reverse.
-    `run(masks)` returns each item's score (log P(correct) - log P(incorrect)) under each patch.
+    `run(masks)` returns each item's score (`metric`, default log P(correct) - log P(incorrect)) under each patch.
     `sites` and `start_layer` say up front what will be patched, so one forward pass per format
     fills every cache (they are filled lazily otherwise). `clean=False` skips the clean scores (and
     the passes that compute them) where only `generate` is needed. `cache_bytes` bounds the activations kept
@@ -160,11 +163,17 @@ class Contrast:
     def __init__(self, model, base_rows: Sequence[Row], source_rows: Sequence[Row], align: str = "last",
                  *, batch_size: int = 256, base_name: str = "base", source_name: str = "source",
                  sites: Sequence[Site | str] = (), start_layer: int | None = None,
-                 shared_prefix: bool | None = None, clean: bool = True, cache_bytes: int | None = None):
+                 shared_prefix: bool | None = None, clean: bool = True, cache_bytes: int | None = None,
+                 metric: Metric | None = None, reference: Tensor | None = None):
         if len(base_rows) != len(source_rows) or not base_rows:
             raise AnalysisError("internal: base and source rows differ in number, or there are none")
         self.model = model
         self.cfg = model.cfg
+        self.metric = metric or LOGPROB
+        if self.metric.reference and reference is None:
+            raise AnalysisError(f"internal: metric {self.metric.name!r} needs reference log-probabilities")
+        # [n_items, vocab] per item; kept on the device of the first use
+        self.reference = reference
         self.batch_size = max(1, int(batch_size))
         self.backoffs = 0  # how often out-of-memory halved the batch size
         # attend to the shared prefix without copying it per patch, where the architecture allows
@@ -268,7 +277,7 @@ class Contrast:
         for s in sites:
             b.base_acts[s] = self._gather(cache[s.hook], s, b.base_pos)
         if score:
-            return readout(self.model, final, b.tgt_pos, b.tgt_tok, b.tgt_sign, max_rows=self.batch_size)[0]
+            return self._readout(b, final, b.tgt_pos)[0]
         return None
 
     def _ensure_source(self, b: Bucket, sites: Sequence[Site], score: bool = False):
@@ -285,7 +294,7 @@ class Contrast:
         for s in sites:
             b.source_acts[s] = self._gather(cache[s.hook], s, b.source_pos)
         if score:
-            return readout(self.model, final, b.source_tgt_pos, b.tgt_tok, b.tgt_sign, max_rows=self.batch_size)[0]
+            return self._readout(b, final, b.source_tgt_pos)[0]
         return None
 
     def _pass(self, tokens: Tensor, names: Sequence[str], final: bool):
@@ -403,8 +412,9 @@ class Contrast:
         runs by path (grouped: patches agreeing below their last layer share that work; split: patches
         grouped by the first layer they act at; plain: every patch from the first patched layer); `why`
         counts the reasons a run was not grouped; `backoffs` is how often out-of-memory halved the batch;
-        `caches_recomputed` how often a bucket's caches were dropped to stay within `cache_bytes`."""
-        return {"prefix": self._log["prefix"], "paths": dict(self._log["paths"]), "why": dict(self._log["why"]),
+        `caches_recomputed` how often a bucket's caches were dropped to stay within `cache_bytes`; `metric` what
+        the scores measure."""
+        return {"metric": self.metric.label, "prefix": self._log["prefix"], "paths": dict(self._log["paths"]), "why": dict(self._log["why"]),
                 "batch_size": self.batch_size, "backoffs": self.backoffs, "buckets": len(self.buckets),
                 "cache_bytes": self.cache_bytes, "caches_recomputed": self._log["recomputed"]}
 
@@ -617,7 +627,15 @@ class Contrast:
                    resid: Tensor | None = None, z: Tensor | None = None) -> Tensor:
         """[copies, n] scores under `copies` patches."""
         final = self._forward(b, start, masks, copies, kv_cache, resid=resid, z=z)
-        return readout(self.model, final, b.tgt_pos - b.p0, b.tgt_tok, b.tgt_sign, max_rows=self.batch_size)
+        return self._readout(b, final, b.tgt_pos - b.p0)
+
+    def _readout(self, b: Bucket, final: Tensor, tgt_pos: Tensor) -> Tensor:
+        """[copies, n] scores of the bucket's rows from final residuals (targets at `tgt_pos`)."""
+        ref = None
+        if self.metric.reference:
+            ref = self.reference[b.items.to(self.reference.device)]
+        return readout(self.model, final, tgt_pos, b.tgt_tok, b.tgt_sign, max_rows=self.batch_size,
+                       metric=self.metric, ref=ref)
 
     def _forward(self, b: Bucket, start: int, masks: Mapping[Site, Tensor], copies: int, kv_cache, *,
                  resid: Tensor | None = None, z: Tensor | None = None, stop: int | None = None,
@@ -777,18 +795,23 @@ def _row_slice(b: Bucket, r0: int, r1: int) -> Bucket:
         source_acts={s: x[rows] for s, x in b.source_acts.items()}, base_acts={s: x[rows] for s, x in b.base_acts.items()})
 
 
-def readout(model, resid: Tensor, tgt_rel: Tensor, tok: Tensor, sign: Tensor, max_rows: int | None = None) -> Tensor:
-    """Scores [chunk, n] from final-layer residuals [chunk * n, pos, d]: sum of sign * log P(token) at the
-    target positions (given relative to the residual's first position). Unembeds only those positions,
-    at most `max_rows` rows at a time (the logits over a large vocabulary dominate memory)."""
+def readout(model, resid: Tensor, tgt_rel: Tensor, tok: Tensor, sign: Tensor, max_rows: int | None = None,
+            metric: Metric | None = None, ref: Tensor | None = None) -> Tensor:
+    """Scores [chunk, n] from final-layer residuals [chunk * n, pos, d]: the metric (default: sum of sign *
+    log P(token)) over the logits at the target positions (given relative to the residual's first position);
+    `ref` [n, vocab]: the metric's reference log-probabilities per row. Unembeds only those positions, at most
+    `max_rows` rows at a time (the logits over a large vocabulary dominate memory)."""
     cfg = model.cfg
+    metric = metric or LOGPROB
     n = tok.shape[0]
     r = resid.view(-1, n, *resid.shape[1:])
     idx = torch.arange(n, device=r.device)[:, None]
     sel = r[:, idx, tgt_rel.to(r.device)]  # [chunk, n, T, d]
     c, _, T, d = sel.shape
     x = sel.reshape(c * n, T, d)
-    toks = tok.to(x.device).repeat(c, 1)[..., None]
+    toks = tok.to(x.device).repeat(c, 1)
+    signs = sign.to(x.device).float().repeat(c, 1)
+    refs = ref.to(x.device).repeat(c, 1) if ref is not None else None
     step = max_rows or c * n
     picked = []
     for lo in range(0, c * n, step):
@@ -799,21 +822,54 @@ def readout(model, resid: Tensor, tgt_rel: Tensor, tok: Tensor, sign: Tensor, ma
         cap = getattr(cfg, "output_logits_soft_cap", -1.0) or -1.0
         if cap > 0:
             logits = cap * torch.tanh(logits / cap)
-        picked.append(logits.log_softmax(-1).gather(-1, toks[lo: lo + step])[..., 0])
-    return (torch.cat(picked).view(c, n, T) * sign.to(x.device)).sum(-1)
+        picked.append(metric.score(logits, toks[lo: lo + step], signs[lo: lo + step],
+                                   None if refs is None else refs[lo: lo + step]))
+    return torch.cat(picked).view(c, n)
 
 
 @torch.no_grad()
-def score_rows(model, rows: Sequence[Row], batch_size: int = 256, progress: str | None = None) -> Tensor:
-    """Clean (unpatched) item scores [n_items]: log P(correct) - log P(incorrect) per item.
+def score_rows(model, rows: Sequence[Row], batch_size: int = 256, progress: str | None = None,
+               metric: Metric | None = None, reference: Tensor | None = None) -> Tensor:
+    """Clean (unpatched) item scores [n_items]: the metric per item (default: log P(correct) - log P(incorrect));
+    `reference` [n_items, vocab]: the metric's reference log-probabilities per item.
 
     Rows are sorted by length and right-padded per batch (exact for a causal model). `progress`: a tqdm bar
     with this description when there is more than one batch."""
     device = next(model.parameters()).device
     n_items = max(r.item for r in rows) + 1
+    out = torch.zeros(n_items, device=device)
+    for batch, resid, pos, tok, sign in _final_batches(model, rows, batch_size, progress):
+        items = torch.tensor([r.item for r in batch], device=device)
+        ref = reference[items.to(reference.device)] if reference is not None else None
+        out = out.index_add(0, items, readout(model, resid, pos, tok, sign, metric=metric, ref=ref)[0])
+    check_scores(out, "unpatched")
+    return out
+
+
+@torch.no_grad()
+def reference_logprobs(model, rows: Sequence[Row], batch_size: int = 256) -> Tensor:
+    """[n_items, vocab]: each item's next-token log-probabilities at its first target position (where its
+    answers first differ, for rows encoded by first token), the reference a KL metric compares against."""
+    device = next(model.parameters()).device
+    n_items = max(r.item for r in rows) + 1
+    out = torch.zeros(n_items, model.cfg.d_vocab_out, device=device)
+    for batch, resid, pos, _, _ in _final_batches(model, rows, batch_size, None):
+        h = resid[torch.arange(len(batch), device=device), pos[:, 0]][:, None]
+        if model.cfg.normalization_type is not None:
+            h = model.ln_final(h)
+        logits = model.unembed(h)[:, 0].float()
+        cap = getattr(model.cfg, "output_logits_soft_cap", -1.0) or -1.0
+        if cap > 0:
+            logits = cap * torch.tanh(logits / cap)
+        out[torch.tensor([r.item for r in batch], device=device)] = logits.log_softmax(-1)
+    return out
+
+
+def _final_batches(model, rows: Sequence[Row], batch_size: int, progress: str | None):
+    """Rows sorted by length, right-padded per batch: (rows, final residual, target positions, tokens, signs)."""
+    device = next(model.parameters()).device
     pad = getattr(model.tokenizer, "pad_token_id", None) or 0
     order = sorted(range(len(rows)), key=lambda i: len(rows[i].tokens))
-    out = torch.zeros(n_items, device=device)
     starts = range(0, len(order), batch_size)
     if progress and len(starts) > 1:
         from tqdm.auto import tqdm
@@ -826,11 +882,7 @@ def score_rows(model, rows: Sequence[Row], batch_size: int = 256, progress: str 
         pos = _padded([[t[0] for t in r.targets] for r in batch], T, 0, device)
         tok = _padded([[t[1] for t in r.targets] for r in batch], T, 0, device)
         sign = _padded([[t[2] for t in r.targets] for r in batch], T, 0.0, device, torch.float32)
-        resid = model(tokens, stop_at_layer=model.cfg.n_layers)
-        items = torch.tensor([r.item for r in batch], device=device)
-        out = out.index_add(0, items, readout(model, resid, pos, tok, sign)[0])
-    check_scores(out, "unpatched")
-    return out
+        yield batch, model(tokens, stop_at_layer=model.cfg.n_layers), pos, tok, sign
 
 
 def check_scores(scores: Tensor, run: str) -> None:

@@ -50,7 +50,7 @@ def diagnosis_figure(d, path: Path):
         ax.bar(x, y, width, yerr=err, capsize=3, label=f"{tag} (n={vals[0].n})")
     ax.set_xticks(np.arange(len(formats)), [f"{f}\n({'good' if f == d.good else 'bad'})" for f in formats])
     ax.set_ylim(0, 1.05)
-    ax.set_ylabel("accuracy (correct answer wins)")
+    ax.set_ylabel("accuracy (items right)")
     ax.set_title(f"{d.case}: accuracy per format (95% CI)")
     ax.legend(fontsize=8)
     return _save(fig, path)

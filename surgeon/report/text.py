@@ -11,6 +11,7 @@ from surgeon.report import figures
 from surgeon.results import manifest, staging, write_json
 from surgeon.search.subsets import per_subset, plan_from_options, subsets_csv_rows
 from surgeon.sites.nodes import component, unit_label
+from surgeon.spec.metrics import describe as describe_metric
 
 
 def _f(v: float, spec: str) -> str:
@@ -42,7 +43,7 @@ def diagnosis_text(d, case=None) -> str:
         tags[it["tag"] or "(untagged)"] = tags.get(it["tag"] or "(untagged)", 0) + 1
     lines = [f"case {d.case} · model {d.model} · {len(d.per_item)} items ("
              + ", ".join(f"{k} {v}" for k, v in sorted(tags.items())) + ")",
-             "score = log P(correct) - log P(incorrect), summed over answer tokens; accuracy = score > 0",
+             f"score = {describe_metric(d.metric)}; accuracy = fraction right",
              "",
              f"{'format':10s} {'role':5s} {'items':9s} {'accuracy [95% CI]':32s} {'mean score [95% CI]'}"]
     for s in d.stats:
@@ -173,7 +174,7 @@ def threshold_text(r) -> str:
     lines = [
         f"case {r.case} · subsets of {len(r.units)} {'SAE features' if r.component == 'sae_features' else r.component + ' heads'} ({', '.join(r.units)}) patched from "
         f"{r.source!r} into {r.base!r} · {r.n_items} items ({r.tag or 'all'})",
-        f"a subset repairs when the correct answer wins on >= {pct(r.item_rate).strip()} of the items; "
+        f"a subset repairs when the model is right on >= {pct(r.item_rate).strip()} of the items; "
         f"{r.subsets_evaluated} distinct subsets evaluated"
         + ("" if r.complete else f" (PARTIAL: {r.chunks_done}/{r.chunks_total} chunks)"),
         "",
@@ -242,7 +243,7 @@ def blend_text(r) -> str:
         what = ", ".join(r.units) if len(r.units) <= 8 else f"{len(r.units)} heads of layer {r.layer}"
     lines = [f"case {r.case} · blend {r.component} of {what}: (1-a)*{r.base} + a*{r.source} · {r.n_items} items "
              f"({r.tag or 'all'})",
-             "repair rate (correct answer wins) by blend fraction a:"]
+             "repair rate (items right) by blend fraction a:"]
     for a, v in r.rate_at.items():
         i = int(round(float(a) / (r.alphas[1] - r.alphas[0])))
         lines.append(f"  a = {a}: {100 * v:5.1f}% [{100 * r.rate_lo[i]:5.1f}, {100 * r.rate_hi[i]:5.1f}]  "
@@ -258,8 +259,8 @@ def blend_text(r) -> str:
         q1, med, q3 = r.switch_quartiles
         lines.append(f"  mean {m.value:.3f} {_ci(m.lo, m.hi, '.3f')} over the {m.n} item{'s' * (m.n != 1)} that "
                      f"switch{'es' * (m.n == 1)}, quartiles {q1:.3f} / {med:.3f} / {q3:.3f}")
-    lines.append(f"  correct already at a = 0: {r.already}; never repaired up to a = 1: {r.never}; "
-                 f"items whose score changes sign more than once: {int((r.crossings > 1).sum())}")
+    lines.append(f"  right already at a = 0: {r.already}; never repaired up to a = 1: {r.never}; "
+                 f"items that cross between wrong and right more than once: {int((r.crossings > 1).sum())}")
     return "\n".join(lines)
 
 

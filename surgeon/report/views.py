@@ -6,6 +6,7 @@ from __future__ import annotations
 from surgeon.circuits.export import circuit_figure
 from surgeon.report import figures, text
 from surgeon.show import View, register
+from surgeon.spec.metrics import describe as describe_metric
 
 VIEWS = {
     "Diagnosis": View("diagnose", text.diagnosis_text, {"accuracy.png": figures.diagnosis_figure},
@@ -25,6 +26,23 @@ VIEWS = {
     "LogitAttributionResult": View("dla", text.logit_attribution_text, {"dla.png": figures.logit_attribution_figure}),
 }
 
+
+
+def _saying_the_metric(report):
+    """A report that, under a metric other than the default, says on its second line what the scores measure."""
+    def text_of(r, *args, **kwargs):
+        out = report(r, *args, **kwargs)
+        metric = (getattr(r, "execution", None) or {}).get("metric", "logprob")
+        if metric == "logprob":
+            return out
+        first, _, rest = out.partition("\n")
+        return f"{first}\nscore = {describe_metric(metric)}\n{rest}"
+
+    return text_of
+
+
 for _name, _view in VIEWS.items():
     _view.save = text.save_result
+    if _name != "Diagnosis":  # which says it anyway
+        _view.text = _saying_the_metric(_view.text)
     register(_name, _view)

@@ -334,14 +334,15 @@ class ThresholdResult(Shows):
         return next(t for t in self.thresholds if t.family == family)
 
 
-def summarize_chunks(chunks: Iterable[dict], base: np.ndarray, source: np.ndarray):
-    """Per subset: item repair rate, mean score and repair fraction, from the saved chunks (streamed)."""
+def summarize_chunks(chunks: Iterable[dict], base: np.ndarray, source: np.ndarray, right_above: float = 0.0):
+    """Per subset: item repair rate (items scored above `right_above`, the metric's line between wrong and right),
+    mean score and repair fraction, from the saved chunks (streamed)."""
     out: dict[int, tuple[float, float, float]] = {}
     gap = float(source.mean() - base.mean())
     for ch in chunks:
         bits = bool_to_bits(ch["masks"])
         sc = ch["scores"]
-        rate = (sc > 0).mean(axis=1)
+        rate = (sc > right_above).mean(axis=1)
         mean = sc.mean(axis=1)
         frac = (mean - base.mean()) / gap if abs(gap) > 1e-12 else np.full_like(mean, np.nan)
         for b, r, m, f in zip(bits, rate, mean, frac):
@@ -430,4 +431,4 @@ def per_subset(out) -> dict:
     chunk store a search wrote to `out`."""
     meta = read_plan(out)
     return summarize_chunks(ChunkStore(out, meta["digest"]).iter(), np.array(meta["clean_base"]),
-                            np.array(meta["clean_source"]))
+                            np.array(meta["clean_source"]), meta.get("right_above", 0.0))

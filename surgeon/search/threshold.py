@@ -92,12 +92,15 @@ def threshold_search(case: Case, model, *, layer: int | None = None, heads: str 
                                    sites=sites)
     meta = dict(options=plan.options, chunk=chunk, case=case.name, component=component, base=info["base"],
                 source=info["source"], tag=info["tag"], n_items=contrast.n_items, item_rate=item_rate, x=x,
-                clean_base=contrast.clean_base.cpu().tolist(), clean_source=contrast.clean_source.cpu().tolist())
+                clean_base=contrast.clean_base.cpu().tolist(), clean_source=contrast.clean_source.cpu().tolist(),
+                metric=contrast.metric.label, right_above=contrast.metric.right_above)
     tmp = None
     if out is None:
         tmp = tempfile.TemporaryDirectory(prefix="surgeon-threshold-")
         out = tmp.name
-    store = ChunkStore(Path(out), plan.digest + f"-chunk{chunk}", meta)
+    # scores under another metric are other numbers: a search resumes only under the metric it began with
+    label = contrast.metric.label
+    store = ChunkStore(Path(out), plan.digest + f"-chunk{chunk}" + ("" if label == "logprob" else f"-{label}"), meta)
     try:
         if ray is not None:
             dtype = str(model.cfg.dtype).removeprefix("torch.")
@@ -176,7 +179,8 @@ def collect(root: Path, item_rate: float | None = None, x: float | None = None, 
                                 fix="merge only shards of one search (same case, heads, groups, budget and seed)")
         files.update(ChunkStore(Path(r), m["digest"]).files())
     base, source = np.array(meta["clean_base"]), np.array(meta["clean_source"])
-    per_subset = summarize_chunks(ChunkStore(Path(root), meta["digest"]).iter(files), base, source)
+    per_subset = summarize_chunks(ChunkStore(Path(root), meta["digest"]).iter(files), base, source,
+                                  meta.get("right_above", 0.0))
     chunks = files
     total = math.ceil(len(plan.unique) / meta["chunk"])
     return aggregate(plan, per_subset, case=meta["case"], component=meta["component"], base=meta["base"],

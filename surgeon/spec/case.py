@@ -26,6 +26,8 @@ from pathlib import Path
 from typing import Any, Literal, Mapping, Sequence
 
 from surgeon.errors import CaseError
+from surgeon.spec.metrics import METRICS
+from surgeon.spec.metrics import check as check_metric
 
 # last: the last prompt token and the answer tokens, matched from the end (default)
 # end: the last prompt token only
@@ -82,6 +84,9 @@ class Case:
     # tokenizer's end-of-sequence token is scored after each answer) or any text, e.g. "\n" (appended to both
     # answers before tokenizing). Needed when one answer is a prefix of the other (4.5 vs 4.53).
     answer_end: str | None = None
+    # what an item's score measures: "logprob" (default), "logit", "prob", "kl", or a function
+    # f(logits, correct, incorrect) -> score per item (see surgeon.spec.metrics)
+    metric: Any = "logprob"
     focus: str | None = None  # tag of the items that patching analyses use by default (None: all)
     layers: Sequence[int] | None = None  # default layers to examine (None: all)
     components: Sequence[str] = ("z",)
@@ -265,6 +270,10 @@ def validate(case: Case, where: str | None = None) -> None:
         fail("align", f"is {case.align!r}", f"use one of: {', '.join(ALIGNS)}")
     if case.score not in SCORES:
         fail("score", f"is {case.score!r}", f"use one of: {', '.join(SCORES)}")
+    why = check_metric(case.metric)
+    if why:
+        fail("metric", why, f"use one of: {', '.join(METRICS)}, or a function f(logits, correct, incorrect) -> "
+                            "score per item")
     if case.answer_end is not None and (not isinstance(case.answer_end, str) or case.answer_end == ""):
         fail("answer_end", f"is {case.answer_end!r}", 'use None, "eos" (the tokenizer\'s end token) or text such as "\\n"')
     if case.focus is not None and case.focus not in case.tags:
