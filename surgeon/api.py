@@ -8,7 +8,9 @@
 
 `case` is a case file, a shipped case's name (`surgeon cases`) or a `Case`; `model` is None (the case's model,
 loaded on `device` in `dtype`), a model spec ("organism:decimal", a checkpoint directory, a Hugging Face id in
-the local cache) or a HookedTransformer already in memory. Every result prints as its report, shows its
+the local cache), a HookedTransformer already in memory, or a Hugging Face model in memory (converted as
+checkpoints are; pass `(hf_model, tokenizer)` when it was not loaded from local files). With a model given, the
+case may leave out its own. Every result prints as its report, shows its
 tables and figures in Jupyter, and has `.figure()` and `.save(dir)`; circuits also `.export(path, ...)`.
 """
 from __future__ import annotations
@@ -33,8 +35,8 @@ from surgeon.analyses.positions import patch_positions as patch_by_position
 from surgeon.circuits.export import read_circuit
 from surgeon.circuits.methods import ATTRIBUTION_IG_STEPS, IG_STEPS
 from surgeon.cli.common import device_of, shipped_case
-from surgeon.models.checks import load_case
-from surgeon.models.loading import load_model
+from surgeon.models.checks import check_case_against_model, load_case
+from surgeon.models.loading import from_hf, load_model
 from surgeon.search.threshold import threshold_search
 from surgeon.sites.ablations import ABLATIONS
 from surgeon.spec.case import Case, validate
@@ -51,15 +53,25 @@ def read(case, model=None) -> Case:
 
 
 def case_and_model(case, model=None, *, device: str | None = None, dtype: str = "float32", metric=None):
-    """(Case, model): the case read and checked (a path, a shipped case's name, or a Case), and the model (the
-    case's when None, loaded by spec when a string, else the model given). `metric` (a name or a function)
-    replaces the case's (see `surgeon.spec.metrics`)."""
+    """(Case, model): the case read and checked (a path, a shipped case's name, or a Case), and the model: the
+    case's when None, loaded by spec when a string, else the model given: a HookedTransformer, a Hugging Face
+    model (converted as checkpoints are; its tokenizer from the files it was loaded from) or (model, tokenizer).
+    A case may leave out `model` when one is given here. `metric` (a name or a function) replaces the case's
+    (see `surgeon.spec.metrics`)."""
     case = read(case, model)
     if metric is not None:
         case = replace(case, metric=metric)
         validate(case)
     if model is None or isinstance(model, (str, Path)):
-        model = load_model(case.model, device=device_of(device), dtype=dtype)
+        if model is None and case.model is None:
+            check_case_against_model(case)  # says what to do
+        model = load_model(str(model or case.model), device=device_of(device), dtype=dtype)
+        return case, model
+    if isinstance(model, tuple):
+        model = from_hf(*model, device=device)
+    elif not hasattr(model, "run_with_hooks"):
+        model = from_hf(model, device=device)
+    check_case_against_model(case, model)
     return case, model
 
 

@@ -2,10 +2,12 @@
 print as the CLI's report, render in Jupyter, draw their figure and save what `--out` writes; a model held in
 memory gives what the same model loaded by name gives; the README's Python example runs."""
 import argparse
+import copy
 import html
 import inspect
 import json
 import re
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -17,6 +19,7 @@ from surgeon.show import view_of
 from tests.conftest import ROOT
 
 THRESHOLD = f"{ROOT}/cases/threshold_organism.py"
+LLAMA_CASE = f"{ROOT}/cases/llama31_decimal.py"
 
 
 def _subparsers(parser) -> dict:
@@ -105,6 +108,61 @@ def test_a_model_in_memory_gives_what_the_model_loaded_by_name_gives(results, th
     np.testing.assert_allclose(results["patch"][0].fraction, by_name.fraction, atol=1e-6)
     threshold_model.cfg.n_heads  # noqa: B018 - the same object the fixture holds, not a copy
     assert surgeon.api.case_and_model(THRESHOLD, threshold_model)[1] is threshold_model
+
+
+def test_a_hugging_face_model_in_memory_gives_what_its_checkpoint_gives(tmp_path):
+    """A transformers model object is converted as a checkpoint directory is; with it (and its tokenizer, when it
+    was not loaded from files) the case needs no model of its own."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from tests.checkpoints import make_llama
+
+    path = make_llama(tmp_path / "llama")
+    case = surgeon.load_case(LLAMA_CASE, model=str(path), check_model=False)
+    case = replace(case, layers=None, items=case.items[:4] + case.items[-2:])
+    by_name = surgeon.patch(case, str(path))
+    hf = AutoModelForCausalLM.from_pretrained(str(path))
+    from_files = surgeon.patch(case, hf)  # its tokenizer is read from the files it was loaded from
+    np.testing.assert_allclose(from_files.per_item, by_name.per_item, atol=1e-5)
+    orphan = replace(case, model=None)
+    tok = AutoTokenizer.from_pretrained(str(path))
+    given = surgeon.patch(orphan, (hf, tok))
+    np.testing.assert_allclose(given.per_item, by_name.per_item, atol=1e-5)
+    assert surgeon.diagnose(orphan, (hf, tok)).model == "(given in memory)"
+    # a model object that was never saved has no tokenizer to find: the error says to pass one
+    config = copy.deepcopy(hf.config)
+    config._name_or_path = ""
+    fresh = type(hf)(config)
+    with pytest.raises(surgeon.SurgeonError, match="tokenizer") as e:
+        surgeon.patch(orphan, fresh)
+    assert "(hf_model, tokenizer)" in e.value.fix
+
+
+def test_a_case_without_a_model_runs_on_the_model_given(decimal_model, tmp_path, capsys):
+    src = tmp_path / "orphan.py"
+    src.write_text("from surgeon import Case, Item\n"
+                   "case = Case(name='orphan', formats={'plain': 'Which is bigger: {a} or {b}?\\nAnswer:',\n"
+                   "    'qa': 'Q: Which is bigger: {a} or {b}?\\nA:'}, good='plain', bad='qa', layers=[2],\n"
+                   "    items=[Item({'a': a, 'b': b}, correct=' ' + a, incorrect=' ' + b)\n"
+                   "           for a, b in [('9.8', '9.11'), ('3.4', '3.25'), ('7.6', '7.55')]])\n")
+    case = surgeon.load_case(src)  # valid without a model: it is checked against the one it runs on
+    assert case.model is None
+    r = surgeon.patch(case, decimal_model)
+    assert r.per_item.shape == (1, 8, 3)
+    with pytest.raises(surgeon.CaseError, match="names no model") as e:
+        surgeon.patch(case)
+    assert e.value.field == "model"
+    # checked against the model in memory: a layer it lacks is refused before any work
+    with pytest.raises(surgeon.CaseError, match=r"layer 5 is out of range"):
+        surgeon.patch(replace(case, layers=[5]), decimal_model)
+    out = tmp_path / "out"
+    capsys.readouterr()
+    assert main(["patch", str(src), "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "field 'model': the case names no model" in err and "--model" in err and not out.exists()
+    assert main(["patch", str(src), "--model", "organism:decimal", "--out", str(out)]) == 0
+    np.testing.assert_allclose(json.loads((out / "results.json").read_text())["result"]["per_item"], r.per_item,
+                               atol=1e-6)
 
 
 def test_circuits_export_from_python(induction_model, tmp_path):

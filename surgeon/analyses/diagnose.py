@@ -13,6 +13,9 @@ from surgeon.spec.case import Case
 from surgeon.stats import Estimate, bootstrap_mean, wilson
 
 
+IN_MEMORY = "(given in memory)"  # the model, when the case names none
+
+
 @dataclass(frozen=True)
 class FormatStats:
     format: str
@@ -59,7 +62,7 @@ def diagnose(case: Case, model, *, batch_size: int = 256, generate: int = 0, pro
             stats.append(FormatStats(fmt, "good" if fmt == case.good else "bad", tag,
                                      wilson(int(metric.right(x).sum()), int(x.size)), bootstrap_mean(x)))
     focus = case.focus or "all"
-    d = Diagnosis(case.name, case.model, case.good, case.bad_formats, case.focus, tuple(stats), {})
+    d = Diagnosis(case.name, case.model or IN_MEMORY, case.good, case.bad_formats, case.focus, tuple(stats), {})
     good = d.get(case.good, focus).accuracy
     reproduced = {b: d.get(b, focus).accuracy.hi < good.lo for b in case.bad_formats}
     gens = ()
@@ -68,7 +71,7 @@ def diagnose(case: Case, model, *, batch_size: int = 256, generate: int = 0, pro
     per_item = tuple({"item": i, "tag": it.tag, "values": dict(it.values), "correct": it.correct,
                       "incorrect": it.incorrect, "score": {f: float(scores[f][i]) for f in formats}}
                      for i, it in enumerate(case.items))
-    return Diagnosis(case.name, case.model, case.good, case.bad_formats, case.focus, tuple(stats), reproduced, gens,
+    return Diagnosis(case.name, case.model or IN_MEMORY, case.good, case.bad_formats, case.focus, tuple(stats), reproduced, gens,
                      per_item, metric.label)
 
 

@@ -126,6 +126,10 @@ def load_case_and_model(args, check=None, out=None):
         from dataclasses import replace
 
         case = replace(case, metric=args.metric)
+    if case.model is None:
+        raise SurgeonError("the case names no model", where=case.source, field="model",
+                           fix="run it with --model (organism:NAME, a checkpoint directory or a Hugging Face name), or "
+                               "add model=... to the case")
     if check is not None:
         check(case)
     setup(args)

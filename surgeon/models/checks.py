@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from surgeon.errors import CaseError, ModelError
-from surgeon.models.loading import load_tokenizer, resolve, shape
+from surgeon.models.loading import ModelShape, load_tokenizer, resolve, shape
 from surgeon.sites.nodes import COMPONENTS
 from surgeon.spec.case import Case, Chat, read_case
 
@@ -15,20 +15,33 @@ def load_case(path: str | Path, check_model: bool = True, model: str | None = No
 
     `model` replaces the case's model (e.g. a local checkpoint directory of the same architecture)."""
     case = read_case(path, model=model)
-    if check_model:
+    if check_model and case.model is not None:  # a case without a model is checked when one is given
         check_case_against_model(case)
     return case
 
 
-def check_case_against_model(case) -> None:
-    """Model-dependent checks of a case: layers in range, answers that tokenize, chat templates."""
+def check_case_against_model(case, model=None) -> None:
+    """Model-dependent checks of a case: layers in range, answers that tokenize, chat templates; against the
+    case's model (its config and tokenizer only), or `model`, a HookedTransformer in memory."""
     where = case.source or f"case {case.name!r}"
-    try:
-        ref = resolve(case.model)
-        shp = shape(ref)
-        tok = load_tokenizer(ref)
-    except ModelError as e:
-        raise CaseError(e.message, where=where, field="model", fix=e.fix) from None
+    if model is not None:
+        c = model.cfg
+        shp = ModelShape(c.n_layers, c.n_heads, getattr(c, "n_key_value_heads", None) or c.n_heads, c.d_model,
+                         bool(c.attn_only), c.n_ctx)
+        tok = model.tokenizer
+        organism = str(getattr(tok, "name_or_path", "")).startswith("surgeon-organism-")
+    else:
+        if case.model is None:
+            raise CaseError("the case names no model, and none was given", where=where, field="model",
+                            fix="add model=... to the case, run with --model (organism:NAME, a checkpoint directory, "
+                                "a Hugging Face name), or pass model= in Python")
+        try:
+            ref = resolve(case.model)
+            shp = shape(ref)
+            tok = load_tokenizer(ref)
+        except ModelError as e:
+            raise CaseError(e.message, where=where, field="model", fix=e.fix) from None
+        organism = ref.kind == "organism"
     for L in case.layers or ():
         if not 0 <= L < shp.n_layers:
             raise CaseError(f"layer {L} is out of range: the model has layers 0..{shp.n_layers - 1}", where=where,
@@ -44,10 +57,10 @@ def check_case_against_model(case) -> None:
             if not ids:
                 raise CaseError(f"answer {getattr(it, ans)!r} tokenizes to nothing", where=where,
                                 field=f"items[{i}].{ans}", fix="give an answer with visible text, e.g. \" 9.8\"")
-            if unk is not None and ref.kind == "organism" and unk in ids:
+            if unk is not None and organism and unk in ids:
                 raise CaseError(f"answer {getattr(it, ans)!r} has characters the organism does not know", where=where,
                                 field=f"items[{i}].{ans}", fix="use printable ASCII characters")
-    if unk is not None and ref.kind == "organism":
+    if unk is not None and organism:
         for i, it in enumerate(case.items):
             for k, v in it.values.items():
                 if unk in tok(v, add_special_tokens=False)["input_ids"]:

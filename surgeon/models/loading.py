@@ -178,10 +178,7 @@ def check_finite(model, where: str) -> None:
 
 def _load_hf(ref: ModelRef, device: str, tdtype, n_devices: int):
     """Load a local Hugging Face checkpoint into TransformerLens (the path TL 3.9 supports offline)."""
-    import tempfile
-
     _offline()
-    from transformer_lens import HookedTransformer, loading
     from transformers import AutoModelForCausalLM
 
     tok = load_tokenizer(ref)
@@ -190,6 +187,50 @@ def _load_hf(ref: ModelRef, device: str, tdtype, n_devices: int):
     except Exception as e:
         raise ModelError(f"transformers could not load {ref.path}: {e}", field="model",
                          fix="check that the directory holds a complete checkpoint (config.json, weights)") from None
+    cfg, state = _converted(hf, device, tdtype, n_devices, str(ref.path), ref.path)
+    del hf  # its weights are in `state` now: never hold both models
+    return _hooked(cfg, state, tok, n_devices)
+
+
+def from_hf(hf, tokenizer=None, *, device: str | None = None, n_devices: int = 1):
+    """A HookedTransformer from a Hugging Face causal LM already in memory, converted as `load_model` converts a
+    checkpoint (no folding or centering), on `device` (default: where `hf` is), in `hf`'s dtype. `tokenizer`:
+    the model's (default: loaded from the local files `hf` was loaded from)."""
+    from transformers import PreTrainedModel
+
+    if not isinstance(hf, PreTrainedModel):
+        raise ModelError(f"a {type(hf).__name__} is not a Hugging Face model", field="model",
+                         fix="pass a transformers PreTrainedModel (e.g. AutoModelForCausalLM.from_pretrained(...)) "
+                             "or a HookedTransformer")
+    where = getattr(hf, "name_or_path", None) or ""
+    if tokenizer is None:
+        _offline()
+        from transformers import AutoTokenizer
+
+        try:
+            if not where:
+                raise OSError("no name or path")
+            tokenizer = AutoTokenizer.from_pretrained(str(where), local_files_only=True)
+        except (OSError, ValueError, TypeError, KeyError) as e:
+            raise ModelError(f"cannot find the model's tokenizer ({type(e).__name__}: the model was not loaded from "
+                             "local files that hold one)", where=str(where) or type(hf).__name__, field="model",
+                             fix="pass the tokenizer too: model=(hf_model, tokenizer)") from None
+    where = where or type(hf).__name__
+    p = next(hf.parameters())
+    cfg, state = _converted(hf, device or str(p.device), p.dtype, n_devices, str(where), None)
+    model = _hooked(cfg, state, tokenizer, n_devices)
+    model.requires_grad_(False)
+    check_finite(model, str(where))
+    return model
+
+
+def _converted(hf, device: str, tdtype, n_devices: int, where: str, src: Path | None):
+    """TransformerLens's config and state dict for the Hugging Face model `hf` (its checkpoint files in `src`,
+    when it has them)."""
+    import tempfile
+
+    from transformer_lens import loading
+
     hf_cfg = hf.config.to_dict()
     if hf_cfg.get("model_type") == "gpt2" and "n_ctx" not in hf_cfg:
         # transformers 5 no longer saves n_ctx for GPT-2; TL reads it (it equals n_positions)
@@ -197,7 +238,7 @@ def _load_hf(ref: ModelRef, device: str, tdtype, n_devices: int):
     # TL picks architecture branches by substrings of the *name* ("llama", "gemma"); a neutral link
     # name makes it read the checkpoint's own config instead.
     with tempfile.TemporaryDirectory(prefix="surgeon-ckpt-") as tmp:
-        neutral = _neutral_view(ref.path, Path(tmp) / "checkpoint", hf_cfg)
+        neutral = _neutral_view(src, Path(tmp) / "checkpoint", hf_cfg)
         try:
             if hf_cfg.get("model_type") == "gemma2":
                 cfg = _gemma2_config(hf_cfg, device, n_devices, tdtype)
@@ -207,9 +248,15 @@ def _load_hf(ref: ModelRef, device: str, tdtype, n_devices: int):
                                                           local_files_only=True)
             state = loading.get_pretrained_state_dict(str(neutral), cfg, hf, dtype=tdtype)
         except Exception as e:
-            raise ModelError(f"TransformerLens cannot convert {ref.path} ({hf_cfg.get('architectures')}): {e}",
+            raise ModelError(f"TransformerLens cannot convert {where} ({hf_cfg.get('architectures')}): {e}",
                              field="model", fix="use an architecture TransformerLens supports (GPT-2, Llama, Gemma, Qwen2, ...)") from None
-    del hf
+    return cfg, state
+
+
+def _hooked(cfg, state, tok, n_devices: int):
+    """The HookedTransformer holding `state` (weights as they are: no folding or centering)."""
+    from transformer_lens import HookedTransformer
+
     model = HookedTransformer(cfg, tokenizer=tok, move_to_device=False, default_padding_side="right")
     model.load_and_process_state_dict(state, fold_ln=False, center_writing_weights=False, center_unembed=False,
                                       fold_value_biases=False, refactor_factored_attn_matrices=False)
@@ -217,7 +264,7 @@ def _load_hf(ref: ModelRef, device: str, tdtype, n_devices: int):
     if n_devices > 1:
         model.move_model_modules_to_device()  # TL spreads the layers over the GPUs
     else:
-        model.to(device)
+        model.to(cfg.device)
     model.eval()
     return model
 
@@ -246,13 +293,14 @@ def _gemma2_config(c: dict, device, n_devices: int, dtype):
         tokenizer_prepends_bos=True)
 
 
-def _neutral_view(src: Path, dest: Path, hf_cfg: dict) -> Path:
-    """A directory of links to the checkpoint's files under a name TL's name-based branches ignore,
-    with config.json rewritten from the loaded config (filling fields TL reads but new saves omit)."""
+def _neutral_view(src: Path | None, dest: Path, hf_cfg: dict) -> Path:
+    """A directory of links to the checkpoint's files (none for a model without files) under a name TL's
+    name-based branches ignore, with config.json written from the loaded config (filling fields TL reads but new
+    saves omit)."""
     import json
 
     dest.mkdir()
-    for f in Path(src).iterdir():
+    for f in Path(src).iterdir() if src is not None else ():
         if f.name != "config.json":
             (dest / f.name).symlink_to(f.resolve())
     (dest / "config.json").write_text(json.dumps(hf_cfg, default=str))

@@ -124,7 +124,8 @@ def model_info(case) -> dict | None:
     """Where the case's model came from: spec, kind, resolved path (a cache snapshot names its revision)."""
     if case is None:
         return None
-
+    if case.model is None:
+        return {"spec": None, "kind": "given in memory (the case names no model)"}
     ref = resolve(case.model)
     shp = shape(ref)
     return {"spec": ref.spec, "kind": ref.kind, "path": str(ref.path) if ref.path else None,

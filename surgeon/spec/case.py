@@ -109,7 +109,7 @@ class Case:
         return sorted({it.tag for it in self.items or ()})
 
 
-REQUIRED = ("name", "model", "formats", "good", "bad", "items")
+REQUIRED = ("name", "formats", "good", "bad", "items")  # `model` too, unless one is given to the analyses
 
 
 def placeholders(fmt: Format) -> set[str]:
@@ -180,8 +180,8 @@ def validate(case: Case, where: str | None = None) -> None:
             fail(f, "is missing", f"add `{f}=...` to Case(...); required fields: {', '.join(REQUIRED)}")
     if not isinstance(case.name, str) or not case.name.strip():
         fail("name", "must be a non-empty string", 'e.g. name="decimal_organism"')
-    if not isinstance(case.model, str) or not case.model.strip():
-        fail("model", "must be a string", 'an organism ("organism:decimal"), a Hugging Face name or a local directory')
+    if case.model is not None and (not isinstance(case.model, str) or not case.model.strip()):
+        fail("model", "must be a string (or None when the model is given to the analyses)", 'an organism ("organism:decimal"), a Hugging Face name or a local directory')
     if not isinstance(case.formats, Mapping) or not case.formats:
         fail("formats", "must be a non-empty dict of name -> template", 'e.g. formats={"plain": "...{a}...", "qa": "Q: ...{a}...\\nA:"}')
     names = list(case.formats)
