@@ -28,3 +28,12 @@ def test_the_check_fails_on_a_typed_number(tmp_path):
     (work / "README.md").write_text(only.replace(marker, "| `exact` | typed by hand"))
     r = subprocess.run([sys.executable, "docs/readme.py", "--check"], cwd=work, capture_output=True, text=True)
     assert r.returncode != 0 and "typed by hand" in r.stdout + r.stderr
+
+
+def test_every_generated_block_closes_its_comment():
+    """`<!-- [[[end]]]` without `-->` would hide the text after it on GitHub, up to the next `-->`."""
+    text = open(f"{ROOT}/README.md").read()
+    ends = [ln for ln in text.splitlines() if "[[[end]]]" in ln]
+    assert ends and all(ln == "<!-- [[[end]]] -->" for ln in ends), [ln for ln in ends if ln != "<!-- [[[end]]] -->"]
+    for block in text.split("<!-- [[[cog")[1:]:  # a generator's source is hidden, its output shown
+        assert "]]] -->" in block.split("[[[end]]]")[0]

@@ -5,9 +5,13 @@ first-order estimate of what patching each unit alone would do (as in attributio
 All layers go through the core in one batch, so one forward and one backward cover every unit.
 `compare=True` also runs the exact per-unit patching and reports how well the estimate ranks it.
 
-Methods (`ATTRIBUTION_METHODS`): `gradient` (the derivative at mask 0, one backward pass) and `ig` (integrated
+Methods (`ATTRIBUTION_METHODS`): `gradient` (the derivative at mask 0, one backward pass), `ig` (integrated
 gradients over the masks of every unit together, from 0 to 1, midpoint rule with `ig_steps` points: the
-estimates then sum to the effect of patching every unit at once, and a saturated unit is not missed).
+estimates then sum to the effect of patching every unit at once, and a saturated unit is not missed) and `atp*`
+(Kramár et al. 2024): queries and keys through their exact attention patterns (the QK fix,
+`surgeon.sites.qk_fix`), and GradDrop: one backward pass per layer with that layer's outputs passing no gradient,
+the estimate 1/(L-1) sum_l |estimate without layer l|, so an effect that cancels between paths still shows. GradDrop
+estimates magnitudes: `compare` then correlates it with the exact effect's magnitude.
 """
 from __future__ import annotations
 
@@ -21,6 +25,7 @@ from surgeon.circuits.methods import ATTRIBUTION_IG_STEPS as IG_STEPS
 from surgeon.circuits.methods import ATTRIBUTION_METHODS, MAX_IG_STEPS
 from surgeon.errors import AnalysisError
 from surgeon.show import Shows
+from surgeon.sites.qk_fix import QKFixSite
 from surgeon.spec.case import Case
 
 
@@ -45,12 +50,32 @@ class AttributionResult(Shows):
     execution: dict = field(default_factory=dict)
     method: str = "gradient"
     ig_steps: int | None = None
+    backward_passes: int = 1  # what the estimate cost (gradient and ig one; ig holds its points in the batch; atp* one per layer)
 
 
 def _ranks(x: np.ndarray) -> np.ndarray:
     r = np.empty(len(x))
     r[np.argsort(x, kind="stable")] = np.arange(len(x))
     return r
+
+
+def _atp_star(contrast, sites, component: str, U: int) -> np.ndarray:
+    """[layer, unit] AtP*: QK-fixed gradients (queries and keys) with GradDrop over the model's layers."""
+    import torch
+
+    keys = [QKFixSite(s) for s in sites] if component in ("q", "k") else list(sites)
+    zeros = {k: torch.zeros(1, U) for k in keys}
+    cfg = contrast.cfg
+    L = cfg.n_layers
+    if L == 1:  # no other layer to drop: the QK-fixed estimate's magnitude
+        grads, _ = contrast.gradient(zeros)
+        return np.abs(np.stack([grads[k][0].cpu().numpy() for k in keys]))
+    total = np.zeros((len(keys), U))
+    for layer in range(L):
+        drop = [f"blocks.{layer}.hook_attn_out"] + ([] if cfg.attn_only else [f"blocks.{layer}.hook_mlp_out"])
+        grads, _ = contrast.gradient(zeros, drop=drop)
+        total += np.abs(np.stack([grads[k][0].cpu().numpy() for k in keys]))
+    return total / (L - 1)
 
 
 def attribute(case: Case, model, *, layers=None, component: str = "z", direction: Direction = "denoise",
@@ -68,20 +93,26 @@ def attribute(case: Case, model, *, layers=None, component: str = "z", direction
     contrast, info = make_contrast(case, model, bad=bad, direction=direction, tag=tag, batch_size=batch_size,
                                    sites=sites)
     U = contrast.units(sites[0])
-    steps = 1 if method == "gradient" else ig_steps
-    alphas = torch.zeros(1) if method == "gradient" else (torch.arange(steps) + 0.5) / steps
-    grads, _ = contrast.gradient({s: alphas[:, None].repeat(1, U) for s in sites})
-    grad = np.stack([grads[s].mean(0).cpu().numpy() for s in sites])
+    if method == "atp*":
+        grad = _atp_star(contrast, sites, component, U)
+        passes = model.cfg.n_layers
+    else:
+        steps = 1 if method == "gradient" else ig_steps
+        alphas = torch.zeros(1) if method == "gradient" else (torch.arange(steps) + 0.5) / steps
+        grads, _ = contrast.gradient({s: alphas[:, None].repeat(1, U) for s in sites})
+        grad = np.stack([grads[s].mean(0).cpu().numpy() for s in sites])
+        passes = 1  # ig: one backward pass over its points, stacked in the batch dimension
     gap = float((contrast.clean_source - contrast.clean_base).mean())
-    estimate = grad / gap if abs(gap) > 1e-12 else grad * np.nan
+    # atp* estimates magnitudes: as a fraction of the gap's magnitude
+    estimate = (grad / (abs(gap) if method == "atp*" else gap)) if abs(gap) > 1e-12 else grad * np.nan
     exact = pearson = spearman = None
     if compare:
         exact = patch_heads(case, model, layers=layers, component=component, direction=direction, bad=bad, tag=tag,
                             batch_size=batch_size).fraction
-        a, b = estimate.ravel(), exact.ravel()
+        a, b = estimate.ravel(), (np.abs(exact) if method == "atp*" else exact).ravel()
         if np.std(a) > 0 and np.std(b) > 0:
             pearson = float(np.corrcoef(a, b)[0, 1])
             spearman = float(np.corrcoef(_ranks(a), _ranks(b))[0, 1])
     return AttributionResult(case.name, component, direction, info["base"], info["source"], info["tag"], layers, U,
                              contrast.n_items, gap, grad, estimate, exact, pearson, spearman, execution=contrast.execution,
-                             method=method, ig_steps=ig_steps if method == "ig" else None)
+                             method=method, ig_steps=ig_steps if method == "ig" else None, backward_passes=passes)

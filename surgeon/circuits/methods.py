@@ -27,6 +27,9 @@ MAX_IG_STEPS = 1000
 ATTRIBUTION_METHODS: dict[str, str] = {
     "gradient": "d(mean score)/d(mask) at mask 0: one forward and one backward pass",
     "ig": "integrated gradients along mask = a for every unit, a from 0 to 1 (midpoint rule, --ig-steps points)",
+    "atp*": "AtP* (Kramar et al. 2024): queries and keys through their exact attention patterns (QK fix), and "
+            "GradDrop, the mean over layers l of |the gradient with layer l's outputs dropped|: magnitudes, one "
+            "backward pass per layer",
 }
 ATTRIBUTION_IG_STEPS = 10
 

@@ -108,11 +108,13 @@ class _Groups:
 
 @dataclass
 class HookContext:
-    """What a site's hooks see of one chunk of rows: the model, the rows (with their caches), the device."""
+    """What a site's hooks see of one chunk of rows: the model, the rows (with their caches), the device, and the
+    engine (a site that needs another patched pass over these rows first asks `engine.capture`)."""
 
     model: object
     bucket: Bucket
     device: torch.device
+    engine: object = None
 
 
 def _merge_rows(base: Sequence[Row], source: Sequence[Row], aligned: Sequence[tuple]):
@@ -188,6 +190,7 @@ class Contrast:
         # which execution path each call took, and why a faster one was not taken (see `execution`)
         self._log = {"prefix": prefix, "paths": Counter(), "why": Counter(), "recomputed": 0}
         self._grad_leaves: list[Tensor] = []  # set while `gradient` runs: the masks whose .grad it accumulates
+        self._drop: list[str] = []  # set while `gradient` runs: hook points whose outputs pass no gradient back
         self.device = next(model.parameters()).device
         self.cache_bytes = default_cache_bytes(self.device) if cache_bytes is None else int(cache_bytes)
         self.n_items = max(r.item for r in base_rows) + 1
@@ -468,18 +471,20 @@ class Contrast:
             bar.close()
         return self._to_items(per_bucket)
 
-    def gradient(self, masks: Mapping[Site | str, Tensor], progress: bool | str = False
+    def gradient(self, masks: Mapping[Site | str, Tensor], progress: bool | str = False, drop: Sequence[str] = ()
                  ) -> tuple[dict[SiteKind, Tensor], Tensor]:
         """d/d(mask) of the sum over patches of the mean score over items, at the given masks; and the scores
         [P, n_items]. Each chunk of rows is back-propagated as soon as it is scored, so memory holds one chunk's
-        graph, not every item's (what `run(masks).mean(1).sum().backward()` would keep)."""
+        graph, not every item's (what `run(masks).mean(1).sum().backward()` would keep). `drop`: hook points whose
+        output passes no gradient back (its value is unchanged): AtP*'s GradDrop drops a layer's outputs."""
         leaves = {coerce(k): v.detach().clone().requires_grad_(True) for k, v in masks.items()}
         self._grad_leaves = list(leaves.values())
+        self._drop = list(drop)
         try:
             with torch.enable_grad():
                 scores = self.run(leaves, progress)
         finally:
-            self._grad_leaves = []
+            self._grad_leaves, self._drop = [], []
         return {s: (m.grad if m.grad is not None else torch.zeros_like(m)) for s, m in leaves.items()}, scores
 
     def _backward_now(self, scores: Tensor) -> Tensor:
@@ -620,7 +625,7 @@ class Contrast:
     def _mix_hooks(self, b: Bucket, masks: Mapping[SiteKind, Tensor], copies: int, offset: int, start: int = 0) -> list:
         """Every site's hooks for one chunk of `copies` patches (positions relative to `offset`, the first
         position the forward pass sees)."""
-        ctx = HookContext(self.model, b, self.device)
+        ctx = HookContext(self.model, b, self.device, self)
         return [h for site, m in masks.items() for h in site.hooks(ctx, m, copies, offset, start)]
 
     def _run_chunk(self, b: Bucket, start: int, masks: Mapping[Site, Tensor], copies: int, kv_cache,
@@ -643,6 +648,7 @@ class Contrast:
         """Layers start..stop of the patched positions under `copies` patches, from the base run's residual
         stream (or `resid`, and head outputs `z` at layer `start`, per patched row where they differ)."""
         hooks = self._mix_hooks(b, masks, copies, offset=b.p0, start=start) + list(extra_hooks)
+        hooks += [(name, _detached) for name in self._drop]
         if resid is None:
             resid = b.resid[start].repeat(copies, 1, 1)
         with ExitStack() as stack:
@@ -696,37 +702,48 @@ class Contrast:
         if at < start or (at == start and hook.endswith(("hook_resid_pre", "attn.hook_q", "attn.hook_k", "attn.hook_v"))):
             raise AnalysisError(f"{hook} is computed before the patched sites (layer {start}): no patch can change it",
                                 field="--sae-layer", fix=f"read features at layer {start} or later")
-        nodes = _node_sites(masks)
         S = max(b.base_pos.shape[1] for b in self.buckets)
         out = valid = None
         for b in self.buckets:
-            self._ensure_base(b, start, nodes)
-            self._ensure_source(b, nodes)
             if len({int(i) for i in b.items}) != b.n:
                 raise AnalysisError("internal: probe needs one row per item (prompt rows)")
-            chunk = max(1, self.batch_size // b.n)
             rel = (b.base_pos - b.p0).to(self.device)
             idx = torch.arange(b.n, device=self.device)[:, None]
-            for lo in range(0, P, chunk):
-                c = min(chunk, P - lo)
-                kept = {}
-
-                def keep(act, hook):
-                    x = act.view(c, b.n, *act.shape[1:])
-                    kept["x"] = x[:, idx.to(x.device), rel.to(x.device)]
-
-                kv = (prefix_attention.prefix_cache(self.model, b.p0, start) if self.shared_prefix
-                      else self._kv_cache(b, start, c))
-                self._forward(b, start, {s: m[lo: lo + c] for s, m in masks.items()}, c, kv, stop=at + 1,
-                              extra_hooks=[(hook, keep)])
-                x = kept["x"]
-                if out is None:
-                    out = torch.zeros(P, self.n_items, S, x.shape[-1], dtype=x.dtype)
-                    valid = torch.zeros(self.n_items, S)
-                out[lo: lo + c, b.items.cpu(), : x.shape[2]] = x.cpu()
+            x = self.capture(b, masks, hook, lambda x, lo: x[:, idx.to(x.device), rel.to(x.device)].cpu())
+            if out is None:
+                out = torch.zeros(P, self.n_items, S, x.shape[-1], dtype=x.dtype)
+                valid = torch.zeros(self.n_items, S)
+            out[:, b.items.cpu(), : x.shape[2]] = x
             valid[b.items.cpu(), : b.slot_valid.shape[1]] = b.slot_valid.cpu()
             self._trim(b)
         return out, valid
+
+    @torch.no_grad()
+    def capture(self, b: Bucket, masks: Mapping[Site | str, Tensor], hook: str, reduce=None) -> Tensor:
+        """The activation at `hook` [P, n, positions from p0 on, ...] for the rows of bucket `b` under each of P
+        patches (the pass stops after `hook`'s layer); `reduce(x, lo)` turns each chunk of patches lo.. into what
+        is kept (default: all of it)."""
+        masks = {coerce(k): v for k, v in masks.items()}
+        P = next(iter(masks.values())).shape[0]
+        start, at = min(s.layer for s in masks), hook_layer(hook)
+        nodes = _node_sites(masks)
+        self._ensure_base(b, start, nodes)
+        self._ensure_source(b, nodes)
+        chunk = max(1, self.batch_size // b.n)
+        parts = []
+        for lo in range(0, P, chunk):
+            c = min(chunk, P - lo)
+            kept = {}
+
+            def keep(act, hook):
+                kept["x"] = act.view(c, b.n, *act.shape[1:])
+
+            kv = (prefix_attention.prefix_cache(self.model, b.p0, start) if self.shared_prefix
+                  else self._kv_cache(b, start, c))
+            self._forward(b, start, {s: m[lo: lo + c] for s, m in masks.items()}, c, kv, stop=at + 1,
+                          extra_hooks=[(hook, keep)])
+            parts.append(kept["x"] if reduce is None else reduce(kept["x"], lo))
+        return torch.cat(parts)
 
     @torch.no_grad()
     def generate(self, masks: Mapping[Site | str, Tensor], n_new: int) -> Tensor:
@@ -774,6 +791,11 @@ def is_out_of_memory(e: BaseException) -> bool:
     """torch's out-of-memory error on any device: CUDA's type, or the CPU allocator's RuntimeError."""
     return isinstance(e, torch.OutOfMemoryError) or (
         isinstance(e, RuntimeError) and ("can't allocate memory" in str(e) or "out of memory" in str(e).lower()))
+
+
+def _detached(act: Tensor, hook) -> Tensor:
+    """A forward hook: the same value, with no gradient flowing back through it."""
+    return act.detach()
 
 
 def _node_sites(masks) -> list[Site]:

@@ -267,13 +267,16 @@ def blend_text(r) -> str:
 
 def attribution_text(r, top: int = 10) -> str:
     what = "repair" if r.direction == "denoise" else "damage"
+    qk = " with the QK fix" if r.component in ("q", "k") else ""
+    how = {"gradient": ("one forward and one backward pass", "gradient w.r.t. its mask at 0"),
+           "ig": (f"integrated gradients, {r.ig_steps} points",
+                  "gradient w.r.t. its mask integrated as every mask goes from 0 to 1"),
+           "atp*": (f"AtP*{qk}, GradDrop: {r.backward_passes} backward passes",
+                    "magnitude: mean over layers l of |gradient at 0 with layer l's outputs dropped|"
+                    + (", through the exact attention patterns" if qk else ""))}[r.method]
     lines = [f"case {r.case} · attribution of {r.component} from {r.source!r} into {r.base!r} ({r.direction}) · "
-             f"{r.n_items} items ({r.tag or 'all'}) · "
-             + ("one forward and one backward pass" if r.method == "gradient" else
-                f"integrated gradients, {r.ig_steps} points"),
-             f"estimated {what} fraction of patching each unit alone ("
-             + ("gradient w.r.t. its mask at 0" if r.method == "gradient" else
-                "gradient w.r.t. its mask integrated as every mask goes from 0 to 1") + ", over the gap):",
+             f"{r.n_items} items ({r.tag or 'all'}) · {how[0]}",
+             f"estimated {what} fraction of patching each unit alone ({how[1]}, over the gap):",
              "layer " + "".join(f"{u:>7d}" for u in range(r.n_units))]
     if abs(r.gap) <= 1e-12:
         lines[-2:] = ["warning: the two formats score the same on these items (no gap): estimated repair "
@@ -284,10 +287,11 @@ def attribution_text(r, top: int = 10) -> str:
     if r.exact is not None:
         corr = ("correlation undefined (one side is constant)" if r.pearson is None
                 else f"Pearson r = {r.pearson:.3f}, Spearman rho = {r.spearman:.3f}")
-        lines += ["", f"against exact per-unit patching: {corr}",
-                  f"top {min(top, r.exact.size)} units by exact {what} fraction:",
+        mag = r.method == "atp*"  # magnitudes: against the exact effect's magnitude
+        lines += ["", f"against exact per-unit patching{' (its magnitude)' if mag else ''}: {corr}",
+                  f"top {min(top, r.exact.size)} units by exact {what} fraction{' magnitude' if mag else ''}:",
                   f"{'unit':10s} {'estimate':>9s} {'exact':>9s}"]
-        order = np.argsort(-np.nan_to_num(r.exact, nan=-np.inf), axis=None)[:top]
+        order = np.argsort(-np.nan_to_num(np.abs(r.exact) if mag else r.exact, nan=-np.inf), axis=None)[:top]
     else:
         lines += ["", f"top {min(top, r.estimate.size)} units by estimated {what} fraction "
                       f"(--compare checks them against exact patching):", f"{'unit':10s} {'estimate':>9s}"]
