@@ -71,12 +71,15 @@ def results(threshold_model):
                             ["patch-positions", THRESHOLD]),
         "patch": (surgeon.patch(THRESHOLD, threshold_model), ["patch", THRESHOLD]),
         "attribute": (surgeon.attribute(THRESHOLD, threshold_model), ["attribute", THRESHOLD]),
+        "threshold": (surgeon.threshold(THRESHOLD, threshold_model, layer=0, groups=("even",), budget=20),
+                      ["threshold", THRESHOLD, "--layer", "0", "--groups", "even", "--budget", "20"]),
         "blend": (surgeon.blend("threshold_organism", threshold_model, layer=0, heads=[0, 2, 4]),
                   ["blend", THRESHOLD, "--layer", "0", "--heads", "0,2,4"]),
     }
 
 
-@pytest.mark.parametrize("name", ["diagnose", "dla", "attention", "patch", "patch_positions", "attribute", "blend"])
+@pytest.mark.parametrize("name", ["diagnose", "dla", "attention", "patch", "patch_positions", "attribute", "threshold",
+                                  "blend"])
 def test_results_print_render_draw_and_save_what_the_cli_does(results, name, tmp_path, capsys):
     r, argv = results[name]
     cli_out = tmp_path / "cli"
@@ -87,7 +90,10 @@ def test_results_print_render_draw_and_save_what_the_cli_does(results, name, tmp
     fig = r.figure()
     assert fig.axes and any(ax.has_data() for ax in fig.axes)
     saved = r.save(tmp_path / "api")
-    assert sorted(p.name for p in saved.iterdir()) == sorted(p.name for p in cli_out.iterdir())
+    # the same files (a threshold search's --out also holds its checkpoint, parts/)
+    assert sorted(p.name for p in saved.iterdir()) == sorted(p.name for p in cli_out.iterdir() if p.name != "parts")
+    for table in view_of(r).tables:
+        assert (saved / table).read_text() == (cli_out / table).read_text()
     api_res = json.loads((saved / "results.json").read_text())
     cli_res = json.loads((cli_out / "results.json").read_text())
     assert api_res["command"] == cli_res["command"]

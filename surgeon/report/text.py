@@ -164,10 +164,17 @@ def save_result(out: Path, command: str, result, case, *, options: dict, device:
 
 def save_threshold(out: Path, r, case, args, device: str | None) -> None:
     """A subset search's results, manifest, figure and per-subset table (subsets.csv) in `out`."""
-
-    plan = plan_from_options(r.options)
     save(out, "threshold", r, case, args, device, figures={"threshold.png": figures.threshold_figure},
-         tables={"subsets.csv": subsets_csv_rows(plan, per_subset(out), r.item_rate)})
+         tables={"subsets.csv": threshold_rows(r, out)})
+
+
+def threshold_rows(r, out: Path | None = None) -> list:
+    """subsets.csv: every evaluated subset once, with the families it belongs to (from the search's numbers kept
+    with the result, else from its chunk store in `out`)."""
+    scores = getattr(r, "subset_scores", None)
+    if scores is None:
+        scores = per_subset(out)
+    return list(subsets_csv_rows(plan_from_options(r.options), scores, r.item_rate))
 
 
 def threshold_text(r) -> str:

@@ -183,11 +183,14 @@ def collect(root: Path, item_rate: float | None = None, x: float | None = None, 
                                   meta.get("right_above", 0.0))
     chunks = files
     total = math.ceil(len(plan.unique) / meta["chunk"])
-    return aggregate(plan, per_subset, case=meta["case"], component=meta["component"], base=meta["base"],
-                     source=meta["source"], tag=meta["tag"], n_items=meta["n_items"],
-                     item_rate=item_rate if item_rate is not None else meta["item_rate"],
-                     x=x if x is not None else meta["x"], base_mean=float(base.mean()), source_mean=float(source.mean()),
-                     chunks_done=len(chunks), chunks_total=total)
+    result = aggregate(plan, per_subset, case=meta["case"], component=meta["component"], base=meta["base"],
+                       source=meta["source"], tag=meta["tag"], n_items=meta["n_items"],
+                       item_rate=item_rate if item_rate is not None else meta["item_rate"],
+                       x=x if x is not None else meta["x"], base_mean=float(base.mean()),
+                       source_mean=float(source.mean()), chunks_done=len(chunks), chunks_total=total)
+    # every evaluated subset's numbers, for subsets.csv (kept beside the result, not in results.json)
+    result.subset_scores = per_subset
+    return result
 
 
 def merge(roots: Sequence[Path], out: Path) -> ThresholdResult:
