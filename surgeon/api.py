@@ -15,6 +15,7 @@ tables and figures in Jupyter, and has `.figure()` and `.save(dir)`; circuits al
 """
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 from pathlib import Path
 from typing import Sequence
@@ -32,16 +33,23 @@ from surgeon.analyses.diagnose import diagnose as diagnose_case
 from surgeon.analyses.logit_attribution import logit_attribution
 from surgeon.analyses.patching import patch_heads
 from surgeon.analyses.positions import patch_positions as patch_by_position
+from surgeon.analyses.sae_features import amplified, overlap
+from surgeon.analyses.sae_heads import head_feature_effects
+from surgeon.analyses.sae_repair import feature_repair
 from surgeon.circuits.export import read_circuit
 from surgeon.circuits.methods import ATTRIBUTION_IG_STEPS, IG_STEPS
-from surgeon.cli.common import device_of, shipped_case
+from surgeon.models.devices import device_of
+from surgeon.spec.shipped import shipped_case
 from surgeon.models.checks import check_case_against_model, load_case
 from surgeon.models.loading import from_hf, load_model
+from surgeon.sae.load import SAESource, load_sae
 from surgeon.search.threshold import threshold_search
 from surgeon.sites.ablations import ABLATIONS
+from surgeon.errors import SurgeonError
 from surgeon.spec.case import Case, validate
 
-__all__ = ["diagnose", "dla", "attention", "patch", "patch_positions", "attribute", "threshold", "blend", "circuit", "circuit_eval", "case_and_model", "read"]
+__all__ = ["diagnose", "dla", "attention", "patch", "patch_positions", "attribute", "threshold", "blend", "circuit",
+           "circuit_eval", "sae_overlap", "sae_amplified", "sae_heads", "sae_repair", "case_and_model", "read"]
 
 
 def read(case, model=None) -> Case:
@@ -180,3 +188,73 @@ def circuit_eval(case, graph, model=None, *, ablation: str = ABLATIONS[0], direc
     case, model = case_and_model(case, model, device=device, dtype=dtype, metric=metric)
     return evaluate_circuit(case, model, edges, ablation=ablation, direction=direction, bad=bad, tag=tag,
                             batch_size=batch_size, where=str(graph))
+
+
+# SAE features: the SAEs come from sae_release + sae_id (a sae-lens release in the local cache), sae_dir (local
+# sae-lens directories; {layer} is replaced) or, when none is given, the case's `saes`.
+
+def _saes(case, model, layers, sae_release, sae_id, sae_dir, device, dtype, field: str = "--layers"):
+    """{layer: SAE}, {layer: where it came from} and the source, for the layers asked (None: every layer with one);
+    `field` names the option that asked for them."""
+    source = SAESource.from_case(case, sae_release, sae_id, sae_dir)
+    layers = source.layers(model.cfg.n_layers, layers, field)
+    source.check_available(layers)
+    dev = str(next(model.parameters()).device) if device is None else device_of(device)
+    saes = {L: load_sae(source, L, dev, dtype, model.cfg.d_model) for L in layers}
+    return saes, {L: source.describe(L) for L in layers}, source
+
+
+def sae_overlap(case, model=None, *, layers: Sequence[int] | None = None, top_k: int = 20, position: str = "last",
+                bad: str | None = None, tag: str | None = None, sae_release: str | None = None,
+                sae_id: str | None = None, sae_dir: str | None = None, batch_size: int = 256,
+                device: str | None = None, dtype: str = "float32"):
+    """Per layer: top-k feature overlap, Jaccard and weighted Jaccard between the good and each failing format,
+    with intervals over items (`surgeon sae overlap`; every item unless `tag`)."""
+    case, model = case_and_model(case, model, device=device, dtype=dtype)
+    saes, where, _ = _saes(case, model, layers, sae_release, sae_id, sae_dir, device, dtype)
+    return overlap(case, model, saes, k=top_k, position=position, bad=bad, tag=tag or "all", batch_size=batch_size,
+                   sources=where)
+
+
+def sae_amplified(case, model=None, *, layer: int, position: str = "last", labels=None, top: int = 20,
+                  min_items: int | None = None, bad: str | None = None, tag: str | None = None,
+                  sae_release: str | None = None, sae_id: str | None = None, sae_dir: str | None = None,
+                  batch_size: int = 256, device: str | None = None, dtype: str = "float32"):
+    """Features active in both formats ranked by activation ratio failing/good, and features active in one format
+    only (`surgeon sae amplified`). `labels`: {feature: label}, or the path of a JSON file holding them."""
+    case, model = case_and_model(case, model, device=device, dtype=dtype)
+    saes, where, source = _saes(case, model, [layer], sae_release, sae_id, sae_dir, device, dtype, "--layer")
+    if isinstance(labels, (str, Path)):
+        try:
+            labels = json.loads(Path(labels).read_text())
+            labels = {str(k): str(v) for k, v in labels.items()}
+        except (OSError, ValueError, AttributeError) as e:
+            raise SurgeonError(f"cannot read labels from {labels}: {e}", field="--labels",
+                               fix='give a JSON object {"123": "label of feature 123", ...}') from None
+    return amplified(case, model, saes[layer], layer, bad=bad, position=position, tag=tag or "all",
+                     min_items=min_items, top=top, labels=labels, neuronpedia=source.neuronpedia(layer),
+                     batch_size=batch_size, source=where[layer])
+
+
+def sae_heads(case, model=None, *, layer: int, sae_layer: int, top: int = 10, groups: Sequence[str] = ("even", "odd"),
+              bad: str | None = None, tag: str | None = None, batch_size: int = 256, sae_release: str | None = None,
+              sae_id: str | None = None, sae_dir: str | None = None, device: str | None = None,
+              dtype: str = "float32"):
+    """How much each head of `layer` (and each head group), patched from the good format into the failing one,
+    moves the top SAE features at `sae_layer` (`surgeon sae heads`)."""
+    case, model = case_and_model(case, model, device=device, dtype=dtype)
+    saes, where, _ = _saes(case, model, [sae_layer], sae_release, sae_id, sae_dir, device, dtype, "--sae-layer")
+    return head_feature_effects(case, model, saes[sae_layer], layer=layer, groups=list(groups), bad=bad, tag=tag,
+                                top=top, batch_size=batch_size, source=where[sae_layer])
+
+
+def sae_repair(case, model=None, *, layer: int, top: int = 8, budget: int = 2000, item_rate: float = 1.0,
+               direction: str = "denoise", bad: str | None = None, tag: str | None = None, batch_size: int = 256,
+               sae_release: str | None = None, sae_id: str | None = None, sae_dir: str | None = None,
+               device: str | None = None, dtype: str = "float32", progress: bool = False):
+    """Feature-level repair: attribution over all features of the SAE at `layer`, then subsets of the top ones,
+    against patching the whole activation (`surgeon sae repair`)."""
+    case, model = case_and_model(case, model, device=device, dtype=dtype)
+    saes, where, _ = _saes(case, model, [layer], sae_release, sae_id, sae_dir, device, dtype, "--layer")
+    return feature_repair(case, model, saes[layer], top=top, direction=direction, bad=bad, tag=tag, budget=budget,
+                          item_rate=item_rate, batch_size=batch_size, source=where[layer], progress=progress)

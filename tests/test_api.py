@@ -28,7 +28,8 @@ def _subparsers(parser) -> dict:
 
 
 COMMANDS = {"diagnose": "diagnose", "dla": "dla", "attention": "attention", "patch": "patch", "patch_positions": "patch-positions", "attribute": "attribute", "threshold": "threshold",
-            "blend": "blend", "circuit": "circuit", "circuit_eval": "circuit-eval"}
+            "blend": "blend", "circuit": "circuit", "circuit_eval": "circuit-eval", "sae_overlap": "sae overlap",
+            "sae_amplified": "sae amplified", "sae_heads": "sae heads", "sae_repair": "sae repair"}
 # options whose command-line form is text the command parses into the value the function takes
 CLI_ONLY = {"n_devices", "threads", "export", "resume", "shard", "ray", "ray_workers", "groups_file", "seed", "model"}
 PARSED = {"groups": lambda v: tuple(g.strip() for g in v.split(",")), "items": lambda v: tuple(int(x) for x in v.split(",")), "layers": lambda v: v, "heads": lambda v: v}
@@ -37,7 +38,9 @@ PARSED = {"groups": lambda v: tuple(g.strip() for g in v.split(",")), "items": l
 @pytest.mark.parametrize("name", sorted(COMMANDS))
 def test_the_api_has_the_commands_names_and_defaults(name):
     fn = getattr(surgeon, name)
-    sub = _subparsers(build_parser())[COMMANDS[name]]
+    sub = build_parser()
+    for word in COMMANDS[name].split():  # "sae overlap": a subcommand's subcommand
+        sub = _subparsers(sub)[word]
     cli = {a.dest: a.default for a in sub._actions if a.dest not in ("help", "debug", "out", "case", "graph")}
     params = inspect.signature(fn).parameters
     shared = set(cli) & set(params)
@@ -73,13 +76,16 @@ def results(threshold_model):
         "attribute": (surgeon.attribute(THRESHOLD, threshold_model), ["attribute", THRESHOLD]),
         "threshold": (surgeon.threshold(THRESHOLD, threshold_model, layer=0, groups=("even",), budget=20),
                       ["threshold", THRESHOLD, "--layer", "0", "--groups", "even", "--budget", "20"]),
+        "sae_overlap": (surgeon.sae_overlap(THRESHOLD, threshold_model), ["sae", "overlap", THRESHOLD]),
+        "sae_heads": (surgeon.sae_heads(THRESHOLD, threshold_model, layer=0, sae_layer=0, top=6),
+                      ["sae", "heads", THRESHOLD, "--layer", "0", "--sae-layer", "0", "--top", "6"]),
         "blend": (surgeon.blend("threshold_organism", threshold_model, layer=0, heads=[0, 2, 4]),
                   ["blend", THRESHOLD, "--layer", "0", "--heads", "0,2,4"]),
     }
 
 
 @pytest.mark.parametrize("name", ["diagnose", "dla", "attention", "patch", "patch_positions", "attribute", "threshold",
-                                  "blend"])
+                                  "sae_overlap", "sae_heads", "blend"])
 def test_results_print_render_draw_and_save_what_the_cli_does(results, name, tmp_path, capsys):
     r, argv = results[name]
     cli_out = tmp_path / "cli"

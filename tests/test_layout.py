@@ -20,6 +20,7 @@ LAYERS = [
     ("surgeon.circuits", "surgeon.search", "surgeon.sae", "surgeon.analyses"),
     ("surgeon.organisms.measure",),  # measuring an organism uses the engine
     ("surgeon.report",),
+    ("surgeon.api",),  # the notebook's functions; the command line is thin over them
     ("surgeon.cli",),
     ("surgeon", "surgeon.__main__"),
 ]

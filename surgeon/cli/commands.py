@@ -11,7 +11,6 @@ from pathlib import Path
 
 from surgeon.cli import types as cli_types
 from surgeon.cli.common import (
-    CASES_DIR,
     add_common,
     add_items,
     add_metric,
@@ -21,6 +20,7 @@ from surgeon.cli.common import (
     setup,
 )
 from surgeon.errors import SurgeonError
+from surgeon.spec.shipped import CASES_DIR
 from surgeon.sites.ablations import ABLATIONS
 
 

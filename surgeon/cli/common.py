@@ -3,27 +3,11 @@ and printing (and with --out saving) a report."""
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
 from surgeon.cli import types as cli_types
 from surgeon.errors import SurgeonError
-
-# the shipped cases (the repository's cases/ folder, inside the package so they run from anywhere)
-CASES_DIR = Path(__file__).parent.parent / "cases"
-
-
-DEFAULT_CASE = "cases/decimal_organism.py"
-
-
-def shipped_case(name: str) -> str:
-    """A case path as given, or the shipped case of that name when the path does not exist here."""
-    p = Path(name)
-    if p.exists():
-        return name
-    for cand in (CASES_DIR / p.name, CASES_DIR / f"{p.name}.py"):
-        if cand.is_file():
-            return str(cand)
-    return name
+from surgeon.models.devices import device_of
+from surgeon.spec.shipped import DEFAULT_CASE, shipped_case
 
 
 def add_common(p: argparse.ArgumentParser, case: bool = True,
@@ -83,27 +67,6 @@ def parse_layers(text: str | None):
     if any(L < 0 for L in out):
         raise SurgeonError(f"layers are numbered from 0, got {text!r}", field="--layers", fix="write e.g. 3 or 0,2,5 or 0-4")
     return out
-
-
-def device_of(arg: str | None) -> str:
-    import torch
-
-    if arg:
-        try:
-            dev = torch.device(arg)
-        except (RuntimeError, ValueError):
-            raise SurgeonError(f"unknown device {arg!r}", field="--device", fix="use cpu, cuda, cuda:1 or mps") from None
-        if dev.type == "cuda" and not torch.cuda.is_available():
-            raise SurgeonError("CUDA was asked for but is not available", field="--device", fix="use --device cpu")
-        if dev.type == "cuda" and dev.index is not None and dev.index >= torch.cuda.device_count():
-            raise SurgeonError(f"there is no {arg} (this machine has {torch.cuda.device_count()} GPUs)", field="--device",
-                               fix="use cuda:0 .. cuda:N-1")
-        if dev.type == "mps" and not torch.backends.mps.is_available():
-            raise SurgeonError("MPS was asked for but is not available", field="--device", fix="use --device cpu")
-        if dev.type not in ("cpu", "cuda", "mps"):
-            raise SurgeonError(f"device {arg!r} is not supported", field="--device", fix="use cpu, cuda, cuda:1 or mps")
-        return arg
-    return "cuda" if torch.cuda.is_available() else "cpu"
 
 
 def setup(args):

@@ -2,8 +2,6 @@
 `surgeon.sae` and `surgeon.analyses.sae_*`."""
 from __future__ import annotations
 
-import argparse
-import json
 from pathlib import Path
 
 from surgeon.cli import types as cli_types
@@ -85,26 +83,6 @@ def _source(args, case):
     return SAESource.from_case(case, args.sae_release, args.sae_id, args.sae_dir)
 
 
-def layers_of(args, model, source):
-    from surgeon.cli.common import parse_layers
-
-    n = model.cfg.n_layers
-    layers = parse_layers(getattr(args, "layers", None))
-    if layers is None:
-        if source.path is not None:
-            layers = [L for L in range(n) if (Path(source.path.format(layer=L)) / "cfg.json").is_file()]
-            if not layers:
-                raise SurgeonError(f"no SAE directory matches {source.path} for any layer 0..{n - 1}", field="--sae-dir",
-                                   fix="train them (surgeon sae train) or point --sae-dir at DIR/blocks.{layer}.hook_...")
-        else:
-            layers = list(range(n))
-    for L in layers:
-        if not 0 <= L < n:
-            raise SurgeonError(f"layer {L} is out of range (the model has layers 0..{n - 1})", field="--layers",
-                               fix=f"use layers between 0 and {n - 1}")
-    return layers
-
-
 def run(args) -> int:
     from surgeon.cli.common import load_case_and_model, parse_layers, print_report
 
@@ -119,64 +97,52 @@ def run(args) -> int:
 
     if args.action == "train":
         return _train(args, case, model, device, report.save)
-    from surgeon.sae.load import load_sae
+    import surgeon.api as api
 
-    source = _source(args, case)
-    dtype = args.dtype
-    if args.action in ("quality", "overlap"):
-        layers = layers_of(args, model, source)
-        saes = {L: load_sae(source, L, device, dtype, model.cfg.d_model) for L in layers}
-        where = {L: source.describe(L) for L in layers}
-        if args.action == "quality":
-            from surgeon.sae.quality import measure, quality_text
-            from surgeon.sae.train import collect_activations
-            from surgeon.sites.features import sae_hook
-
-            hooks = {L: sae_hook(s) for L, s in saes.items()}
-            acts = collect_activations(case, model, sorted(set(hooks.values())))
-            qs = [measure(case, model, saes[L], L, hooks[L], acts[hooks[L]], where[L], args.batch_size) for L in layers]
-            print(quality_text(qs))
-            if args.out:
-                report.save(args.out, "sae-quality", qs, case, args, device)
-                print(f"\nwrote {args.out}/results.json, manifest.json")
-            return 0
-        from surgeon.analyses.sae_features import overlap
-
-        r = overlap(case, model, saes, k=args.top_k, position=args.position, bad=args.bad, tag=args.tag or "all",
-                    sources=where)
+    sae = dict(sae_release=args.sae_release, sae_id=args.sae_id, sae_dir=args.sae_dir, device=device, dtype=args.dtype)
+    if args.action == "quality":
+        return _quality(args, case, model, device, report.save)
+    if args.action == "overlap":
+        r = api.sae_overlap(case, model, layers=parse_layers(args.layers), top_k=args.top_k, position=args.position,
+                            bad=args.bad, tag=args.tag, batch_size=args.batch_size, **sae)
         return print_report(args, r, case, device)
-    L = args.layer if args.action != "heads" else args.sae_layer
-    if not 0 <= L < model.cfg.n_layers:
-        raise SurgeonError(f"layer {L} is out of range (the model has layers 0..{model.cfg.n_layers - 1})",
-                           field="--sae-layer" if args.action == "heads" else "--layer",
-                           fix=f"use a layer between 0 and {model.cfg.n_layers - 1}")
-    sae = load_sae(source, L, device, dtype, model.cfg.d_model)
     if args.action == "amplified":
-        from surgeon.analyses.sae_features import amplified
-
-        labels = None
-        if args.labels:
-            try:
-                labels = {str(k): str(v) for k, v in json.loads(Path(args.labels).read_text()).items()}
-            except (OSError, ValueError, AttributeError) as e:
-                raise SurgeonError(f"cannot read labels from {args.labels}: {e}", field="--labels",
-                                   fix='give a JSON object {"123": "label of feature 123", ...}') from None
-        r = amplified(case, model, sae, L, bad=args.bad, position=args.position, tag=args.tag or "all",
-                      min_items=args.min_items, top=args.top, labels=labels, neuronpedia=source.neuronpedia(L),
-                      source=source.describe(L))
+        r = api.sae_amplified(case, model, layer=args.layer, position=args.position, labels=args.labels, top=args.top,
+                              min_items=args.min_items, bad=args.bad, tag=args.tag, batch_size=args.batch_size,
+                              **sae)
         return print_report(args, r, case, device, report.amplified_text(r, args.top))
     if args.action == "heads":
-        from surgeon.analyses.sae_heads import head_feature_effects
-
-        groups = [g for g in args.groups.split(",") if g.strip()]
-        r = head_feature_effects(case, model, sae, layer=args.layer, groups=groups, bad=args.bad, tag=args.tag,
-                                 top=args.top, batch_size=args.batch_size, source=source.describe(L))
+        r = api.sae_heads(case, model, layer=args.layer, sae_layer=args.sae_layer, top=args.top,
+                          groups=[g for g in args.groups.split(",") if g.strip()], bad=args.bad, tag=args.tag,
+                          batch_size=args.batch_size, **sae)
         return print_report(args, r, case, device)
-    from surgeon.analyses.sae_repair import feature_repair
-
-    r = feature_repair(case, model, sae, top=args.top, direction=args.direction, bad=args.bad, tag=args.tag,
-                       budget=args.budget, item_rate=args.item_rate, batch_size=args.batch_size, source=source.describe(L), progress=True)
+    r = api.sae_repair(case, model, layer=args.layer, top=args.top, budget=args.budget, item_rate=args.item_rate,
+                       direction=args.direction, bad=args.bad, tag=args.tag, batch_size=args.batch_size, progress=True,
+                       **sae)
     return print_report(args, r, case, device)
+
+
+def _quality(args, case, model, device, save) -> int:
+    """`surgeon sae quality`: each SAE's L0, explained variance and the score shift when it replaces the
+    activation."""
+    from surgeon.cli.common import parse_layers
+    from surgeon.sae.load import load_sae
+    from surgeon.sae.quality import measure, quality_text
+    from surgeon.sae.train import collect_activations
+    from surgeon.sites.features import sae_hook
+
+    source = _source(args, case)
+    layers = source.layers(model.cfg.n_layers, parse_layers(args.layers))
+    saes = {L: load_sae(source, L, device, args.dtype, model.cfg.d_model) for L in layers}
+    hooks = {L: sae_hook(s) for L, s in saes.items()}
+    acts = collect_activations(case, model, sorted(set(hooks.values())))
+    qs = [measure(case, model, saes[L], L, hooks[L], acts[hooks[L]], source.describe(L), args.batch_size)
+          for L in layers]
+    print(quality_text(qs))
+    if args.out:
+        save(args.out, "sae-quality", qs, case, args, device)
+        print(f"\nwrote {args.out}/results.json, manifest.json")
+    return 0
 
 
 def _train(args, case, model, device, report_fn) -> int:
@@ -186,7 +152,8 @@ def _train(args, case, model, device, report_fn) -> int:
     from surgeon import organisms
     from surgeon.models.loading import resolve
     from surgeon.results import check_out
-    from surgeon.sae.load import SAESource, load_sae
+    from surgeon.cli.common import parse_layers
+    from surgeon.sae.load import SAESource, load_sae, model_layers
     from surgeon.sae.quality import measure, quality_text
     from surgeon.sae.train import (
         TrainOptions,
@@ -208,7 +175,7 @@ def _train(args, case, model, device, report_fn) -> int:
         raise SurgeonError(f"--k {args.k} active features is not below the dictionary's {width} features "
                            f"(--expansion {args.expansion} x d_model {model.cfg.d_model})", field="--k",
                            fix=f"use --k {max(1, width // 32)} or so, or a larger --expansion")
-    layers = layers_of(argparse.Namespace(layers=args.layers), model, _AllLayers())
+    layers = model_layers(model.cfg.n_layers, parse_layers(args.layers))
     hooks = {L: f"blocks.{L}.hook_{args.component}" for L in layers}
     acts = collect_activations(case, model, list(hooks.values()))
     opts = TrainOptions(expansion=args.expansion, k=args.k, steps=args.steps, seed=args.seed)
@@ -244,7 +211,3 @@ def _train(args, case, model, device, report_fn) -> int:
         report_fn(args.out, "sae-train", result, case, args, device)
         print(f"\nwrote {args.out}/results.json, manifest.json")
     return 0
-
-
-class _AllLayers:
-    path = None

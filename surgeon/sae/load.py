@@ -54,6 +54,18 @@ class SAESource:
             raise SAEError(f"no SAE directory matches {self.path}", field="--sae-dir",
                            fix="point at directories written by sae-lens; use {layer} for the layer number")
 
+    def layers(self, n_layers: int, asked=None, field: str = "--layers") -> list[int]:
+        """The layers to read: `asked` (checked against the model), else every layer with an SAE directory (a
+        release: every layer)."""
+        if asked is None:
+            if self.path is None:
+                return list(range(n_layers))
+            asked = [L for L in range(n_layers) if (Path(self.path.format(layer=L)).expanduser() / "cfg.json").is_file()]
+            if not asked:
+                raise SAEError(f"no SAE directory matches {self.path} for any layer 0..{n_layers - 1}", field="--sae-dir",
+                               fix="train them (surgeon sae train) or point --sae-dir at DIR/blocks.{layer}.hook_...")
+        return model_layers(n_layers, asked, field)
+
     @staticmethod
     def from_case(case, release: str | None = None, sae_id: str | None = None, path: str | None = None) -> "SAESource":
         """Command-line choices first, then the case's `saes` (a relative dir from the case file's folder)."""
@@ -83,6 +95,17 @@ class SAESource:
 
         entry = get_pretrained_saes_directory().get(self.release)
         return (entry.neuronpedia_id or {}).get(self.sae_id.format(layer=layer)) if entry else None
+
+
+def model_layers(n_layers: int, asked=None, field: str = "--layers") -> list[int]:
+    """`asked` checked against a model of `n_layers` layers (None: all of them); `field` names the option."""
+    if asked is None:
+        return list(range(n_layers))
+    for L in asked:
+        if not 0 <= L < n_layers:
+            raise SAEError(f"layer {L} is out of range (the model has layers 0..{n_layers - 1})", field=field,
+                           fix=f"use layers between 0 and {n_layers - 1}")
+    return list(asked)
 
 
 def neuronpedia_url(np_id: str | None, feature: int) -> str | None:
