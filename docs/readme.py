@@ -121,6 +121,29 @@ def run(cmd: str, *, show: str | None = None, keep=None, drop=(), slow: bool = F
     cog.outl("```")
 
 
+def report_example(cmd: str, page: str, png: str, keep=None) -> None:
+    """Run `surgeon report` (a slow block: a check keeps the previous text), then photograph its page's circuit view
+    in headless Chromium (Selenium) into `png`."""
+    cog = _cog()
+    if FAST:
+        cog.out(cog.previous)
+        return
+    run(cmd, keep=keep)
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    opts = webdriver.ChromeOptions()
+    opts.binary_location = "/usr/bin/chromium"
+    for a in ("--headless=new", "--no-sandbox", "--disable-gpu", "--window-size=1150,1000"):
+        opts.add_argument(a)
+    b = webdriver.Chrome(service=Service("/usr/bin/chromedriver"), options=opts)
+    try:
+        b.get((ROOT / page).resolve().as_uri())
+        b.find_element("id", "circuit-view").screenshot(str(ROOT / png))
+    finally:
+        b.quit()
+
+
 def out(text: str) -> None:
     """Write generated text (a sentence whose numbers come from RESULTS); kept as is in a check of a slow block."""
     _cog().outl(text)

@@ -4,7 +4,7 @@ The way through the package follows the user's way, one folder a step, with no a
 (`surgeon.spec`) names a model (`surgeon.models`, `surgeon.organisms`); the engine (`surgeon.engine`)
 patches masks at sites (`surgeon.sites`: nodes, edges, SAE features) between a good and a failing run;
 circuits (`surgeon.circuits`), subset searches (`surgeon.search`) and the analyses (`surgeon.analyses`) are
-plain functions over it; reports, figures and exports (`surgeon.report`, `surgeon.circuits.export`) and the
+plain functions over it; reports, figures and exports (`surgeon.reports`, `surgeon.circuits.export`) and the
 command line (`surgeon.cli`) come last. Heavy libraries are imported lazily.
 """
 from surgeon import show as _show
@@ -15,13 +15,13 @@ from surgeon.spec.case import Case, Chat, Item
 
 def _load_views() -> None:
     """Register how every result shows itself (the report layer's views), the first time one is shown."""
-    from surgeon.report import views  # noqa: F401
+    from surgeon.reports import views  # noqa: F401
 
 
 _show.install_loader(_load_views)
 
 API = ("diagnose", "dla", "attention", "patch", "patch_positions", "attribute", "threshold", "blend", "circuit", "circuit_eval",
-       "sae_overlap", "sae_amplified", "sae_heads", "sae_repair")
+       "sae_overlap", "sae_amplified", "sae_heads", "sae_repair", "report")
 
 
 def __getattr__(name: str):

@@ -21,35 +21,43 @@ from pathlib import Path
 from typing import Sequence
 
 from surgeon.analyses.attention import attention_patterns
+from surgeon.analyses.pipeline import STEPS, run_report
 from surgeon.analyses.attribution import attribute as attribute_units
+from surgeon.analyses.blend import BlendResult
 from surgeon.analyses.blend import blend as blend_heads
 from surgeon.analyses.circuit import (
+    CircuitResult,
     check_options,
     default_method,
     discover,
     evaluate_circuit,
 )
+from surgeon.analyses.diagnose import Diagnosis
 from surgeon.analyses.diagnose import diagnose as diagnose_case
 from surgeon.analyses.logit_attribution import logit_attribution
-from surgeon.analyses.patching import patch_heads
+from surgeon.analyses.patching import PatchResult, patch_heads
 from surgeon.analyses.positions import patch_positions as patch_by_position
-from surgeon.analyses.sae_features import amplified, overlap
-from surgeon.analyses.sae_heads import head_feature_effects
-from surgeon.analyses.sae_repair import feature_repair
+from surgeon.analyses.sae_features import AmplifiedResult, OverlapResult, amplified, overlap
+from surgeon.analyses.sae_heads import HeadFeatureResult, head_feature_effects
+from surgeon.analyses.sae_repair import FeatureRepairResult, feature_repair
 from surgeon.circuits.export import read_circuit
 from surgeon.circuits.methods import ATTRIBUTION_IG_STEPS, IG_STEPS
 from surgeon.models.devices import device_of
 from surgeon.spec.shipped import shipped_case
 from surgeon.models.checks import check_case_against_model, load_case
 from surgeon.models.loading import from_hf, load_model
+from surgeon.reports.html import render as render_report
+from surgeon.results import from_jsonable, to_jsonable, write_json
 from surgeon.sae.load import SAESource, load_sae
+from surgeon.search.subsets import ThresholdResult
 from surgeon.search.threshold import threshold_search
 from surgeon.sites.ablations import ABLATIONS
 from surgeon.errors import SurgeonError
 from surgeon.spec.case import Case, validate
 
 __all__ = ["diagnose", "dla", "attention", "patch", "patch_positions", "attribute", "threshold", "blend", "circuit",
-           "circuit_eval", "sae_overlap", "sae_amplified", "sae_heads", "sae_repair", "case_and_model", "read"]
+           "circuit_eval", "sae_overlap", "sae_amplified", "sae_heads", "sae_repair", "report", "render_report",
+           "case_and_model", "read"]
 
 
 def read(case, model=None) -> Case:
@@ -258,3 +266,51 @@ def sae_repair(case, model=None, *, layer: int, top: int = 8, budget: int = 2000
     saes, where, _ = _saes(case, model, [layer], sae_release, sae_id, sae_dir, device, dtype, "--layer")
     return feature_repair(case, model, saes[layer], top=top, direction=direction, bad=bad, tag=tag, budget=budget,
                           item_rate=item_rate, batch_size=batch_size, source=where[layer], progress=progress)
+
+
+# One command from a case to a paper
+
+class _StepFolders:
+    """Each report step's result in its own folder under the report's (what the command writes for it, plus
+    step.json: the options it ran with and the case file's digest); a step whose folder matches is reused."""
+
+    def __init__(self, out: Path, case: Case, device: str | None):
+        self.out, self.case, self.device = Path(out), case, device
+
+    def get(self, step: str, options: dict):
+        meta = self.out / step / "step.json"
+        if not meta.is_file() or not (self.out / step / "manifest.json").is_file():
+            return None  # never finished
+        m = json.loads(meta.read_text())
+        if m.get("options") != to_jsonable(options) or m.get("case_sha256") != self.case.digest:
+            return None
+        data = json.loads((self.out / step / "results.json").read_text())["result"]
+        return from_jsonable(RESULT_TYPES[m["type"]], data)
+
+    def put(self, step: str, result, options: dict) -> None:
+        result.save(self.out / step, self.case, device=self.device)
+        write_json(self.out / step / "step.json", {"type": type(result).__name__, "options": options,
+                                                   "case_sha256": self.case.digest})
+
+
+RESULT_TYPES = {cls.__name__: cls for cls in (Diagnosis, PatchResult, ThresholdResult, BlendResult, CircuitResult,
+                                                OverlapResult, AmplifiedResult, HeadFeatureResult, FeatureRepairResult)}
+
+
+def report(case, model=None, *, out: str | Path | None = None, steps: Sequence[str] = STEPS, layer: int | None = None,
+           budget: int = 200, verify: int = 50, paths: int = 10, sae_release: str | None = None,
+           sae_id: str | None = None, sae_dir: str | None = None, batch_size: int = 256, device: str | None = None,
+           dtype: str = "float32", progress: bool = False):
+    """The whole pipeline on a case (`surgeon report`): diagnose, per-head patching, the subset search and the blend
+    at the layer patching repairs most (or `layer`), the circuit, and the SAE analyses where there are SAEs. With
+    `out`, each step's results go to out/STEP (an interrupted report resumes from them) and the page to
+    out/report.html, with every figure as PDF and SVG under out/figures. Returns the `Report` (its `.save(dir)` writes
+    the page again)."""
+    case, model = case_and_model(case, model, device=device, dtype=dtype)
+    source = SAESource.from_case(case, sae_release, sae_id, sae_dir) if (sae_release or sae_id or sae_dir) else None
+    store = _StepFolders(Path(out), case, device) if out is not None else None
+    rep = run_report(case, model, steps=steps, layer=layer, budget=budget, verify=verify, paths=paths,
+                     sae_source=source, batch_size=batch_size, store=store, progress=progress)
+    if out is not None:
+        rep.save(out, case, device=device)
+    return rep

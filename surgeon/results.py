@@ -17,7 +17,8 @@ from typing import Any, Iterator
 from surgeon.errors import SurgeonError
 
 
-def _versions() -> dict[str, str]:
+def versions() -> dict[str, str]:
+    """The versions of Python, surgeon and the libraries whose code computes the numbers."""
     from importlib.metadata import PackageNotFoundError, version
 
     out = {"python": platform.python_version()}
@@ -37,7 +38,7 @@ def manifest(command: str, case=None, *, seed: int | None = None, device: str | 
         "command": command,
         "argv": sys.argv if argv is None else argv,
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "versions": _versions(),
+        "versions": versions(),
         "seed": seed,
         "device": device,
         "dtype": dtype,
@@ -66,6 +67,46 @@ def to_jsonable(x: Any) -> Any:
     if isinstance(x, Path):
         return str(x)
     return x
+
+
+def from_jsonable(cls, data: Any) -> Any:
+    """A result dataclass `cls` rebuilt from what `to_jsonable` wrote (results.json's "result"): nested dataclasses
+    by their annotations, arrays as float arrays (null -> NaN), tuples as tuples; what it cannot type stays as read.
+    """
+    import typing
+    from dataclasses import fields
+
+    import numpy as np
+
+    def build(tp, v):
+        if v is None:
+            return None
+        origin, args = typing.get_origin(tp), typing.get_args(tp)
+        if origin is typing.Union or type(tp).__name__ == "UnionType":
+            inner = [a for a in args if a is not type(None)]
+            return build(inner[0], v) if len(inner) == 1 else v
+        if isinstance(tp, type) and is_dataclass(tp) and isinstance(v, dict):
+            hints = typing.get_type_hints(tp)
+            return tp(**{f.name: build(hints.get(f.name, Any), v[f.name]) for f in fields(tp) if f.name in v})
+        if tp is np.ndarray:
+            a = np.asarray(v, dtype=object)
+            return np.where(a == None, np.nan, a).astype(float)  # noqa: E711 - elementwise
+        if origin is tuple or tp is tuple:
+            if args and len(args) == 2 and args[1] is Ellipsis:
+                return tuple(build(args[0], x) for x in v)
+            if args and len(args) == len(v):
+                return tuple(build(a, x) for a, x in zip(args, v))
+            return tuple(tuple(x) if isinstance(x, list) else x for x in v)
+        if origin is list and args and isinstance(v, list):
+            return [build(args[0], x) for x in v]
+        if origin is dict and isinstance(v, dict) and len(args) == 2:
+            key = args[0] if args[0] in (int, float) else (lambda k: k)
+            return {key(k): build(args[1], x) for k, x in v.items()}
+        if tp is float:
+            return float(v)
+        return v
+
+    return build(cls, data)
 
 
 @contextmanager

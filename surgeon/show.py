@@ -2,7 +2,7 @@
 figures in Jupyter, `r.figure()` a matplotlib Figure, `r.save(dir)` what the CLI writes with `--out`.
 
 Results are plain dataclasses of the analyses; how each is shown is a `View` registered by the report layer
-(`surgeon.report.views`), so nothing here or in the analyses imports the layers above them. The package root
+(`surgeon.reports.views`), so nothing here or in the analyses imports the layers above them. The package root
 installs the loader that registers the views the first time one is needed (sae-lens's registry is the model).
 """
 from __future__ import annotations
@@ -46,9 +46,13 @@ def view_of(result) -> View:
     return VIEWS[name]
 
 
-def _svg(fig) -> str:
+def svg_of(fig) -> str:
+    """A matplotlib figure as inline SVG (for HTML); the same figure gives the same text (no date, fixed ids)."""
+    import matplotlib
+
     buf = io.StringIO()
-    fig.savefig(buf, format="svg", bbox_inches="tight")
+    with matplotlib.rc_context({"svg.hashsalt": "surgeon"}):
+        fig.savefig(buf, format="svg", bbox_inches="tight", metadata={"Date": None})
     text = buf.getvalue()
     return text[text.find("<svg"):]  # drop the XML prolog and doctype: inline SVG in HTML
 
@@ -72,7 +76,7 @@ class Shows:
         v = view_of(self)
         parts = [f"<pre>{html.escape(v.text(self))}</pre>"]
         for draw in v.figures.values():
-            parts.append(f"<div>{_svg(draw(self, None))}</div>")
+            parts.append(f"<div>{svg_of(draw(self, None))}</div>")
         return "\n".join(parts)
 
     def save(self, out, case=None, *, device: str | None = None) -> Path:

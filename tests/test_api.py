@@ -77,6 +77,8 @@ def results(threshold_model):
         "threshold": (surgeon.threshold(THRESHOLD, threshold_model, layer=0, groups=("even",), budget=20),
                       ["threshold", THRESHOLD, "--layer", "0", "--groups", "even", "--budget", "20"]),
         "sae_overlap": (surgeon.sae_overlap(THRESHOLD, threshold_model), ["sae", "overlap", THRESHOLD]),
+        "sae_amplified": (surgeon.sae_amplified(THRESHOLD, threshold_model, layer=0, top=5),
+                          ["sae", "amplified", THRESHOLD, "--layer", "0", "--top", "5"]),
         "sae_heads": (surgeon.sae_heads(THRESHOLD, threshold_model, layer=0, sae_layer=0, top=6),
                       ["sae", "heads", THRESHOLD, "--layer", "0", "--sae-layer", "0", "--top", "6"]),
         "blend": (surgeon.blend("threshold_organism", threshold_model, layer=0, heads=[0, 2, 4]),
@@ -107,6 +109,20 @@ def test_results_print_render_draw_and_save_what_the_cli_does(results, name, tmp
     assert drop(api_res["result"]) == drop(cli_res["result"])
     man = json.loads((saved / "manifest.json").read_text())
     assert man["argv"] == [] and man["api"].endswith(".save") and man["command"] == cli_res["command"]
+
+
+def test_results_reload_from_their_json_as_they_were(results):
+    """What `surgeon report` resumes from: a result rebuilt from its results.json prints and draws as it did."""
+    from surgeon.api import RESULT_TYPES
+    from surgeon.results import from_jsonable, to_jsonable
+
+    for name, (r, _) in results.items():
+        if type(r).__name__ not in RESULT_TYPES:
+            continue
+        back = from_jsonable(type(r), json.loads(json.dumps(to_jsonable(r))))
+        assert str(back) == str(r), name
+        for draw in view_of(r).figures.values():
+            draw(back, None)
 
 
 def test_a_result_saved_with_its_case_records_the_model(results, tmp_path):

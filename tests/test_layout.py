@@ -19,7 +19,7 @@ LAYERS = [
     ("surgeon.engine",),
     ("surgeon.circuits", "surgeon.search", "surgeon.sae", "surgeon.analyses"),
     ("surgeon.organisms.measure",),  # measuring an organism uses the engine
-    ("surgeon.report",),
+    ("surgeon.reports",),
     ("surgeon.api",),  # the notebook's functions; the command line is thin over them
     ("surgeon.cli",),
     ("surgeon", "surgeon.__main__"),

@@ -128,7 +128,7 @@ class OverlapResult(Shows):
     position: str
     n_items: int
     saes: dict  # layer -> where the SAE came from
-    metrics: dict  # bad format -> metric -> [Estimate per layer] (mean over items, 95% interval)
+    metrics: dict[str, dict[str, list[Estimate]]]  # bad format -> metric -> [Estimate per layer] (mean, 95% interval)
     per_item: dict  # bad format -> metric -> [layer][item]
 
 
@@ -183,7 +183,7 @@ class AmplifiedResult(Shows):
     n_items: int
     sae: str
     min_items: int
-    ranked: list  # FeatureRatio, highest mean ratio first (active in both on >= min_items items)
+    ranked: list[FeatureRatio]  # highest mean ratio first (active in both on >= min_items items)
     only_bad: list  # (feature, items active in bad only) most frequent first
     only_good: list  # (feature, items active in good only)
 

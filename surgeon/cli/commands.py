@@ -21,6 +21,8 @@ from surgeon.cli.common import (
 )
 from surgeon.errors import SurgeonError
 from surgeon.spec.shipped import CASES_DIR
+
+REPORT_STEPS = ("diagnose", "patch", "threshold", "blend", "circuit", "sae")  # analyses.pipeline.STEPS
 from surgeon.sites.ablations import ABLATIONS
 
 
@@ -172,6 +174,22 @@ def build_parser() -> argparse.ArgumentParser:
     add_items(p)
     add_metric(p)
 
+    p = sub.add_parser("report", help="the whole pipeline on a case, each step reusing an earlier run's finished "
+                                      "results in --out; one self-contained HTML page with an interactive circuit")
+    add_common(p, out_help="where the page (report.html), each step's results and the figures go (default: "
+                           "out/report-CASE under the current directory)")
+    p.add_argument("--steps", default=",".join(REPORT_STEPS),
+                   help=f"steps to run, in order (default: all: {','.join(REPORT_STEPS)})")
+    p.add_argument("--layer", type=cli_types.layer,
+                   help="the layer of the subset search and the blend (default: where patching single heads repairs most)")
+    p.add_argument("--budget", type=cli_types.positive, default=200,
+                   help="subsets per size in the threshold search (default 200: all of them up to that many)")
+    p.add_argument("--verify", type=cli_types.nonnegative, default=50, help="top edges verified by exact patching (default 50)")
+    p.add_argument("--paths", type=cli_types.bounded(0, 1000), default=10, help="complete paths measured (default 10)")
+    p.add_argument("--sae-release", help="a sae-lens release for the SAE steps (default: the case's saes)")
+    p.add_argument("--sae-id", help="the SAE id within the release; {layer} is replaced")
+    p.add_argument("--sae-dir", help="local SAE directories; {layer} is replaced")
+
     from surgeon.cli.sae import add_parser as add_sae
 
     add_sae(sub, add_common, add_items)
@@ -292,7 +310,7 @@ def cmd_threshold(args) -> int:
         ray = RayOptions(address=None if args.ray == "local" else args.ray, workers=args.ray_workers,
                          threads=args.threads or 1)
     case, model, device = load_case_and_model(args, out=out)
-    from surgeon.report import text as report
+    from surgeon.reports import text as report
     from surgeon.search.threshold import Interrupted, threshold_search
 
     try:
@@ -316,7 +334,7 @@ def cmd_threshold(args) -> int:
 
 
 def cmd_merge(args) -> int:
-    from surgeon.report import text as report
+    from surgeon.reports import text as report
     from surgeon.search.threshold import merge
 
     r = merge(args.dirs, args.out)
@@ -402,6 +420,24 @@ def cmd_circuit(args) -> int:
     return code
 
 
+def cmd_report(args) -> int:
+    steps = [x.strip() for x in args.steps.split(",") if x.strip()]
+    unknown = [x for x in steps if x not in REPORT_STEPS]
+    if unknown or not steps:
+        raise SurgeonError(f"unknown report steps {unknown}" if unknown else "no report step given", field="--steps",
+                           fix=f"choose from: {','.join(REPORT_STEPS)}")
+    out = args.out or Path("out") / f"report-{Path(args.case).stem}"
+    case, model, device = load_case_and_model(args, out=out)
+    import surgeon.api as api
+
+    rep = api.report(case, model, out=out, steps=steps, layer=args.layer, budget=args.budget, verify=args.verify,
+                     paths=args.paths, sae_release=args.sae_release, sae_id=args.sae_id, sae_dir=args.sae_dir,
+                     batch_size=args.batch_size, device=device, dtype=args.dtype, progress=True)
+    print(rep)
+    print(f"\nwrote {out}/report.html, figures/ and one folder per step")
+    return 0
+
+
 def cmd_circuit_eval(args) -> int:
     from surgeon.analyses.circuit import check_circuit_file, evaluate_circuit
     from surgeon.circuits.export import read_circuit
@@ -412,7 +448,7 @@ def cmd_circuit_eval(args) -> int:
         check_circuit_file(circuit, case.model, args.ablation, str(args.graph))
 
     case, model, device = load_case_and_model(args, check=against_the_model)
-    from surgeon.report import text as report
+    from surgeon.reports import text as report
 
     r = evaluate_circuit(case, model, circuit, ablation=args.ablation, direction=args.direction, bad=args.bad,
                          tag=args.tag, batch_size=args.batch_size, where=str(args.graph))
@@ -439,7 +475,7 @@ def cmd_sae(args) -> int:
     return run(args)
 
 
-COMMANDS = {"cases": cmd_cases, "sae": cmd_sae, "diagnose": cmd_diagnose, "circuit": cmd_circuit, "circuit-eval": cmd_circuit_eval, "patch": cmd_patch, "attribute": cmd_attribute, "dla": cmd_dla, "attention": cmd_attention, "patch-positions": cmd_patch_positions, "threshold": cmd_threshold,
+COMMANDS = {"report": cmd_report, "cases": cmd_cases, "sae": cmd_sae, "diagnose": cmd_diagnose, "circuit": cmd_circuit, "circuit-eval": cmd_circuit_eval, "patch": cmd_patch, "attribute": cmd_attribute, "dla": cmd_dla, "attention": cmd_attention, "patch-positions": cmd_patch_positions, "threshold": cmd_threshold,
             "merge": cmd_merge,
             "blend": cmd_blend, "organisms": cmd_organisms}
 

@@ -107,7 +107,7 @@ def load_case_and_model(args, check=None, out=None):
 def print_report(args, result, case, device, text: str | None = None) -> int:
     """Print a result's report (its view's, or `text`); with --out, save what `result.save` saves (results,
     manifest, figures, tables) with the command line's options, and say so."""
-    from surgeon.report import text as report
+    from surgeon.reports import text as report
     from surgeon.show import view_of
 
     v = view_of(result)

@@ -93,7 +93,7 @@ def run(args) -> int:
             _source(args, case).check_available(layers)
 
     case, model, device = load_case_and_model(args, check=sae_first)
-    from surgeon.report import text as report
+    from surgeon.reports import text as report
 
     if args.action == "train":
         return _train(args, case, model, device, report.save)

@@ -6,7 +6,7 @@ import pytest
 
 from surgeon.analyses import attribute, patch_heads
 from surgeon.analyses.circuit import discover, evaluate_circuit
-from surgeon.report import text as report
+from surgeon.reports import text as report
 from tests.conftest import ROOT
 
 NUM = r"([-+]?\d+(?:\.\d+)?)%?"

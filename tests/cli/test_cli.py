@@ -78,7 +78,7 @@ def test_manifest_model_fields_are_the_loaded_model(name):
     heads for its 8 query heads; a manifest once said 8)."""
     from surgeon import load_case
     from surgeon.models.loading import load_model
-    from surgeon.report.text import model_info
+    from surgeon.reports.text import model_info
 
     case = load_case(f"{ROOT}/cases/{name}.py")
     cfg = load_model(case.model).cfg

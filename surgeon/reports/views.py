@@ -4,7 +4,7 @@ writes with `--out`, under the command's name. The CLI prints and saves through 
 from __future__ import annotations
 
 from surgeon.circuits.export import circuit_figure
-from surgeon.report import figures, text
+from surgeon.reports import figures, html, text
 from surgeon.show import View, register
 from surgeon.spec.metrics import describe as describe_metric
 
@@ -47,3 +47,5 @@ for _name, _view in VIEWS.items():
     if _name != "Diagnosis":  # which says it anyway
         _view.text = _saying_the_metric(_view.text)
     register(_name, _view)
+
+register("Report", View("report", html.report_text, save=html.save_report))

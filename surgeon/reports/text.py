@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 
 from surgeon.models.loading import resolve, shape
-from surgeon.report import figures
+from surgeon.reports import figures
 from surgeon.results import manifest, staging, write_json
 from surgeon.search.subsets import per_subset, plan_from_options, subsets_csv_rows
 from surgeon.sites.nodes import component, unit_label

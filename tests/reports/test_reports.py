@@ -6,7 +6,7 @@ import numpy as np
 from surgeon.analyses import attribute, diagnose, patch_heads
 from surgeon.analyses.blend import blend
 from surgeon.cli.commands import main
-from surgeon.report import text as report
+from surgeon.reports import text as report
 from tests.conftest import ROOT
 
 CASE = f"{ROOT}/cases/decimal_organism.py"
@@ -88,7 +88,7 @@ def test_diagnose_saves_per_item_scores_and_shows_progress(tmp_path, capsys):
 
 
 def test_figures_scale_to_the_data_and_mark_what_they_claim(decimal_model, decimal_case, threshold_model, tmp_path):
-    from surgeon.report import figures
+    from surgeon.reports import figures
     from surgeon.search.threshold import threshold_search
 
     p = patch_heads(decimal_case, decimal_model, layers=[0, 1, 2])

@@ -1,0 +1,159 @@
+"""One command from a case to a paper: the analyses in order, each step reusing a finished earlier run.
+
+    diagnose -> patch (every head of every layer) -> threshold (subsets at the layer patching repairs most;
+    even/odd groups when it has at least 4 heads) -> blend (that layer's heads) -> circuit (edges scored, the top
+    ones verified exactly, the smallest faithful prefix, its strongest paths) -> sae (where the case has SAEs:
+    overlap per layer; amplified features and feature repair at the layer whose features overlap least; the
+    patched layer's heads against those features)
+
+Each step's result is handed to `store.put` and asked of `store.get` first (the API keeps them in the report's
+folder, so an interrupted report resumes); what the steps did and with which options is the `Report`.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import numpy as np
+
+from surgeon.analyses.blend import blend
+from surgeon.analyses.circuit import default_method, discover
+from surgeon.analyses.diagnose import diagnose
+from surgeon.analyses.patching import patch_heads
+from surgeon.analyses.sae_features import amplified, overlap
+from surgeon.analyses.sae_heads import head_feature_effects
+from surgeon.analyses.sae_repair import feature_repair
+from surgeon.errors import AnalysisError
+from surgeon.results import versions
+from surgeon.sae.load import SAESource, load_sae
+from surgeon.search.threshold import threshold_search
+from surgeon.show import Shows
+from surgeon.spec.case import Case
+
+STEPS = ("diagnose", "patch", "threshold", "blend", "circuit", "sae")
+
+
+class Store(Protocol):
+    def get(self, step: str, options: dict): ...  # the result of a finished step run with these options, or None
+
+    def put(self, step: str, result, options: dict) -> None: ...
+
+
+class _Memory:
+    def get(self, step, options):
+        return None
+
+    def put(self, step, result, options):
+        pass
+
+
+@dataclass
+class Report(Shows):
+    """What `surgeon report` found: each step's result (in `STEPS` order) and the options it ran with."""
+
+    case: str
+    model: str
+    steps: dict = field(default_factory=dict)  # step -> result (sae: {"overlap": ..., "amplified": ..., ...})
+    options: dict = field(default_factory=dict)  # step -> its options
+    reused: list = field(default_factory=list)  # steps taken from an earlier run's results
+    skipped: dict = field(default_factory=dict)  # step -> why it did not run
+    facts: dict = field(default_factory=dict)  # the model's shape, the items, versions: for the methods paragraph
+
+
+def repair_layer(patch) -> int:
+    """The layer where patching single heads repairs most: the largest sum of positive repair fractions."""
+    frac = np.nan_to_num(np.asarray(patch.fraction, dtype=float), nan=0.0)
+    return int(patch.layers[int(np.argmax(np.clip(frac, 0, None).sum(1)))])
+
+
+def run_report(case: Case, model, *, steps=STEPS, layer: int | None = None, budget: int = 200,
+               blend_step: float = 0.02, circuit_method: str | None = None, verify: int = 50, paths: int = 10,
+               sae_source: SAESource | None = None, batch_size: int = 256, store: Store | None = None,
+               progress: bool = False) -> Report:
+    """Run `steps` on `case` (see the module's docstring); `layer` fixes the threshold and blend layer."""
+    unknown = [s for s in steps if s not in STEPS]
+    if unknown:
+        raise AnalysisError(f"unknown report steps {unknown}", field="--steps", fix=f"choose from: {', '.join(STEPS)}")
+    store = store or _Memory()
+    rep = Report(case.name, case.model or "(given in memory)", facts=_facts(case, model))
+
+    def step(name, options, run):
+        got = store.get(name, options)
+        if got is not None:
+            rep.reused.append(name)
+        else:
+            got = run()
+            store.put(name, got, options)
+        rep.steps[name], rep.options[name] = got, options
+        return got
+
+    H = model.cfg.n_heads
+    if "diagnose" in steps:
+        step("diagnose", {"batch_size": batch_size}, lambda: diagnose(case, model, batch_size=batch_size,
+                                                                      progress=progress))
+    patch = None
+    if "patch" in steps or (layer is None and {"threshold", "blend", "sae"} & set(steps)):
+        opts = {"layers": list(case.layers) if case.layers else None, "component": "z"}
+        patch = step("patch", opts, lambda: patch_heads(case, model, layers=opts["layers"], batch_size=batch_size,
+                                                        progress=progress))
+    L = layer if layer is not None else repair_layer(patch)
+    groups = ["even", "odd"] if H >= 4 else []
+    if "threshold" in steps:
+        opts = {"layer": L, "groups": groups, "budget": budget}
+        step("threshold", opts, lambda: threshold_search(case, model, layer=L, groups=groups, budget=budget,
+                                                         batch_size=batch_size, progress=progress))
+    if "blend" in steps:
+        opts = {"layer": L, "step": blend_step}
+        step("blend", opts, lambda: blend(case, model, layer=L, step=blend_step, batch_size=batch_size))
+    if "circuit" in steps:
+        method = circuit_method or default_method(case)
+        opts = {"method": method, "verify": verify, "paths": paths, "faithfulness": 0.9}
+        step("circuit", opts, lambda: discover(case, model, method=method, verify=verify, n_paths=paths,
+                                               batch_size=batch_size))
+    if "sae" in steps:
+        _sae_steps(rep, step, case, model, L, sae_source, batch_size)
+    return rep
+
+
+def _sae_steps(rep: Report, step, case: Case, model, layer: int, source, batch_size: int) -> None:
+    if source is None:
+        if not case.saes:
+            rep.skipped["sae"] = "the case names no SAEs (give --sae-dir, or saes= in the case)"
+            return
+        source = SAESource.from_case(case)
+    n = model.cfg.n_layers
+    layers = source.layers(n)
+    dev, dtype = str(next(model.parameters()).device), str(model.cfg.dtype).removeprefix("torch.")
+    saes = {L: load_sae(source, L, dev, dtype, model.cfg.d_model) for L in layers}
+    where = {L: source.describe(L) for L in layers}
+    ov = step("sae_overlap", {"layers": layers, "k": 20},
+              lambda: overlap(case, model, saes, k=20, tag="all", batch_size=batch_size, sources=where))
+    at = [L for L in layers if L >= layer] or layers
+    lowest = min(at, key=lambda L: _mean_overlap(ov, L))  # where the formats' features differ most
+    step("sae_amplified", {"layer": lowest}, lambda: amplified(case, model, saes[lowest], lowest, tag="all",
+                                                              batch_size=batch_size, source=where[lowest]))
+    step("sae_heads", {"layer": layer, "sae_layer": lowest},
+         lambda: head_feature_effects(case, model, saes[lowest], layer=layer, batch_size=batch_size,
+                                      source=where[lowest]))
+    step("sae_repair", {"layer": lowest}, lambda: feature_repair(case, model, saes[lowest], batch_size=batch_size,
+                                                                source=where[lowest]))
+
+
+def _mean_overlap(ov, layer: int) -> float:
+    """The top-k overlap at `layer`, averaged over the failing formats."""
+    i = list(ov.layers).index(layer)
+    vals = [m["overlap"][i].value for m in ov.metrics.values()]
+    return float(np.mean(vals)) if vals else float("inf")
+
+
+def _facts(case: Case, model) -> dict:
+    cfg = model.cfg
+    tags: dict = {}
+    for it in case.items:
+        tags[it.tag or "(untagged)"] = tags.get(it.tag or "(untagged)", 0) + 1
+    return {"n_layers": cfg.n_layers, "n_heads": cfg.n_heads, "n_kv_heads": getattr(cfg, "n_key_value_heads", None)
+            or cfg.n_heads, "d_model": cfg.d_model, "dtype": str(cfg.dtype).removeprefix("torch."),
+            "items": len(case.items), "tags": tags, "formats": {k: str(getattr(v, "user", v)) for k, v in case.formats.items()},
+            "good": case.good, "bad": list(case.bad_formats), "align": case.align, "focus": case.focus,
+            "metric": case.metric if isinstance(case.metric, str) else f"function {getattr(case.metric, '__name__', '')}",
+            "versions": versions()}

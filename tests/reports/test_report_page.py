@@ -1,0 +1,143 @@
+"""`surgeon report`: the pipeline on an organism, resumed from its folder, rendered as one offline HTML page that a
+real browser (headless Chromium through Selenium) shows with an interactive circuit."""
+import json
+import re
+import shutil
+import time
+
+import pytest
+
+import surgeon
+from surgeon.cli import main
+from tests.conftest import ROOT
+
+INDUCTION = f"{ROOT}/cases/induction_organism.py"
+
+
+@pytest.fixture(scope="module")
+def report_dir(tmp_path_factory, induction_model):
+    out = tmp_path_factory.mktemp("report") / "induction"
+    rep = surgeon.report(INDUCTION, induction_model, out=out, budget=50, verify=10, paths=3)
+    return out, rep
+
+
+def test_the_report_runs_every_step_and_writes_one_page(report_dir):
+    out, rep = report_dir
+    assert list(rep.steps) == ["diagnose", "patch", "threshold", "blend", "circuit"] and not rep.reused
+    assert rep.skipped["sae"].startswith("the case names no SAEs")
+    page = (out / "report.html").read_text()
+    # self-contained: no resource is fetched (scripts and styles inline, figures inline SVG)
+    assert not re.search(r"""(src|href)\s*=\s*["']?(https?:|//)""", page)
+    assert "<link" not in page and "@import" not in page
+    assert page.count("<svg") >= 6
+    for step in rep.steps:
+        assert f"<section id='{step}'>" in page
+        assert (out / step / "results.json").is_file() and (out / step / "manifest.json").is_file()
+    methods = re.search(r"<p id='methods'>(.*?)</p>", page, re.S).group(1)
+    assert "organism:induction" in methods and f"{len(rep.facts['formats'])} prompt formats" in methods
+    assert "torch" in methods and "alignment" in methods
+    figs = sorted(p.name for p in (out / "figures").iterdir())
+    assert any(f.endswith(".pdf") for f in figs) and any(f.endswith(".svg") for f in figs)
+    assert len([f for f in figs if f.endswith(".pdf")]) == len([f for f in figs if f.endswith(".svg")])
+
+
+def test_a_second_run_reuses_the_finished_steps(report_dir, induction_model, tmp_path):
+    out, first = report_dir
+    stamps = {s: (out / s / "results.json").stat().st_mtime_ns for s in first.steps}
+    again = surgeon.report(INDUCTION, induction_model, out=out, budget=50, verify=10, paths=3)
+    assert again.reused == list(first.steps)
+    assert {s: (out / s / "results.json").stat().st_mtime_ns for s in first.steps} == stamps
+    # the page is rendered from the results alone: reloaded, they give the same page (but its date line)
+    strip = lambda p: re.sub(r"<p class='meta'>.*?</p>", "", p)  # noqa: E731
+    assert strip(surgeon.api.render_report(again)) == strip(surgeon.api.render_report(first))
+    # another budget is another threshold search: that step runs again, the others are reused
+    shutil.copytree(out, tmp_path / "copy")
+    other = surgeon.report(INDUCTION, induction_model, out=tmp_path / "copy", budget=40, verify=10, paths=3,
+                           steps=["threshold"])
+    assert list(other.steps) == ["patch", "threshold"] and other.reused == ["patch"]
+
+
+def _browser():
+    driver = shutil.which("chromedriver")
+    browser = shutil.which("chromium") or shutil.which("chromium-browser")
+    if not driver or not browser:
+        pytest.skip("no headless browser: apt-get install chromium chromium-driver (Debian), then pip install selenium")
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    opts = webdriver.ChromeOptions()
+    opts.binary_location = browser
+    for a in ("--headless=new", "--no-sandbox", "--disable-gpu", "--window-size=1200,900"):
+        opts.add_argument(a)
+    opts.set_capability("goog:loggingPrefs", {"browser": "ALL", "performance": "ALL"})
+    return webdriver.Chrome(service=Service(driver), options=opts)
+
+
+def test_the_page_works_in_a_real_browser(report_dir, tmp_path):
+    out, rep = report_dir
+    page = out / "report.html"
+    b = _browser()
+    try:
+        b.get(page.resolve().as_uri())
+        time.sleep(0.5)
+        # nothing but the file itself was requested, and the console is clean
+        urls = set()
+        for entry in b.get_log("performance"):
+            msg = json.loads(entry["message"])["message"]
+            if msg["method"] == "Network.requestWillBeSent":
+                urls.add(msg["params"]["request"]["url"])
+        assert urls and all(u.startswith(("file:", "data:", "about:")) for u in urls), urls
+        errors = [e for e in b.get_log("browser") if e["level"] in ("SEVERE", "WARNING")]
+        assert not errors, errors
+        # the circuit view drew every node of the graph, and the slider changes the edges shown
+        data = json.loads(b.find_element("id", "circuit-data").get_attribute("textContent"))
+        assert len(b.find_elements("css selector", "#circuit-svg g.node")) == len(data["nodes"])
+        shown = lambda: len([e for e in b.find_elements("css selector", "#circuit-svg path.edge")  # noqa: E731
+                             if e.value_of_css_property("display") != "none"])
+        at_circuit = shown()
+        assert at_circuit == rep.steps["circuit"].curve_edges[_start(data)] > 0
+        b.execute_script("var s = document.getElementById('k'); s.value = s.max; s.dispatchEvent(new Event('input'));")
+        assert shown() == data["curve"][-1]["k"] != at_circuit
+        assert "faithfulness f =" in b.find_element("id", "k-label").text
+        # clicking a node highlights the paths through it (other edges dimmed)
+        b.execute_script("document.querySelector('#circuit-svg g.node[data-id=\"logits\"]')"
+                         ".dispatchEvent(new MouseEvent('click'))")
+        assert b.find_elements("css selector", "#circuit-svg g.node.on")
+        # a screenshot of the page is not blank
+        shot = tmp_path / "shot.png"
+        b.save_screenshot(str(shot))
+        from PIL import Image
+
+        colours = Image.open(shot).convert("RGB").getcolors(maxcolors=1 << 20)
+        assert colours is None or len(colours) > 20
+    finally:
+        b.quit()
+
+
+def _start(data) -> int:
+    start = 0
+    for i, c in enumerate(data["curve"]):
+        if c["k"] <= data["circuit_k"]:
+            start = i
+    return start
+
+
+def test_the_cli_writes_the_report(tmp_path, capsys):
+    out = tmp_path / "r"
+    assert main(["report", INDUCTION, "--out", str(out), "--budget", "20", "--verify", "5", "--paths", "1",
+                 "--steps", "diagnose,patch,circuit"]) == 0
+    text = capsys.readouterr().out
+    assert f"wrote {out}/report.html" in text
+    assert sorted(p.name for p in out.iterdir() if p.is_dir()) == ["circuit", "diagnose", "figures", "patch"]
+    assert main(["report", INDUCTION, "--steps", "diagnose,bogus", "--out", str(tmp_path / "x")]) == 2
+    assert "field '--steps'" in capsys.readouterr().err and not (tmp_path / "x").exists()
+
+
+def test_the_command_line_knows_the_pipelines_steps():
+    import argparse
+
+    from surgeon.analyses.pipeline import STEPS
+    from surgeon.cli import build_parser
+
+    sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction)).choices["report"]
+    assert sub.get_default("steps") == ",".join(STEPS)
