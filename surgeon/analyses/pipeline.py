@@ -4,7 +4,7 @@
     even/odd groups when it has at least 4 heads) -> blend (that layer's heads) -> circuit (edges scored, the top
     ones verified exactly, the smallest faithful prefix, its strongest paths) -> sae (where the case has SAEs:
     overlap per layer; amplified features and feature repair at the layer whose features overlap least; the
-    patched layer's heads against those features)
+    patched layer's heads against those features), each step under one progress bar over the steps
 
 Each step's result is handed to `store.put` and asked of `store.get` first (the API keeps them in the report's
 folder, so an interrupted report resumes); what the steps did and with which options is the `Report`.
@@ -77,7 +77,15 @@ def run_report(case: Case, model, *, steps=STEPS, layer: int | None = None, budg
     store = store or _Memory()
     rep = Report(case.name, case.model or "(given in memory)", facts=_facts(case, model))
 
+    bar = None
+    if progress:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=len(steps), desc="report", unit="step")
+
     def step(name, options, run):
+        if bar is not None:
+            bar.set_postfix_str(name)
         got = store.get(name, options)
         if got is not None:
             rep.reused.append(name)
@@ -85,6 +93,8 @@ def run_report(case: Case, model, *, steps=STEPS, layer: int | None = None, budg
             got = run()
             store.put(name, got, options)
         rep.steps[name], rep.options[name] = got, options
+        if bar is not None and (name in steps or name == "sae_repair"):  # the SAE steps count as one
+            bar.update(1)
         return got
 
     H = model.cfg.n_heads
@@ -97,7 +107,7 @@ def run_report(case: Case, model, *, steps=STEPS, layer: int | None = None, budg
         patch = step("patch", opts, lambda: patch_heads(case, model, layers=opts["layers"], batch_size=batch_size,
                                                         progress=progress))
     L = layer if layer is not None else repair_layer(patch)
-    groups = ["even", "odd"] if H >= 4 else []
+    groups = ["even", "odd", "random"] if H >= 4 else []  # random: a half drawn at random, the control
     if "threshold" in steps:
         opts = {"layer": L, "groups": groups, "budget": budget}
         step("threshold", opts, lambda: threshold_search(case, model, layer=L, groups=groups, budget=budget,
@@ -112,6 +122,8 @@ def run_report(case: Case, model, *, steps=STEPS, layer: int | None = None, budg
                                                batch_size=batch_size))
     if "sae" in steps:
         _sae_steps(rep, step, case, model, L, sae_source, batch_size)
+    if bar is not None:
+        bar.close()
     return rep
 
 

@@ -97,7 +97,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--layer", type=cli_types.layer, help="candidate heads: every head of this layer (or pick with --heads)")
     p.add_argument("--heads", help="candidate heads: 0,2,5 (of --layer) or L1H0,L2H3")
     p.add_argument("--groups", default="even,odd",
-                   help="built-in groups to search within: even,odd,first_half,second_half or none (default: even,odd)")
+                   help="built-in groups to search within: even,odd,first_half,second_half,random (a seeded random half, "
+                        "a control) or none (default: even,odd)")
     p.add_argument("--groups-file", type=Path, help='JSON {"name": ["L1H0", ...], ...}: your own groups')
     p.add_argument("--grid", help="two groups A,B: also search mixed subsets (i heads from A, j from B)")
     p.add_argument("--budget", type=cli_types.positive, default=20000,

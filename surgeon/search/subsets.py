@@ -71,7 +71,7 @@ def parse_units(spec: str | None, layer: int | None, n_layers: int, n_heads: int
     return units
 
 
-BUILTIN_GROUPS = ("even", "odd", "first_half", "second_half")
+BUILTIN_GROUPS = ("even", "odd", "first_half", "second_half", "random")  # random: a seeded random half (a control)
 
 
 def read_groups(path) -> dict[str, list[str]]:
@@ -95,8 +95,10 @@ def read_groups(path) -> dict[str, list[str]]:
     return spec
 
 
-def make_groups(units: Sequence[Unit], names: Sequence[str] = (), spec: dict | None = None) -> dict[str, tuple[int, ...]]:
-    """Groups as indices into `units`: built-in partitions by name, or a user mapping name -> head labels."""
+def make_groups(units: Sequence[Unit], names: Sequence[str] = (), spec: dict | None = None,
+                seed: int = 0) -> dict[str, tuple[int, ...]]:
+    """Groups as indices into `units`: built-in partitions by name (`random`: half the units drawn with `seed`, a
+    control as large as `even`), or a user mapping name -> head labels."""
     groups: dict[str, tuple[int, ...]] = {}
     n = len(units)
     for name in names:
@@ -108,6 +110,8 @@ def make_groups(units: Sequence[Unit], names: Sequence[str] = (), spec: dict | N
             g = list(range(n // 2))
         elif name == "second_half":
             g = list(range(n // 2, n))
+        elif name == "random":
+            g = sorted(random.Random(f"random-half-{seed}").sample(range(n), n // 2))
         else:
             raise AnalysisError(f"unknown group {name!r}", field="--groups",
                                 fix=f"use {', '.join(BUILTIN_GROUPS)}, or --groups-file with your own")

@@ -85,7 +85,7 @@ def threshold_search(case: Case, model, *, layer: int | None = None, heads: str 
     n_layers = model.cfg.n_layers
     probe = Site.of(component, layer if layer is not None else 0)
     units = parse_units(heads, layer, n_layers, probe.n_units(model.cfg))
-    plan = make_plan(units, make_groups(units, groups, groups_spec), budget=budget, grid=grid,
+    plan = make_plan(units, make_groups(units, groups, groups_spec, seed=seed), budget=budget, grid=grid,
                      grid_budget=grid_budget, seed=seed)
     sites = [Site.of(component, L) for L in sorted({u.layer for u in units})]
     contrast, info = make_contrast(case, model, bad=bad, direction=direction, tag=tag, batch_size=batch_size,

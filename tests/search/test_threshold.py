@@ -243,3 +243,13 @@ def test_merge_checks_everything_before_writing(decimal_model, small_case, tmp_p
     (tmp_path / "s0" / "parts" / "plan.json").write_text('{"digest": ')
     with pytest.raises(SurgeonError, match="plan.json cannot be read"):
         threshold_search(small_case, decimal_model, out=tmp_path / "s0", shard="0/2", **kw)
+
+
+def test_the_random_group_is_a_seeded_half():
+    from surgeon.search.subsets import make_groups, parse_units
+
+    units = parse_units(None, 10, 32, 32)
+    a, b = make_groups(units, ["random", "even"], seed=0), make_groups(units, ["random"], seed=1)
+    assert len(a["random"]) == len(a["even"]) == 16 and len(set(a["random"])) == 16
+    assert a["random"] == make_groups(units, ["random"], seed=0)["random"] != b["random"]
+    assert a["random"] != a["even"] and set(a["random"]) <= set(range(32))
