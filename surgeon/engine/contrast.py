@@ -817,13 +817,22 @@ def _row_slice(b: Bucket, r0: int, r1: int) -> Bucket:
         source_acts={s: x[rows] for s, x in b.source_acts.items()}, base_acts={s: x[rows] for s, x in b.base_acts.items()})
 
 
+def final_logits(model, h: Tensor) -> Tensor:
+    """float32 logits from final-layer residuals [..., d]: the final norm, the unembedding and the model's logit
+    soft-cap where it has one."""
+    if model.cfg.normalization_type is not None:
+        h = model.ln_final(h)
+    logits = model.unembed(h).float()
+    cap = getattr(model.cfg, "output_logits_soft_cap", -1.0) or -1.0
+    return cap * torch.tanh(logits / cap) if cap > 0 else logits
+
+
 def readout(model, resid: Tensor, tgt_rel: Tensor, tok: Tensor, sign: Tensor, max_rows: int | None = None,
             metric: Metric | None = None, ref: Tensor | None = None) -> Tensor:
     """Scores [chunk, n] from final-layer residuals [chunk * n, pos, d]: the metric (default: sum of sign *
     log P(token)) over the logits at the target positions (given relative to the residual's first position);
     `ref` [n, vocab]: the metric's reference log-probabilities per row. Unembeds only those positions, at most
     `max_rows` rows at a time (the logits over a large vocabulary dominate memory)."""
-    cfg = model.cfg
     metric = metric or LOGPROB
     n = tok.shape[0]
     r = resid.view(-1, n, *resid.shape[1:])
@@ -837,13 +846,7 @@ def readout(model, resid: Tensor, tgt_rel: Tensor, tok: Tensor, sign: Tensor, ma
     step = max_rows or c * n
     picked = []
     for lo in range(0, c * n, step):
-        h = x[lo: lo + step]
-        if cfg.normalization_type is not None:
-            h = model.ln_final(h)
-        logits = model.unembed(h).float()
-        cap = getattr(cfg, "output_logits_soft_cap", -1.0) or -1.0
-        if cap > 0:
-            logits = cap * torch.tanh(logits / cap)
+        logits = final_logits(model, x[lo: lo + step])
         picked.append(metric.score(logits, toks[lo: lo + step], signs[lo: lo + step],
                                    None if refs is None else refs[lo: lo + step]))
     return torch.cat(picked).view(c, n)
@@ -876,13 +879,7 @@ def reference_logprobs(model, rows: Sequence[Row], batch_size: int = 256) -> Ten
     n_items = max(r.item for r in rows) + 1
     out = torch.zeros(n_items, model.cfg.d_vocab_out, device=device)
     for batch, resid, pos, _, _ in _final_batches(model, rows, batch_size, None):
-        h = resid[torch.arange(len(batch), device=device), pos[:, 0]][:, None]
-        if model.cfg.normalization_type is not None:
-            h = model.ln_final(h)
-        logits = model.unembed(h)[:, 0].float()
-        cap = getattr(model.cfg, "output_logits_soft_cap", -1.0) or -1.0
-        if cap > 0:
-            logits = cap * torch.tanh(logits / cap)
+        logits = final_logits(model, resid[torch.arange(len(batch), device=device), pos[:, 0]][:, None])[:, 0]
         out[torch.tensor([r.item for r in batch], device=device)] = logits.log_softmax(-1)
     return out
 
