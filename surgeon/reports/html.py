@@ -106,8 +106,15 @@ def circuit_data(r) -> dict:
             "circuit_k": len(r.circuit), "circuit_f": float(r.circuit_faithfulness)}
 
 
-def render(rep) -> str:
-    """The report as one HTML page (no external resource)."""
+def _figures(rep) -> dict:
+    """{(step, file name): Figure}: every step's figures, drawn once."""
+    return {(step, fname): draw(result, None) for step, result in rep.steps.items()
+            for fname, draw in view_of(result).figures.items()}
+
+
+def render(rep, drawn: dict | None = None) -> str:
+    """The report as one HTML page (no external resource); `drawn`: its figures, when already drawn (`_figures`)."""
+    drawn = _figures(rep) if drawn is None else drawn
     out = [f"<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'><title>surgeon report: "
            f"{html.escape(rep.case)}</title><style>{CSS}</style></head><body>",
            f"<h1>surgeon report: {html.escape(rep.case)}</h1>",
@@ -128,8 +135,8 @@ def render(rep) -> str:
                        "the paths through it (click again to clear)</p></div>"
                        f"<script id='circuit-data' type='application/json'>{data}</script>")
         out.append(f"<pre>{html.escape(v.text(result))}</pre>")
-        for fname, draw in v.figures.items():
-            out.append(f"<figure>{svg_of(draw(result, None))}<figcaption>{html.escape(fname)}</figcaption></figure>")
+        for fname in v.figures:
+            out.append(f"<figure>{svg_of(drawn[name, fname])}<figcaption>{html.escape(fname)}</figcaption></figure>")
         out.append("</section>")
     out.append(f"<script>{JS}</script></body></html>")
     return "\n".join(out)
@@ -212,14 +219,13 @@ def report_text(rep) -> str:
 def save_report(out, command: str, rep, case, *, options: dict, device: str | None, figures=None, tables=None,
                 api: str | None = None) -> None:
     """report.html and every step's figures as PDF and SVG (figures/STEP-NAME.*), with a manifest; all or nothing."""
+    drawn = _figures(rep)  # once, for the page and the files
     with staging(out) as tmp:
-        (tmp / "report.html").write_text(render(rep), encoding="utf-8")
+        (tmp / "report.html").write_text(render(rep, drawn), encoding="utf-8")
         (tmp / "figures").mkdir()
-        for step, result in rep.steps.items():
-            for fname, draw in view_of(result).figures.items():
-                fig = draw(result, None)
-                for ext in ("svg", "pdf"):
-                    fig.savefig(tmp / "figures" / f"{step}-{Path(fname).stem}.{ext}", bbox_inches="tight")
+        for (step, fname), fig in drawn.items():
+            for ext in ("svg", "pdf"):
+                fig.savefig(tmp / "figures" / f"{step}-{Path(fname).stem}.{ext}", bbox_inches="tight")
         m = manifest(command, case, seed=0, device=device, dtype=rep.facts.get("dtype"),
                      options={**options, "steps": rep.options, "reused": rep.reused}, model_info=model_info(case),
                      argv=[] if api else None)
