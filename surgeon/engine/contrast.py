@@ -147,6 +147,53 @@ def _merge_rows(base: Sequence[Row], source: Sequence[Row], aligned: Sequence[tu
     return [out_b[i] for i in keep], [out_s[i] for i in keep], [out_a[i] for i in keep]
 
 
+@dataclass(frozen=True)
+class BucketShape:
+    """Where a bucket's rows go and how wide it is: what the engine allocates for it follows from this."""
+
+    ids: tuple[int, ...]  # the (merged) rows in it
+    p0: int  # first patched position
+    slots: int  # patch slots (aligned positions) per row, padded
+    base_width: int
+    source_width: int
+    targets: int
+    equal_lengths: bool
+
+    @property
+    def n(self) -> int:
+        return len(self.ids)
+
+
+def merged_rows(base_rows: Sequence[Row], source_rows: Sequence[Row], align: str, base_name: str = "base",
+                source_name: str = "source"):
+    """The rows aligned (`align`) and merged where one row's computation is a prefix of another's."""
+    aligned = [align_rows(b, s, align, base_name, source_name) for b, s in zip(base_rows, source_rows)]
+    return _merge_rows(base_rows, source_rows, aligned)
+
+
+def layout(base_rows: Sequence[Row], source_rows: Sequence[Row], aligned: Sequence[tuple], batch_size: int
+           ) -> list[BucketShape]:
+    """Rows grouped by their first patched position p0, in buckets of at most `batch_size` rows, each cut after
+    its last position patched or scored (a causal model never reads past it)."""
+    groups: dict[int, list[int]] = defaultdict(list)
+    for i, (pb, _) in enumerate(aligned):
+        groups[min(pb)].append(i)
+    out = []
+    for p0, ids in sorted(groups.items()):
+        for lo in range(0, len(ids), batch_size):
+            chunk = ids[lo: lo + batch_size]
+            S = max(len(aligned[i][0]) for i in chunk)
+            ragged = any(len(aligned[i][0]) < S for i in chunk)  # padded slots need a column of their own
+            Wb = max(max(*aligned[i][0], *(t[0] for t in base_rows[i].targets)) for i in chunk) + 1 + int(ragged)
+            Ws = max(max(*aligned[i][1], *(t[0] for t in source_rows[i].targets)) for i in chunk) + 1 + int(ragged)
+            equal = all(len(base_rows[i].tokens) == len(source_rows[i].tokens) for i in chunk)
+            if equal:  # patterns are patched key by key: keep the key positions of both runs alike
+                Wb = Ws = max(Wb, Ws)
+            T = max(len(base_rows[i].targets) for i in chunk)
+            out.append(BucketShape(tuple(chunk), p0, S, Wb, Ws, T, equal))
+    return out
+
+
 def _padded(seqs: Sequence[Sequence], width: int, fill, device, dtype=torch.long) -> Tensor:
     return torch.tensor([list(x) + [fill] * (width - len(x)) for x in seqs], device=device, dtype=dtype)
 
@@ -188,7 +235,7 @@ class Contrast:
         else:
             prefix = "copied per patch (asked for)"
         # which execution path each call took, and why a faster one was not taken (see `execution`)
-        self._log = {"prefix": prefix, "paths": Counter(), "why": Counter(), "recomputed": 0}
+        self._log = {"prefix": prefix, "paths": Counter(), "why": Counter(), "recomputed": 0, "forwards": 0}
         self._grad_leaves: list[Tensor] = []  # set while `gradient` runs: the masks whose .grad it accumulates
         self._drop: list[str] = []  # set while `gradient` runs: hook points whose outputs pass no gradient back
         self.device = next(model.parameters()).device
@@ -199,27 +246,12 @@ class Contrast:
         if start_layer is None:
             start_layer = min((x.layer for x in sites), default=0)
         pad = getattr(model.tokenizer, "pad_token_id", None) or 0
-        aligned = [align_rows(b, s, align, base_name, source_name) for b, s in zip(base_rows, source_rows)]
-        base_rows, source_rows, aligned = _merge_rows(base_rows, source_rows, aligned)
-        groups: dict[int, list[int]] = defaultdict(list)
-        for i, (pb, _) in enumerate(aligned):
-            groups[min(pb)].append(i)
+        base_rows, source_rows, aligned = merged_rows(base_rows, source_rows, align, base_name, source_name)
         self.buckets: list[Bucket] = []
         dev = self.device
-        # rows in buckets of at most batch_size, so a bucket's caches are those of one batch
-        chunks = [(p0, ids[lo: lo + self.batch_size]) for p0, ids in sorted(groups.items())
-                  for lo in range(0, len(ids), self.batch_size)]
-        for p0, ids in chunks:
+        for shape in layout(base_rows, source_rows, aligned, self.batch_size):
+            ids, p0, S, Wb, Ws, T = shape.ids, shape.p0, shape.slots, shape.base_width, shape.source_width, shape.targets
             B, Sr = [base_rows[i] for i in ids], [source_rows[i] for i in ids]
-            S = max(len(aligned[i][0]) for i in ids)
-            ragged = any(len(aligned[i][0]) < S for i in ids)  # padded slots need a column of their own
-            # a causal model never needs positions after the last one patched or scored: cut them off
-            Wb = max(max(*aligned[i][0], *(t[0] for t in base_rows[i].targets)) for i in ids) + 1 + int(ragged)
-            Ws = max(max(*aligned[i][1], *(t[0] for t in source_rows[i].targets)) for i in ids) + 1 + int(ragged)
-            equal = all(len(b.tokens) == len(s.tokens) for b, s in zip(B, Sr))
-            if equal:  # patterns are patched key by key: keep the key positions of both runs alike
-                Wb = Ws = max(Wb, Ws)
-            T = max(len(r.targets) for r in B)
             bucket = Bucket(
                 items=torch.tensor([r.item for r in B], device=dev),
                 base_tokens=_padded([r.tokens[:Wb] for r in B], Wb, pad, dev),
@@ -231,7 +263,7 @@ class Contrast:
                 tgt_tok=_padded([[t[1] for t in r.targets] for r in B], T, 0, dev),
                 tgt_sign=_padded([[t[2] for t in r.targets] for r in B], T, 0.0, dev, torch.float32),
                 slot_valid=_padded([[1.0] * len(aligned[i][0]) for i in ids], S, 0.0, dev, torch.float32),
-                equal_lengths=equal,
+                equal_lengths=shape.equal_lengths,
                 p0=p0,
             )
             self.buckets.append(bucket)
@@ -313,6 +345,7 @@ class Contrast:
         for lo in range(0, tokens.shape[0], self.batch_size):
             res, cache = self.model.run_with_cache(tokens[lo: lo + self.batch_size], names_filter=names,
                                                    stop_at_layer=stop)
+            self._log["forwards"] += 1
             finals.append(res)
             for n in names:
                 out[n].append(cache[n])
@@ -415,11 +448,12 @@ class Contrast:
         runs by path (grouped: patches agreeing below their last layer share that work; split: patches
         grouped by the first layer they act at; plain: every patch from the first patched layer); `why`
         counts the reasons a run was not grouped; `backoffs` is how often out-of-memory halved the batch;
-        `caches_recomputed` how often a bucket's caches were dropped to stay within `cache_bytes`; `metric` what
-        the scores measure."""
+        `caches_recomputed` how often a bucket's caches were dropped to stay within `cache_bytes`; `forwards` how
+        many forward passes (batched) ran; `metric` what the scores measure."""
         return {"metric": self.metric.label, "prefix": self._log["prefix"], "paths": dict(self._log["paths"]), "why": dict(self._log["why"]),
                 "batch_size": self.batch_size, "backoffs": self.backoffs, "buckets": len(self.buckets),
-                "cache_bytes": self.cache_bytes, "caches_recomputed": self._log["recomputed"]}
+                "cache_bytes": self.cache_bytes, "caches_recomputed": self._log["recomputed"],
+                "forwards": self._log["forwards"]}
 
     def run(self, masks: Mapping[Site | str, Tensor], progress: bool | str = False, _start: int | None = None) -> Tensor:
         """Item scores [P, n_items] with each of P patches applied.
@@ -651,6 +685,7 @@ class Contrast:
         hooks += [(name, _detached) for name in self._drop]
         if resid is None:
             resid = b.resid[start].repeat(copies, 1, 1)
+        self._log["forwards"] += 1
         with ExitStack() as stack:
             stack.enter_context(self.model.hooks(fwd_hooks=hooks))
             stack.enter_context(self._prefix_mode(b, start, masks, z))

@@ -101,11 +101,13 @@ def _suffix_forward(attn, k_pre: Tensor, v_pre: Tensor, n: int, p0: int):
     rotary = cfg.positional_embedding_type == "rotary"
     if rotary:
         k_pre = attn.apply_rotary(k_pre, 0, None)
-    k_pre, v_pre = _heads(k_pre, H), _heads(v_pre, H)  # [n, p0, H, d]
+    G = k_pre.shape[2]  # key/value heads: query head h reads key/value head h // (H // G), as `_heads` repeats them
     w_out = _w_out(attn)
     masks: dict[int, Tensor | None] = {}
 
-    k_t, v_h = k_pre.permute(0, 2, 3, 1).contiguous(), v_pre.permute(0, 2, 1, 3).contiguous()  # [n, H, d|p0, p0|d]
+    # the prefix's keys and values once per key/value head (not repeated per query head): [n, G, d|p0, p0|d]
+    k_t, v_h = k_pre.permute(0, 2, 3, 1).contiguous(), v_pre.permute(0, 2, 1, 3).contiguous()
+    del k_pre, v_pre
 
     def masked(scores: Tensor) -> Tensor:
         """Soft-capping, then TransformerLens's causal (and sliding-window) mask for the new queries, applied
@@ -130,20 +132,23 @@ def _suffix_forward(attn, k_pre: Tensor, v_pre: Tensor, n: int, p0: int):
         new = torch.einsum("bqhd,bkhd->bhqk", q, _heads(k, H))  # scores of the new keys [B, H, Q, Q]
         if attn.hook_attn_scores._forward_hooks or attn.hook_pattern._forward_hooks:
             # hooks see scores and pattern as [B, H, Q, keys], as in TransformerLens
-            pre = torch.einsum("cnqhd,nkhd->cnhqk", q.reshape(c, n, Q, H, D), k_pre.to(q.dtype))
+            k_pre = _heads(k_t.permute(0, 3, 1, 2), H).to(q.dtype)  # [n, p0, H, d]
+            pre = torch.einsum("cnqhd,nkhd->cnhqk", q.reshape(c, n, Q, H, D), k_pre)
             scores = torch.cat([pre.reshape(B, H, Q, p0), new], dim=-1)
             pattern = attn.hook_pattern(F.softmax(attn.hook_attn_scores(masked(scores)), dim=-1)).to(v.dtype)
-            z_pre = torch.einsum("cnhqk,nkhd->cnqhd", pattern[..., :p0].reshape(c, n, H, Q, p0), v_pre.to(v.dtype))
+            v_pre = _heads(v_h.permute(0, 2, 1, 3), H).to(v.dtype)
+            z_pre = torch.einsum("cnhqk,nkhd->cnqhd", pattern[..., :p0].reshape(c, n, H, Q, p0), v_pre)
             z_new = torch.einsum("bhqk,bkhd->bqhd", pattern[..., p0:], _heads(v, H))
             z = z_pre.reshape(B, Q, H, D) + z_new
         else:
             # nobody looks at scores or pattern: keep them item-major, [n, H, patch, Q, keys], where both
             # products with the prefix are plain batched matrix products and no layout change is copied
-            qi = q.view(c, n, Q, H, D).permute(1, 3, 0, 2, 4).reshape(n, H, c * Q, D)
+            # the query heads of one key/value head side by side: one matrix product per key/value head
+            qi = q.view(c, n, Q, H, D).permute(1, 3, 0, 2, 4).reshape(n, G, H // G * c * Q, D)
             pre = torch.matmul(qi, k_t.to(q.dtype)).view(n, H, c, Q, p0)
             scores = torch.cat([pre, new.view(c, n, H, Q, Q).permute(1, 2, 0, 3, 4)], dim=-1)
             pattern = F.softmax(masked(scores), dim=-1).to(v.dtype)
-            z_pre = torch.matmul(pattern[..., :p0].reshape(n, H, c * Q, p0), v_h.to(v.dtype))
+            z_pre = torch.matmul(pattern[..., :p0].reshape(n, G, H // G * c * Q, p0), v_h.to(v.dtype))
             z_new = torch.einsum("nhcqk,cnkhd->cnqhd", pattern[..., p0:], _heads(v, H).view(c, n, Q, H, D))
             z = (z_pre.view(n, H, c, Q, D).permute(2, 0, 3, 1, 4) + z_new).reshape(B, Q, H, D)
         return _project(attn, attn.hook_z(z), w_out)
