@@ -16,6 +16,7 @@ from surgeon.cli.common import (
     add_metric,
     layers_of,
     load_case_and_model,
+    planned_batch_size,
     print_report,
     setup,
 )
@@ -228,11 +229,12 @@ def cmd_diagnose(args) -> int:
 
 def cmd_patch(args) -> int:
     case, model, device = load_case_and_model(args)
-    from surgeon.analyses import patch_heads
+    from surgeon.analyses import patch_heads, planning
 
     layers = layers_of(args, case)
+    batch = planned_batch_size(args, planning.plan_patch, case, model, layers, args.component)
     r = patch_heads(case, model, layers=layers, component=args.component, direction=args.direction, bad=args.bad,
-                    tag=args.tag, batch_size=args.batch_size, progress=True)
+                    tag=args.tag, batch_size=batch, progress=True)
     return print_report(args, r, case, device)
 
 
@@ -312,12 +314,14 @@ def cmd_threshold(args) -> int:
                          threads=args.threads or 1)
     case, model, device = load_case_and_model(args, out=out)
     from surgeon.reports import text as report
+    from surgeon.analyses import planning
     from surgeon.search.threshold import Interrupted, threshold_search
 
+    batch = planned_batch_size(args, planning.plan_threshold, case, model, args.layer or 0, args.chunk, args.chunk)
     try:
         r = threshold_search(case, model, layer=args.layer, heads=args.heads, groups=groups, groups_spec=spec, grid=grid,
                              budget=args.budget, grid_budget=args.grid_budget, item_rate=args.item_rate, x=args.x,
-                             component=args.component, bad=args.bad, tag=args.tag, batch_size=args.batch_size,
+                             component=args.component, bad=args.bad, tag=args.tag, batch_size=batch,
                              chunk=args.chunk, seed=args.seed, out=out, shard=args.shard, generate=args.generate,
                              progress=True, ray=ray)
     except Interrupted as e:
@@ -409,11 +413,14 @@ def cmd_circuit(args) -> int:
 
     check_targets(args.export)  # refuse before loading anything
     case, model, device = load_case_and_model(args)
-    from surgeon.analyses.circuit import discover
+    from surgeon.analyses import planning
+    from surgeon.analyses.circuit import default_method, discover
 
-    r = discover(case, model, method=args.method, ablation=args.ablation, direction=args.direction, bad=args.bad,
+    method = args.method or default_method(case)
+    batch = planned_batch_size(args, planning.plan_circuit, case, model, method, args.ig_steps, args.verify)
+    r = discover(case, model, method=method, ablation=args.ablation, direction=args.direction, bad=args.bad,
                  tag=args.tag, target=None if args.edges else args.faithfulness, n_edges=args.edges,
-                 n_paths=args.paths, ig_steps=args.ig_steps, verify=args.verify, batch_size=args.batch_size)
+                 n_paths=args.paths, ig_steps=args.ig_steps, verify=args.verify, batch_size=batch)
     code = print_report(args, r, case, device)
     if args.export:
         r.export(*args.export)

@@ -25,6 +25,10 @@ def add_common(p: argparse.ArgumentParser, case: bool = True,
     p.add_argument("--batch-size", type=cli_types.positive, default=256,
                    help="rows per forward pass (default: 256); patched runs that recompute only the last positions "
                         "fit proportionally more rows in the same memory")
+    p.add_argument("--max-memory", type=cli_types.memory_size, default=None,
+                   help="memory the run may use on its device, weights included, e.g. 80GB, 40GiB (default: what is "
+                        "free there); patch, threshold and circuit predict their peak, lower the batch size to fit and "
+                        "refuse before the work when batch size 1 does not")
     p.add_argument("--seed", type=cli_types.bounded(0, 2**32 - 1), default=0,
                    help="random seed, 0 .. 2^32-1 (default: 0)")
     p.add_argument("--threads", type=cli_types.positive, default=None, help="CPU threads for torch (default: torch's choice)")
@@ -123,3 +127,16 @@ def layers_of(args, case):
     """--layers if given, else the case's default layers, else None (all)."""
     layers = parse_layers(args.layers)
     return list(case.layers) if layers is None and case.layers is not None else layers
+
+
+def planned_batch_size(args, plan, case, model, *a, **kw) -> int:
+    """Predict the run's peak memory (`plan`: one of surgeon.analyses.planning's), print the plan in one line
+    (stderr) and return the batch size that fits --max-memory (exit 2 before the work when none does)."""
+    import sys
+
+    p, budget = plan(case, model, *a, batch_size=args.batch_size, max_memory=args.max_memory,
+                     bad=getattr(args, "bad", None), direction=getattr(args, "direction", "denoise"),
+                     tag=getattr(args, "tag", None), **kw)
+    lowered = f" (lowered from --batch-size {args.batch_size} to fit)" if p.batch_size < args.batch_size else ""
+    print(f"plan: {p.line(budget)}{lowered}", file=sys.stderr)
+    return p.batch_size

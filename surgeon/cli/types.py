@@ -60,3 +60,14 @@ def directory(text: str) -> Path:
     if not text.strip():
         raise argparse.ArgumentTypeError("--out is empty: give a directory, e.g. --out out/run1")
     return Path(text)
+
+
+def memory_size(text: str) -> int:
+    """--max-memory: "80GB", "40GiB", "512MiB" -> bytes."""
+    from surgeon.errors import SurgeonError
+    from surgeon.spec.sizes import parse_bytes
+
+    try:
+        return parse_bytes(text)
+    except SurgeonError as e:
+        raise argparse.ArgumentTypeError(f"{e.message}: {e.fix}") from None

@@ -857,7 +857,11 @@ def final_logits(model, h: Tensor) -> Tensor:
     soft-cap where it has one."""
     if model.cfg.normalization_type is not None:
         h = model.ln_final(h)
-    logits = model.unembed(h).float()
+    u = model.unembed
+    if u.hook_in._forward_hooks or u.hook_out._forward_hooks:
+        logits = u(h).float()
+    else:  # TransformerLens's Unembed copies W_U transposed on every call (the size of the unembedding): not here
+        logits = (torch.matmul(h, u.W_U) + u.b_U).float()
     cap = getattr(model.cfg, "output_logits_soft_cap", -1.0) or -1.0
     return cap * torch.tanh(logits / cap) if cap > 0 else logits
 
@@ -872,7 +876,10 @@ def readout(model, resid: Tensor, tgt_rel: Tensor, tok: Tensor, sign: Tensor, ma
     n = tok.shape[0]
     r = resid.view(-1, n, *resid.shape[1:])
     idx = torch.arange(n, device=r.device)[:, None]
-    sel = r[:, idx, tgt_rel.to(r.device)]  # [chunk, n, T, d]
+    tgt_rel = tgt_rel.to(r.device)
+    if tgt_rel.shape[1] > 1 and bool((tgt_rel == tgt_rel[:, :1]).all()):
+        tgt_rel = tgt_rel[:, :1]  # every target of a row at one position: its logits once (metrics view them per target)
+    sel = r[:, idx, tgt_rel]  # [chunk, n, T or 1, d]
     c, _, T, d = sel.shape
     x = sel.reshape(c * n, T, d)
     toks = tok.to(x.device).repeat(c, 1)

@@ -25,9 +25,16 @@ from surgeon.errors import CaseError
 KL_RIGHT = 0.1  # nats: a run whose next-token distribution is this close to the good format's counts as right
 
 
+def per_target(x, tok):
+    """[rows, 1, ...] values read at one position per row, viewed as one per target [rows, T, ...] (no copy)."""
+    return x.expand(tok.shape[0], tok.shape[1], *x.shape[2:]) if x.shape[1] == 1 else x
+
+
 class Metric:
     """Scores [rows] from float32 logits [rows, T, vocab] at each row's targets, their tokens [rows, T] and signs
-    [rows, T] (0 = padding), and with `reference` the good format's log-probabilities [rows, vocab]."""
+    [rows, T] (0 = padding), and with `reference` the good format's log-probabilities [rows, vocab]. Where every
+    target of every row reads one position (first-token scoring) the logits are [rows, 1, vocab], computed once:
+    `per_target` gives the [rows, T, ...] view."""
 
     name: ClassVar[str]
     describe: ClassVar[str]  # what the score is, for reports
@@ -62,7 +69,7 @@ class LogProb(Metric):
     describe = "log P(correct) - log P(incorrect), summed over answer tokens"
 
     def score(self, logits, tok, sign, ref=None):
-        return (logits.log_softmax(-1).gather(-1, tok[..., None])[..., 0] * sign).sum(-1)
+        return (per_target(logits.log_softmax(-1), tok).gather(-1, tok[..., None])[..., 0] * sign).sum(-1)
 
 
 @register
@@ -72,7 +79,7 @@ class LogitDiff(Metric):
     decision = True
 
     def score(self, logits, tok, sign, ref=None):
-        return (logits.gather(-1, tok[..., None])[..., 0] * sign).sum(-1)
+        return (per_target(logits, tok).gather(-1, tok[..., None])[..., 0] * sign).sum(-1)
 
 
 @register
@@ -82,7 +89,7 @@ class ProbDiff(Metric):
                 "prefix (the product over its remaining tokens)")
 
     def score(self, logits, tok, sign, ref=None):
-        logp = logits.log_softmax(-1).gather(-1, tok[..., None])[..., 0]
+        logp = per_target(logits.log_softmax(-1), tok).gather(-1, tok[..., None])[..., 0]
         out = 0
         for s in (1.0, -1.0):  # a row holds whole answers: its +1 targets are one answer, its -1 targets the other
             mine = sign == s

@@ -1,0 +1,389 @@
+"""Scale on real shapes: a GPT-2-small model and a Llama-3.1-8B-shaped one (random weights, on CPU).
+
+  gpt2   GPT-2 small exactly: 12 layers x 12 heads, d_model 768, d_mlp 3,072, vocab 50,257, n_ctx 1,024
+         (144 heads, 32,491 edges);
+  llama  Llama-3.1-8B's layout narrowed in width: 32 layers x 32 query heads, 8 key/value heads, rotary, gated
+         SiLU MLP, RMSNorm, vocab 128,256, but d_model 256 (d_head 8, d_mlp 896) so it fits a CPU
+         (1,024 heads, 805,681 edges: the real graph).
+
+Items are random three-letter words in a Q&A template, and the same template with the two words swapped as the
+other run (equal lengths, so every position is aligned: align="index", the setting of MIB and of EAP-IG).
+Each job runs in a fresh process (so its peak memory is its own), at three sizes: items x prompt positions
+= 16 x P, 32 x P and 32 x 2P. Measured side by side in one run, with wall time and peak memory (resident set
+above the process before the model was built: the weights are included):
+
+  per-head sweep   every head of every layer patched alone (surgeon) vs TransformerLens's
+                   generic_activation_patch with layer_head_vector_patch_setter over the same (layer, head) index
+                   (one forward per head; timed on a sample of the index, scaled to all of it);
+  EAP              every edge's attribution vs the floor: one forward + backward of the model, weights frozen;
+  EAP-IG           eap-ig-inputs, 5 steps;
+  exact top-200    the 200 top EAP edges each patched alone vs one hooked forward per edge that splits only the
+                   receiver's block into per-head inputs (timed on a sample, scaled to 200);
+  curve            MIB's faithfulness curve: 11 circuits;
+  smallest circuit the smallest top-k prefix of the EAP ranking with faithfulness >= 0.9 (bisection);
+  subsets          a subset search over 16 heads of one layer (GPT-2: its 12 heads), size-8 (6) subsets, in
+                   chunks of 256, at 512 and at 2,048 subsets.
+
+Every surgeon job also prints surgeon's predicted peak (`surgeon.engine.memory`) and predicted forward passes
+against the measured ones. Then the Llama-3.1-8B workload predicted on one 80 GB GPU.
+
+    python bench/scale.py [--models gpt2,llama] [--threads 2] [--save]
+    python bench/scale.py measure MODEL JOB ITEMS WORDS [--batch-size 256]   (one job, one JSON line)
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import string
+import subprocess
+import sys
+import time
+
+import torch
+
+TEMPLATE = "Q: is {a} {b} or {b} {a}?\nA:"
+SWAPPED = "Q: is {b} {a} or {a} {b}?\nA:"
+SIZES = ((16, 3), (32, 3), (32, 8))  # (items, letters per word): the prompt grows from 25 to 45 positions
+JOBS = ("patch", "tl-patch", "floor", "eap", "eap-ig", "exact", "edge-loop", "curve", "smallest", "subsets-512",
+        "subsets-2048")
+NAMES = {"patch": "per-head sweep", "tl-patch": "  TL generic_activation_patch", "floor": "forward + backward (floor)",
+         "eap": "EAP", "eap-ig": "EAP-IG (5 steps)", "exact": "exact top-200", "edge-loop": "  loop, one forward per edge",
+         "curve": "faithfulness curve (11)", "smallest": "smallest circuit (f >= 0.9)",
+         "subsets-512": "subsets: 512", "subsets-2048": "subsets: 2,048"}
+TL_SAMPLE = 24  # (layer, head) cells the TransformerLens sweep is timed on
+LOOP_SAMPLE = 8  # edges the per-edge loop is timed on
+SUBSET_LAYER = {"gpt2": 9, "llama": 28}
+# glibc's threshold fixed at 128 KiB: every tensor of that size or more is its own mapping, returned when freed, so
+# the resident set follows the tensors alive (the adaptive default keeps freed memory in the heap, which inflates the
+# high-water mark; a GPU's caching allocator does not count such memory as allocated either)
+MMAP_THRESHOLD = 131072
+
+
+def make_model(name: str):
+    from transformer_lens import HookedTransformer, HookedTransformerConfig
+
+    from surgeon.organisms.charset import build_tokenizer
+
+    tok = build_tokenizer(f"bench-{name}")
+    if name == "gpt2":
+        cfg = HookedTransformerConfig(n_layers=12, d_model=768, n_heads=12, d_head=64, d_mlp=3072, n_ctx=1024,
+                                      d_vocab=50257, act_fn="gelu_new", normalization_type="LN", seed=0,
+                                      default_prepend_bos=True)
+    elif name == "llama":
+        cfg = HookedTransformerConfig(n_layers=32, d_model=256, n_heads=32, d_head=8, n_key_value_heads=8, d_mlp=896,
+                                      n_ctx=2048, d_vocab=128256, act_fn="silu", gated_mlp=True,
+                                      normalization_type="RMS", positional_embedding_type="rotary", rotary_dim=8,
+                                      rotary_base=500000, final_rms=True, seed=0, default_prepend_bos=True)
+    else:
+        raise SystemExit(f"unknown model {name!r}: gpt2 or llama")
+    model = HookedTransformer(cfg, tokenizer=tok)
+    model.eval()
+    for p in model.parameters():  # nothing here trains: gradients are taken w.r.t. masks or activations only
+        p.requires_grad_(False)
+    return model
+
+
+def make_rows(model, n_items: int, letters: int):
+    from surgeon import Item
+    from surgeon.spec.encoding import encode_rows
+
+    rng = random.Random(0)
+    word = lambda: "".join(rng.choice(string.ascii_lowercase) for _ in range(letters))  # noqa: E731
+    items = [Item({"a": word(), "b": word()}, correct=" x", incorrect=" y") for _ in range(n_items)]
+    base = encode_rows(TEMPLATE, items, model.tokenizer, True, "first_token")
+    source = encode_rows(SWAPPED, items, model.tokenizer, True, "first_token")
+    return base, source
+
+
+def subset_masks(n: int, H: int, k: int, seed: int = 0) -> torch.Tensor:
+    """`n` distinct size-`k` subsets of the first 16 heads (all heads when fewer), as [n, H] masks."""
+    rng = random.Random(seed)
+    pool = min(16, H)
+    seen, out = set(), []
+    while len(out) < n:
+        s = tuple(sorted(rng.sample(range(pool), k)))
+        if s not in seen:
+            seen.add(s)
+            m = torch.zeros(H)
+            m[list(s)] = 1
+            out.append(m)
+    return torch.stack(out)
+
+
+# ----------------------------------------------------------------------------- one job, in this process
+def measure(model_name: str, job: str, n_items: int, letters: int, batch_size: int = 256) -> dict:
+    """Build the model and rows, run `job` once, return its wall time, peak memory, prediction and forwards."""
+    import gc
+
+    import numpy as np
+
+    from surgeon.analyses.circuit import CURVE, edge_scores, faithfulness, full_circuit, prune, semantics
+    from surgeon.circuits.graph import build_graph
+    from surgeon.engine import memory
+    from surgeon.engine.contrast import Contrast
+    from surgeon.sites.edges import EdgeSite
+    from surgeon.sites.nodes import Site
+
+    import transformer_lens  # noqa: F401  (its import is the process's, not the model's)
+
+    rss0 = memory.resident()
+    model = make_model(model_name)
+    cfg = model.cfg
+    weights = memory.model_bytes(model)
+    base, source = make_rows(model, n_items, letters)
+    H, L = cfg.n_heads, cfg.n_layers
+    out = {"model": model_name, "job": job, "items": n_items, "positions": len(base[0].tokens), "weights": weights,
+           "batch_size": batch_size}
+    edge_job = job in ("eap", "eap-ig", "exact", "edge-loop", "curve", "smallest", "floor")
+    site = EdgeSite.of(cfg) if edge_job else None
+    pre = {}
+    if job in ("exact", "edge-loop", "smallest"):  # the EAP ranking these start from (not measured)
+        c = Contrast(model, base, source, "index", batch_size=batch_size, sites=site.node_sites())
+        scores = edge_scores(c, site, "eap")
+        pre["order"] = np.argsort(-np.abs(scores), kind="stable")
+        pre["scores"] = scores
+        if job == "smallest":
+            pre["contrast"] = c
+        else:
+            del c
+    gc.collect()
+    counted = None
+    mem_job = None
+    with memory.peak_memory() as m:
+        t0 = time.perf_counter()
+        if job == "patch":
+            sites = [Site.of("z", layer) for layer in range(L)]
+            c = Contrast(model, base, source, "index", batch_size=batch_size, sites=sites)
+            with torch.no_grad():
+                for s in sites:
+                    c.run({s: torch.eye(H)})
+            counted, mem_job = c.execution["forwards"], memory.per_head(cfg)
+        elif job.startswith("subsets"):
+            n = int(job.split("-")[1])
+            layer = SUBSET_LAYER[model_name]
+            s = Site.of("z", layer)
+            c = Contrast(model, base, source, "index", batch_size=batch_size, sites=[s])
+            masks = subset_masks(n, H, min(16, H) // 2)
+            with torch.no_grad():
+                for lo in range(0, n, 256):
+                    c.run({s: masks[lo: lo + 256]})
+            counted, mem_job = c.execution["forwards"], memory.subsets(cfg, layer, n)
+        elif job in ("eap", "eap-ig"):
+            c = Contrast(model, base, source, "index", batch_size=batch_size, sites=site.node_sites())
+            edge_scores(c, site, "eap" if job == "eap" else "eap-ig-inputs", 5)
+            counted, mem_job = c.execution["forwards"], memory.eap(cfg, 1 if job == "eap" else 5)
+        elif job == "exact":
+            c = Contrast(model, base, source, "index", batch_size=batch_size, sites=site.node_sites())
+            top = pre["order"][:200]
+            onehot = torch.zeros(len(top), len(site.edges))
+            onehot[torch.arange(len(top)), torch.as_tensor(top)] = 1
+            with torch.no_grad():
+                c.run({site: onehot})
+            counted, mem_job = c.execution["forwards"], memory.exact_edges(cfg, 200)
+        elif job == "curve":
+            c = Contrast(model, base, source, "index", batch_size=batch_size, sites=site.node_sites())
+            order = np.random.default_rng(0).permutation(len(site.edges))
+            E = len(site.edges)
+            faithfulness(c, site, [order[: max(1, round(f * E))] for f in (0.0,) + CURVE])
+            counted, mem_job = c.execution["forwards"], memory.circuits(cfg, 11)
+        elif job == "smallest":
+            c = pre.pop("contrast")
+            before = c.execution["forwards"]
+            full = full_circuit(c, site)
+            g = build_graph(site, pre["scores"], {})
+            _, search = prune(c, site, g, pre["order"], full, 0.9, None, semantics(c))
+            out["search"] = search.get("describe")
+            counted = c.execution["forwards"] - before
+            mem_job = memory.circuits(cfg, 16, max(1, search.get("evaluated", 1) // 16))
+        elif job == "floor":
+            tokens = torch.tensor([r.tokens for r in base])
+            leaf = lambda x, hook: x.detach().requires_grad_(True)  # noqa: E731
+            model.run_with_hooks(tokens, fwd_hooks=[("hook_embed", leaf)]).log_softmax(-1)[:, -1, 0].sum().backward()
+        elif job == "tl-patch":
+            out["scale"] = tl_patch(model, base, source)
+        elif job == "edge-loop":
+            out["scale"] = edge_loop(model, site, base, source, pre["order"][:200])
+        else:
+            raise SystemExit(f"unknown job {job!r}")
+        out["seconds"] = (time.perf_counter() - t0) * out.get("scale", 1)
+    out["measured"] = m["before"] + m["peak"] - rss0
+    out["held"] = m["before"] - rss0  # the model, rows and what a ranking computed before kept
+    if mem_job is not None:
+        p = memory.predict_rows(cfg, base, source, "index", mem_job, batch_size, weights=weights)
+        out.update(predicted=p.peak, parts=p.parts, forwards_predicted=p.forwards, forwards_bound=p.forwards_bound,
+                   forwards=counted)
+    return out
+
+
+def tl_patch(model, base, source) -> float:
+    """TransformerLens's per-head sweep over a sample of the (layer, head) index; returns the time scale-up."""
+    import pandas as pd
+    from transformer_lens import patching
+
+    cfg = model.cfg
+    toks = torch.tensor([r.tokens for r in base])
+    src = torch.tensor([r.tokens for r in source])
+    idx = torch.arange(len(base))
+    tgt = torch.tensor([r.targets[0][1] for r in base])
+    pos = torch.tensor([r.targets[0][0] for r in base])
+
+    def metric(logits):
+        return logits.log_softmax(-1)[idx, pos, tgt].mean()
+
+    with torch.no_grad():
+        _, cache = model.run_with_cache(src, names_filter=lambda name: name.endswith("hook_z"))
+        cells = [(layer, h) for layer in range(cfg.n_layers) for h in range(cfg.n_heads)]
+        sample = cells[:: max(1, len(cells) // TL_SAMPLE)][:TL_SAMPLE]
+        index = pd.DataFrame(sample, columns=["layer", "head_index"])
+        patching.generic_activation_patch(model, toks, cache, metric, patching.layer_head_vector_patch_setter, "z",
+                                          index_df=index)
+    return len(cells) / len(sample)
+
+
+def edge_loop(model, site, base, source, top) -> float:
+    """One hooked forward per edge (receiver's block split) over a sample of the top edges; the time scale-up."""
+    sys.path.insert(0, os.path.dirname(__file__))
+    from edges import Reference
+
+    ref = Reference(model, site, base, source, "index")
+    sample = [int(e) for e in top[:: max(1, len(top) // LOOP_SAMPLE)][:LOOP_SAMPLE]]
+    for e in sample:
+        ref.edge(e)
+    return len(top) / len(sample)
+
+
+# ----------------------------------------------------------------------------- the bench
+def run_one(model: str, job: str, items: int, letters: int, threads: int) -> dict:
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads), MALLOC_MMAP_THRESHOLD_=str(MMAP_THRESHOLD))
+    r = subprocess.run([sys.executable, __file__, "measure", model, job, str(items), str(letters),
+                        "--threads", str(threads)], capture_output=True, text=True, env=env)
+    if r.returncode:
+        raise SystemExit(f"{model} {job} {items}x{letters} failed:\n{r.stderr[-3000:]}")
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def mib(x: float) -> str:
+    return f"{x / 2**20:,.0f}"
+
+
+def growth(a: dict, b: dict, key: str, minus: str | None = None) -> float:
+    va, vb = a[key] - (a[minus] if minus else 0), b[key] - (b[minus] if minus else 0)
+    return vb / va if va > 0 else float("nan")
+
+
+def bench_model(name: str, threads: int) -> list[str]:
+    from surgeon.sites.edges import EdgeSite
+
+    model = make_model(name)
+    cfg = model.cfg
+    E = len(EdgeSite.of(cfg).edges)
+    lines = []
+    p = print
+    title = {"gpt2": "GPT-2 small", "llama": "Llama-3.1-8B-shaped, d_model 256"}[name]
+    p(f"\n== {title} (random weights): {cfg.n_layers} layers x {cfg.n_heads} heads"
+      f"{f' ({cfg.n_key_value_heads} key/value)' if cfg.n_key_value_heads else ''}, d_model {cfg.d_model}, "
+      f"vocab {cfg.d_vocab:,}; {cfg.n_layers * cfg.n_heads:,} heads, {E:,} edges; {threads} threads")
+    del model
+    res = {}
+    for items, letters in SIZES:
+        for job in JOBS:
+            if job == "subsets-2048" and (items, letters) != SIZES[-1]:
+                continue
+            res[(job, items, letters)] = run_one(name, job, items, letters, threads)
+    pos = {s: res[("patch", *s)]["positions"] for s in SIZES}
+    weights = res[("patch", *SIZES[0])]["weights"]
+    p(f"weights {mib(weights)} MiB; peak = resident memory above the process before the model was built")
+    header = f"{'job':32s}" + "".join(f"{f'{i} x {pos[(i, w)]}':>26s}" for i, w in SIZES)
+    p(header)
+    p(f"{'':32s}" + "".join(f"{'s':>9s}{'MiB':>8s}{'pred':>9s}" for _ in SIZES))
+    for job in JOBS:
+        row = f"{NAMES[job]:32s}"
+        for s in SIZES:
+            r = res.get((job, *s))
+            if r is None:
+                row += f"{'':>26s}"
+                continue
+            pred = f"{r['predicted'] / r['measured']:.2f}x" if "predicted" in r else ""
+            row += f"{r['seconds']:9.2f}{mib(r['measured']):>8s}{pred:>9s}"
+        p(row)
+    p("(pred: surgeon's predicted peak / the measured one)")
+    big = SIZES[-1]
+    fw = [f"{NAMES[j].strip()} {r['forwards']}{' <= ' if r['forwards_bound'] else ' = '}{r['forwards_predicted']}"
+          for j in JOBS if "forwards" in (r := res[(j, *big)]) and r.get("forwards") is not None]
+    p(f"forward passes at {big[0]} x {pos[big]}, counted vs predicted: " + "; ".join(fw))
+    # growth
+    a, b, c = (res_of := lambda j: [res.get((j, *s)) for s in SIZES])("eap")
+    p("\ngrowth (time; memory above the weights), per doubling of items (16 -> 32) and of positions "
+      f"({pos[SIZES[1]]} -> {pos[SIZES[2]]}, x{pos[SIZES[2]] / pos[SIZES[1]]:.2f}):")
+    for job in ("patch", "eap", "eap-ig", "exact", "curve", "smallest", "subsets-512"):
+        a, b, c = res_of(job)
+        p(f"  {NAMES[job].strip():28s} items: time x{growth(a, b, 'seconds'):.2f}, memory "
+          f"x{growth(a, b, 'measured', 'weights'):.2f};  positions: time x{growth(b, c, 'seconds'):.2f}, memory "
+          f"x{growth(b, c, 'measured', 'weights'):.2f}")
+    s5, s20 = res[("subsets-512", *big)], res[("subsets-2048", *big)]
+    # goals
+    p("\ngoals")
+    for s in SIZES:
+        r_eap, r_floor = res[("eap", *s)], res[("floor", *s)]
+        ratio = r_eap["seconds"] / r_floor["seconds"]
+        p(f"  EAP / floor at {s[0]} x {pos[s]}: {ratio:.2f}x time (target <= 2x on GPT-2 small: "
+          f"{'met' if ratio <= 2 else 'MISSED'}), memory above weights x{growth(r_floor, r_eap, 'measured', 'weights'):.2f}")
+    for s in SIZES:
+        r_ex, r_loop = res[("exact", *s)], res[("edge-loop", *s)]
+        ratio = r_loop["seconds"] / r_ex["seconds"]
+        p(f"  exact top-200 vs the per-edge loop at {s[0]} x {pos[s]}: {ratio:.1f}x (target >= 10x: "
+          f"{'met' if ratio >= 10 else 'MISSED'})")
+    for s in SIZES:
+        r_p, r_tl = res[("patch", *s)], res[("tl-patch", *s)]
+        p(f"  per-head sweep vs TransformerLens at {s[0]} x {pos[s]}: {r_tl['seconds'] / r_p['seconds']:.1f}x")
+    flat = growth(s5, s20, "measured", "weights")
+    p(f"  subset search, 512 -> 2,048 subsets: time x{growth(s5, s20, 'seconds'):.2f}, memory above weights "
+      f"x{flat:.2f} (target: flat: {'met' if flat <= 1.15 else 'MISSED'})")
+    worst = max(abs(r["predicted"] / r["measured"] - 1) for r in res.values() if "predicted" in r)
+    p(f"  predicted peak within {worst:.0%} of the measured one on every surgeon job (target <= 30%: "
+      f"{'met' if worst <= 0.3 else 'MISSED'})")
+    return lines
+
+
+def main():
+    if len(sys.argv) > 1 and sys.argv[1] == "measure":
+        ap = argparse.ArgumentParser()
+        ap.add_argument("cmd")
+        ap.add_argument("model")
+        ap.add_argument("job")
+        ap.add_argument("items", type=int)
+        ap.add_argument("letters", type=int)
+        ap.add_argument("--batch-size", type=int, default=256)
+        ap.add_argument("--threads", type=int, default=2)
+        args = ap.parse_args()
+        torch.set_num_threads(args.threads)
+        print(json.dumps(measure(args.model, args.job, args.items, args.letters, args.batch_size)))
+        return 0
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--models", default="gpt2,llama")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--save", action="store_true", help="also write bench/results/scale.txt (the README's)")
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    sys.path.insert(0, os.path.dirname(__file__))
+    from saving import saved
+
+    with saved("scale", args.save):
+        for name in args.models.split(","):
+            bench_model(name, args.threads)
+        llama_workload()
+    return 0
+
+
+def llama_workload() -> None:
+    from surgeon.engine.memory import llama_8b_workload
+
+    print("\n== predicted (not measured): Llama-3.1-8B-Instruct, bfloat16, one 80 GB GPU")
+    for line in llama_8b_workload():
+        print("  " + line)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

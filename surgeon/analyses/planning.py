@@ -1,0 +1,65 @@
+"""Memory plans for the analyses: a case's rows and an analysis's engine calls, planned before the work starts.
+
+`plan_patch`, `plan_threshold` and `plan_circuit` predict the peak memory of `patch_heads`, `threshold_search` and
+`discover` on this model and case (`surgeon.engine.memory`), pick the largest batch size (at most the one asked for)
+that fits `max_memory` (default: the device's free memory, plus what the model's weights already take there), and
+refuse with an AnalysisError naming the fix when batch size 1 does not fit. The CLI prints the plan in one line
+before the work.
+"""
+from __future__ import annotations
+
+from surgeon.analyses.common import Direction, format_rows, pick_bad, pick_items
+from surgeon.engine import memory
+from surgeon.engine.memory import Prediction
+from surgeon.sites.nodes import Site
+from surgeon.spec.case import Case
+
+
+def budget_of(model, max_memory: int | str | None) -> int:
+    """The bytes a run may use on the model's device, weights included: `max_memory` (bytes or "40GB"), else what
+    is free there now plus what the model's weights take."""
+    if max_memory is not None:
+        return memory.parse_bytes(max_memory) if isinstance(max_memory, str) else int(max_memory)
+    device = next(model.parameters()).device
+    return memory.free_memory(device) + memory.model_bytes(model)
+
+
+def plan_jobs(case: Case, model, jobs, *, batch_size: int = 256, max_memory: int | str | None = None,
+              bad: str | None = None, direction: Direction = "denoise", tag: str | None = None) -> tuple[Prediction, int]:
+    """(the plan, the budget) for `jobs` (`surgeon.engine.memory` jobs) over the case's rows on this model."""
+    bad = pick_bad(case, bad)
+    _, items = pick_items(case, tag)
+    base, source = (bad, case.good) if direction == "denoise" else (case.good, bad)
+    rows_b, rows_s = format_rows(case, model, base, items), format_rows(case, model, source, items)
+    budget = budget_of(model, max_memory)
+    device = next(model.parameters()).device
+    p = memory.plan(model.cfg, rows_b, rows_s, case.align, jobs, batch_size=batch_size, budget=budget,
+                    weights=memory.model_bytes(model), device=str(device))
+    return p, budget
+
+
+def plan_patch(case: Case, model, layers=None, component: str = "z", **kw) -> tuple[Prediction, int]:
+    """The plan of `patch_heads` (every unit of `component` at each layer alone)."""
+    layers = list(range(model.cfg.n_layers)) if layers is None else list(layers)
+    units = Site.of(component, layers[0]).n_units(model.cfg)
+    return plan_jobs(case, model, [memory.per_head(model.cfg, layers, units)], **kw)
+
+
+def plan_threshold(case: Case, model, layer: int, n_subsets: int, chunk: int = 256, **kw) -> tuple[Prediction, int]:
+    """The plan of a subset search of `n_subsets` subsets at `layer`, in chunks of `chunk`."""
+    return plan_jobs(case, model, [memory.subsets(model.cfg, layer, n_subsets, chunk)], **kw)
+
+
+def plan_circuit(case: Case, model, method: str, ig_steps: int = 5, verify: int = 50, **kw) -> tuple[Prediction, int]:
+    """The plan of `discover`: the edge scores (`method`), the top `verify` edges patched alone, the faithfulness
+    curve and the smallest-circuit search (about five batches of 16 circuits)."""
+    cfg = model.cfg
+    if method == "exact":
+        senders, edges = memory._edge_graph_size(cfg)
+        first = memory.exact_edges(cfg, min(512, edges))
+        first = memory.Job(f"exact, all {edges:,} edges", (memory.Call(first.calls[0].patches, 0, -(-edges // 512)),),
+                           first.node_sites, first.units, first.edges, first.senders, split=True)
+    else:
+        first = memory.eap(cfg, 1 if method == "eap" else ig_steps)
+    jobs = [first, memory.exact_edges(cfg, verify), memory.circuits(cfg, 11), memory.circuits(cfg, 16, 5)]
+    return plan_jobs(case, model, [j for j in jobs if j.calls[0].patches > 0], **kw)
