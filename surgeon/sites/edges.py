@@ -317,9 +317,12 @@ def edge_hooks(model, site: EdgeSite, mask: Tensor, source: Tensor, base: Tensor
     S = rel.shape[1]
     static = is_static(site, mask)
     fixed = (source - base)  # [n, S, J, d]: the difference of every sender that keeps this run's output
+    # sender-major [J, n * S * d], laid out once: each receiver's product reads a prefix of its rows (a view, so
+    # under gradients every receiver's saved input is this one tensor, not a copy of the senders before it)
+    fixed_rows = fixed.permute(2, 0, 1, 3).reshape(fixed.shape[2], -1)
     # senders from here on are live unless static, or every difference is fixed by the site
     first_live = len(site.senders) if site.difference == "fixed" else _first_sender_at(site, start)
-    live: list[Tensor] = []  # per block of live senders, in order: [c, n, S, k, d]
+    live: list[Tensor] = []  # per block of live senders, in order: [c, k, n * S * d]
 
     def gather(act: Tensor) -> Tensor:  # [copies * n, Q, ...] -> [copies, n, S, ...]
         x = act.view(copies, n, *act.shape[1:])
@@ -334,7 +337,10 @@ def edge_hooks(model, site: EdgeSite, mask: Tensor, source: Tensor, base: Tensor
                 cur = torch.einsum("cnshd,hdm->cnshm", cur, W_O.to(x.device, x.dtype))
             else:
                 cur = cur[:, :, :, None]
-            live.append(source[None, :, :, lo:hi].to(cur.dtype) - cur)
+            diff = source[None, :, :, lo:hi].to(cur.dtype) - cur  # [c, n, S, k, d]
+            # sender-major [c, k, n * S * d]: each receiver reads a prefix of the rows with one plain batched product
+            # (no broadcast copy of its mask per block, which autograd would keep for every receiver)
+            live.append(diff.permute(0, 3, 1, 2, 4).reshape(diff.shape[0], diff.shape[3], -1))
             return x
         return hook
 
@@ -357,14 +363,15 @@ def edge_hooks(model, site: EdgeSite, mask: Tensor, source: Tensor, base: Tensor
                 lo = min(k, first_live)
                 dm = dense.to(device, dt)
                 # senders that keep this run's output: one product for all copies
-                delta = torch.matmul(dm[:, :lo].transpose(1, 2), fixed[:, :, :lo].to(dt).permute(2, 0, 1, 3)
-                                     .reshape(lo, -1)).view(copies, len(units), n, S, -1).permute(0, 2, 3, 1, 4)
+                delta = torch.matmul(dm[:, :lo].transpose(1, 2), fixed_rows[:lo].to(dt)
+                                     ).view(copies, len(units), n, S, -1).permute(0, 2, 3, 1, 4)
                 have = first_live
                 for b in live:  # live senders, block by block: per copy
                     if have >= k:
                         break
-                    hi = min(k, have + b.shape[3])
-                    delta = delta + torch.matmul(dm[:, None, None, have:hi].transpose(-1, -2), b[:, :, :, : hi - have].to(dt))
+                    hi = min(k, have + b.shape[1])
+                    part = torch.matmul(dm[:, have:hi].transpose(1, 2), b[:, : hi - have].to(dt))  # [c, units, nSd]
+                    delta = delta + part.view(copies, len(units), n, S, -1).permute(0, 2, 3, 1, 4)
                     have = hi
             delta = delta * valid.to(device, dt)[None, :, :, None, None]
             out = act.clone()
