@@ -9,8 +9,10 @@
 Items are random three-letter words in a Q&A template, and the same template with the two words swapped as the
 other run (equal lengths, so every position is aligned: align="index", the setting of MIB and of EAP-IG).
 Each job runs in a fresh process (so its peak memory is its own), at three sizes: items x prompt positions
-= 16 x P, 32 x P and 32 x 2P. Measured side by side in one run, with wall time and peak memory (resident set
-above the process before the model was built: the weights are included):
+= 2 x 30, 4 x 30 and 2 x 58 (small: this is a 2-core CPU; the costs' growth is the point). Measured side by side
+in one run, with wall time and peak memory (resident set above the process after its imports, before the model
+was built: the weights are included; glibc's mmap threshold fixed at 128 KiB so freed tensors leave the resident
+set, as a GPU's allocator would not count them):
 
   per-head sweep   every head of every layer patched alone (surgeon) vs TransformerLens's
                    generic_activation_patch with layer_head_vector_patch_setter over the same (layer, head) index
@@ -22,7 +24,8 @@ above the process before the model was built: the weights are included):
   curve            MIB's faithfulness curve: 11 circuits;
   smallest circuit the smallest top-k prefix of the EAP ranking with faithfulness >= 0.9 (bisection);
   subsets          a subset search over 16 heads of one layer (GPT-2: its 12 heads), size-8 (6) subsets, in
-                   chunks of 256, at 512 and at 2,048 subsets.
+                   chunks of 256, at 128 and at 512 subsets.
+The smallest-circuit search and the 128-subset search run at the first size only.
 
 Every surgeon job also prints surgeon's predicted peak (`surgeon.engine.memory`) and predicted forward passes
 against the measured ones. Then the Llama-3.1-8B workload predicted on one 80 GB GPU.
@@ -45,13 +48,14 @@ import torch
 
 TEMPLATE = "Q: is {a} {b} or {b} {a}?\nA:"
 SWAPPED = "Q: is {b} {a} or {a} {b}?\nA:"
-SIZES = ((16, 3), (32, 3), (32, 8))  # (items, letters per word): the prompt grows from 25 to 45 positions
-JOBS = ("patch", "tl-patch", "floor", "eap", "eap-ig", "exact", "edge-loop", "curve", "smallest", "subsets-512",
-        "subsets-2048")
+SIZES = ((2, 3), (4, 3), (2, 10))  # (items, letters per word): 30 positions, then twice the items, then 58 positions
+JOBS = ("patch", "tl-patch", "floor", "eap", "eap-ig", "exact", "edge-loop", "curve", "smallest", "subsets-128",
+        "subsets-512")
+FIRST_SIZE_ONLY = ("smallest", "subsets-128")  # the slowest job, and the second subset count (memory flat in it)
 NAMES = {"patch": "per-head sweep", "tl-patch": "  TL generic_activation_patch", "floor": "forward + backward (floor)",
          "eap": "EAP", "eap-ig": "EAP-IG (5 steps)", "exact": "exact top-200", "edge-loop": "  loop, one forward per edge",
          "curve": "faithfulness curve (11)", "smallest": "smallest circuit (f >= 0.9)",
-         "subsets-512": "subsets: 512", "subsets-2048": "subsets: 2,048"}
+         "subsets-128": "subsets: 128", "subsets-512": "subsets: 512"}
 TL_SAMPLE = 24  # (layer, head) cells the TransformerLens sweep is timed on
 LOOP_SAMPLE = 8  # edges the per-edge loop is timed on
 SUBSET_LAYER = {"gpt2": 9, "llama": 28}
@@ -138,6 +142,7 @@ def measure(model_name: str, job: str, n_items: int, letters: int, batch_size: i
            "batch_size": batch_size}
     edge_job = job in ("eap", "eap-ig", "exact", "edge-loop", "curve", "smallest", "floor")
     site = EdgeSite.of(cfg) if edge_job else None
+    graph = (len(site.senders), len(site.edges)) if edge_job else None
     pre = {}
     if job in ("exact", "edge-loop", "smallest"):  # the EAP ranking these start from (not measured)
         c = Contrast(model, base, source, "index", batch_size=batch_size, sites=site.node_sites())
@@ -173,7 +178,7 @@ def measure(model_name: str, job: str, n_items: int, letters: int, batch_size: i
         elif job in ("eap", "eap-ig"):
             c = Contrast(model, base, source, "index", batch_size=batch_size, sites=site.node_sites())
             edge_scores(c, site, "eap" if job == "eap" else "eap-ig-inputs", 5)
-            counted, mem_job = c.execution["forwards"], memory.eap(cfg, 1 if job == "eap" else 5)
+            counted, mem_job = c.execution["forwards"], memory.eap(cfg, graph, 1 if job == "eap" else 5)
         elif job == "exact":
             c = Contrast(model, base, source, "index", batch_size=batch_size, sites=site.node_sites())
             top = pre["order"][:200]
@@ -181,13 +186,13 @@ def measure(model_name: str, job: str, n_items: int, letters: int, batch_size: i
             onehot[torch.arange(len(top)), torch.as_tensor(top)] = 1
             with torch.no_grad():
                 c.run({site: onehot})
-            counted, mem_job = c.execution["forwards"], memory.exact_edges(cfg, 200)
+            counted, mem_job = c.execution["forwards"], memory.exact_edges(cfg, graph, 200)
         elif job == "curve":
             c = Contrast(model, base, source, "index", batch_size=batch_size, sites=site.node_sites())
             order = np.random.default_rng(0).permutation(len(site.edges))
             E = len(site.edges)
             faithfulness(c, site, [order[: max(1, round(f * E))] for f in (0.0,) + CURVE])
-            counted, mem_job = c.execution["forwards"], memory.circuits(cfg, 11)
+            counted, mem_job = c.execution["forwards"], memory.circuits(cfg, graph, 11)
         elif job == "smallest":
             c = pre.pop("contrast")
             before = c.execution["forwards"]
@@ -196,7 +201,7 @@ def measure(model_name: str, job: str, n_items: int, letters: int, batch_size: i
             _, search = prune(c, site, g, pre["order"], full, 0.9, None, semantics(c))
             out["search"] = search.get("describe")
             counted = c.execution["forwards"] - before
-            mem_job = memory.circuits(cfg, 16, max(1, search.get("evaluated", 1) // 16))
+            mem_job = memory.circuits(cfg, graph, 16, max(1, search.get("evaluated", 1) // 16))
         elif job == "floor":
             tokens = torch.tensor([r.tokens for r in base])
             leaf = lambda x, hook: x.detach().requires_grad_(True)  # noqa: E731
@@ -289,7 +294,7 @@ def bench_model(name: str, threads: int) -> list[str]:
     res = {}
     for items, letters in SIZES:
         for job in JOBS:
-            if job == "subsets-2048" and (items, letters) != SIZES[-1]:
+            if job in FIRST_SIZE_ONLY and (items, letters) != SIZES[0]:
                 continue
             res[(job, items, letters)] = run_one(name, job, items, letters, threads)
     pos = {s: res[("patch", *s)]["positions"] for s in SIZES}
@@ -309,20 +314,26 @@ def bench_model(name: str, threads: int) -> list[str]:
             row += f"{r['seconds']:9.2f}{mib(r['measured']):>8s}{pred:>9s}"
         p(row)
     p("(pred: surgeon's predicted peak / the measured one)")
-    big = SIZES[-1]
+    first = SIZES[0]
     fw = [f"{NAMES[j].strip()} {r['forwards']}{' <= ' if r['forwards_bound'] else ' = '}{r['forwards_predicted']}"
-          for j in JOBS if "forwards" in (r := res[(j, *big)]) and r.get("forwards") is not None]
-    p(f"forward passes at {big[0]} x {pos[big]}, counted vs predicted: " + "; ".join(fw))
+          for j in JOBS for r in [res[(j, *first)]] if r.get("forwards") is not None]
+    p(f"forward passes at {first[0]} x {pos[first]}, counted vs predicted: " + "; ".join(fw))
+    r = res[("eap", *SIZES[2])]
+    senders, edges = len(EdgeSite.of(cfg).senders), E
+    per_edge = 2 * SIZES[2][0] * r["positions"] * edges * cfg.d_model * 4
+    p(f"edge buffers: a buffer per edge (2 runs x rows x positions x edges x d_model) would hold {mib(per_edge)} MiB at "
+      f"{SIZES[2][0]} x {r['positions']}; per sender ({senders:,} senders) {mib(per_edge * senders / edges)} MiB; "
+      f"EAP's measured peak above the weights: {mib(r['measured'] - r['weights'])} MiB")
     # growth
-    a, b, c = (res_of := lambda j: [res.get((j, *s)) for s in SIZES])("eap")
-    p("\ngrowth (time; memory above the weights), per doubling of items (16 -> 32) and of positions "
-      f"({pos[SIZES[1]]} -> {pos[SIZES[2]]}, x{pos[SIZES[2]] / pos[SIZES[1]]:.2f}):")
-    for job in ("patch", "eap", "eap-ig", "exact", "curve", "smallest", "subsets-512"):
+    res_of = lambda j: [res.get((j, *s)) for s in SIZES]  # noqa: E731
+    p(f"\ngrowth (time; memory above the weights), per doubling of items ({SIZES[0][0]} -> {SIZES[1][0]}) and of "
+      f"positions ({pos[SIZES[0]]} -> {pos[SIZES[2]]}, x{pos[SIZES[2]] / pos[SIZES[0]]:.2f}):")
+    for job in ("patch", "eap", "eap-ig", "exact", "curve", "subsets-512"):
         a, b, c = res_of(job)
         p(f"  {NAMES[job].strip():28s} items: time x{growth(a, b, 'seconds'):.2f}, memory "
-          f"x{growth(a, b, 'measured', 'weights'):.2f};  positions: time x{growth(b, c, 'seconds'):.2f}, memory "
-          f"x{growth(b, c, 'measured', 'weights'):.2f}")
-    s5, s20 = res[("subsets-512", *big)], res[("subsets-2048", *big)]
+          f"x{growth(a, b, 'measured', 'weights'):.2f};  positions: time x{growth(a, c, 'seconds'):.2f}, memory "
+          f"x{growth(a, c, 'measured', 'weights'):.2f}")
+    s5, s20 = res[("subsets-128", *first)], res[("subsets-512", *first)]
     # goals
     p("\ngoals")
     for s in SIZES:
@@ -339,7 +350,7 @@ def bench_model(name: str, threads: int) -> list[str]:
         r_p, r_tl = res[("patch", *s)], res[("tl-patch", *s)]
         p(f"  per-head sweep vs TransformerLens at {s[0]} x {pos[s]}: {r_tl['seconds'] / r_p['seconds']:.1f}x")
     flat = growth(s5, s20, "measured", "weights")
-    p(f"  subset search, 512 -> 2,048 subsets: time x{growth(s5, s20, 'seconds'):.2f}, memory above weights "
+    p(f"  subset search, 128 -> 512 subsets: time x{growth(s5, s20, 'seconds'):.2f}, memory above weights "
       f"x{flat:.2f} (target: flat: {'met' if flat <= 1.15 else 'MISSED'})")
     worst = max(abs(r["predicted"] / r["measured"] - 1) for r in res.values() if "predicted" in r)
     p(f"  predicted peak within {worst:.0%} of the measured one on every surgeon job (target <= 30%: "
@@ -377,10 +388,66 @@ def main():
     return 0
 
 
-def llama_workload() -> None:
-    from surgeon.engine.memory import llama_8b_workload
+# ----------------------------------------------------------------------------- Llama-3.1-8B, predicted
+LLAMA_ITEMS, LLAMA_PROMPT, LLAMA_GOOD_PROMPT, LLAMA_ANSWER = 64, 45, 15, 3
+GPU_BYTES = 80 * 10**9
 
-    print("\n== predicted (not measured): Llama-3.1-8B-Instruct, bfloat16, one 80 GB GPU")
+
+def llama_8b():
+    """TransformerLens's Llama-3.1-8B config in bfloat16 (no weights), and the rows of the paper's workload: 64 trap
+    items, two answer rows each, the chat prompt 45 tokens (Llama 3.1's template with its default system header)
+    and the plain one 15, answers of 3 tokens (" 9", ".", "11"), aligned at the last prompt token and the answer."""
+    from transformer_lens import HookedTransformerConfig
+
+    from surgeon.spec.encoding import Row
+
+    cfg = HookedTransformerConfig(n_layers=32, d_model=4096, n_heads=32, d_head=128, n_key_value_heads=8,
+                                  d_mlp=14336, n_ctx=2048, d_vocab=128256, act_fn="silu", gated_mlp=True,
+                                  normalization_type="RMS", positional_embedding_type="rotary", rotary_dim=128,
+                                  final_rms=True, dtype=torch.bfloat16, device="cpu")
+
+    def rows(prompt: int):
+        out = []
+        for i in range(LLAMA_ITEMS):
+            for answer in range(2):  # the two answers share " 9" "." and differ in their last token
+                ans = [10, 11, 20 + answer]
+                tokens = tuple(range(100, 100 + prompt)) + tuple(ans[:-1])
+                targets = tuple((prompt - 1 + j, ans[j], 1.0 if answer == 0 else -1.0) for j in range(LLAMA_ANSWER))
+                out.append(Row(i, tokens, prompt, targets, {}))
+        return out
+
+    return cfg, rows(LLAMA_PROMPT), rows(LLAMA_GOOD_PROMPT)
+
+
+def LLAMA_JOBS(cfg):
+    """The paper's workload: per-head patching of all 1,024 heads, the C(16, 8) search at one layer, EAP, exact
+    top-200 edges."""
+    from surgeon.engine import memory
+
+    from surgeon.analyses.planning import graph_size
+
+    graph = graph_size(cfg)
+    return [memory.per_head(cfg), memory.subsets(cfg, 10, 12870), memory.eap(cfg, graph),
+            memory.exact_edges(cfg, graph, 200)]
+
+
+def llama_8b_workload() -> list[str]:
+    """One line per job: the batch size picked for one 80 GB GPU, the predicted peak and forward passes."""
+    from surgeon.engine import memory
+
+    cfg, base, source = llama_8b()
+    lines = [f"Llama-3.1-8B-Instruct in bfloat16: weights {memory.human(memory.weights_bytes(cfg))}; "
+             f"{LLAMA_ITEMS} items x 2 answer rows, prompts of {LLAMA_PROMPT} tokens (chat) and {LLAMA_GOOD_PROMPT} "
+             f"(plain), answers of {LLAMA_ANSWER}, aligned at the last prompt token and the answer; budget "
+             f"{GPU_BYTES / 1e9:.0f} GB"]
+    for job in LLAMA_JOBS(cfg):
+        p = memory.plan(cfg, base, source, "last", job, batch_size=256, budget=GPU_BYTES, device="cuda:0")
+        lines.append(p.line())
+    return lines
+
+
+def llama_workload() -> None:
+    print("\n== predicted (not measured): Llama-3.1-8B-Instruct, one 80 GB GPU")
     for line in llama_8b_workload():
         print("  " + line)
 

@@ -8,11 +8,20 @@ before the work.
 """
 from __future__ import annotations
 
+from dataclasses import replace
+
 from surgeon.analyses.common import Direction, format_rows, pick_bad, pick_items
 from surgeon.engine import memory
 from surgeon.engine.memory import Prediction
+from surgeon.sites.edges import EdgeSite
 from surgeon.sites.nodes import Site
 from surgeon.spec.case import Case
+
+
+def graph_size(cfg) -> tuple[int, int]:
+    """(senders, edges) of the model's edge graph."""
+    site = EdgeSite.of(cfg)
+    return len(site.senders), len(site.edges)
 
 
 def budget_of(model, max_memory: int | str | None) -> int:
@@ -54,12 +63,14 @@ def plan_circuit(case: Case, model, method: str, ig_steps: int = 5, verify: int 
     """The plan of `discover`: the edge scores (`method`), the top `verify` edges patched alone, the faithfulness
     curve and the smallest-circuit search (about five batches of 16 circuits)."""
     cfg = model.cfg
-    if method == "exact":
-        senders, edges = memory._edge_graph_size(cfg)
-        first = memory.exact_edges(cfg, min(512, edges))
-        first = memory.Job(f"exact, all {edges:,} edges", (memory.Call(first.calls[0].patches, 0, -(-edges // 512)),),
-                           first.node_sites, first.units, first.edges, first.senders, split=True)
+    graph = graph_size(cfg)
+    edges = graph[1]
+    if method == "exact":  # every edge patched alone, 512 per call
+        first = memory.exact_edges(cfg, graph, min(512, edges))
+        first = replace(first, name=f"exact, all {edges:,} edges",
+                        calls=(memory.Call(first.calls[0].patches, 0, -(-edges // 512)),))
     else:
-        first = memory.eap(cfg, 1 if method == "eap" else ig_steps)
-    jobs = [first, memory.exact_edges(cfg, verify), memory.circuits(cfg, 11), memory.circuits(cfg, 16, 5)]
+        first = memory.eap(cfg, graph, 1 if method == "eap" else ig_steps)
+    jobs = [first, memory.exact_edges(cfg, graph, verify), memory.circuits(cfg, graph, 11),
+            memory.circuits(cfg, graph, 16, 5)]
     return plan_jobs(case, model, [j for j in jobs if j.calls[0].patches > 0], **kw)

@@ -158,6 +158,7 @@ class BucketShape:
     source_width: int
     targets: int
     equal_lengths: bool
+    positions: int = 1  # positions whose logits are read per row: 1 where all of a row's targets read one
 
     @property
     def n(self) -> int:
@@ -190,7 +191,8 @@ def layout(base_rows: Sequence[Row], source_rows: Sequence[Row], aligned: Sequen
             if equal:  # patterns are patched key by key: keep the key positions of both runs alike
                 Wb = Ws = max(Wb, Ws)
             T = max(len(base_rows[i].targets) for i in chunk)
-            out.append(BucketShape(tuple(chunk), p0, S, Wb, Ws, T, equal))
+            one = all(len(base_rows[i].targets) == T and len({t[0] for t in base_rows[i].targets}) == 1 for i in chunk)
+            out.append(BucketShape(tuple(chunk), p0, S, Wb, Ws, T, equal, 1 if one else T))
     return out
 
 

@@ -64,6 +64,7 @@ class Job:
     masks: int = 1
     grad: bool = False
     split: bool = False
+    live: bool = True  # edges: senders read live from the pass (their differences kept per patch), not fixed
 
     @property
     def cache_start(self) -> int:
@@ -74,14 +75,6 @@ def _dims(cfg):
     d, H, dh = cfg.d_model, cfg.n_heads, cfg.d_head
     Hkv = getattr(cfg, "n_key_value_heads", None) or H
     return d, H, Hkv, dh, (cfg.d_mlp or 0), cfg.d_vocab_out if cfg.d_vocab_out > 0 else cfg.d_vocab, cfg.n_layers
-
-
-def _edge_graph_size(cfg) -> tuple[int, int]:
-    """(senders, edges) of the model's edge graph, counted as `EdgeSite.of` builds it."""
-    from surgeon.sites.edges import EdgeSite
-
-    site = EdgeSite.of(cfg)
-    return len(site.senders), len(site.edges)
 
 
 def per_head(cfg, layers: Sequence[int] | None = None, units: int | None = None) -> Job:
@@ -100,30 +93,35 @@ def subsets(cfg, layer: int, n_subsets: int, chunk: int = 256) -> Job:
     return Job(f"subset search ({n_subsets:,} subsets)", calls, ((layer, H, dh),), H)
 
 
-def _edge_job(cfg, name: str, calls, masks: int = 1, grad: bool = False, split: bool = False) -> Job:
+def _edge_job(cfg, graph: tuple[int, int], name: str, calls, masks: int = 1, grad: bool = False, split: bool = False,
+              live: bool = True) -> Job:
+    """`graph`: (senders, edges) of the model's edge graph (as its edge site counts them)."""
     d, H, Hkv, dh, *_ = _dims(cfg)
-    senders, edges = _edge_graph_size(cfg)
+    senders, edges = graph
     nodes = ((0, 1, d),) + tuple((L, H, dh) for L in range(cfg.n_layers))
     if not getattr(cfg, "attn_only", False):
         nodes += tuple((L, 1, d) for L in range(cfg.n_layers))
-    return Job(name, tuple(calls), nodes, edges, edges, senders, masks, grad, split)
+    return Job(name, tuple(calls), nodes, edges, edges, senders, masks, grad, split, live)
 
 
-def eap(cfg, steps: int = 1) -> Job:
-    """Edge attribution (EAP: one gradient; EAP-IG: `steps` of them, in the batch dimension)."""
-    return _edge_job(cfg, "EAP" if steps == 1 else f"EAP-IG ({steps} steps)", [Call(steps, 0)], grad=True)
+def eap(cfg, graph: tuple[int, int], steps: int = 1) -> Job:
+    """Edge attribution (EAP: one gradient; EAP-IG over the inputs: `steps` of them, in the batch dimension, each
+    edge carrying its sender's fixed difference)."""
+    if steps == 1:
+        return _edge_job(cfg, graph, "EAP", [Call(1, 0)], grad=True)
+    return _edge_job(cfg, graph, f"EAP-IG ({steps} steps)", [Call(steps, 0)], grad=True, live=False)
 
 
-def exact_edges(cfg, top: int = 200) -> Job:
+def exact_edges(cfg, graph: tuple[int, int], top: int = 200) -> Job:
     """The top `top` edges each patched alone (exact edge patching, grouped by the first layer they act at)."""
-    return _edge_job(cfg, f"exact top-{top} edges", [Call(top, 0)], split=True)
+    return _edge_job(cfg, graph, f"exact top-{top} edges", [Call(top, 0)], split=True)
 
 
-def circuits(cfg, n: int = 11, count: int = 1) -> Job:
+def circuits(cfg, graph: tuple[int, int], n: int = 11, count: int = 1) -> Job:
     """`count` calls of `n` circuits each and the full circuit's call (the faithfulness curve: 11 circuits; the
     smallest-circuit search: 16 per bisection step)."""
     name = "faithfulness curve" if (n, count) == (11, 1) else f"{n} circuits x {count}"
-    return _edge_job(cfg, name, [Call(n, 0, count), Call(1, 0)], masks=2)
+    return _edge_job(cfg, graph, name, [Call(n, 0, count), Call(1, 0)], masks=2)
 
 
 # ----------------------------------------------------------------------------- sizes
@@ -139,7 +137,7 @@ def weights_bytes(cfg) -> int:
     params = L * per_layer + cfg.d_vocab * d + d * V + V + norm
     if cfg.positional_embedding_type == "standard":
         params += cfg.n_ctx * d
-    buffers = L * (cfg.n_ctx * cfg.n_ctx + 4)  # each attention layer's causal mask (bool) and IGNORE
+    buffers = L * 4  # each attention layer's IGNORE (its causal mask is made when used)
     if cfg.positional_embedding_type == "rotary":
         buffers += L * 2 * cfg.n_ctx * (cfg.rotary_dim or dh) * e
     return int(params * e + buffers)
@@ -154,6 +152,23 @@ def _elem(cfg) -> int:
     return torch.empty((), dtype=getattr(cfg, "dtype", torch.float32)).element_size()
 
 
+# How many tensors of each size are alive at once: counted from TransformerLens's forward and the engine's hooks,
+# checked against `peak_memory` on CPU (bench/scale.py). A block's MLP holds its input, the normalised copy and
+# four hidden-size tensors (pre-activation and three temporaries of gelu_new; gate, up, act(gate), product of a
+# gated MLP); attention holds four residual-size tensors, q/k/v, the scores and the pattern.
+MLP_HIDDEN = 4
+RESID_COPIES = 4
+SCORE_COPIES = 2
+# under gradients, per layer: what autograd saves (the residual stream's norms and sums, q/k/v and their rotations,
+# scores and pattern, head outputs, the MLP's hidden tensors) and, for edges, the per-head query/key/value inputs:
+# the repeated input, the patched copy, the norm's input and output
+GRAD_RESID = 8
+GRAD_SPLIT = 1
+GRAD_MLP_HIDDEN = 4
+SPLIT_LAYERS = 4  # exact edge patching groups single edges by the layer they enter: top edges taken as entering 4
+EDGE_GRAPH_HOST = 106  # bytes per edge of the edge graph's Python objects (host memory)
+
+
 def _layer_bytes(cfg, rows: int, q: int, keys: int, prefix_rows: int, grad: bool, split: bool, hooks: bool) -> float:
     """One layer's forward on `rows` rows of `q` new positions attending to `keys` positions (the first
     keys - q of them a prefix shared by `prefix_rows` rows): the tensors alive at its peak (no gradients), or
@@ -163,27 +178,29 @@ def _layer_bytes(cfg, rows: int, q: int, keys: int, prefix_rows: int, grad: bool
     e = _elem(cfg)
     rq = rows * q
     p0 = keys - q
-    gated = bool(getattr(cfg, "gated_mlp", False))
     rotary = cfg.positional_embedding_type == "rotary"
+    mlp_hidden = 0 if getattr(cfg, "attn_only", False) else dm
     qkv = rq * (H + 2 * Hkv) * dh + (rq * (H + Hkv) * dh if rotary else 0)  # q, k, v (+ rotated q, k)
     kv_rep = 2 * rq * H * dh if Hkv != H else 0  # the new keys/values repeated to the query heads
     scores = rows * H * q * keys  # scores over the prefix and the new keys; then the pattern
     prefix = 2 * prefix_rows * p0 * Hkv * dh  # the prefix's keys and values, laid out once per call
     z = rq * H * dh * (3 if hooks else 1)  # head outputs (+ the patched copy and its difference)
-    split_in = rq * (H + 2 * Hkv) * d * 2 if split else 0  # per-head inputs and their normalised copies
-    resid = rq * d
+    split_in = rq * (H + 2 * Hkv) * d  # per-head query/key/value inputs
     if not grad:
-        attn = 3 * resid + qkv + kv_rep + 3 * scores + z + split_in
-        mlp = 3 * resid + rq * dm * (3 if gated else 2)
+        attn = RESID_COPIES * rq * d + qkv + kv_rep + SCORE_COPIES * scores + z + (3 * split_in if split else 0)
+        mlp = RESID_COPIES * rq * d + MLP_HIDDEN * rq * mlp_hidden
         return e * (max(attn, mlp) + prefix)
-    saved = 6 * resid + qkv + kv_rep + 2 * scores + 2 * z + split_in + rq * dm * (4 if gated else 2)
+    saved = (GRAD_RESID * rq * d + qkv + kv_rep + SCORE_COPIES * scores + 2 * z
+             + (GRAD_SPLIT * split_in if split else 0) + GRAD_MLP_HIDDEN * rq * mlp_hidden)
     return e * saved
 
 
-def _readout_bytes(cfg, rows: int, targets: int) -> int:
-    """The logits (float32) at the scored positions of `rows` rows, and their log-softmax."""
+def _readout_bytes(cfg, rows: int, positions: int) -> int:
+    """The logits (float32) at the scored positions of `rows` rows and their log-softmax (with the bfloat16 or
+    float16 logits first, in those dtypes)."""
     *_, V, _ = _dims(cfg)
-    return 3 * rows * targets * V * 4
+    e = _elem(cfg)
+    return rows * positions * V * (8 + (e if e != 4 else 0))
 
 
 def _bucket_cache(cfg, b: BucketShape, job: Job, start: int) -> int:
@@ -205,7 +222,8 @@ def _clean_pass(cfg, b: BucketShape, job: Job, start: int, batch_size: int) -> f
     W = max(b.base_width, b.source_width)
     full = (L - start) * b.n * W * (d + 2 * Hkv * dh + H * dh) * e
     sites = b.n * W * sum(u * r for _, u, r in job.node_sites) * e
-    return full + sites + _layer_bytes(cfg, rows, W, W, 0, False, False, False) + b.n * W * d * e
+    step = max(_layer_bytes(cfg, rows, W, W, 0, False, False, False), _readout_bytes(cfg, rows, b.positions))
+    return full + sites + step + b.n * W * d * e
 
 
 # ----------------------------------------------------------------------------- the prediction
@@ -228,8 +246,9 @@ class Prediction:
 
 
 def predict(cfg, buckets: Sequence[BucketShape], job: Job, batch_size: int, *, weights: int | None = None,
-            cache_bytes: int | None = None, shared_prefix: bool = True) -> Prediction:
-    """Peak memory of `job` over rows laid out as `buckets` (`layout` at this batch size) with `batch_size`."""
+            cache_bytes: int | None = None, shared_prefix: bool = True, host: bool = True) -> Prediction:
+    """Peak memory of `job` over rows laid out as `buckets` (`layout` at this batch size) with `batch_size`.
+    `host`: the device is the CPU, so the edge graph's Python objects count too."""
     e = _elem(cfg)
     weights = weights_bytes(cfg) if weights is None else weights
     cache_bytes = CACHE_BYTES if cache_bytes is None else cache_bytes
@@ -253,22 +272,31 @@ def predict(cfg, buckets: Sequence[BucketShape], job: Job, batch_size: int, *, w
         chunk = max(1, batch_size * W // (b.n * q))
         for call in job.calls:
             c = min(chunk, call.patches)
+            if job.split:  # single edges run grouped by the layer they enter: top edges taken as entering ~4 layers
+                c = min(c, math.ceil(call.patches / min(SPLIT_LAYERS, cfg.n_layers)))
             rows = c * b.n
             layers = cfg.n_layers - call.start
-            layer = _layer_bytes(cfg, rows, q, W, b.n, job.grad, job.grad or bool(job.edges), bool(job.node_sites))
+            layer = _layer_bytes(cfg, rows, q, W, b.n, job.grad, bool(job.edges), bool(job.node_sites))
             live = rows * q * cfg.d_model * e * 2  # the residual stream entering the first layer, and its copy
-            if job.edges and not job.split:  # circuits and gradients read senders live: their differences are kept
+            if job.edges:  # the senders' fixed differences, and laid out sender-major (per call)
+                live += 2 * b.n * b.slots * job.senders * cfg.d_model * e
+            if job.edges and job.live and not job.split:  # senders read live: their differences are kept
                 live += rows * b.slots * job.senders * cfg.d_model * e
-            step = live + (layer * layers if job.grad else layer) + _readout_bytes(cfg, min(rows, batch_size), b.targets)
+            if job.grad:  # the backward pass through the unembedding reads it transposed
+                live += cfg.d_model * cfg.d_vocab_out * e
+            readout = _readout_bytes(cfg, min(rows, batch_size), b.positions)
+            step = live + (layer * layers + readout if job.grad else max(layer, readout))
             working = max(working, step)
             n_fw = math.ceil(call.patches / c)
             if job.split:  # groups by first layer: at most one more forward per extra layer
-                n_fw = min(call.patches, n_fw + cfg.n_layers - 1)
+                n_fw = min(call.patches, math.ceil(call.patches / min(chunk, call.patches)) + cfg.n_layers - 1)
                 bound = True
             forwards += n_fw * call.count
     n_calls = sum(c.count for c in job.calls)
     forwards += 2 * len(buckets) + 2 * recompute * n_calls  # the clean passes, and caches recomputed per call
     parts = {"weights": weights, "caches": held, "masks": masks, "working": max(clean, working)}
+    if job.edges and host:
+        parts["edge graph"] = job.edges * EDGE_GRAPH_HOST
     return Prediction(job.name, batch_size, int(sum(parts.values())), {k: int(v) for k, v in parts.items()},
                       forwards, bound)
 
@@ -314,7 +342,7 @@ def plan(cfg, base_rows, source_rows, align: str, jobs: Job | Sequence[Job], *, 
     bs = max(1, int(batch_size))
     while True:
         p = predict_jobs(cfg, layout(b, s, aligned, bs), jobs, bs, weights=weights, cache_bytes=cache,
-                         shared_prefix=shared_prefix)
+                         shared_prefix=shared_prefix, host=dev.type == "cpu")
         if p.peak <= budget:
             return p
         if bs == 1:
