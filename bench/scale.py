@@ -299,7 +299,8 @@ def bench_model(name: str, threads: int) -> list[str]:
             res[(job, items, letters)] = run_one(name, job, items, letters, threads)
     pos = {s: res[("patch", *s)]["positions"] for s in SIZES}
     weights = res[("patch", *SIZES[0])]["weights"]
-    p(f"weights {mib(weights)} MiB; peak = resident memory above the process before the model was built")
+    p(f"weights {mib(weights)} MiB; MiB = peak resident memory above the process after its imports (weights included); "
+      f"pred = surgeon's predicted peak / the measured one")
     header = f"{'job':32s}" + "".join(f"{f'{i} x {pos[(i, w)]}':>26s}" for i, w in SIZES)
     p(header)
     p(f"{'':32s}" + "".join(f"{'s':>9s}{'MiB':>8s}{'pred':>9s}" for _ in SIZES))
@@ -313,7 +314,6 @@ def bench_model(name: str, threads: int) -> list[str]:
             pred = f"{r['predicted'] / r['measured']:.2f}x" if "predicted" in r else ""
             row += f"{r['seconds']:9.2f}{mib(r['measured']):>8s}{pred:>9s}"
         p(row)
-    p("(pred: surgeon's predicted peak / the measured one)")
     first = SIZES[0]
     fw = [f"{NAMES[j].strip()} {r['forwards']}{' <= ' if r['forwards_bound'] else ' = '}{r['forwards_predicted']}"
           for j in JOBS for r in [res[(j, *first)]] if r.get("forwards") is not None]

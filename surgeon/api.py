@@ -36,6 +36,7 @@ from surgeon.analyses.diagnose import Diagnosis
 from surgeon.analyses.diagnose import diagnose as diagnose_case
 from surgeon.analyses.logit_attribution import logit_attribution
 from surgeon.analyses.patching import PatchResult, patch_heads
+from surgeon.analyses.planning import plan_circuit, plan_patch, plan_threshold, planned_batch_size
 from surgeon.analyses.positions import patch_positions as patch_by_position
 from surgeon.analyses.sae_features import AmplifiedResult, OverlapResult, amplified, overlap
 from surgeon.analyses.sae_heads import HeadFeatureResult, head_feature_effects
@@ -105,10 +106,14 @@ def diagnose(case, model=None, *, batch_size: int = 256, generate: int = 0, metr
 
 def patch(case, model=None, *, layers: Sequence[int] | None = None, component: str = "z",
           direction: str = "denoise", bad: str | None = None, tag: str | None = None, batch_size: int = 256,
-          metric=None, device: str | None = None, dtype: str = "float32"):
-    """Patch every head (unit) of each layer alone from one format into the other (`surgeon patch`)."""
+          max_memory: int | str | None = None, metric=None, device: str | None = None, dtype: str = "float32"):
+    """Patch every head (unit) of each layer alone from one format into the other (`surgeon patch`). The batch size
+    is lowered to fit `max_memory` ("80GB"; default: the device's free memory), the plan printed to stderr."""
     case, model = case_and_model(case, model, device=device, dtype=dtype, metric=metric)
-    return patch_heads(case, model, layers=_layers(case, layers), component=component, direction=direction, bad=bad,
+    layers = _layers(case, layers)
+    batch_size = planned_batch_size(plan_patch, case, model, layers, component, batch_size=batch_size,
+                                    max_memory=max_memory, bad=bad, direction=direction, tag=tag)
+    return patch_heads(case, model, layers=layers, component=component, direction=direction, bad=bad,
                        tag=tag, batch_size=batch_size)
 
 
@@ -153,10 +158,14 @@ def threshold(case, model=None, *, layer: int | None = None, heads: str | None =
               groups: Sequence[str] = ("even", "odd"), grid: tuple[str, str] | None = None, budget: int = 20000,
               grid_budget: int = 200, item_rate: float = 1.0, x: float = 0.5, component: str = "z",
               bad: str | None = None, tag: str | None = None, batch_size: int = 256, chunk: int = 256, seed: int = 0,
-              out: str | Path | None = None, generate: int = 0, metric=None, device: str | None = None, dtype: str = "float32"):
+              out: str | Path | None = None, generate: int = 0, max_memory: int | str | None = None, metric=None,
+              device: str | None = None, dtype: str = "float32"):
     """Search head subsets that repair: the fraction repairing per size k, the threshold k*, minimal subsets
-    (`surgeon threshold`). With `out`, finished chunks are kept there and a rerun resumes."""
+    (`surgeon threshold`). With `out`, finished chunks are kept there and a rerun resumes. The batch size is
+    lowered to fit `max_memory` (default: the device's free memory)."""
     case, model = case_and_model(case, model, device=device, dtype=dtype, metric=metric)
+    batch_size = planned_batch_size(plan_threshold, case, model, layer or 0, chunk, chunk, batch_size=batch_size,
+                                    max_memory=max_memory, bad=bad, tag=tag)
     return threshold_search(case, model, layer=layer, heads=heads, groups=list(groups), grid=grid, budget=budget,
                             grid_budget=grid_budget, item_rate=item_rate, x=x, component=component, bad=bad, tag=tag,
                             batch_size=batch_size, chunk=chunk, seed=seed, out=out, generate=generate)
@@ -175,12 +184,16 @@ def blend(case, model=None, *, layer: int, heads: Sequence[int] | None = None, c
 def circuit(case, model=None, *, method: str | None = None, ig_steps: int = IG_STEPS, ablation: str = ABLATIONS[0],
             direction: str = "denoise", faithfulness: float = 0.9, edges: int | None = None, paths: int = 10,
             verify: int = 50, bad: str | None = None, tag: str | None = None, batch_size: int = 256,
-            metric=None, device: str | None = None, dtype: str = "float32"):
+            max_memory: int | str | None = None, metric=None, device: str | None = None, dtype: str = "float32"):
     """Path-level circuit discovery: score every edge, prune the smallest faithful circuit, rank complete paths
-    by path patching (`surgeon circuit`); `r.export("c.mib.json", "c.svg", ...)` writes the graph."""
+    by path patching (`surgeon circuit`); `r.export("c.mib.json", "c.svg", ...)` writes the graph. The batch size is
+    lowered to fit `max_memory` (default: the device's free memory)."""
     case = read(case, model)
-    check_options(method or default_method(case), ablation, ig_steps, None if edges else faithfulness, edges)
+    method = method or default_method(case)
+    check_options(method, ablation, ig_steps, None if edges else faithfulness, edges)
     case, model = case_and_model(case, model, device=device, dtype=dtype, metric=metric)
+    batch_size = planned_batch_size(plan_circuit, case, model, method, ig_steps, verify, batch_size=batch_size,
+                                    max_memory=max_memory, bad=bad, direction=direction, tag=tag)
     return discover(case, model, method=method, ablation=ablation, direction=direction, bad=bad, tag=tag,
                     target=None if edges else faithfulness, n_edges=edges, n_paths=paths, ig_steps=ig_steps,
                     verify=verify, batch_size=batch_size)

@@ -74,3 +74,15 @@ def plan_circuit(case: Case, model, method: str, ig_steps: int = 5, verify: int 
     jobs = [first, memory.exact_edges(cfg, graph, verify), memory.circuits(cfg, graph, 11),
             memory.circuits(cfg, graph, 16, 5)]
     return plan_jobs(case, model, [j for j in jobs if j.calls[0].patches > 0], **kw)
+
+
+def planned_batch_size(plan, case: Case, model, *a, batch_size: int = 256, max_memory: int | str | None = None,
+                       **kw) -> int:
+    """Run `plan` (plan_patch, plan_threshold, plan_circuit), print the plan in one line to stderr, and return the
+    batch size that fits (AnalysisError when none does)."""
+    import sys
+
+    p, budget = plan(case, model, *a, batch_size=batch_size, max_memory=max_memory, **kw)
+    lowered = f" (lowered from batch size {batch_size} to fit)" if p.batch_size < batch_size else ""
+    print(f"plan: {p.line(budget)}{lowered}", file=sys.stderr)
+    return p.batch_size

@@ -13,6 +13,7 @@ from surgeon.cli import types as cli_types
 from surgeon.cli.common import (
     add_common,
     add_items,
+    add_memory,
     add_metric,
     layers_of,
     load_case_and_model,
@@ -74,6 +75,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("patch", help="patch each head (unit) of each layer from one format into the other")
     add_patching(p, COMPONENTS)
+    add_memory(p)
 
     p = sub.add_parser("attribute", help="estimate every unit's patching effect from one backward pass "
                                          "(gradients w.r.t. the masks); --compare checks it against exact patching")
@@ -95,6 +97,7 @@ def build_parser() -> argparse.ArgumentParser:
                                          "threshold k*, minimal subsets, per-head necessity")
     add_common(p, out_help="where the search, its checkpoints and results go (default: out/threshold-CASE-LLAYER "
                         "under the current directory)")
+    add_memory(p)
     p.add_argument("--layer", type=cli_types.layer, help="candidate heads: every head of this layer (or pick with --heads)")
     p.add_argument("--heads", help="candidate heads: 0,2,5 (of --layer) or L1H0,L2H3")
     p.add_argument("--groups", default="even,odd",
@@ -144,6 +147,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("circuit", help="path-level circuit discovery: score every edge, prune a faithful circuit, "
                                        "rank complete paths by path patching, export the graph")
     add_common(p)
+    add_memory(p)
     from surgeon.circuits.methods import IG_STEPS, METHODS
 
     p.add_argument("--method", choices=list(METHODS),

@@ -25,14 +25,18 @@ def add_common(p: argparse.ArgumentParser, case: bool = True,
     p.add_argument("--batch-size", type=cli_types.positive, default=256,
                    help="rows per forward pass (default: 256); patched runs that recompute only the last positions "
                         "fit proportionally more rows in the same memory")
-    p.add_argument("--max-memory", type=cli_types.memory_size, default=None,
-                   help="memory the run may use on its device, weights included, e.g. 80GB, 40GiB (default: what is "
-                        "free there); patch, threshold and circuit predict their peak, lower the batch size to fit and "
-                        "refuse before the work when batch size 1 does not")
     p.add_argument("--seed", type=cli_types.bounded(0, 2**32 - 1), default=0,
                    help="random seed, 0 .. 2^32-1 (default: 0)")
     p.add_argument("--threads", type=cli_types.positive, default=None, help="CPU threads for torch (default: torch's choice)")
     p.add_argument("--debug", action="store_true", help="show tracebacks")
+
+
+def add_memory(p: argparse.ArgumentParser) -> None:
+    """--max-memory, for the commands that plan their memory before the work."""
+    p.add_argument("--max-memory", type=cli_types.memory_size, default=None,
+                   help="memory the run may use on its device, weights included, e.g. 80GB, 40GiB (default: what is "
+                        "free there): the peak is predicted, the batch size lowered to fit, and the run refused before "
+                        "the work when batch size 1 does not")
 
 
 def add_items(p: argparse.ArgumentParser) -> None:
@@ -130,13 +134,10 @@ def layers_of(args, case):
 
 
 def planned_batch_size(args, plan, case, model, *a, **kw) -> int:
-    """Predict the run's peak memory (`plan`: one of surgeon.analyses.planning's), print the plan in one line
-    (stderr) and return the batch size that fits --max-memory (exit 2 before the work when none does)."""
-    import sys
+    """The batch size that fits --max-memory by `plan` (one of surgeon.analyses.planning's), its plan printed in one
+    line (stderr) before the work; exit 2 when none fits."""
+    from surgeon.analyses.planning import planned_batch_size as planned
 
-    p, budget = plan(case, model, *a, batch_size=args.batch_size, max_memory=args.max_memory,
-                     bad=getattr(args, "bad", None), direction=getattr(args, "direction", "denoise"),
-                     tag=getattr(args, "tag", None), **kw)
-    lowered = f" (lowered from --batch-size {args.batch_size} to fit)" if p.batch_size < args.batch_size else ""
-    print(f"plan: {p.line(budget)}{lowered}", file=sys.stderr)
-    return p.batch_size
+    return planned(plan, case, model, *a, batch_size=args.batch_size, max_memory=args.max_memory,
+                   bad=getattr(args, "bad", None), direction=getattr(args, "direction", "denoise"),
+                   tag=getattr(args, "tag", None), **kw)
