@@ -72,9 +72,7 @@ def make_contrast(case: Case, model, *, bad: str | None = None, direction: Direc
         raise AnalysisError(f"unknown direction {direction!r}", field="direction", fix="use denoise or noise")
     bad = pick_bad(case, bad)
     tag, items = pick_items(case, tag)
-    base, source = (bad, case.good) if direction == "denoise" else (case.good, bad)
-    rows_b = format_rows(case, model, base, items)
-    rows_s = format_rows(case, model, source, items)
+    base, source, rows_b, rows_s = contrast_rows(case, model, bad, direction, items)
     if all(a.tokens == b.tokens for a, b in zip(rows_b, rows_s)):
         raise AnalysisError(f"formats {bad!r} and {case.good!r} give the same tokens for every item, so there is "
                             f"nothing to patch between them", where=case.source, field="formats",
@@ -83,6 +81,13 @@ def make_contrast(case: Case, model, *, bad: str | None = None, direction: Direc
     c = Contrast(model, rows_b, rows_s, case.align, batch_size=batch_size, base_name=base, source_name=source,
                  sites=sites, metric=metric, reference=ref)
     return c, dict(base=base, source=source, bad=bad, tag=tag, n_items=len(items), direction=direction)
+
+
+def contrast_rows(case: Case, model, bad: str, direction: Direction, items):
+    """(base format, source format, base rows, source rows): denoise runs the failing format `bad` with the good
+    one's activations, noise the reverse."""
+    base, source = (bad, case.good) if direction == "denoise" else (case.good, bad)
+    return base, source, format_rows(case, model, base, items), format_rows(case, model, source, items)
 
 
 def layer_sites(model, layers, component: str):

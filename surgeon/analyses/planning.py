@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from surgeon.analyses.common import Direction, format_rows, pick_bad, pick_items
+from surgeon.analyses.common import Direction, contrast_rows, pick_bad, pick_items
 from surgeon.engine import memory
 from surgeon.engine.memory import Prediction
 from surgeon.sites.edges import EdgeSite
@@ -36,10 +36,8 @@ def budget_of(model, max_memory: int | str | None) -> int:
 def plan_jobs(case: Case, model, jobs, *, batch_size: int = 256, max_memory: int | str | None = None,
               bad: str | None = None, direction: Direction = "denoise", tag: str | None = None) -> tuple[Prediction, int]:
     """(the plan, the budget) for `jobs` (`surgeon.engine.memory` jobs) over the case's rows on this model."""
-    bad = pick_bad(case, bad)
     _, items = pick_items(case, tag)
-    base, source = (bad, case.good) if direction == "denoise" else (case.good, bad)
-    rows_b, rows_s = format_rows(case, model, base, items), format_rows(case, model, source, items)
+    *_, rows_b, rows_s = contrast_rows(case, model, pick_bad(case, bad), direction, items)
     budget = budget_of(model, max_memory)
     device = next(model.parameters()).device
     p = memory.plan(model.cfg, rows_b, rows_s, case.align, jobs, batch_size=batch_size, budget=budget,
