@@ -25,7 +25,7 @@ back-propagates each chunk of rows as soon as it is scored.
 from __future__ import annotations
 
 from collections import Counter, defaultdict
-from contextlib import ExitStack
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from typing import Mapping, Sequence
 
@@ -115,6 +115,11 @@ class HookContext:
     bucket: Bucket
     device: torch.device
     engine: object = None
+
+    def note(self, path: str) -> None:
+        """Record which of its ways a site's hooks took (counted per forward pass in `execution["sites"]`)."""
+        if self.engine is not None:
+            self.engine._log["sites"][path] += 1
 
 
 def _merge_rows(base: Sequence[Row], source: Sequence[Row], aligned: Sequence[tuple]):
@@ -237,7 +242,8 @@ class Contrast:
         else:
             prefix = "copied per patch (asked for)"
         # which execution path each call took, and why a faster one was not taken (see `execution`)
-        self._log = {"prefix": prefix, "paths": Counter(), "why": Counter(), "recomputed": 0, "forwards": 0}
+        self._log = {"prefix": prefix, "paths": Counter(), "why": Counter(), "recomputed": 0, "forwards": 0,
+                     "sites": Counter()}
         self._grad_leaves: list[Tensor] = []  # set while `gradient` runs: the masks whose .grad it accumulates
         self._drop: list[str] = []  # set while `gradient` runs: hook points whose outputs pass no gradient back
         self.device = next(model.parameters()).device
@@ -451,11 +457,12 @@ class Contrast:
         grouped by the first layer they act at; plain: every patch from the first patched layer); `why`
         counts the reasons a run was not grouped; `backoffs` is how often out-of-memory halved the batch;
         `caches_recomputed` how often a bucket's caches were dropped to stay within `cache_bytes`; `forwards` how
-        many forward passes (batched) ran; `metric` what the scores measure."""
+        many forward passes (batched) ran; `sites` which way sites' hooks went, per pass (e.g. edge gradients
+        through the projections or per-head inputs); `metric` what the scores measure."""
         return {"metric": self.metric.label, "prefix": self._log["prefix"], "paths": dict(self._log["paths"]), "why": dict(self._log["why"]),
                 "batch_size": self.batch_size, "backoffs": self.backoffs, "buckets": len(self.buckets),
                 "cache_bytes": self.cache_bytes, "caches_recomputed": self._log["recomputed"],
-                "forwards": self._log["forwards"]}
+                "forwards": self._log["forwards"], "sites": dict(self._log["sites"])}
 
     def run(self, masks: Mapping[Site | str, Tensor], progress: bool | str = False, _start: int | None = None) -> Tensor:
         """Item scores [P, n_items] with each of P patches applied.
@@ -689,7 +696,7 @@ class Contrast:
             resid = b.resid[start].repeat(copies, 1, 1)
         self._log["forwards"] += 1
         with ExitStack() as stack:
-            stack.enter_context(self.model.hooks(fwd_hooks=hooks))
+            stack.enter_context(hooked(self.model, hooks))
             stack.enter_context(self._prefix_mode(b, start, masks, z))
             for s, m in masks.items():
                 stack.enter_context(s.forward_context(self.model, m))
@@ -813,7 +820,7 @@ def greedy(model, tokens: Tensor, lengths: Tensor, n_new: int, hooks: Sequence =
     ar = torch.arange(rows, device=tokens.device)
     out = []
     first = tokens.shape[1]  # never narrower than the padded prompts: hooks may index their padding
-    with model.hooks(fwd_hooks=list(hooks)):
+    with hooked(model, list(hooks)):
         for _ in range(n_new):
             width = max(first, int(lengths.max()))
             logits = model(cur[:, :width])
@@ -822,6 +829,22 @@ def greedy(model, tokens: Tensor, lengths: Tensor, n_new: int, hooks: Sequence =
             lengths += 1
             out.append(nxt)
     return torch.stack(out, dim=1)
+
+
+@contextmanager
+def hooked(model, hooks: Sequence):
+    """Sites' hooks on while the model runs: (TransformerLens hook point, fn(act, hook)) pairs, and forward
+    pre-hooks on modules named `path:pre` (fn(module, args) -> args). Every one is removed on exit."""
+    handles = []
+    try:
+        for name, fn in hooks:
+            if name.endswith(":pre"):
+                handles.append(model.get_submodule(name[: -len(":pre")]).register_forward_pre_hook(fn))
+        with model.hooks(fwd_hooks=[(n, f) for n, f in hooks if not n.endswith(":pre")]):
+            yield
+    finally:
+        for h in handles:
+            h.remove()
 
 
 def is_out_of_memory(e: BaseException) -> bool:

@@ -30,6 +30,7 @@ from torch import Tensor
 
 from surgeon.errors import AnalysisError
 from surgeon.sites.ablations import ABLATIONS, DIFFERENCES, EDGE_VALUES, FREEZE
+from surgeon.sites.head_input_grads import edge_grad, projection, supported_norm, uniform_values
 from surgeon.sites.nodes import Site
 from surgeon.sites.protocol import SiteKind, register
 
@@ -86,6 +87,11 @@ class EdgeGraph:
         return (torch.tensor([so[self.senders[s].kind](self.senders[s]) for s, _ in self.edges]),
                 torch.tensor([ro(self.receivers[r]) for _, r in self.edges]),
                 torch.tensor([self.receivers[r].layer for _, r in self.edges]))
+
+    @cached_property
+    def sender_of(self) -> Tensor:
+        """Per edge: its sender's index."""
+        return torch.tensor([s for s, _ in self.edges])
 
     @cached_property
     def qkv(self) -> Tensor:
@@ -217,12 +223,15 @@ class EdgeSite(SiteKind):
             base = sender_outputs(ctx.model, self, b.base_acts)
             b.site_cache[key] = (ablated_source(self, src, base, b.slot_valid), base)
         src, base = b.site_cache[key]
+        if mask.requires_grad:
+            shared = shared_values(ctx.model, self, mask) is not None
+            ctx.note("edge gradients: " + ("q/k/v through the projections" if shared else "per-head q/k/v inputs"))
         return edge_hooks(ctx.model, self, mask.to(src.device, src.dtype), src, base, copies, b.n,
                           b.base_pos - offset, b.slot_valid, start)
 
     def forward_context(self, model, mask: Tensor):
         """Per-head query/key/value inputs where this mask patches them (all of them under gradients)."""
-        return split_inputs(model, qkv_layers(self, mask))
+        return split_inputs(model, qkv_layers(self, mask, model))
 
 
 def is_static(site: EdgeSite, mask: Tensor) -> bool:
@@ -288,10 +297,20 @@ def split_inputs(model, layers=None):
         cfg.use_split_qkv_input, cfg.use_hook_mlp_in = old
 
 
-def qkv_layers(site: EdgeSite, mask: Tensor):
-    """The layers whose query/key/value receivers `mask` [P, n_edges] patches (None: all, under gradients)."""
-    if mask.requires_grad:
+def shared_values(model, site: EdgeSite, mask: Tensor) -> Tensor | None:
+    """Under gradients, [P, n_senders] the value each sender's edges share in each row of `mask` when they
+    share one (EAP, EAP-IG: every head of a layer then reads one input, and q/k/v edges' gradients are taken
+    through the projections, `head_input_grads`); None otherwise or when a block's norm is not one it knows."""
+    if not mask.requires_grad or not all(supported_norm(b.ln1) for b in model.blocks):
         return None
+    return uniform_values(site.graph, mask)
+
+
+def qkv_layers(site: EdgeSite, mask: Tensor, model=None):
+    """The layers whose query/key/value receivers `mask` [P, n_edges] patches (under gradients: none where
+    every sender's edges share one value, else all: None)."""
+    if mask.requires_grad:
+        return set() if model is not None and shared_values(model, site, mask) is not None else None
     _, _, rl = site.graph.orders
     on = (mask.detach() != 0).any(0).cpu() & site.graph.qkv
     return set(rl[on].tolist())
@@ -384,6 +403,51 @@ def edge_hooks(model, site: EdgeSite, mask: Tensor, source: Tensor, base: Tensor
             return out
         return hook
 
+    shared = shared_values(model, site, mask)  # [copies, n_senders] under gradients at EAP/EAP-IG's masks
+    ln_in: dict[int, tuple] = {}  # layer -> (the norm's input as given, as patched, at the aligned positions)
+
+    def common_input(L: int, k: int):
+        """Forward pre-hook of layer L's attention norm: adds the one difference all its heads read,
+        sum over senders s < k of shared[s] * diff_s, at the aligned positions."""
+        def pre(module, args):
+            x = args[0]
+            if L in ln_in and ln_in[L][0] is x:  # the norm runs once each for q, k and v on one tensor
+                return (ln_in[L][1],) + tuple(args[1:])
+            lo = min(k, first_live)
+            w = shared[:, :k].detach().to(device, x.dtype)
+            d = torch.matmul(w[:, :lo], fixed_rows[:lo].to(x.dtype))  # [c, n * S * d]
+            have = first_live
+            for b in live:
+                if have >= k:
+                    break
+                hi = min(k, have + b.shape[1])
+                d = d + torch.bmm(w[:, None, have:hi], b[:, : hi - have].to(x.dtype))[:, 0]
+                have = hi
+            d = d.view(copies, n, S, -1) * valid.to(device, x.dtype)[None, :, :, None]
+            out = x.clone()
+            v = out.view(copies, n, *out.shape[1:])
+            r = rel.to(x.device)
+            v[:, idx, r] = v[:, idx, r] + d.to(x.device)
+            ln_in[L] = (x, out, v[:, idx, r].detach())
+            return (out,) + tuple(args[1:])
+        return pre
+
+    def through_projection(L: int, kind: str, units):
+        """Hook on layer L's q/k/v output: identity, whose backward gives the group's edge masks their
+        gradient through the projection and the norm (`head_input_grads`)."""
+        _, e, si, ri = site.graph.groups[(L, kind)]
+        k = int(si.max()) + 1
+        dense = mask.new_zeros(copies, k, len(units))
+        dense = dense.index_put((torch.arange(copies)[:, None], si[None], ri[None]), mask[:, e], accumulate=True)
+        info = {"copies": copies, "n": n, "units": len(units), "k": k, "idx": idx, "rel": rel.to(device),
+                "x": lambda: ln_in[L][2], "W": projection(model.blocks[L].attn, kind, model.cfg).detach(),
+                "valid": valid.to(device, torch.float32), "fixed": fixed_rows.detach(), "lo": min(k, first_live),
+                "live": live, "first_live": first_live, "norm": model.blocks[L].ln1, "dtype": dense.dtype}
+
+        def hook(act, hook):
+            return edge_grad(act, dense.to(act.device), info)
+        return hook
+
     hooks = []
     if not static and site.difference != "fixed":  # senders' current outputs, which upstream patches may change
         for L in range(start, site.n_layers):
@@ -399,6 +463,12 @@ def edge_hooks(model, site: EdgeSite, mask: Tensor, source: Tensor, base: Tensor
             continue
         name = {"q": f"blocks.{L}.hook_q_input", "k": f"blocks.{L}.hook_k_input", "v": f"blocks.{L}.hook_v_input",
                 "mlp": f"blocks.{L}.hook_mlp_in", "logits": f"blocks.{site.n_layers - 1}.hook_resid_post"}[kind]
+        if shared is not None and kind in "qkv":
+            k = int(groups[(L, kind)][2].max()) + 1
+            if not any(h[0] == f"blocks.{L}.ln1:pre" for h in hooks):
+                hooks.append((f"blocks.{L}.ln1:pre", common_input(L, k)))
+            hooks.append((f"blocks.{L}.attn.hook_{kind}", through_projection(L, kind, units)))
+            continue
         hooks.append((name, patch((L, kind), units)))
     return hooks
 

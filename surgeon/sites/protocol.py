@@ -69,7 +69,9 @@ class SiteKind:
 
     def hooks(self, ctx, mask: "Tensor", copies: int, offset: int, start: int) -> list:
         """Forward hooks [(hook name, fn)] applying `mask` [copies, ...] to one chunk. `ctx` is the engine's
-        view of the rows (`engine.contrast.HookContext`): the model, the rows' caches, the positions."""
+        view of the rows (`engine.contrast.HookContext`): the model, the rows' caches, the positions. A name
+        is a TransformerLens hook point (fn(act, hook) -> act), or a module's path followed by `:pre` for a
+        forward pre-hook on it (fn(module, args) -> args: e.g. a norm's input, which has no hook point)."""
         raise NotImplementedError
 
     def forward_context(self, model, mask: "Tensor"):

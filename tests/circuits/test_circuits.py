@@ -180,6 +180,45 @@ def test_eap_is_the_derivative_of_exact_edge_patching(contrast):
     torch.testing.assert_close(fd, g[top], atol=2e-2 * float(g.abs().max()), rtol=2e-2)
 
 
+@pytest.mark.parametrize("variant", ["inputs", "activations"])
+def test_eap_ig_through_the_projections_equals_its_formula_with_per_head_inputs(random_model, charset, variant):
+    """EAP-IG's masks share one value per sender, so the engine takes the q/k/v edges' gradients through the
+    projections and the norm (no per-head inputs): equal to EAP-IG's formula written with TransformerLens's
+    per-head inputs, on LayerNorm and on RMSNorm with grouped-query attention."""
+    from surgeon.analyses.circuit import edge_scores
+    from tests.reference import eap_ig_reference
+
+    fb, fs = LAYOUTS["index"]
+    base, source = encode_rows(fb, ITEMS, charset, True), encode_rows(fs, ITEMS, charset, True)
+    site = EdgeSite.of(random_model.cfg)
+    c = Contrast(random_model, base, source, "index", sites=site.node_sites())
+    ours = edge_scores(c, site, f"eap-ig-{variant}", 3)
+    assert c.execution["sites"] == {"edge gradients: q/k/v through the projections": c.execution["forwards"] - 2}
+    ref = eap_ig_reference(random_model, base, source, variant, 3)
+    ref = np.array([ref[n] for n in site.names])
+    assert np.abs(ours - ref).max() < 1e-4 * np.abs(ref).max(), np.abs(ours - ref).max()
+
+
+def test_edge_gradients_at_masks_that_differ_per_receiver_take_per_head_inputs(contrast):
+    """Where a sender's edges carry different values, heads read different inputs: the per-head path runs,
+    and its gradient is the derivative of exact edge patching there."""
+    c, site = contrast
+    E = len(site.edges)
+    g0 = torch.Generator().manual_seed(0)
+    at = (torch.rand(1, E, generator=g0) < 0.3).float() * 0.5
+    m = at.clone().requires_grad_(True)
+    with torch.enable_grad():
+        c.run({site: m}).sum().backward()
+    assert c.execution["sites"] == {"edge gradients: per-head q/k/v inputs": 1}
+    g = m.grad[0]
+    top = g.abs().argsort(descending=True)[:6]
+    eps = 1e-3
+    P = at.repeat(len(top), 1)
+    P[torch.arange(len(top)), top] += eps
+    fd = (run(c, site, P).sum(1) - run(c, site, at).sum()) / eps
+    torch.testing.assert_close(fd, g[top], atol=2e-2 * float(g.abs().max()), rtol=2e-2)
+
+
 def test_circuit_semantics(contrast):
     """A circuit of every edge is the other run, of none this run. Under index alignment (chain semantics) a
     circuit's edges off the input pass on their senders' current values, so edges that never touch the input
