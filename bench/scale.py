@@ -8,11 +8,12 @@
 
 Items are random three-letter words in a Q&A template, and the same template with the two words swapped as the
 other run (equal lengths, so every position is aligned: align="index", the setting of MIB and of EAP-IG).
-Each job runs in a fresh process (so its peak memory is its own), at three sizes: items x prompt positions
-= 2 x 30, 4 x 30 and 2 x 58 (small: this is a 2-core CPU; the costs' growth is the point). Measured side by side
-in one run, with wall time and peak memory (resident set above the process after its imports, before the model
-was built: the weights are included; glibc's mmap threshold fixed at 128 KiB so freed tensors leave the resident
-set, as a GPU's allocator would not count them):
+Each job runs at three sizes, items x prompt positions = 2 x 30, 4 x 30 and 2 x 58 (small: this is a 2-core CPU;
+the costs' growth is the point), measured side by side in one run, twice, each time in a fresh process: once timed
+(wall time, glibc's allocator as it comes), once for peak memory (resident set above the process after its imports,
+before the model was built: the weights are included; glibc's mmap threshold fixed at 4 MiB so freed large tensors
+leave the resident set, as a GPU's allocator would not count them; that costs page faults, hence the separate timed
+run):
 
   per-head sweep   every head of every layer patched alone (surgeon) vs TransformerLens's
                    generic_activation_patch with layer_head_vector_patch_setter over the same (layer, head) index
@@ -59,10 +60,12 @@ NAMES = {"patch": "per-head sweep", "tl-patch": "  TL generic_activation_patch",
 TL_SAMPLE = 24  # (layer, head) cells the TransformerLens sweep is timed on
 LOOP_SAMPLE = 8  # edges the per-edge loop is timed on
 SUBSET_LAYER = {"gpt2": 9, "llama": 28}
-# glibc's threshold fixed at 128 KiB: every tensor of that size or more is its own mapping, returned when freed, so
-# the resident set follows the tensors alive (the adaptive default keeps freed memory in the heap, which inflates the
-# high-water mark; a GPU's caching allocator does not count such memory as allocated either)
-MMAP_THRESHOLD = 131072
+# glibc's threshold fixed at 4 MiB: every tensor of that size or more is its own mapping, returned when freed, so
+# the resident set follows the large tensors alive (the adaptive default keeps freed memory in the heap, which
+# inflates the high-water mark; a GPU's caching allocator does not count such memory as allocated either). Smaller
+# ones come from the heap as usual: a lower threshold (128 KiB) makes every mid-sized tensor fault in fresh pages,
+# which doubled the per-head sweep's time and tripled EAP's against the same code under the default.
+MMAP_THRESHOLD = 4 << 20
 
 
 def make_model(name: str):
@@ -117,7 +120,8 @@ def subset_masks(n: int, H: int, k: int, seed: int = 0) -> torch.Tensor:
 
 
 # ----------------------------------------------------------------------------- one job, in this process
-def measure(model_name: str, job: str, n_items: int, letters: int, batch_size: int = 256) -> dict:
+def measure(model_name: str, job: str, n_items: int, letters: int, batch_size: int = 256, sample: int | None = None
+            ) -> dict:
     """Build the model and rows, run `job` once, return its wall time, peak memory, prediction and forwards."""
     import gc
 
@@ -207,9 +211,9 @@ def measure(model_name: str, job: str, n_items: int, letters: int, batch_size: i
             leaf = lambda x, hook: x.detach().requires_grad_(True)  # noqa: E731
             model.run_with_hooks(tokens, fwd_hooks=[("hook_embed", leaf)]).log_softmax(-1)[:, -1, 0].sum().backward()
         elif job == "tl-patch":
-            out["scale"] = tl_patch(model, base, source)
+            out["scale"] = tl_patch(model, base, source, sample or TL_SAMPLE)
         elif job == "edge-loop":
-            out["scale"] = edge_loop(model, site, base, source, pre["order"][:200])
+            out["scale"] = edge_loop(model, site, base, source, pre["order"][:200], sample or LOOP_SAMPLE)
         else:
             raise SystemExit(f"unknown job {job!r}")
         out["seconds"] = (time.perf_counter() - t0) * out.get("scale", 1)
@@ -222,7 +226,7 @@ def measure(model_name: str, job: str, n_items: int, letters: int, batch_size: i
     return out
 
 
-def tl_patch(model, base, source) -> float:
+def tl_patch(model, base, source, n_sample: int = TL_SAMPLE) -> float:
     """TransformerLens's per-head sweep over a sample of the (layer, head) index; returns the time scale-up."""
     import pandas as pd
     from transformer_lens import patching
@@ -240,20 +244,20 @@ def tl_patch(model, base, source) -> float:
     with torch.no_grad():
         _, cache = model.run_with_cache(src, names_filter=lambda name: name.endswith("hook_z"))
         cells = [(layer, h) for layer in range(cfg.n_layers) for h in range(cfg.n_heads)]
-        sample = cells[:: max(1, len(cells) // TL_SAMPLE)][:TL_SAMPLE]
+        sample = cells[:: max(1, len(cells) // n_sample)][:n_sample]
         index = pd.DataFrame(sample, columns=["layer", "head_index"])
         patching.generic_activation_patch(model, toks, cache, metric, patching.layer_head_vector_patch_setter, "z",
                                           index_df=index)
     return len(cells) / len(sample)
 
 
-def edge_loop(model, site, base, source, top) -> float:
+def edge_loop(model, site, base, source, top, n_sample: int = LOOP_SAMPLE) -> float:
     """One hooked forward per edge (receiver's block split) over a sample of the top edges; the time scale-up."""
     sys.path.insert(0, os.path.dirname(__file__))
     from edges import Reference
 
     ref = Reference(model, site, base, source, "index")
-    sample = [int(e) for e in top[:: max(1, len(top) // LOOP_SAMPLE)][:LOOP_SAMPLE]]
+    sample = [int(e) for e in top[:: max(1, len(top) // n_sample)][:n_sample]]
     for e in sample:
         ref.edge(e)
     return len(top) / len(sample)
@@ -261,12 +265,23 @@ def edge_loop(model, site, base, source, top) -> float:
 
 # ----------------------------------------------------------------------------- the bench
 def run_one(model: str, job: str, items: int, letters: int, threads: int) -> dict:
-    env = dict(os.environ, OMP_NUM_THREADS=str(threads), MALLOC_MMAP_THRESHOLD_=str(MMAP_THRESHOLD))
-    r = subprocess.run([sys.executable, __file__, "measure", model, job, str(items), str(letters),
-                        "--threads", str(threads)], capture_output=True, text=True, env=env)
-    if r.returncode:
-        raise SystemExit(f"{model} {job} {items}x{letters} failed:\n{r.stderr[-3000:]}")
-    return json.loads(r.stdout.strip().splitlines()[-1])
+    """The job twice, each in a fresh process: timed under glibc's own allocator (as a user runs it), and measured
+    for memory with the mmap threshold fixed (baselines on a smaller sample there: one forward each is their peak)."""
+    out = {}
+    for mode in ("time", "memory"):
+        env = dict(os.environ, OMP_NUM_THREADS=str(threads))
+        if mode == "memory":
+            env["MALLOC_MMAP_THRESHOLD_"] = str(MMAP_THRESHOLD)
+        r = subprocess.run([sys.executable, __file__, "measure", model, job, str(items), str(letters),
+                            "--threads", str(threads), "--mode", mode], capture_output=True, text=True, env=env)
+        if r.returncode:
+            raise SystemExit(f"{model} {job} {items}x{letters} ({mode}) failed:\n{r.stderr[-3000:]}")
+        res = json.loads(r.stdout.strip().splitlines()[-1])
+        if mode == "time":
+            out["seconds"] = res["seconds"]
+        else:
+            out.update({k: v for k, v in res.items() if k != "seconds"})
+    return out
 
 
 def mib(x: float) -> str:
@@ -368,9 +383,12 @@ def main():
         ap.add_argument("letters", type=int)
         ap.add_argument("--batch-size", type=int, default=256)
         ap.add_argument("--threads", type=int, default=2)
+        ap.add_argument("--mode", choices=("time", "memory"), default="memory",
+                        help="memory: baselines on a sample of 2 (their peak is one forward)")
         args = ap.parse_args()
         torch.set_num_threads(args.threads)
-        print(json.dumps(measure(args.model, args.job, args.items, args.letters, args.batch_size)))
+        sample = 2 if args.mode == "memory" else None
+        print(json.dumps(measure(args.model, args.job, args.items, args.letters, args.batch_size, sample)))
         return 0
     ap = argparse.ArgumentParser()
     ap.add_argument("--models", default="gpt2,llama")

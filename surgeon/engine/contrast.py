@@ -24,6 +24,7 @@ back-propagates each chunk of rows as soon as it is scored.
 """
 from __future__ import annotations
 
+import functools
 from collections import Counter, defaultdict
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
@@ -351,8 +352,9 @@ class Contrast:
         finals = []
         stop = self.cfg.n_layers if final else max(hook_layer(n) for n in names) + 1
         for lo in range(0, tokens.shape[0], self.batch_size):
-            res, cache = self.model.run_with_cache(tokens[lo: lo + self.batch_size], names_filter=names,
-                                                   stop_at_layer=stop)
+            with fused_activations(self.model):
+                res, cache = self.model.run_with_cache(tokens[lo: lo + self.batch_size], names_filter=names,
+                                                       stop_at_layer=stop)
             self._log["forwards"] += 1
             finals.append(res)
             for n in names:
@@ -697,6 +699,7 @@ class Contrast:
         self._log["forwards"] += 1
         with ExitStack() as stack:
             stack.enter_context(hooked(self.model, hooks))
+            stack.enter_context(fused_activations(self.model))
             stack.enter_context(self._prefix_mode(b, start, masks, z))
             for s, m in masks.items():
                 stack.enter_context(s.forward_context(self.model, m))
@@ -829,6 +832,28 @@ def greedy(model, tokens: Tensor, lengths: Tensor, n_new: int, hooks: Sequence =
             lengths += 1
             out.append(nxt)
     return torch.stack(out, dim=1)
+
+
+# TransformerLens activations written as several elementwise passes, and torch's one-kernel equal (the same formula:
+# GPT-2's tanh-approximated GELU; values equal to float rounding, 5e-7 at most in float32)
+FUSED = {"gelu_new": functools.partial(torch.nn.functional.gelu, approximate="tanh"),
+         "gelu_pytorch_tanh": functools.partial(torch.nn.functional.gelu, approximate="tanh")}
+
+
+@contextmanager
+def fused_activations(model):
+    """The model's MLP activation as torch's fused kernel while the engine runs it (`FUSED`; 4x faster on the MLP's
+    hidden tensor on CPU, the largest elementwise work in a GPT-2 forward); restored on exit."""
+    fn = FUSED.get(getattr(model.cfg, "act_fn", None))
+    mlps = [b.mlp for b in getattr(model, "blocks", []) if hasattr(getattr(b, "mlp", None), "act_fn")] if fn else []
+    old = [m.act_fn for m in mlps]
+    try:
+        for m in mlps:
+            m.act_fn = fn
+        yield
+    finally:
+        for m, f in zip(mlps, old):
+            m.act_fn = f
 
 
 @contextmanager

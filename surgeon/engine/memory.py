@@ -34,6 +34,7 @@ import torch
 
 from surgeon.engine.contrast import CACHE_BYTES, CACHE_FRACTION, BucketShape, layout, merged_rows
 from surgeon.errors import AnalysisError
+from surgeon.sites.head_input_grads import unit_chunk
 from surgeon.spec.sizes import human, parse_bytes  # noqa: F401  (part of this module's API)
 
 # ----------------------------------------------------------------------------- what a job runs
@@ -163,7 +164,7 @@ SCORE_COPIES = 2
 # scores and pattern, head outputs, the MLP's hidden tensors) and, for edges, the per-head query/key/value inputs:
 # the repeated input, the patched copy, the norm's input and output
 GRAD_RESID = 8
-GRAD_SPLIT = 1
+EDGE_GRAD_COPIES = 5  # the backward pass's float32 tensors per unit chunk (projected gradient, the norm's Jacobian)
 GRAD_MLP_HIDDEN = 4
 SPLIT_LAYERS = 4  # exact edge patching groups single edges by the layer they enter: top edges taken as entering 4
 EDGE_GRAPH_HOST = 106  # bytes per edge of the edge graph's Python objects (host memory)
@@ -191,7 +192,7 @@ def _layer_bytes(cfg, rows: int, q: int, keys: int, prefix_rows: int, grad: bool
         mlp = RESID_COPIES * rq * d + MLP_HIDDEN * rq * mlp_hidden
         return e * (max(attn, mlp) + prefix)
     saved = (GRAD_RESID * rq * d + qkv + kv_rep + SCORE_COPIES * scores + 2 * z
-             + (GRAD_SPLIT * split_in if split else 0) + GRAD_MLP_HIDDEN * rq * mlp_hidden)
+             + (split_in if split else 0) + GRAD_MLP_HIDDEN * rq * mlp_hidden)
     return e * saved
 
 
@@ -276,7 +277,8 @@ def predict(cfg, buckets: Sequence[BucketShape], job: Job, batch_size: int, *, w
                 c = min(c, math.ceil(call.patches / min(SPLIT_LAYERS, cfg.n_layers)))
             rows = c * b.n
             layers = cfg.n_layers - call.start
-            layer = _layer_bytes(cfg, rows, q, W, b.n, job.grad, bool(job.edges), bool(job.node_sites))
+            # under gradients EAP's masks share one value per sender: no per-head inputs (`head_input_grads`)
+            layer = _layer_bytes(cfg, rows, q, W, b.n, job.grad, bool(job.edges) and not job.grad, bool(job.node_sites))
             live = rows * q * cfg.d_model * e * 2  # the residual stream entering the first layer, and its copy
             if job.edges:  # the senders' fixed differences, and laid out sender-major (per call)
                 live += 2 * b.n * b.slots * job.senders * cfg.d_model * e
@@ -284,6 +286,9 @@ def predict(cfg, buckets: Sequence[BucketShape], job: Job, batch_size: int, *, w
                 live += rows * b.slots * job.senders * cfg.d_model * e
             if job.grad:  # the backward pass through the unembedding reads it transposed
                 live += cfg.d_model * cfg.d_vocab_out * e
+            if job.grad and job.edges:  # q/k/v edges' input gradients, built a few units at a time (float32)
+                units = max(cfg.n_heads, 1)
+                live += EDGE_GRAD_COPIES * 4 * rows * b.slots * cfg.d_model * unit_chunk(rows, b.slots, cfg.d_model, units)
             readout = _readout_bytes(cfg, min(rows, batch_size), b.positions)
             step = live + (layer * layers + readout if job.grad else max(layer, readout))
             working = max(working, step)

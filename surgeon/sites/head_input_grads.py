@@ -22,8 +22,14 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-# units of a receiver group whose d_model-wide gradients are built at once in the backward pass
-UNIT_CHUNK = 8
+# the backward pass builds d_model-wide gradients for as many units at once as keep one such tensor within this
+# many elements (at least one unit)
+CHUNK_ELEMENTS = 1 << 22
+
+
+def unit_chunk(rows: int, positions: int, d_model: int, units: int) -> int:
+    """Units whose input gradients [rows, positions, units, d_model] the backward pass builds at once."""
+    return max(1, min(units, CHUNK_ELEMENTS // max(1, rows * positions * d_model)))
 
 
 def uniform_values(graph, mask: Tensor) -> Tensor | None:
@@ -97,8 +103,9 @@ class _EdgeGrad(torch.autograd.Function):
         valid = info["valid"]
         out = g.new_zeros(c, k, U, dtype=torch.float32)
         fixed, lo, live = info["fixed"], info["lo"], info["live"]
-        for u0 in range(0, U, UNIT_CHUNK):
-            u1 = min(U, u0 + UNIT_CHUNK)
+        step = unit_chunk(c * n, x.shape[2], x.shape[3], U)
+        for u0 in range(0, U, step):
+            u1 = min(U, u0 + step)
             G = torch.einsum("cnsuh,udh->cnsud", gq[:, :, :, u0:u1].float(), W[u0:u1].float())
             dx = norm_vjp(info["norm"], x[:, :, :, None], G) * valid[None, :, :, None, None]
             dxr = dx.permute(0, 3, 1, 2, 4).reshape(c, u1 - u0, -1).transpose(1, 2)  # [c, nSd, u]

@@ -119,7 +119,10 @@ MEASURED = [("gpt2", "patch"), ("gpt2", "eap"), ("gpt2", "exact"), ("gpt2", "sub
 @pytest.mark.slow
 @pytest.mark.parametrize("model,job", MEASURED)
 def test_predicted_peak_within_30_percent_of_the_measured_one(model, job):
-    env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="131072", OMP_NUM_THREADS="2")
+    sys.path.insert(0, os.path.join(ROOT, "bench"))
+    from scale import MMAP_THRESHOLD
+
+    env = dict(os.environ, MALLOC_MMAP_THRESHOLD_=str(MMAP_THRESHOLD), OMP_NUM_THREADS="2")
     r = subprocess.run([sys.executable, os.path.join(ROOT, "bench", "scale.py"), "measure", model, job, "2", "3"],
                        capture_output=True, text=True, env=env, timeout=900)
     assert r.returncode == 0, r.stderr[-3000:]
