@@ -840,20 +840,50 @@ FUSED = {"gelu_new": functools.partial(torch.nn.functional.gelu, approximate="ta
          "gelu_pytorch_tanh": functools.partial(torch.nn.functional.gelu, approximate="tanh")}
 
 
+def _fused_norm(norm):
+    """A forward for TransformerLens's norm `norm` by torch's fused layer_norm / rms_norm (float32 and float64 models,
+    where TransformerLens computes in the model's dtype too), falling back to its own forward whenever a hook is on
+    its scale or normalised output (those hook points exist only in TransformerLens's)."""
+    kind = type(norm).__name__
+    own = type(norm).forward.__get__(norm)
+    points = [norm.hook_scale, norm.hook_normalized]
+    F = torch.nn.functional
+
+    def forward(x):
+        if any(p._forward_hooks or p._backward_hooks or p._forward_pre_hooks for p in points):
+            return own(x)
+        d = (x.shape[-1],)
+        w = getattr(norm, "w", None)
+        if kind in ("LayerNorm", "LayerNormPre"):
+            return F.layer_norm(x, d, w, getattr(norm, "b", None), norm.eps)
+        return F.rms_norm(x, d, w, norm.eps)
+    return forward
+
+
 @contextmanager
 def fused_activations(model):
-    """The model's MLP activation as torch's fused kernel while the engine runs it (`FUSED`; 4x faster on the MLP's
-    hidden tensor on CPU, the largest elementwise work in a GPT-2 forward); restored on exit."""
+    """TransformerLens's MLP activation (`FUSED`) and norms as torch's fused kernels while the engine runs the model
+    (the same formulas, equal to float rounding; the activation is 4x faster on CPU, the norms are several passes
+    each in TransformerLens); restored on exit."""
     fn = FUSED.get(getattr(model.cfg, "act_fn", None))
     mlps = [b.mlp for b in getattr(model, "blocks", []) if hasattr(getattr(b, "mlp", None), "act_fn")] if fn else []
     old = [m.act_fn for m in mlps]
+    norms = []
+    if getattr(model.cfg, "dtype", torch.float32) in (torch.float32, torch.float64):
+        norms = [m for m in model.modules()
+                 if type(m).__name__ in ("LayerNorm", "LayerNormPre", "RMSNorm", "RMSNormPre")
+                 and hasattr(m, "hook_scale") and hasattr(m, "hook_normalized") and "forward" not in vars(m)]
     try:
         for m in mlps:
             m.act_fn = fn
+        for m in norms:
+            m.forward = _fused_norm(m)
         yield
     finally:
         for m, f in zip(mlps, old):
             m.act_fn = f
+        for m in norms:
+            vars(m).pop("forward", None)
 
 
 @contextmanager
