@@ -166,7 +166,7 @@ SCORE_COPIES = 2
 GRAD_RESID = 8
 EDGE_GRAD_COPIES = 5  # the backward pass's float32 tensors per unit chunk (projected gradient, the norm's Jacobian)
 GRAD_MLP_HIDDEN = 4
-SPLIT_LAYERS = 4  # exact edge patching groups single edges by the layer they enter: top edges taken as entering 4
+SPLIT_LAYERS = 5  # exact edge patching groups single edges by the layer they enter: top edges taken as entering 5
 EDGE_GRAPH_HOST = 106  # bytes per edge of the edge graph's Python objects (host memory)
 
 
@@ -273,7 +273,7 @@ def predict(cfg, buckets: Sequence[BucketShape], job: Job, batch_size: int, *, w
         chunk = max(1, batch_size * W // (b.n * q))
         for call in job.calls:
             c = min(chunk, call.patches)
-            if job.split:  # single edges run grouped by the layer they enter: top edges taken as entering ~4 layers
+            if job.split:  # single edges run grouped by the layer they enter: top edges taken as entering ~5 layers
                 c = min(c, math.ceil(call.patches / min(SPLIT_LAYERS, cfg.n_layers)))
             rows = c * b.n
             layers = cfg.n_layers - call.start
