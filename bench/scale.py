@@ -211,12 +211,12 @@ def measure(model_name: str, job: str, n_items: int, letters: int, batch_size: i
             leaf = lambda x, hook: x.detach().requires_grad_(True)  # noqa: E731
             model.run_with_hooks(tokens, fwd_hooks=[("hook_embed", leaf)]).log_softmax(-1)[:, -1, 0].sum().backward()
         elif job == "tl-patch":
-            out["scale"] = tl_patch(model, base, source, sample or TL_SAMPLE)
+            out["projected"] = tl_patch(model, base, source, sample or TL_SAMPLE)
         elif job == "edge-loop":
-            out["scale"] = edge_loop(model, site, base, source, pre["order"][:200], sample or LOOP_SAMPLE)
+            out["projected"] = edge_loop(model, site, base, source, pre["order"][:200], sample or LOOP_SAMPLE)
         else:
             raise SystemExit(f"unknown job {job!r}")
-        out["seconds"] = (time.perf_counter() - t0) * out.get("scale", 1)
+        out["seconds"] = out["projected"] if "projected" in out else time.perf_counter() - t0
     out["measured"] = m["before"] + m["peak"] - rss0
     out["held"] = m["before"] - rss0  # the model, rows and what a ranking computed before kept
     if mem_job is not None:
@@ -227,7 +227,8 @@ def measure(model_name: str, job: str, n_items: int, letters: int, batch_size: i
 
 
 def tl_patch(model, base, source, n_sample: int = TL_SAMPLE) -> float:
-    """TransformerLens's per-head sweep over a sample of the (layer, head) index; returns the time scale-up."""
+    """TransformerLens's per-head sweep: the other run's cache once, then generic_activation_patch over a sample of
+    the (layer, head) index; returns the seconds projected to the whole index (the cache's once, the rest per cell)."""
     import pandas as pd
     from transformer_lens import patching
 
@@ -242,25 +243,33 @@ def tl_patch(model, base, source, n_sample: int = TL_SAMPLE) -> float:
         return logits.log_softmax(-1)[idx, pos, tgt].mean()
 
     with torch.no_grad():
+        t0 = time.perf_counter()
         _, cache = model.run_with_cache(src, names_filter=lambda name: name.endswith("hook_z"))
+        setup = time.perf_counter() - t0
         cells = [(layer, h) for layer in range(cfg.n_layers) for h in range(cfg.n_heads)]
         sample = cells[:: max(1, len(cells) // n_sample)][:n_sample]
         index = pd.DataFrame(sample, columns=["layer", "head_index"])
+        t0 = time.perf_counter()
         patching.generic_activation_patch(model, toks, cache, metric, patching.layer_head_vector_patch_setter, "z",
                                           index_df=index)
-    return len(cells) / len(sample)
+        per_cell = (time.perf_counter() - t0) / len(sample)
+    return setup + per_cell * len(cells)
 
 
 def edge_loop(model, site, base, source, top, n_sample: int = LOOP_SAMPLE) -> float:
-    """One hooked forward per edge (receiver's block split) over a sample of the top edges; the time scale-up."""
+    """One hooked forward per edge (receiver's block split): both runs' sender outputs once, then a sample of the
+    top edges; returns the seconds projected to all of them (the setup once, the rest per edge)."""
     sys.path.insert(0, os.path.dirname(__file__))
     from edges import Reference
 
+    t0 = time.perf_counter()
     ref = Reference(model, site, base, source, "index")
+    setup = time.perf_counter() - t0
     sample = [int(e) for e in top[:: max(1, len(top) // n_sample)][:n_sample]]
+    t0 = time.perf_counter()
     for e in sample:
         ref.edge(e)
-    return len(top) / len(sample)
+    return setup + (time.perf_counter() - t0) / len(sample) * len(top)
 
 
 # ----------------------------------------------------------------------------- the bench

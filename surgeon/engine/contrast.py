@@ -676,7 +676,7 @@ class Contrast:
     def _run_chunk(self, b: Bucket, start: int, masks: Mapping[Site, Tensor], copies: int, kv_cache,
                    resid: Tensor | None = None, z: Tensor | None = None) -> Tensor:
         """[copies, n] scores under `copies` patches."""
-        final = self._forward(b, start, masks, copies, kv_cache, resid=resid, z=z)
+        final = self._forward(b, start, masks, copies, kv_cache, resid=resid, z=z, read=b.tgt_pos - b.p0)
         return self._readout(b, final, b.tgt_pos - b.p0)
 
     def _readout(self, b: Bucket, final: Tensor, tgt_pos: Tensor) -> Tensor:
@@ -689,9 +689,10 @@ class Contrast:
 
     def _forward(self, b: Bucket, start: int, masks: Mapping[Site, Tensor], copies: int, kv_cache, *,
                  resid: Tensor | None = None, z: Tensor | None = None, stop: int | None = None,
-                 extra_hooks: Sequence = ()) -> Tensor:
+                 extra_hooks: Sequence = (), read: Tensor | None = None) -> Tensor:
         """Layers start..stop of the patched positions under `copies` patches, from the base run's residual
-        stream (or `resid`, and head outputs `z` at layer `start`, per patched row where they differ)."""
+        stream (or `resid`, and head outputs `z` at layer `start`, per patched row where they differ). `read`
+        [n, T]: the only positions the caller reads of the last layer's output (its MLP runs there alone)."""
         hooks = self._mix_hooks(b, masks, copies, offset=b.p0, start=start) + list(extra_hooks)
         hooks += [(name, _detached) for name in self._drop]
         if resid is None:
@@ -703,6 +704,8 @@ class Contrast:
             stack.enter_context(self._prefix_mode(b, start, masks, z))
             for s, m in masks.items():
                 stack.enter_context(s.forward_context(self.model, m))
+            if read is not None and (stop or self.cfg.n_layers) == self.cfg.n_layers:
+                stack.enter_context(last_mlp_at(self.model, read, copies))
             return self.model(resid, start_at_layer=start, stop_at_layer=stop or self.cfg.n_layers,
                               past_kv_cache=kv_cache)
 
@@ -884,6 +887,37 @@ def fused_activations(model):
             m.act_fn = f
         for m in norms:
             vars(m).pop("forward", None)
+
+
+@contextmanager
+def last_mlp_at(model, read: Tensor, copies: int):
+    """The last block's MLP computed only at the positions `read` [n, T] (per row; rows are `copies` copies of
+    the n) and zero elsewhere: nothing after the last layer reads the other positions but the caller, who reads
+    only these (an MLP is position-wise). Its own forward whenever a hook is on a module inside it."""
+    mlp = getattr(model.blocks[-1], "mlp", None)
+    if mlp is None or "forward" in vars(mlp):
+        yield
+        return
+    own = type(mlp).forward.__get__(mlp)
+    inner = list(mlp.modules())
+
+    def forward(x, *args, **kwargs):
+        if args or kwargs or x.dim() != 3 or any(m._forward_hooks or m._forward_pre_hooks or m._backward_hooks
+                                                 for m in inner):
+            return own(x, *args, **kwargs)
+        pos = read.to(x.device).repeat(copies, 1)  # [rows, T] (a position may repeat: several targets read it)
+        at = torch.zeros(x.shape[:2], dtype=torch.bool, device=x.device)
+        at[torch.arange(x.shape[0], device=x.device)[:, None], pos] = True
+        y = own(x[at][None])[0]  # each read position once (so its gradient is counted once)
+        out = y.new_zeros(x.shape[0], x.shape[1], y.shape[-1])
+        out[at] = y
+        return out
+
+    mlp.forward = forward
+    try:
+        yield
+    finally:
+        vars(mlp).pop("forward", None)
 
 
 @contextmanager

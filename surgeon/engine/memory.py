@@ -278,7 +278,9 @@ def predict(cfg, buckets: Sequence[BucketShape], job: Job, batch_size: int, *, w
             rows = c * b.n
             layers = cfg.n_layers - call.start
             # under gradients EAP's masks share one value per sender: no per-head inputs (`head_input_grads`)
-            layer = _layer_bytes(cfg, rows, q, W, b.n, job.grad, bool(job.edges) and not job.grad, bool(job.node_sites))
+            # single edges (exact patching) recompute each patched head's q/k/v alone: no per-head inputs either
+            split_in = bool(job.edges) and not job.grad and not job.split
+            layer = _layer_bytes(cfg, rows, q, W, b.n, job.grad, split_in, bool(job.node_sites))
             live = rows * q * cfg.d_model * e * 2  # the residual stream entering the first layer, and its copy
             if job.edges:  # the senders' fixed differences, and laid out sender-major (per call)
                 live += 2 * b.n * b.slots * job.senders * cfg.d_model * e

@@ -311,9 +311,24 @@ def qkv_layers(site: EdgeSite, mask: Tensor, model=None):
     every sender's edges share one value, else all: None)."""
     if mask.requires_grad:
         return set() if model is not None and shared_values(model, site, mask) is not None else None
+    if model is not None and recomputes_heads(model) and is_static(site, mask):
+        return set()  # each patched head's query/key/value is recomputed from its own input (`edge_hooks`)
     _, _, rl = site.graph.orders
     on = (mask.detach() != 0).any(0).cpu() & site.graph.qkv
     return set(rl[on].tolist())
+
+
+def recomputes_heads(model) -> bool:
+    """Whether a patched head's query/key/value can be recomputed from the block's input, norm and projection
+    (TransformerLens computes them as ln1(resid_pre) @ W + b, nothing added between)."""
+    cfg = model.cfg
+    return (cfg.positional_embedding_type != "shortformer" and not getattr(cfg, "use_attn_in", False)
+            and not getattr(cfg, "load_in_4bit", False) and not getattr(cfg, "use_split_qkv_input", False)
+            and getattr(cfg, "original_architecture", None) not in POST_NORM
+            and all(hasattr(b, "ln1") and hasattr(b.attn, "W_Q") for b in model.blocks))
+
+
+POST_NORM = ("OlmoeForCausalLM", "Olmo2ForCausalLM", "Olmo3ForCausalLM")
 
 
 def edge_hooks(model, site: EdgeSite, mask: Tensor, source: Tensor, base: Tensor, copies: int, n: int,
@@ -448,6 +463,44 @@ def edge_hooks(model, site: EdgeSite, mask: Tensor, source: Tensor, base: Tensor
             return edge_grad(act, dense.to(act.device), info)
         return hook
 
+    block_in: dict[int, Tensor] = {}  # layer -> its input in this pass (static edges into q/k/v read it)
+
+    def keep_input(L: int):
+        def hook(x, hook):
+            block_in[L] = x
+            return x
+        return hook
+
+    def recompute(L: int, kind: str, units):
+        """Static edges into layer L's q, k or v: each patched (copy, head) gets its own input x + the sum of its
+        edges' differences at the aligned positions, normed and projected for that head alone; nothing else in
+        the block reads a per-head input."""
+        _, e, si, ri = site.graph.groups[(L, kind)]
+        k, U = int(si.max()) + 1, len(units)
+        dense = mask.new_zeros(copies, k, U)
+        dense = dense.index_put((torch.arange(copies)[:, None], si[None], ri[None]), mask[:, e], accumulate=True)
+        c_, j_, r_ = torch.nonzero(dense).unbind(1)
+        pairs, inv = torch.unique(c_ * U + r_, return_inverse=True)
+        pc, pu = (pairs // U).to(device), (pairs % U).to(device)
+        w = dense[c_, j_, r_].to(device)
+        delta = fixed.new_zeros(len(pairs), n, S, fixed.shape[-1])
+        delta.index_add_(0, inv.to(device), w[:, None, None, None] * fixed[:, :, j_.to(device)].permute(2, 0, 1, 3))
+        delta = delta * valid.to(device, fixed.dtype)[None, :, :, None]
+        attn = model.blocks[L].attn
+        W = projection(attn, kind, model.cfg)[pu]  # [pairs, d_model, d_head]
+        b = projection(attn, kind, model.cfg, bias=True)[pu]  # [pairs, d_head]
+
+        def hook(act, hook):
+            r = rel.to(act.device)
+            x = block_in[L].view(copies, n, *block_in[L].shape[1:])[pc][:, idx, r]  # [pairs, n, S, d]
+            h = model.blocks[L].ln1(x + delta.to(x.dtype))
+            new = torch.einsum("pnsd,pdh->pnsh", h, W.to(h.dtype)) + b.to(h.dtype)[:, None, None]
+            out = act.clone()
+            v = out.view(copies, n, *out.shape[1:])
+            v[pc[:, None, None], idx[None], r[None], pu[:, None, None]] = new.to(out.dtype)
+            return out
+        return hook
+
     hooks = []
     if not static and site.difference != "fixed":  # senders' current outputs, which upstream patches may change
         for L in range(start, site.n_layers):
@@ -463,6 +516,11 @@ def edge_hooks(model, site: EdgeSite, mask: Tensor, source: Tensor, base: Tensor
             continue
         name = {"q": f"blocks.{L}.hook_q_input", "k": f"blocks.{L}.hook_k_input", "v": f"blocks.{L}.hook_v_input",
                 "mlp": f"blocks.{L}.hook_mlp_in", "logits": f"blocks.{site.n_layers - 1}.hook_resid_post"}[kind]
+        if static and kind in "qkv" and recomputes_heads(model):
+            if not any(h[0] == f"blocks.{L}.hook_resid_pre" for h in hooks):
+                hooks.append((f"blocks.{L}.hook_resid_pre", keep_input(L)))
+            hooks.append((f"blocks.{L}.attn.hook_{kind}", recompute(L, kind, units)))
+            continue
         if shared is not None and kind in "qkv":
             k = int(groups[(L, kind)][2].max()) + 1
             if not any(h[0] == f"blocks.{L}.ln1:pre" for h in hooks):

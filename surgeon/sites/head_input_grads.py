@@ -74,13 +74,15 @@ def supported_norm(norm) -> bool:
     return type(norm).__name__ in ("Identity", "LayerNorm", "LayerNormPre", "RMSNorm", "RMSNormPre")
 
 
-def projection(attn, kind: str, cfg) -> Tensor:
-    """[units, d_model, d_head] the weight mapping a (normalised) input to the hook's q, k or v per unit."""
+def projection(attn, kind: str, cfg, bias: bool = False) -> Tensor:
+    """[units, d_model, d_head] the weight mapping a (normalised) input to the hook's q, k or v per unit (with
+    `bias`: [units, d_head], its bias)."""
+    name = ("b_" if bias else "W_") + kind.upper()
     if kind != "q" and not getattr(cfg, "ungroup_grouped_query_attention", False):
-        w = getattr(attn, f"_W_{kind.upper()}", None)
+        w = getattr(attn, "_" + name, None)
         if w is not None:
             return w
-    return getattr(attn, f"W_{kind.upper()}")
+    return getattr(attn, name)
 
 
 class _EdgeGrad(torch.autograd.Function):
