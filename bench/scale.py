@@ -11,7 +11,7 @@ other run (equal lengths, so every position is aligned: align="index", the setti
 Each job runs at three sizes, items x prompt positions = 2 x 30, 4 x 30 and 2 x 58 (small: this is a 2-core CPU;
 the costs' growth is the point), measured side by side in one run, twice, each time in a fresh process: once timed
 (wall time, glibc's allocator as it comes), once for peak memory (resident set above the process after its imports,
-before the model was built: the weights are included; glibc's mmap threshold fixed at 4 MiB so freed large tensors
+before the model was built: the weights are included; glibc's mmap threshold fixed at 128 KiB so freed tensors
 leave the resident set, as a GPU's allocator would not count them; that costs page faults, hence the separate timed
 run):
 
@@ -60,12 +60,12 @@ NAMES = {"patch": "per-head sweep", "tl-patch": "  TL generic_activation_patch",
 TL_SAMPLE = 24  # (layer, head) cells the TransformerLens sweep is timed on
 LOOP_SAMPLE = 8  # edges the per-edge loop is timed on
 SUBSET_LAYER = {"gpt2": 9, "llama": 28}
-# glibc's threshold fixed at 4 MiB: every tensor of that size or more is its own mapping, returned when freed, so
-# the resident set follows the large tensors alive (the adaptive default keeps freed memory in the heap, which
-# inflates the high-water mark; a GPU's caching allocator does not count such memory as allocated either). Smaller
-# ones come from the heap as usual: a lower threshold (128 KiB) makes every mid-sized tensor fault in fresh pages,
-# which doubled the per-head sweep's time and tripled EAP's against the same code under the default.
-MMAP_THRESHOLD = 4 << 20
+# glibc's threshold fixed at 128 KiB in the process that measures memory: every tensor of that size or more is its own
+# mapping, returned when freed, so the resident set follows the tensors alive (the adaptive default keeps freed memory
+# in the heap, which inflates the high-water mark; a GPU's caching allocator does not count such memory as allocated
+# either). It costs page faults (the per-head sweep took twice as long, EAP three times), so times come from a
+# separate process under glibc's default.
+MMAP_THRESHOLD = 128 << 10
 
 
 def make_model(name: str):

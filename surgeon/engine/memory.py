@@ -164,16 +164,20 @@ SCORE_COPIES = 2
 # scores and pattern, head outputs, the MLP's hidden tensors) and, for edges, the per-head query/key/value inputs:
 # the repeated input, the patched copy, the norm's input and output
 GRAD_RESID = 8
+# many-edge patches (circuits) without gradients: the per-head inputs, their norms and each edge site's patched
+# copy (measured: 125 MiB per circuit of 2 x 30 on GPT-2 small)
+SPLIT_COPIES, SPLIT_COPIES_PER_MASK = 4, 3
 EDGE_GRAD_COPIES = 5  # the backward pass's float32 tensors per unit chunk (projected gradient, the norm's Jacobian)
 GRAD_MLP_HIDDEN = 4
 SPLIT_LAYERS = 5  # exact edge patching groups single edges by the layer they enter: top edges taken as entering 5
 EDGE_GRAPH_HOST = 106  # bytes per edge of the edge graph's Python objects (host memory)
 
 
-def _layer_bytes(cfg, rows: int, q: int, keys: int, prefix_rows: int, grad: bool, split: bool, hooks: bool) -> float:
+def _layer_bytes(cfg, rows: int, q: int, keys: int, prefix_rows: int, grad: bool, split: int, hooks: bool) -> float:
     """One layer's forward on `rows` rows of `q` new positions attending to `keys` positions (the first
     keys - q of them a prefix shared by `prefix_rows` rows): the tensors alive at its peak (no gradients), or
-    those it saves for the backward pass (`grad`). `split`: per-head query/key/value inputs (edge receivers);
+    those it saves for the backward pass (`grad`). `split`: copies of the per-head query/key/value inputs alive
+    (edge receivers of many-edge patches; 0: none);
     `hooks`: a site's hook rewrites the head outputs (a copy and the difference)."""
     d, H, Hkv, dh, dm, V, L = _dims(cfg)
     e = _elem(cfg)
@@ -188,7 +192,7 @@ def _layer_bytes(cfg, rows: int, q: int, keys: int, prefix_rows: int, grad: bool
     z = rq * H * dh * (3 if hooks else 1)  # head outputs (+ the patched copy and its difference)
     split_in = rq * (H + 2 * Hkv) * d  # per-head query/key/value inputs
     if not grad:
-        attn = RESID_COPIES * rq * d + qkv + kv_rep + SCORE_COPIES * scores + z + (3 * split_in if split else 0)
+        attn = RESID_COPIES * rq * d + qkv + kv_rep + SCORE_COPIES * scores + z + split * split_in
         mlp = RESID_COPIES * rq * d + MLP_HIDDEN * rq * mlp_hidden
         return e * (max(attn, mlp) + prefix)
     saved = (GRAD_RESID * rq * d + qkv + kv_rep + SCORE_COPIES * scores + 2 * z
@@ -223,7 +227,7 @@ def _clean_pass(cfg, b: BucketShape, job: Job, start: int, batch_size: int) -> f
     W = max(b.base_width, b.source_width)
     full = (L - start) * b.n * W * (d + 2 * Hkv * dh + H * dh) * e
     sites = b.n * W * sum(u * r for _, u, r in job.node_sites) * e
-    step = max(_layer_bytes(cfg, rows, W, W, 0, False, False, False), _readout_bytes(cfg, rows, b.positions))
+    step = max(_layer_bytes(cfg, rows, W, W, 0, False, 0, False), _readout_bytes(cfg, rows, b.positions))
     return full + sites + step + b.n * W * d * e
 
 
@@ -279,13 +283,14 @@ def predict(cfg, buckets: Sequence[BucketShape], job: Job, batch_size: int, *, w
             layers = cfg.n_layers - call.start
             # under gradients EAP's masks share one value per sender: no per-head inputs (`head_input_grads`)
             # single edges (exact patching) recompute each patched head's q/k/v alone: no per-head inputs either
-            split_in = bool(job.edges) and not job.grad and not job.split
+            split_in = SPLIT_COPIES + SPLIT_COPIES_PER_MASK * job.masks if job.edges and not job.grad and not job.split else 0
             layer = _layer_bytes(cfg, rows, q, W, b.n, job.grad, split_in, bool(job.node_sites))
             live = rows * q * cfg.d_model * e * 2  # the residual stream entering the first layer, and its copy
             if job.edges:  # the senders' fixed differences, and laid out sender-major (per call)
                 live += 2 * b.n * b.slots * job.senders * cfg.d_model * e
-            if job.edges and job.live and not job.split:  # senders read live: their differences are kept
-                live += rows * b.slots * job.senders * cfg.d_model * e
+            if job.edges and job.live and not job.split:  # senders read live: their differences are kept (per mask:
+                # a circuit's own edges and the frozen rest each capture them)
+                live += job.masks * rows * b.slots * job.senders * cfg.d_model * e
             if job.grad:  # the backward pass through the unembedding reads it transposed
                 live += cfg.d_model * cfg.d_vocab_out * e
             if job.grad and job.edges:  # q/k/v edges' input gradients, built a few units at a time (float32)
