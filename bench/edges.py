@@ -82,15 +82,16 @@ class Reference:
 
     def sender_outputs(self, tokens, pos):
         m, cfg = self.model, self.model.cfg
-        names = ["hook_embed", "hook_pos_embed"] + [f"blocks.{l}.attn.hook_z" for l in range(cfg.n_layers)] + [
+        # the input sender: what the first block reads (embedding, plus positional embedding where there is one)
+        names = ["blocks.0.hook_resid_pre"] + [f"blocks.{l}.attn.hook_z" for l in range(cfg.n_layers)] + [
             f"blocks.{l}.hook_mlp_out" for l in range(cfg.n_layers)]
         _, cache = m.run_with_cache(tokens, names_filter=names)
         R = torch.arange(len(tokens))[:, None]
-        out = [(cache["hook_embed"] + cache["hook_pos_embed"])[R, pos]]
+        out = [cache["blocks.0.hook_resid_pre"][R, pos]]
         for s in self.site.senders[1:]:
             if s.kind == "head":
                 z = cache[f"blocks.{s.layer}.attn.hook_z"][R, pos, s.unit]
-                out.append(z @ m.W_O[s.layer, s.unit])
+                out.append(z @ m.blocks[s.layer].attn.W_O[s.unit])
             else:
                 out.append(cache[f"blocks.{s.layer}.hook_mlp_out"][R, pos])
         return torch.stack(out, 2)
