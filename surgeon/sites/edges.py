@@ -363,6 +363,12 @@ def edge_hooks(model, site: EdgeSite, mask: Tensor, source: Tensor, base: Tensor
     first_live = len(site.senders) if site.difference == "fixed" else _first_sender_at(site, start)
     live: list[Tensor] = []  # per block of live senders, in order: [c, k, n * S * d]
 
+    def dense_of(key) -> Tensor:
+        """[copies, k, units] the mask of receiver group `key` (layer, kind) over the k senders its receivers read."""
+        units, e, si, ri = site.graph.groups[key]
+        dense = mask.new_zeros(copies, int(si.max()) + 1, len(units))
+        return dense.index_put((torch.arange(copies)[:, None], si[None], ri[None]), mask[:, e], accumulate=True)
+
     def gather(act: Tensor) -> Tensor:  # [copies * n, Q, ...] -> [copies, n, S, ...]
         x = act.view(copies, n, *act.shape[1:])
         return x[:, idx, rel.to(act.device)]
@@ -384,10 +390,8 @@ def edge_hooks(model, site: EdgeSite, mask: Tensor, source: Tensor, base: Tensor
         return hook
 
     def patch(key, units):
-        _, e, si, ri = site.graph.groups[key]
-        k = int(si.max()) + 1  # the receiver reads senders 0..k-1
-        dense = mask.new_zeros(copies, k, len(units))
-        dense = dense.index_put((torch.arange(copies)[:, None], si[None], ri[None]), mask[:, e], accumulate=True)
+        dense = dense_of(key)
+        k = dense.shape[1]  # the receiver reads senders 0..k-1
         nz = torch.nonzero(dense.detach()) if static else None  # (copy, sender, unit) of each patched edge
 
         def hook(act, hook):
@@ -457,10 +461,8 @@ def edge_hooks(model, site: EdgeSite, mask: Tensor, source: Tensor, base: Tensor
     def through_projection(L: int, kind: str, units):
         """Hook on layer L's q/k/v output: identity, whose backward gives the group's edge masks their
         gradient through the projection and the norm (`head_input_grads`)."""
-        _, e, si, ri = site.graph.groups[(L, kind)]
-        k = int(si.max()) + 1
-        dense = mask.new_zeros(copies, k, len(units))
-        dense = dense.index_put((torch.arange(copies)[:, None], si[None], ri[None]), mask[:, e], accumulate=True)
+        dense = dense_of((L, kind))
+        k = dense.shape[1]
         info = {"copies": copies, "n": n, "units": len(units), "k": k, "idx": idx, "rel": rel.to(device),
                 "x": lambda: ln_in[L][2], "W": projection(model.blocks[L].attn, kind, model.cfg).detach(),
                 "valid": valid.to(device, torch.float32), "fixed": fixed_rows.detach(), "lo": min(k, first_live),
@@ -482,10 +484,8 @@ def edge_hooks(model, site: EdgeSite, mask: Tensor, source: Tensor, base: Tensor
         """Static edges into layer L's q, k or v: each patched (copy, head) gets its own input x + the sum of its
         edges' differences at the aligned positions, normed and projected for that head alone; nothing else in
         the block reads a per-head input."""
-        _, e, si, ri = site.graph.groups[(L, kind)]
-        k, U = int(si.max()) + 1, len(units)
-        dense = mask.new_zeros(copies, k, U)
-        dense = dense.index_put((torch.arange(copies)[:, None], si[None], ri[None]), mask[:, e], accumulate=True)
+        dense = dense_of((L, kind))
+        U = dense.shape[2]
         c_, j_, r_ = torch.nonzero(dense).unbind(1)
         pairs, inv = torch.unique(c_ * U + r_, return_inverse=True)
         pc, pu = (pairs // U).to(device), (pairs % U).to(device)
