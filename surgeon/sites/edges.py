@@ -222,11 +222,12 @@ class EdgeSite(SiteKind):
             base = sender_outputs(ctx.model, self, b.base_acts)
             b.site_cache[key] = (ablated_source(self, src, base, b.slot_valid), base)
         src, base = b.site_cache[key]
+        m = mask.to(src.device, src.dtype)
+        shared = shared_values(ctx.model, self, m)  # under gradients: each sender's one value, or None
         if mask.requires_grad:
-            shared = shared_values(ctx.model, self, mask) is not None
-            ctx.note("edge gradients: " + ("q/k/v through the projections" if shared else "per-head q/k/v inputs"))
-        return edge_hooks(ctx.model, self, mask.to(src.device, src.dtype), src, base, copies, b.n,
-                          b.base_pos - offset, b.slot_valid, start)
+            ctx.note("edge gradients: " + ("q/k/v through the projections" if shared is not None
+                                           else "per-head q/k/v inputs"))
+        return edge_hooks(ctx.model, self, m, src, base, copies, b.n, b.base_pos - offset, b.slot_valid, start, shared)
 
     def forward_context(self, model, mask: Tensor):
         """Per-head query/key/value inputs where this mask patches them (all of them under gradients)."""
@@ -337,7 +338,7 @@ POST_NORM = ("OlmoeForCausalLM", "Olmo2ForCausalLM", "Olmo3ForCausalLM")
 
 
 def edge_hooks(model, site: EdgeSite, mask: Tensor, source: Tensor, base: Tensor, copies: int, n: int,
-               rel: Tensor, valid: Tensor, start: int) -> list:
+               rel: Tensor, valid: Tensor, start: int, shared: Tensor | None = None) -> list:
     """Forward hooks that patch the edges of `mask` [copies, n_edges] in one forward pass from layer `start`.
 
     `source`, `base`: sender outputs [n, S, n_senders, d] of the other and of this run at the aligned
@@ -429,7 +430,7 @@ def edge_hooks(model, site: EdgeSite, mask: Tensor, source: Tensor, base: Tensor
             return out
         return hook
 
-    shared = shared_values(model, site, mask)  # [copies, n_senders] under gradients at EAP/EAP-IG's masks
+    # `shared`: [copies, n_senders] under gradients at EAP/EAP-IG's masks (`shared_values`), else None
     ln_in: dict[int, tuple] = {}  # layer -> (the norm's input as given, as patched, at the aligned positions)
 
     def common_input(L: int, k: int):
