@@ -160,15 +160,18 @@ def _elem(cfg) -> int:
 MLP_HIDDEN = 4
 RESID_COPIES = 4
 SCORE_COPIES = 2
-# under gradients, per layer: what autograd saves (the residual stream's norms and sums, q/k/v and their rotations,
-# scores and pattern, head outputs, the MLP's hidden tensors) and, for edges, the per-head query/key/value inputs:
-# the repeated input, the patched copy, the norm's input and output
-GRAD_RESID = 8
-# many-edge patches (circuits) without gradients: the per-head inputs, their norms and each edge site's patched
-# copy (measured: 125 MiB per circuit of 2 x 30 on GPT-2 small)
-SPLIT_COPIES, SPLIT_COPIES_PER_MASK = 4, 3
+# under gradients, per layer: what autograd saves. The weights are frozen, so a projection saves nothing of its
+# input; the norms save theirs, the attention its q/k/v (and rotations), pattern and head outputs, and the sites
+# their leaves and differences: six residual-size tensors (calibrated against bench/scale.py's measured peaks, which
+# the fused norms of `engine.contrast.fused_activations` bring below TransformerLens's unfused count of eight)
+GRAD_RESID = 6
+# many-edge patches (circuits) without gradients: the per-head inputs and each edge site's patched copy and its
+# difference (calibrated on bench/scale.py's curves: 2 + 2 per mask)
+SPLIT_COPIES, SPLIT_COPIES_PER_MASK = 2, 2
 EDGE_GRAD_COPIES = 5  # the backward pass's float32 tensors per unit chunk (projected gradient, the norm's Jacobian)
-GRAD_MLP_HIDDEN = 4
+# the MLP's hidden-size tensors autograd saves: GELU its input (1); a gated MLP the activation's input and the
+# product's two factors (3); the output projection saves nothing (frozen weights)
+GRAD_MLP_HIDDEN = {False: 1, True: 3}
 SPLIT_LAYERS = 5  # exact edge patching groups single edges by the layer they enter: top edges taken as entering 5
 EDGE_GRAPH_HOST = 106  # bytes per edge of the edge graph's Python objects (host memory)
 
@@ -196,7 +199,7 @@ def _layer_bytes(cfg, rows: int, q: int, keys: int, prefix_rows: int, grad: bool
         mlp = RESID_COPIES * rq * d + MLP_HIDDEN * rq * mlp_hidden
         return e * (max(attn, mlp) + prefix)
     saved = (GRAD_RESID * rq * d + qkv + kv_rep + SCORE_COPIES * scores + 2 * z
-             + (split_in if split else 0) + GRAD_MLP_HIDDEN * rq * mlp_hidden)
+             + (split_in if split else 0) + GRAD_MLP_HIDDEN[bool(getattr(cfg, "gated_mlp", False))] * rq * mlp_hidden)
     return e * saved
 
 
