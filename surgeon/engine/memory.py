@@ -296,8 +296,8 @@ def predict(cfg, buckets: Sequence[BucketShape], job: Job, batch_size: int, *, w
                 live += job.masks * rows * b.slots * job.senders * cfg.d_model * e
             if job.grad:  # the backward pass through the unembedding reads it transposed
                 live += cfg.d_model * cfg.d_vocab_out * e
-            if job.grad and job.edges:  # q/k/v edges' input gradients, built a few units at a time (float32)
-                units = max(cfg.n_heads, 1)
+            if job.grad and job.edges:  # a layer's q/k/v edges' input gradients, a chunk of units at a time (float32)
+                units = cfg.n_heads + 2 * (getattr(cfg, "n_key_value_heads", None) or cfg.n_heads)
                 live += EDGE_GRAD_COPIES * 4 * rows * b.slots * cfg.d_model * unit_chunk(rows, b.slots, cfg.d_model, units)
             readout = _readout_bytes(cfg, min(rows, batch_size), b.positions)
             step = live + (layer * layers + readout if job.grad else max(layer, readout))

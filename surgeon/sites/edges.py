@@ -21,6 +21,7 @@ backward pass (edge attribution patching).
 """
 from __future__ import annotations
 
+from collections import defaultdict
 from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import cached_property
@@ -30,7 +31,7 @@ from torch import Tensor
 
 from surgeon.errors import AnalysisError
 from surgeon.sites.ablations import ABLATIONS, DIFFERENCES, EDGE_VALUES, FREEZE
-from surgeon.sites.head_input_grads import edge_grad, projection, supported_norm, uniform_values
+from surgeon.sites.head_input_grads import edge_grads, projection, stash, supported_norm, uniform_values
 from surgeon.sites.nodes import Site
 from surgeon.sites.protocol import SiteKind, register
 
@@ -431,11 +432,13 @@ def edge_hooks(model, site: EdgeSite, mask: Tensor, source: Tensor, base: Tensor
         return hook
 
     # `shared`: [copies, n_senders] under gradients at EAP/EAP-IG's masks (`shared_values`), else None
-    ln_in: dict[int, tuple] = {}  # layer -> (the norm's input as given, as patched, at the aligned positions)
+    ln_in: dict[int, tuple] = {}  # layer -> (the norm's input as given, as patched, the q/k/v gradients' store)
+    projected: dict[int, dict] = defaultdict(dict)  # layer -> kind -> (its q/k/v edges' mask, projection weight)
 
     def common_input(L: int, k: int):
         """Forward pre-hook of layer L's attention norm: adds the one difference all its heads read,
-        sum over senders s < k of shared[s] * diff_s, at the aligned positions."""
+        sum over senders s < k of shared[s] * diff_s, at the aligned positions; the patched input carries the
+        layer's q/k/v edge masks, whose gradients its backward gives (`head_input_grads.edge_grads`)."""
         def pre(module, args):
             x = args[0]
             if L in ln_in and ln_in[L][0] is x:  # the norm runs once each for q, k and v on one tensor
@@ -455,22 +458,24 @@ def edge_hooks(model, site: EdgeSite, mask: Tensor, source: Tensor, base: Tensor
             v = out.view(copies, n, *out.shape[1:])
             r = rel.to(x.device)
             v[:, idx, r] = v[:, idx, r] + d.to(x.device)
-            ln_in[L] = (x, out, v[:, idx, r].detach())
+            kinds = projected[L]
+            store: dict = {}
+            spec = {"copies": copies, "n": n, "idx": idx, "rel": r, "x": v[:, idx, r].detach(), "store": store,
+                    "valid": valid.to(device, torch.float32), "fixed": fixed_rows.detach(), "live": live,
+                    "first_live": first_live, "norm": module,
+                    "kinds": [(kind, W, dense.shape[1], dense.dtype) for kind, (dense, W) in kinds.items()]}
+            out = edge_grads(out, spec, [dense.to(x.device) for dense, _ in kinds.values()])
+            ln_in[L] = (x, out, store)
             return (out,) + tuple(args[1:])
         return pre
 
     def through_projection(L: int, kind: str, units):
-        """Hook on layer L's q/k/v output: identity, whose backward gives the group's edge masks their
-        gradient through the projection and the norm (`head_input_grads`)."""
-        dense = dense_of((L, kind))
-        k = dense.shape[1]
-        info = {"copies": copies, "n": n, "units": len(units), "k": k, "idx": idx, "rel": rel.to(device),
-                "x": lambda: ln_in[L][2], "W": projection(model.blocks[L].attn, kind, model.cfg).detach(),
-                "valid": valid.to(device, torch.float32), "fixed": fixed_rows.detach(), "lo": min(k, first_live),
-                "live": live, "first_live": first_live, "norm": model.blocks[L].ln1, "dtype": dense.dtype}
+        """Hook on layer L's q/k/v output: identity, whose backward keeps the gradient there for the norm's
+        input to turn into the group's edge-mask gradients (through the projection and the norm)."""
+        projected[L][kind] = (dense_of((L, kind)), projection(model.blocks[L].attn, kind, model.cfg).detach())
 
         def hook(act, hook):
-            return edge_grad(act, dense.to(act.device), info)
+            return stash(act, ln_in[L][2], kind)
         return hook
 
     block_in: dict[int, Tensor] = {}  # layer -> its input in this pass (static edges into q/k/v read it)

@@ -85,43 +85,90 @@ def projection(attn, kind: str, cfg, bias: bool = False) -> Tensor:
     return getattr(attn, name)
 
 
-class _EdgeGrad(torch.autograd.Function):
-    """Identity on the projection output `act`; its backward gives the masks `dm` [copies, k, units] the
-    gradient of the edges into each unit (the module docstring's formula)."""
+class _Stash(torch.autograd.Function):
+    """Identity on a layer's q, k or v; its backward keeps the gradient there in `store` for `_EdgeGrads`."""
 
     @staticmethod
-    def forward(ctx, act, dm, info):
-        ctx.info = info
+    def forward(ctx, act, store, kind):
+        ctx.store, ctx.kind = store, kind
         return act.view_as(act)
 
     @staticmethod
     def backward(ctx, g):
-        info = ctx.info
-        c, n, U = info["copies"], info["n"], info["units"]
-        k = info["k"]
-        gq = g.view(c, n, *g.shape[1:])[:, info["idx"], info["rel"]]  # [c, n, S, U, d_head]
-        x = info["x"]()  # [c, n, S, d] the layer-norm's input at the aligned positions
-        W = info["W"]
-        valid = info["valid"]
-        out = g.new_zeros(c, k, U, dtype=torch.float32)
-        fixed, lo, live = info["fixed"], info["lo"], info["live"]
-        step = unit_chunk(c * n, x.shape[2], x.shape[3], U)
-        for u0 in range(0, U, step):
-            u1 = min(U, u0 + step)
-            G = torch.einsum("cnsuh,udh->cnsud", gq[:, :, :, u0:u1].float(), W[u0:u1].float())
-            dx = norm_vjp(info["norm"], x[:, :, :, None], G) * valid[None, :, :, None, None]
-            dxr = dx.permute(0, 3, 1, 2, 4).reshape(c, u1 - u0, -1).transpose(1, 2)  # [c, nSd, u]
-            if lo:
-                out[:, :lo, u0:u1] = torch.matmul(fixed[:lo].float(), dxr)
-            have = info["first_live"]
-            for b in live:
-                if have >= k:
-                    break
-                hi = min(k, have + b.shape[1])
-                out[:, have:hi, u0:u1] = torch.bmm(b[:, : hi - have].float(), dxr)
-                have = hi
-        return g, out.to(info["dtype"]), None
+        ctx.store[ctx.kind] = g
+        return g, None, None
 
 
-def edge_grad(act: Tensor, dm: Tensor, info: dict) -> Tensor:
-    return _EdgeGrad.apply(act, dm, info)
+class _EdgeGrads(torch.autograd.Function):
+    """Identity on the attention norm's (patched) input, which feeds the layer's q, k and v: autograd runs its
+    backward after theirs, so the gradients `_Stash` kept there are all in, and it gives each kind's masks
+    dm [copies, k, units] their gradient (the module docstring's formula) from one product per block of senders
+    for all of the layer's q/k/v units (each block of sender differences read once, not once per kind)."""
+
+    @staticmethod
+    def forward(ctx, x, spec, *dms):
+        ctx.spec = spec
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, g):
+        return (g, None, *_mask_grads(ctx.spec))
+
+
+def _mask_grads(spec: dict) -> list[Tensor]:
+    c, n, kinds, store = spec["copies"], spec["n"], spec["kinds"], spec["store"]
+    x = spec["x"]  # [c, n, S, d] the norm's input at the aligned positions
+    valid, fixed, live, first_live = spec["valid"], spec["fixed"], spec["live"], spec["first_live"]
+    K = max(k for _, _, k, _ in kinds)
+    lo = min(K, first_live)
+    outs = [x.new_zeros(c, k, W.shape[0], dtype=torch.float32) for _, W, k, _ in kinds]
+    grads = {}
+    for kind, *_ in kinds:
+        gk = store.pop(kind, None)
+        if gk is not None:
+            grads[kind] = gk.view(c, n, *gk.shape[1:])[:, spec["idx"], spec["rel"]]  # [c, n, S, U, d_head]
+    units = [(i, u) for i, (kind, W, _, _) in enumerate(kinds) if kind in grads for u in range(W.shape[0])]
+    step = unit_chunk(c * n, x.shape[2], x.shape[3], max(1, len(units)))
+    for a in range(0, len(units), step):
+        chunk = units[a: a + step]
+        parts: list[list[int]] = []  # [kind index, u0, u1]: runs of one kind's units in this chunk
+        for i, u in chunk:
+            if parts and parts[-1][0] == i:
+                parts[-1][2] = u + 1
+            else:
+                parts.append([i, u, u + 1])
+        dxr = x.new_empty(c, len(chunk), n * x.shape[2] * x.shape[3], dtype=torch.float32)  # [c, u, nSd]
+        off = 0
+        for i, u0, u1 in parts:  # each kind's units through its projection and the norm, into the chunk's buffer
+            G = torch.einsum("cnsuh,udh->cnsud", grads[kinds[i][0]][:, :, :, u0:u1].float(), kinds[i][1][u0:u1].float())
+            dx = norm_vjp(spec["norm"], x[:, :, :, None], G) * valid[None, :, :, None, None]
+            dxr[:, off: off + u1 - u0] = dx.permute(0, 3, 1, 2, 4).reshape(c, u1 - u0, -1)
+            off += u1 - u0
+        dxr = dxr.transpose(1, 2)  # [c, nSd, u]
+        blocks = [torch.matmul(fixed[:lo].float(), dxr)] if lo else []  # [c, lo, u]
+        have = first_live
+        for b in live:
+            if have >= K:
+                break
+            hi = min(K, have + b.shape[1])
+            blocks.append(torch.bmm(b[:, : hi - have].float(), dxr))
+            have = hi
+        res = torch.cat(blocks, dim=1) if len(blocks) > 1 else blocks[0]  # [c, K, u]
+        off = 0
+        for i, u0, u1 in parts:
+            k = kinds[i][2]
+            outs[i][:, :, u0:u1] = res[:, :k, off: off + u1 - u0]
+            off += u1 - u0
+    return [o.to(dt) for o, (_, _, _, dt) in zip(outs, kinds)]
+
+
+def stash(act: Tensor, store: dict, kind: str) -> Tensor:
+    """`act` (a layer's q, k or v) unchanged; its gradient kept in `store[kind]` during the backward pass."""
+    return _Stash.apply(act, store, kind)
+
+
+def edge_grads(x: Tensor, spec: dict, dms: list[Tensor]) -> Tensor:
+    """`x` (the attention norm's input) unchanged; in the backward pass the masks `dms` of the layer's q/k/v
+    edges (`spec["kinds"]`: (kind, weight [units, d_model, d_head], senders read, dtype) each) get their
+    gradient from the q/k/v gradients `stash` kept in `spec["store"]`."""
+    return _EdgeGrads.apply(x, spec, *dms)
