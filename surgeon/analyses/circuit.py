@@ -140,11 +140,13 @@ def _ig_masks(site, method: str, steps: int):
     import torch
 
     E = len(site.edges)
+    fixed = site.variant(difference="fixed")
     if method == "eap":
-        return site, torch.zeros(1, E)
+        # at the zero mask every sender's current output is this run's, and a live difference's own change
+        # enters multiplied by its edge's mask (zero): the gradient is the fixed differences' (no live capture)
+        return fixed, torch.zeros(1, E)
     if method == "eap-ig-masks":
         return site, torch.tensor([(i + 0.5) / steps for i in range(steps)])[:, None].repeat(1, E)
-    fixed = site.variant(difference="fixed")
     senders = torch.tensor([s for s, _ in site.edges])
     if method == "eap-ig-inputs":
         # EAP-IG runs the clean (our base) tokens with the input at corrupted + k/steps (clean - corrupted),

@@ -218,10 +218,11 @@ class EdgeSite(SiteKind):
         computed once per rows (kept in the rows' cache) from their node activations."""
         b = ctx.bucket
         key = ("edges", self.ablation, self.graph)
-        if key not in b.site_cache:
-            src = sender_outputs(ctx.model, self, b.source_acts)
-            base = sender_outputs(ctx.model, self, b.base_acts)
-            b.site_cache[key] = (ablated_source(self, src, base, b.slot_valid), base)
+        if key not in b.site_cache:  # constants of the two clean runs (no graph to the weights, kept across passes)
+            with torch.no_grad():
+                src = sender_outputs(ctx.model, self, b.source_acts)
+                base = sender_outputs(ctx.model, self, b.base_acts)
+                b.site_cache[key] = (ablated_source(self, src, base, b.slot_valid), base)
         src, base = b.site_cache[key]
         m = mask.to(src.device, src.dtype)
         shared = shared_values(ctx.model, self, m)  # under gradients: each sender's one value, or None

@@ -199,6 +199,29 @@ def test_eap_ig_through_the_projections_equals_its_formula_with_per_head_inputs(
     assert np.abs(ours - ref).max() < 1e-4 * np.abs(ref).max(), np.abs(ours - ref).max()
 
 
+def test_eap_equals_its_formula_with_per_head_inputs(random_model, charset):
+    """EAP (the gradient at the zero mask, taken with the fixed sender differences and no live capture) equals
+    its formula written with TransformerLens's per-head inputs: EAP-IG over activations with one step is the
+    gradient at the unpatched run, group by group. On LayerNorm and on RMSNorm with grouped-query attention;
+    and it is the live-difference site's gradient at zero."""
+    from surgeon.analyses.circuit import edge_scores
+    from tests.reference import eap_ig_reference
+
+    fb, fs = LAYOUTS["index"]
+    base, source = encode_rows(fb, ITEMS, charset, True), encode_rows(fs, ITEMS, charset, True)
+    site = EdgeSite.of(random_model.cfg)
+    c = Contrast(random_model, base, source, "index", sites=site.node_sites())
+    ours = edge_scores(c, site, "eap")
+    ref = eap_ig_reference(random_model, base, source, "activations", 1)
+    ref = np.array([ref[n] for n in site.names])
+    assert np.abs(ours - ref).max() < 1e-4 * np.abs(ref).max(), np.abs(ours - ref).max()
+    m = torch.zeros(1, len(site.edges), requires_grad=True)
+    with torch.enable_grad():
+        c.run({site: m}).mean().backward()
+    live = m.grad[0].numpy()
+    assert np.abs(ours - live).max() < 1e-4 * np.abs(live).max()
+
+
 def test_edge_gradients_at_masks_that_differ_per_receiver_take_per_head_inputs(contrast):
     """Where a sender's edges carry different values, heads read different inputs: the per-head path runs,
     and its gradient is the derivative of exact edge patching there."""
