@@ -76,43 +76,59 @@ class EdgeGraph:
         return {n: i for i, n in enumerate(self.names)}
 
     @cached_property
+    def index(self) -> Tensor:
+        """[n_edges, 2] each edge's (sender, receiver) index."""
+        return torch.tensor(self.edges, dtype=torch.long).view(-1, 2)
+
+    def _per_receiver(self, f) -> Tensor:
+        """f(receiver) per edge (one value per receiver, read through the edge index)."""
+        return torch.tensor([f(r) for r in self.receivers])[self.index[:, 1]]
+
+    @cached_property
     def first_layer(self) -> int:
-        return min(self.receivers[r].layer for _, r in self.edges)
+        return int(self._per_receiver(lambda r: r.layer).min())
 
     @cached_property
     def orders(self) -> tuple[Tensor, Tensor, Tensor]:
         """Per edge: the computation order of its sender (input -1, heads of layer l 2l, MLP l 2l+1), of its
         receiver (q/k/v of layer l read before 2l, MLP l before 2l+1, logits last), and its receiver's layer."""
         so = {"input": lambda s: -1, "head": lambda s: 2 * s.layer, "mlp": lambda s: 2 * s.layer + 1}
-        ro = lambda r: 2 * r.layer + (1 if r.kind == "mlp" else 0)  # noqa: E731
-        return (torch.tensor([so[self.senders[s].kind](self.senders[s]) for s, _ in self.edges]),
-                torch.tensor([ro(self.receivers[r]) for _, r in self.edges]),
-                torch.tensor([self.receivers[r].layer for _, r in self.edges]))
+        sender_order = torch.tensor([so[s.kind](s) for s in self.senders])[self.sender_of]
+        return (sender_order, self._per_receiver(lambda r: 2 * r.layer + (1 if r.kind == "mlp" else 0)),
+                self._per_receiver(lambda r: r.layer))
 
     @cached_property
     def sender_of(self) -> Tensor:
         """Per edge: its sender's index."""
-        return torch.tensor([s for s, _ in self.edges])
+        return self.index[:, 0].clone()
 
     @cached_property
     def qkv(self) -> Tensor:
         """Per edge: True where the receiver is a query, key or value input."""
-        return torch.tensor([self.receivers[r].kind in "qkv" for _, r in self.edges])
+        return self._per_receiver(lambda r: r.kind in "qkv")
 
     @cached_property
     def groups(self):
-        """Per receiver group (layer, kind): receiver units, and the dense [sender, receiver] index of each edge."""
+        """Per receiver group (layer, kind): receiver units, and the dense [sender, receiver] index of each edge
+        (edges in their order)."""
         groups: dict[tuple[int, str], list[int]] = {}
         for ri, r in enumerate(self.receivers):
             groups.setdefault((r.layer, r.kind), []).append(ri)
-        pos = {ri: (key, j) for key, ris in groups.items() for j, ri in enumerate(ris)}
-        per: dict[tuple[int, str], tuple[list[int], list[int], list[int]]] = {k: ([], [], []) for k in groups}
-        for e, (si, ri) in enumerate(self.edges):
-            key, j = pos[ri]
-            per[key][0].append(e)
-            per[key][1].append(si)
-            per[key][2].append(j)
-        return {k: (groups[k], *map(torch.tensor, per[k])) for k in groups if per[k][0]}
+        keys = list(groups)
+        gid, within = torch.zeros(len(self.receivers), dtype=torch.long), torch.zeros(len(self.receivers), dtype=torch.long)
+        for g, key in enumerate(keys):
+            gid[groups[key]] = g
+            within[groups[key]] = torch.arange(len(groups[key]))
+        g_of = gid[self.index[:, 1]]
+        order = torch.argsort(g_of, stable=True)  # edges grouped, in their order within a group
+        counts = torch.bincount(g_of, minlength=len(keys)).tolist()
+        out, lo = {}, 0
+        for key, cnt in zip(keys, counts):
+            if cnt:
+                e = order[lo: lo + cnt]
+                out[key] = (groups[key], e, self.index[e, 0], within[self.index[e, 1]])
+            lo += cnt
+        return out
 
 
 @register("edges")
