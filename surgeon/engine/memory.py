@@ -106,11 +106,10 @@ def _edge_job(cfg, graph: tuple[int, int], name: str, calls, masks: int = 1, gra
 
 
 def eap(cfg, graph: tuple[int, int], steps: int = 1) -> Job:
-    """Edge attribution (EAP: one gradient; EAP-IG over the inputs: `steps` of them, in the batch dimension, each
-    edge carrying its sender's fixed difference)."""
-    if steps == 1:
-        return _edge_job(cfg, graph, "EAP", [Call(1, 0)], grad=True)
-    return _edge_job(cfg, graph, f"EAP-IG ({steps} steps)", [Call(steps, 0)], grad=True, live=False)
+    """Edge attribution (EAP: one gradient; EAP-IG over the inputs: `steps` of them, in the batch dimension), each
+    edge carrying its sender's fixed difference."""
+    name = "EAP" if steps == 1 else f"EAP-IG ({steps} steps)"
+    return _edge_job(cfg, graph, name, [Call(steps, 0)], grad=True, live=False)
 
 
 def exact_edges(cfg, graph: tuple[int, int], top: int = 200) -> Job:
