@@ -1,5 +1,3 @@
-import sys
+from surgeon.cli.commands import console
 
-from surgeon.cli.commands import main
-
-sys.exit(main())
+console()

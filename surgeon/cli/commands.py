@@ -6,6 +6,7 @@ Bad input ends with one clear message and exit status 2; `--debug` shows the tra
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -534,5 +535,17 @@ def main(argv: list[str] | None = None) -> int:
             signal.signal(signal.SIGTERM, previous)
 
 
+def console() -> None:
+    """The `surgeon` command and `python -m surgeon`: main's exit code; an interrupted run (130) ends at once,
+    after its message, without the interpreter's finalisers (a Ctrl-C that landed while torch was importing
+    could otherwise end the process by the signal itself, not with 130)."""
+    code = main()
+    if code == 130:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    sys.exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    console()
