@@ -13,7 +13,8 @@ comes from the gradient at the head's projection output, carried back by hand:
 
 where g[h] is d score / d (q, k or v of head h) and J_norm the layer-norm's Jacobian. In the forward pass
 this is a term of value zero at the hook (it is J (d_h - d) W[h], and d_h = d there); in the backward pass
-`_EdgeGrad` returns the above for the masks and passes g on unchanged. Gradients w.r.t. everything else
+`_EdgeGrads` (at the norm's input, once a layer's q, k and v gradients are all in) returns the above for the
+masks and passes g on unchanged. Gradients w.r.t. everything else
 (the residual stream, upstream masks through live senders) flow through the unsplit pass, where they are
 the same (sum over heads of identical Jacobians). Values are exact; gradients are exact first derivatives.
 """
