@@ -182,33 +182,35 @@ def blend(case, model=None, *, layer: int, heads: Sequence[int] | None = None, c
 
 
 def circuit(case, model=None, *, method: str | None = None, ig_steps: int = IG_STEPS, ablation: str = ABLATIONS[0],
-            direction: str = "denoise", faithfulness: float = 0.9, edges: int | None = None, paths: int = 10,
+            semantics: str = "kept", direction: str = "denoise", faithfulness: float = 0.9, edges: int | None = None, paths: int = 10,
             verify: int = 50, bad: str | None = None, tag: str | None = None, batch_size: int = 256,
             max_memory: int | str | None = None, metric=None, device: str | None = None, dtype: str = "float32"):
     """Path-level circuit discovery: score every edge, prune the smallest faithful circuit, rank complete paths
-    by path patching (`surgeon circuit`); `r.export("c.mib.json", "c.svg", ...)` writes the graph. The batch size is
+    by path patching (`surgeon circuit`); `r.export("c.mib.json", "c.svg", ...)` writes the graph. `semantics`:
+    "kept" (MIB's: keep the circuit, ablate the rest) or "knockout" (ablate the circuit). The batch size is
     lowered to fit `max_memory` (default: the device's free memory)."""
     case = read(case, model)
-    method = method or default_method(case)
-    check_options(method, ablation, ig_steps, None if edges else faithfulness, edges)
+    method = method or default_method(case, ablation)
+    check_options(method, ablation, ig_steps, None if edges else faithfulness, edges, semantics)
     case, model = case_and_model(case, model, device=device, dtype=dtype, metric=metric)
     batch_size = planned_batch_size(plan_circuit, case, model, method, ig_steps, verify, batch_size=batch_size,
                                     max_memory=max_memory, bad=bad, direction=direction, tag=tag)
-    return discover(case, model, method=method, ablation=ablation, direction=direction, bad=bad, tag=tag,
-                    target=None if edges else faithfulness, n_edges=edges, n_paths=paths, ig_steps=ig_steps,
+    return discover(case, model, method=method, ablation=ablation, semantics=semantics, direction=direction,
+                    bad=bad, tag=tag, target=None if edges else faithfulness, n_edges=edges, n_paths=paths, ig_steps=ig_steps,
                     verify=verify, batch_size=batch_size)
 
 
-def circuit_eval(case, graph, model=None, *, ablation: str = ABLATIONS[0], direction: str = "denoise",
+def circuit_eval(case, graph, model=None, *, ablation: str = ABLATIONS[0], semantics: str | None = None,
+                 direction: str = "denoise",
                  bad: str | None = None, tag: str | None = None, batch_size: int = 256, metric=None, device: str | None = None,
                  dtype: str = "float32") -> dict:
     """The faithfulness of a circuit file (any JSON export, or a circuit's results.json), with its interval
-    (`surgeon circuit-eval`)."""
+    (`surgeon circuit-eval`), under `semantics` (default: what the file records, else "kept")."""
 
     edges = read_circuit(Path(graph))
     case, model = case_and_model(case, model, device=device, dtype=dtype, metric=metric)
-    return evaluate_circuit(case, model, edges, ablation=ablation, direction=direction, bad=bad, tag=tag,
-                            batch_size=batch_size, where=str(graph))
+    return evaluate_circuit(case, model, edges, ablation=ablation, semantics=semantics, direction=direction, bad=bad,
+                            tag=tag, batch_size=batch_size, where=str(graph))
 
 
 # SAE features: the SAEs come from sae_release + sae_id (a sae-lens release in the local cache), sae_dir (local

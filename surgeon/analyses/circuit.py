@@ -4,10 +4,10 @@ patching, a circuit pruned to a target faithfulness, and its faithfulness curve.
 Every number comes from `Contrast.run` with an edge mask (`surgeon.sites.edges`):
 - edge scores by one of `METHODS` (EAP, the three integrated-gradients conventions, exact patching; the
   top `verify` estimates are checked by exact patching);
-- circuits: under index alignment (`chain`), edges out of the input carry the other run's embedding,
-  edges inside pass on what their senders now compute, every edge outside is frozen to this run's value
-  (MIB's evaluation); other alignments (`edge-set`) patch a circuit's edges together;
-- paths: path patching in both semantics (`path_scores`);
+- circuits as the field means them (`surgeon.analyses.circuit_runs`): under the default `kept` semantics (MIB,
+  ACDC, auto-circuit) every edge outside the circuit carries its ablation value (resample, mean or zero) and every
+  edge inside its current output; `knockout` ablates the circuit instead (a necessity test);
+- paths: path patching (`path_scores`);
 - faithfulness f = (m(circuit) - m(empty)) / (m(full) - m(empty)) with m the mean score, at the MIB
   edge fractions; every circuit of the curve is one row of one batch.
 """
@@ -20,7 +20,8 @@ from typing import Literal, Sequence
 
 import numpy as np
 
-from surgeon.analyses.common import Direction, make_contrast
+from surgeon.analyses.circuit_runs import CircuitRuns, check_semantics, circuit_runs
+from surgeon.analyses.common import Direction
 from surgeon.circuits.export import check_targets, edges_for_model, write
 from surgeon.circuits.graph import (
     build_graph,
@@ -31,9 +32,10 @@ from surgeon.circuits.graph import (
 from surgeon.circuits.methods import (  # noqa: F401
     IG_METHODS,
     IG_STEPS,
+    LEGACY_SEMANTICS,
     MAX_IG_STEPS,
     METHODS,
-    semantics_for,
+    SEMANTICS,
 )
 from surgeon.circuits.prune import EXHAUSTIVE_UP_TO, smallest_prefix
 from surgeon.errors import AnalysisError
@@ -187,50 +189,10 @@ def edge_scores(contrast, site, method: Method = "eap-ig-inputs", ig_steps: int 
     return grads[key].mean(0).cpu().numpy().astype(float)
 
 
-def semantics(contrast) -> str:
-    """How circuits are run on this contrast: `chain` when every position is aligned (align="index": the
-    other run differs from this one only through the input, so a circuit's difference starts at its edges
-    out of the input and travels along its edges, every other edge frozen), else `edge-set` (formats of
-    different lengths: the difference also enters through what every sender computed over its own prompt's
-    other positions, which no edge out of the input carries; a circuit is then its edges patched together,
-    each carrying the other run's sender output in place of the current one, as exact edge patching does)."""
-    return semantics_for(getattr(contrast, "align", None))
-
-
-def circuit_scores(contrast, site, edge_sets: Sequence[Sequence[int]]):
-    """[P, items] scores with each edge set run as a circuit, every edge outside it frozen to this run's value.
-    `chain` semantics (index alignment): its edges out of the input carry the other run's embedding and its
-    other edges pass on their senders' current outputs: with every edge, that is the other run; with none, this
-    run; with the edges of one complete path, it is path patching (the change reaches the logits through the
-    path alone). `edge-set` semantics (other alignments): its edges are patched (the other run's sender
-    outputs at the aligned positions), the others carry current values; every edge gives the other run."""
-    import torch
-
-    freeze = site.variant(ablation=FREEZE)
-    from_input = torch.tensor([site.senders[s].kind == "input" for s, _ in site.edges])
-    inside = site.mask([list(x) for x in edge_sets])
-    if semantics(contrast) == "edge-set":
-        with torch.no_grad():
-            return contrast.run({site: inside}).cpu().numpy()
-    first = inside * from_input[None].float()
-    with torch.no_grad():
-        return contrast.run({site: first, freeze: 1 - inside}).cpu().numpy()
-
-
-def full_circuit(contrast, site) -> np.ndarray:
-    """[items] scores of the circuit of every edge: the other run's scores (positions outside the aligned ones
-    keep this run's values, which the scored positions of the other run do not read under `edge-set`)."""
-    return circuit_scores(contrast, site, [range(len(site.edges))])[0]
-
-
-def faithfulness(contrast, site, edge_sets: Sequence[Sequence[int]], full: np.ndarray | None = None):
-    """Per circuit: faithfulness of the mean score, and per-item scores [P, items]; circuits in one batch."""
-    scores = circuit_scores(contrast, site, edge_sets)
-    full = full_circuit(contrast, site) if full is None else full
-    empty, full = float(contrast.clean_base.mean()), float(np.mean(full))
-    gap = full - empty
-    f = (scores.mean(1) - empty) / gap if abs(gap) > 1e-12 else np.full(len(edge_sets), np.nan)
-    return f, scores
+def faithfulness(runs: CircuitRuns, edge_sets: Sequence[Sequence[int]]):
+    """Per circuit: its value under the runs' semantics (kept: faithfulness; knockout: the share removed) and per-item
+    scores [P, items]; circuits in one batch."""
+    return runs.value(edge_sets)
 
 
 def path_scores(contrast, site, paths: Sequence[Sequence[int]]) -> np.ndarray:
@@ -269,18 +231,20 @@ def _verify(contrast, site, scores: np.ndarray, order: np.ndarray, verify: int):
     return exact, pearson
 
 
-def _paths(contrast, site, g, scores, full, n_paths, direction, min_share, min_items, sem):
-    """The strongest complete paths by |score| product, verified by path patching; or why there are none."""
-
-    # under edge-set semantics the format difference enters every sender through unaligned positions, so a
-    # path may start at any sender; under chain semantics it enters through the input alone
-    cand = strongest_paths(g, max(n_paths, 3 * n_paths), start="input" if sem == "chain" else "any")
+def _paths(runs: CircuitRuns, g, scores, n_paths, min_share, min_items):
+    """The strongest complete paths by |score| product, verified by path patching on the scoring run; or why there
+    are none. Under resample with every position aligned the difference enters through the input alone, so a path
+    starts there; otherwise (positions not aligned, or an ablation value for every sender) at any sender."""
+    contrast, site = runs.scoring, runs.site
+    from_input = runs.ablation == "resample" and contrast.align == "index"
+    cand = strongest_paths(g, max(n_paths, 3 * n_paths), start="input" if from_input else "any")
     if not cand:
-        return [], ("no complete path input -> logits has edges of nonzero score" if sem == "chain" else
+        return [], ("no complete path input -> logits has edges of nonzero score" if from_input else
                     "no path sender -> logits has edges of nonzero score")
     pp = path_scores(contrast, site, cand)
     base = contrast.clean_base.cpu().numpy()
-    total = full - base
+    total = runs.patched_all() - base  # every edge at the site's value: the effect the paths share
+    sign = 1.0 if float(total.mean()) >= 0 else -1.0
     out = []
     for path, row in zip(cand, pp):
         eff = row - base
@@ -290,7 +254,7 @@ def _paths(contrast, site, g, scores, full, n_paths, direction, min_share, min_i
         prod = float(np.prod([abs(scores[e]) for e in path]))
         out.append(PathResult(path_nodes(g, path), [site.names[e] for e in path], prod, bootstrap_mean(eff),
                               bootstrap_mean(fin), bool(len(fin) and (fin >= min_share).mean() >= min_items)))
-    out.sort(key=lambda p: -p.effect.value if direction == "denoise" else p.effect.value)
+    out.sort(key=lambda p: -sign * p.effect.value)
     return out[:n_paths], None
 
 
@@ -309,20 +273,23 @@ def shape_cfg(shape: dict):
 def check_circuit_file(circuit: dict, model_spec: str, ablation: str = "resample", where: str = "") -> None:
     """A circuit file read by `read_circuit` checked against a model's config alone (names, cfg, GQA copies),
     so a file for another model is refused before the weights load."""
+    file_semantics(circuit, where)
     shp = shape(resolve(model_spec))
     cfg = shape_cfg(dict(n_layers=shp.n_layers, n_heads=shp.n_heads, n_key_value_heads=shp.n_kv_heads,
                          attn_only=shp.attn_only, d_model=shp.d_model))
     edges_for_model(circuit, EdgeSite.of(cfg, ablation), cfg, where)
 
 
-def default_method(case: Case) -> str:
+def default_method(case: Case, ablation: str = "resample") -> str:
     """The method `discover` uses when none is named: MIB's `eap-ig-inputs` where every position is aligned
-    (prompts of equal length), else `eap-ig-masks`."""
-    return "eap-ig-inputs" if case.align == "index" else "eap-ig-masks"
+    (prompts of equal length) under resample ablation, else `eap-ig-masks`."""
+    return "eap-ig-inputs" if case.align == "index" and ablation == "resample" else "eap-ig-masks"
 
 
-def check_options(method: str, ablation: str, ig_steps: int, target: float | None, n_edges: int | None) -> None:
+def check_options(method: str, ablation: str, ig_steps: int, target: float | None, n_edges: int | None,
+                  semantics: str = "kept") -> None:
     """Refuse options that cannot run, before any model work."""
+    check_semantics(semantics)
     if target is not None and not 0 < target <= 1.5:
         raise AnalysisError(f"faithfulness target {target} is not in (0, 1.5]", field="--faithfulness", fix="e.g. 0.9")
     if n_edges is not None and n_edges < 1:
@@ -344,110 +311,131 @@ def ranked_edges(contrast, site, method: str, ig_steps: int, verify: int):
     return scores, order, exact, pearson
 
 
-def faithfulness_curve(contrast, site, order, full):
-    """Faithfulness at MIB's edge fractions (plus the empty circuit), every circuit in one batch:
-    (fractions, edge counts, faithfulness, CPR, CMD)."""
-    E = len(site.edges)
+def faithfulness_curve(runs: CircuitRuns, order):
+    """The circuit's value (faithfulness, or the share removed under knockout) at MIB's edge fractions (plus the
+    empty circuit), every circuit in one batch: (fractions, edge counts, values, CPR, CMD)."""
+    E = len(runs.ablate.edges)
     counts = [0] + [max(1, int(round(fr * E))) for fr in CURVE]
-    f_curve, _ = faithfulness(contrast, site, [order[:k] for k in counts], full)
+    f_curve, _ = runs.value([order[:k] for k in counts])
     xs = [0.0] + list(CURVE)
     return xs, counts, f_curve, _area(xs, f_curve), _area(xs, np.abs(1 - f_curve))
 
 
-def prune(contrast, site, g, order, full, target: float | None, n_edges: int | None, sem: str,
+def prune(runs: CircuitRuns, g, order, target: float | None, n_edges: int | None,
           exhaustive_up_to: int | None = None) -> tuple[list[int], dict]:
-    """The circuit: the smallest top-k prefix of the ranking reaching `target` (or the top `n_edges`), then,
-    under chain semantics, less the edges on no complete path input -> logits (they carry nothing).
-    Returns the circuit's edge indices and how the prefix was found."""
+    """The circuit: the smallest top-k prefix of the ranking reaching `target` (or the top `n_edges`); then, for a kept
+    circuit under resample with every position ablated, less the edges on no complete path input -> logits (each
+    carries its sender's base-run output, its ablation value: they change nothing). Returns the circuit's edge
+    indices and how the prefix was found."""
 
-    E = len(site.edges)
+    E = len(runs.ablate.edges)
     search: dict = {}
     if n_edges is not None:
         k = min(E, n_edges)
     else:
-        ps = smallest_prefix(lambda ks: faithfulness(contrast, site, [order[:c] for c in ks], full)[0], E, target,
+        ps = smallest_prefix(lambda ks: runs.value([order[:c] for c in ks])[0], E, target,
                              exhaustive_up_to=EXHAUSTIVE_UP_TO if exhaustive_up_to is None else exhaustive_up_to)
         k = E if ps.k is None else ps.k
         search = dict(k=ps.k, f=ps.f, f_before=ps.f_before, search=ps.search, monotone_assumed=ps.monotone_assumed,
                       evaluated=len(ps.evaluated), describe=ps.describe())
-    circuit = [int(e) for e in order[:k]]
-    circuit = sorted(prune_dangling(g, circuit) if sem == "chain" else circuit)
+    circuit = sorted(int(e) for e in order[:k])
+    if dangling_prunable(runs):
+        circuit = sorted(prune_dangling(g, circuit))
     search["prefix"], search["pruned"] = k, len(circuit)
     return circuit, search
 
 
+def dangling_prunable(runs: CircuitRuns) -> bool:
+    """Whether edges on no complete path input -> logits change nothing: a kept circuit under resample with every
+    position ablated (elsewhere a sender with every input ablated still computes something other than its ablation
+    value: a mean or zero input, or context at positions that are not ablated)."""
+    return runs.semantics == "kept" and runs.ablation == "resample" and runs.positions == "every position"
+
+
 def discover(case: Case, model, *, method: Method | None = None, ablation: str = "resample",
-             direction: Direction = "denoise", bad: str | None = None, tag: str | None = None,
-             target: float | None = 0.9, n_edges: int | None = None, n_paths: int = 10, ig_steps: int = IG_STEPS,
-             verify: int = 50, min_share: float = 0.1, min_items: float = 0.5, batch_size: int = 256,
-             exhaustive_up_to: int | None = None) -> CircuitResult:
+             semantics: str = "kept", direction: Direction = "denoise", bad: str | None = None,
+             tag: str | None = None, target: float | None = 0.9, n_edges: int | None = None, n_paths: int = 10,
+             ig_steps: int = IG_STEPS, verify: int = 50, min_share: float = 0.1, min_items: float = 0.5,
+             batch_size: int = 256, exhaustive_up_to: int | None = None) -> CircuitResult:
     """Score every edge, verify the top ones, draw the faithfulness curve, prune a circuit (the smallest
-    top-k prefix of the ranking reaching `target` faithfulness, or the top `n_edges`; then, under chain
-    semantics, less the edges on no complete path) and rank its complete paths by path patching.
+    top-k prefix of the ranking reaching `target`, or the top `n_edges`; see `prune`) and rank its complete paths
+    by path patching.
 
-    `method` None picks `default_method(case)`. What a circuit means (`semantics`) follows the case's alignment
-    and is recorded in the result, its exports and the report."""
+    `method` None picks `default_method(case, ablation)`. `semantics`: what a circuit means (`SEMANTICS`: "kept",
+    MIB's, or "knockout"), recorded in the result, its exports and the report."""
 
-    method = method or default_method(case)
-    check_options(method, ablation, ig_steps, target, n_edges)
+    method = method or default_method(case, ablation)
+    check_options(method, ablation, ig_steps, target, n_edges, semantics)
     site = EdgeSite.of(model.cfg, ablation)
     if n_edges is not None and n_edges > len(site.edges):
         raise AnalysisError(f"--edges {n_edges} is more than the model's {len(site.edges)} edges", field="--edges",
                             fix=f"use --edges {len(site.edges)} or fewer")
-    contrast, info = make_contrast(case, model, bad=bad, direction=direction, tag=tag, batch_size=batch_size,
-                                   sites=site.node_sites())
-    sem = semantics(contrast)
-    full = full_circuit(contrast, site)
-    scores, order, exact, pearson = ranked_edges(contrast, site, method, ig_steps, verify)
-    xs, counts, f_curve, cpr, cmd = faithfulness_curve(contrast, site, order, full)
-    circuit, search = prune(contrast, site, build_graph(site, scores, exact), order, full, target, n_edges, sem,
-                            exhaustive_up_to)
-    f_c, per_item = faithfulness(contrast, site, [circuit], full)
-    gap = float(full.mean() - contrast.clean_base.mean())
-    ci = scaled(bootstrap_mean(per_item[0] - contrast.clean_base.cpu().numpy()), gap)
+    runs = circuit_runs(case, model, site, semantics=semantics, direction=direction, bad=bad, tag=tag,
+                        batch_size=batch_size)
+    scores, order, exact, pearson = ranked_edges(runs.scoring, site, method, ig_steps, verify)
+    xs, counts, f_curve, cpr, cmd = faithfulness_curve(runs, order)
+    circuit, search = prune(runs, build_graph(site, scores, exact), order, target, n_edges, exhaustive_up_to)
+    f_c, per_item = runs.value([circuit])
+    gap = float(runs.full.mean() - runs.empty.mean())
+    ci = scaled(bootstrap_mean(runs.per_item(per_item[0])), gap)
     g = build_graph(site, scores, exact, circuit)
-    paths, why = ([], "--paths 0") if n_paths <= 0 else _paths(contrast, site, g, scores, full, n_paths, direction,
-                                                                  min_share, min_items, sem)
+    paths, why = ([], "--paths 0") if n_paths <= 0 else _paths(runs, g, scores, n_paths, min_share, min_items)
+    info = runs.info
     return CircuitResult(
         case=case.name, method=method, ablation=ablation, direction=direction, base=info["base"],
-        source=info["source"], tag=info["tag"], n_items=contrast.n_items, n_edges=len(site.edges),
+        source=info["source"], tag=info["tag"], n_items=runs.explained.n_items, n_edges=len(site.edges),
         edge_names=site.names, scores=scores, exact=exact, verify_pearson=pearson,
-        empty=float(contrast.clean_base.mean()), full=float(full.mean()), curve_fractions=xs, curve_edges=counts,
+        empty=float(runs.empty.mean()), full=float(runs.full.mean()), curve_fractions=xs, curve_edges=counts,
         curve=[float(v) for v in f_curve], cpr=cpr, cmd=cmd, target=target if n_edges is None else None,
         circuit=circuit, circuit_faithfulness=float(f_c[0]), circuit_faithfulness_ci=(ci.lo, ci.hi), paths=paths,
         options=dict(method=method, ablation=ablation, direction=direction, ig_steps=ig_steps, verify=verify,
                      target=target, n_edges=n_edges, n_paths=n_paths, min_share=min_share, min_items=min_items,
-                     semantics=sem, align=contrast.align),
-        search=search, no_paths=why, execution=contrast.execution, shape=model_shape(model.cfg))
+                     semantics=semantics, semantics_detail=runs.describe(), positions=runs.positions,
+                     align=case.align, mean_over="reference items" if ablation == "mean" and case.reference else
+                     ("items" if ablation == "mean" else None)),
+        search=search, no_paths=why, execution=runs.scoring.execution, shape=model_shape(model.cfg))
 
 
-def evaluate_circuit(case: Case, model, edges, *, ablation: str = "resample", direction: Direction = "denoise",
-                     bad: str | None = None, tag: str | None = None, batch_size: int = 256,
-                     semantics_of_file: str | None = None, where: str = "") -> dict:
-    """Faithfulness of a given edge set (names, or a circuit read by `circuits.export.read_circuit`), with a
-    95% interval over items. A file whose semantics differ from this contrast's is refused: the same edges
-    mean another circuit there."""
+def file_semantics(circuit: dict, where: str = "") -> str | None:
+    """The semantics a circuit file records (legacy names read as today's), or None; a file of the retired
+    edge-set reading is refused."""
+    sem = circuit.get("semantics") if isinstance(circuit, dict) else None
+    sem = LEGACY_SEMANTICS.get(sem, sem)
+    if sem is None or sem in SEMANTICS:
+        return sem
+    if sem == "edge-set":
+        raise AnalysisError("the circuit file was found under the retired edge-set reading (a circuit's edges patched "
+                            "together, every other edge passing current values), which is neither kept nor knockout",
+                            where=where, field="semantics",
+                            fix="find the circuit again with this version (surgeon circuit ... --export FILE)")
+    raise AnalysisError(f"the circuit file records semantics {str(sem)[:40]!r}", where=where, field="semantics",
+                        fix=f"a circuit file says one of: {', '.join(SEMANTICS)}")
+
+
+def evaluate_circuit(case: Case, model, edges, *, ablation: str = "resample", semantics: str | None = None,
+                     direction: Direction = "denoise", bad: str | None = None, tag: str | None = None,
+                     batch_size: int = 256, where: str = "") -> dict:
+    """The value of a given edge set (names, or a circuit read by `circuits.export.read_circuit`) with a 95% interval
+    over items: its faithfulness under `semantics` "kept" (default: what the file records, else kept), or the share
+    removed under "knockout"."""
 
     site = EdgeSite.of(model.cfg, ablation)
     if isinstance(edges, dict):
-        semantics_of_file = edges.get("semantics") or semantics_of_file
+        recorded = file_semantics(edges, where)
+        semantics = semantics or recorded
         idx = edges_for_model(edges, site, model.cfg, where)
     else:
         idx = [site.index(e) for e in edges]
-    contrast, info = make_contrast(case, model, bad=bad, direction=direction, tag=tag, batch_size=batch_size,
-                                   sites=site.node_sites())
-    sem = semantics(contrast)
-    if semantics_of_file and semantics_of_file != sem:
-        raise AnalysisError(f"the circuit file has {semantics_of_file} semantics but this case runs circuits as "
-                            f"{sem} (align={contrast.align!r}): the same edges mean another circuit here",
-                            where=where, field="semantics",
-                            fix="evaluate it on a case with the alignment it was found under")
-    full = full_circuit(contrast, site)
-    f, per_item = faithfulness(contrast, site, [idx], full)
-    gap = float(full.mean() - contrast.clean_base.mean())
-    ci = scaled(bootstrap_mean(per_item[0] - contrast.clean_base.cpu().numpy()), gap)
-    return {"case": case.name, "base": info["base"], "source": info["source"], "n_items": contrast.n_items,
+    semantics = semantics or "kept"
+    check_semantics(semantics)
+    runs = circuit_runs(case, model, site, semantics=semantics, direction=direction, bad=bad, tag=tag,
+                        batch_size=batch_size)
+    f, per_item = runs.value([idx])
+    gap = float(runs.full.mean() - runs.empty.mean())
+    ci = scaled(bootstrap_mean(runs.per_item(per_item[0])), gap)
+    info = runs.info
+    return {"case": case.name, "base": info["base"], "source": info["source"], "n_items": runs.explained.n_items,
             "n_edges": len(idx), "of_edges": len(site.edges), "faithfulness": float(f[0]),
-            "faithfulness_ci": [ci.lo, ci.hi] if abs(gap) > 1e-12 else None, "semantics": sem,
-            "empty": float(contrast.clean_base.mean()), "full": float(full.mean()),
-            "circuit": float(per_item[0].mean())}
+            "faithfulness_ci": [ci.lo, ci.hi] if abs(gap) > 1e-12 else None, "semantics": semantics,
+            "semantics_detail": runs.describe(), "ablation": ablation, "positions": runs.positions,
+            "empty": float(runs.empty.mean()), "full": float(runs.full.mean()), "circuit": float(per_item[0].mean())}

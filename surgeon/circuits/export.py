@@ -388,7 +388,7 @@ def read_circuit(path: Path) -> dict:
                                     f"log-probabilities, never past {MAX_SCORE:g}", field="edges", **bad)
             out[n] = d["in_graph"]
         cfg = data.get("cfg") if isinstance(data.get("cfg"), dict) else None
-        return {"edges": out, "semantics": data.get("semantics", "chain"), "cfg": cfg}
+        return {"edges": out, "semantics": data.get("semantics", "kept"), "cfg": cfg}  # MIB's circuits are kept sets
     if isinstance(edges, list):  # node-link
         out = {}
         for d in edges:

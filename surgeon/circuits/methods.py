@@ -33,16 +33,18 @@ ATTRIBUTION_METHODS: dict[str, str] = {
 }
 ATTRIBUTION_IG_STEPS = 10
 
-# what a circuit means, chosen by the case's alignment (`semantics_for`: chain where every position is aligned,
-# align="index"; edge-set otherwise) and recorded in every result and exported file
+# what a circuit means (`surgeon circuit --semantics`), recorded in every result, exported file and circuit-eval output
+# (see surgeon.analyses.circuit_runs for the runs behind each)
 SEMANTICS: dict[str, str] = {
-    "chain": "MIB's: edges outside the circuit carry the other run's sender outputs, edges inside current values",
-    "edge-set": "surgeon edge-set: the circuit's edges are patched together (each carries the other run's sender "
-                "output at the aligned positions), every other edge carries current values; MIB's evaluator, which "
-                "ablates every edge outside the circuit, gives another faithfulness for this file",
+    "kept": "the circuit is what is kept (MIB, ACDC, auto-circuit): on the source format's items every edge outside "
+            "the circuit carries its ablation value (resample: the other format's sender output at the aligned "
+            "positions; mean: the sender's mean over items per position; zero: zero; mean and zero at every "
+            "position), every edge inside its sender's current output; f = (m(C) - m(empty)) / (m(full) - m(empty))",
+    "knockout": "the circuit is what is removed (necessity; Marks et al.'s completeness is the faithfulness of the "
+                "rest): the circuit's edges carry their ablation value, every other edge its current output; the "
+                "value is the share of the behaviour removed, (m(full) - m(without C)) / (m(full) - m(empty))",
 }
-
-
-def semantics_for(align: str | None) -> str:
-    """The semantics circuits run under for a case's alignment: `chain` for index alignment, else `edge-set`."""
-    return "chain" if align == "index" else "edge-set"
+# what files written before 0.2 recorded: "chain" meant the kept reading under resample ablation with every position
+# aligned (read as "kept"); "edge-set" patched a circuit's edges together and let every other edge pass current
+# values, which is neither reading (such a file is refused by circuit-eval)
+LEGACY_SEMANTICS = {"chain": "kept"}

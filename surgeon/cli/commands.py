@@ -26,6 +26,7 @@ from surgeon.errors import SurgeonError
 from surgeon.spec.shipped import CASES_DIR
 
 REPORT_STEPS = ("diagnose", "patch", "threshold", "blend", "circuit", "sae")  # analyses.pipeline.STEPS
+from surgeon.circuits.methods import SEMANTICS
 from surgeon.sites.ablations import ABLATIONS
 
 
@@ -157,10 +158,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--ig-steps", type=cli_types.bounded(1, MAX_IG_STEPS), default=IG_STEPS,
                    help=f"integration steps of the eap-ig-* methods, 1..{MAX_IG_STEPS} (default: {IG_STEPS}, MIB's)")
     p.add_argument("--ablation", default=ABLATIONS[0], choices=ABLATIONS,
-                   help="what a patched edge carries: the other format's activation (resample, default), its mean "
-                        "over items per aligned position (mean), or zero")
+                   help="what an ablated edge carries: the other format's sender output at the aligned positions "
+                        "(resample, default), its mean over the items per position (mean), or zero; mean and zero "
+                        "at every position of the explained format's run")
+    p.add_argument("--semantics", default="kept", choices=list(SEMANTICS),
+                   help="kept (default; MIB, ACDC, auto-circuit): the circuit is kept, every edge outside it ablated; "
+                        "knockout: the circuit is ablated, the rest kept (necessity; the value is the share removed)")
     p.add_argument("--direction", default="denoise", choices=["denoise", "noise"],
-                   help="denoise: good format's edges into the failing run (default); noise: the reverse")
+                   help="denoise: the circuit carries the good format's run, ablated edges the failing one's "
+                        "(default); noise: the reverse")
     p.add_argument("--faithfulness", type=cli_types.fraction, default=0.9,
                    help="prune to the smallest top-scoring edge set with at least this faithfulness (default: 0.9)")
     p.add_argument("--edges", type=cli_types.positive, help="keep the top N edges instead of a faithfulness target")
@@ -176,7 +182,9 @@ def build_parser() -> argparse.ArgumentParser:
     add_common(p)
     p.add_argument("graph", type=Path, help="the circuit file (.json or .mib.json)")
     p.add_argument("--ablation", default=ABLATIONS[0], choices=ABLATIONS,
-                   help="what a patched edge carries (default: resample)")
+                   help="what an ablated edge carries (default: resample)")
+    p.add_argument("--semantics", choices=list(SEMANTICS),
+                   help="kept or knockout (default: what the file records; kept where it records nothing)")
     p.add_argument("--direction", default="denoise", choices=["denoise", "noise"], help="default: denoise")
     add_items(p)
     add_metric(p)
@@ -421,9 +429,10 @@ def cmd_circuit(args) -> int:
     from surgeon.analyses import planning
     from surgeon.analyses.circuit import default_method, discover
 
-    method = args.method or default_method(case)
+    method = args.method or default_method(case, args.ablation)
     batch = planned_batch_size(args, planning.plan_circuit, case, model, method, args.ig_steps, args.verify)
-    r = discover(case, model, method=method, ablation=args.ablation, direction=args.direction, bad=args.bad,
+    r = discover(case, model, method=method, ablation=args.ablation, semantics=args.semantics,
+                 direction=args.direction, bad=args.bad,
                  tag=args.tag, target=None if args.edges else args.faithfulness, n_edges=args.edges,
                  n_paths=args.paths, ig_steps=args.ig_steps, verify=args.verify, batch_size=batch)
     code = print_report(args, r, case, device)
@@ -463,7 +472,8 @@ def cmd_circuit_eval(args) -> int:
     case, model, device = load_case_and_model(args, check=against_the_model)
     from surgeon.reports import text as report
 
-    r = evaluate_circuit(case, model, circuit, ablation=args.ablation, direction=args.direction, bad=args.bad,
+    r = evaluate_circuit(case, model, circuit, ablation=args.ablation, semantics=args.semantics,
+                         direction=args.direction, bad=args.bad,
                          tag=args.tag, batch_size=args.batch_size, where=str(args.graph))
     print(report.circuit_eval_text(r, args.graph))
     if args.out:

@@ -116,6 +116,7 @@ class HookContext:
     bucket: Bucket
     device: torch.device
     engine: object = None
+    masks: Mapping = field(default_factory=dict)  # every site's mask of this pass (this chunk's)
 
     def note(self, path: str) -> None:
         """Record which of its ways a site's hooks took (counted per forward pass in `execution["sites"]`)."""
@@ -221,7 +222,8 @@ class Contrast:
                  *, batch_size: int = 256, base_name: str = "base", source_name: str = "source",
                  sites: Sequence[Site | str] = (), start_layer: int | None = None,
                  shared_prefix: bool | None = None, clean: bool = True, cache_bytes: int | None = None,
-                 metric: Metric | None = None, reference: Tensor | None = None):
+                 metric: Metric | None = None, reference: Tensor | None = None,
+                 mean_rows: Sequence[Row] | None = None):
         if len(base_rows) != len(source_rows) or not base_rows:
             raise AnalysisError("internal: base and source rows differ in number, or there are none")
         self.model = model
@@ -251,6 +253,10 @@ class Contrast:
         self.cache_bytes = default_cache_bytes(self.device) if cache_bytes is None else int(cache_bytes)
         self.n_items = max(r.item for r in base_rows) + 1
         self.align = align
+        # rows (in the source format) whose mean activation per aligned position mean ablation patches in; None: the
+        # source rows themselves (`mean_activation`)
+        self.mean_rows = list(mean_rows) if mean_rows is not None else None
+        self._means: dict[Site, Tensor] = {}
         sites = [Site.coerce(x) for x in sites]
         if start_layer is None:
             start_layer = min((x.layer for x in sites), default=0)
@@ -670,7 +676,7 @@ class Contrast:
     def _mix_hooks(self, b: Bucket, masks: Mapping[SiteKind, Tensor], copies: int, offset: int, start: int = 0) -> list:
         """Every site's hooks for one chunk of `copies` patches (positions relative to `offset`, the first
         position the forward pass sees)."""
-        ctx = HookContext(self.model, b, self.device, self)
+        ctx = HookContext(self.model, b, self.device, self, masks)
         return [h for site, m in masks.items() for h in site.hooks(ctx, m, copies, offset, start)]
 
     def _run_chunk(self, b: Bucket, start: int, masks: Mapping[Site, Tensor], copies: int, kv_cache,
@@ -703,7 +709,7 @@ class Contrast:
             stack.enter_context(fused_activations(self.model))
             stack.enter_context(self._prefix_mode(b, start, masks, z))
             for s, m in masks.items():
-                stack.enter_context(s.forward_context(self.model, m))
+                stack.enter_context(s.forward_context(self.model, m, masks))
             if read is not None and (stop or self.cfg.n_layers) == self.cfg.n_layers:
                 stack.enter_context(last_mlp_at(self.model, read, copies))
             return self.model(resid, start_at_layer=start, stop_at_layer=stop or self.cfg.n_layers,
@@ -719,6 +725,62 @@ class Contrast:
         if z is None and all(s.keeps_head_outputs(start) for s in masks):
             z = b.z[start]
         return prefix_attention.shared_prefix(self.model, b.kv, b.n, b.p0, start, z_start=z)
+
+    def mean_activation(self, site: Site | str) -> Tensor:
+        """[n_slots, unit, rest] the source run's activation at `site` averaged over items at each aligned position
+        (slot): each item's rows averaged first, then the items that have the slot, over every bucket (or over
+        `mean_rows`, a reference set, when the Contrast was given one). What mean ablation patches in: the mean over
+        the whole item set per position, as EAP-IG's `compute_mean_activations(per_position=True)` takes it over a
+        dataloader, so it is the same whatever the batch size or bucket layout. Summed in float64; computed once."""
+        site = Site.coerce(site)
+        if site in self._means:
+            return self._means[site]
+        S = self.n_slots
+        if self.mean_rows is not None:
+            total, have = self._reference_sums(site, S)
+        else:
+            items = [b.items.cpu() for b in self.buckets]
+            valid = [b.slot_valid.cpu().double() for b in self.buckets]
+            per_item = torch.zeros(self.n_items, S, dtype=torch.float64)  # rows of each item that have each slot
+            for it, v in zip(items, valid):
+                per_item[:, : v.shape[1]].index_add_(0, it, v)
+            total = None
+            for b, it, v in zip(self.buckets, items, valid):
+                self._ensure_source(b, [site])
+                x = b.source_acts[site].cpu().double()  # [n, S_b, unit, rest]
+                w = v / per_item[it, : v.shape[1]].clamp_min(1)  # each item's rows share its weight
+                part = (x * w[:, :, None, None]).sum(0)
+                if total is None:
+                    total = torch.zeros(S, *x.shape[2:], dtype=torch.float64)
+                total[: part.shape[0]] += part
+                self._trim(b)
+            have = (per_item > 0).sum(0).double()
+        self._means[site] = (total / have.clamp_min(1)[:, None, None]).to(self.device, self.cfg.dtype)
+        return self._means[site]
+
+    @torch.no_grad()
+    def _reference_sums(self, site: Site, S: int) -> tuple[Tensor, Tensor]:
+        """Sums over the items of `mean_rows` of `site`'s activation at each aligned position (each item's rows
+        averaged first), and how many items have each position; positions past the Contrast's slots are dropped."""
+        rows = self.mean_rows
+        pos = [align_rows(r, r, self.align)[0][:S] for r in rows]
+        n_items = max(r.item for r in rows) + 1
+        per_item = torch.zeros(n_items, S, dtype=torch.float64)
+        for r, p in zip(rows, pos):
+            per_item[r.item, : len(p)] += 1
+        pad = getattr(self.model.tokenizer, "pad_token_id", None) or 0
+        total = None
+        for lo in range(0, len(rows), self.batch_size):
+            chunk, cpos = rows[lo: lo + self.batch_size], pos[lo: lo + self.batch_size]
+            W = max(len(r.tokens) for r in chunk)
+            _, cache = self._pass_once(_padded([r.tokens for r in chunk], W, pad, self.device), [site.hook], False)
+            x = units_view(cache[site.hook], site.component, site.n_units(self.cfg)).cpu().double()
+            for i, (r, p) in enumerate(zip(chunk, cpos)):
+                part = x[i, p] / per_item[r.item, : len(p)].clamp_min(1)[:, None, None]
+                if total is None:
+                    total = torch.zeros(S, *x.shape[2:], dtype=torch.float64)
+                total[: len(p)] += part
+        return total, (per_item > 0).sum(0).double()
 
     def activations(self, site: Site | str, run: str = "source") -> Tensor:
         """The unpatched activation of one run ("source" or "base") at the aligned positions,

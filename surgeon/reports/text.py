@@ -317,44 +317,44 @@ def circuit_text(r, top: int = 10) -> str:
             "eap-ig-activations": f"EAP-IG-activations ({steps} steps per sender group)",
             "eap-ig-masks": f"integrated gradients over the edge masks ({steps} midpoints, averaged)",
             "exact": "exact edge patching"}[r.method]
-    lines = [f"case {r.case} · circuit of edges from {r.source!r} into {r.base!r} ({r.direction}, {r.ablation}) · "
-             f"{r.n_items} items ({r.tag or 'all'}) · {r.n_edges} edges scored by {what}",
-             f"m(empty) = {r.empty:+.3f} (unpatched), m(full) = {r.full:+.3f} (every edge patched); "
-             f"faithfulness f = (m(circuit) - m(empty)) / (m(full) - m(empty))"]
-    if r.options.get("semantics") == "edge-set":
-        lines.append(f"circuits as edge sets (align={r.options.get('align')!r}: the formats differ at positions that "
-                     f"are not aligned): a circuit's edges are patched (the {r.source} run's sender outputs at the "
-                     f"aligned positions), the others carry current values; a path (from any sender) is path-patched")
-    else:
-        lines.append("circuits as chains (align='index'): edges out of the input carry the other run's embedding, "
-                     "edges inside pass on current values, edges outside are frozen; a path is path-patched")
+    sem = r.options.get("semantics", "kept")
+    sym = "f" if sem == "kept" else "removed"
+    lines = [f"case {r.case} · circuit of the {r.source!r} run against {r.base!r} ({r.direction}, {r.ablation} "
+             f"ablation, {sem} semantics) · {r.n_items} items ({r.tag or 'all'}) · {r.n_edges} edges scored by {what}",
+             f"m(empty) = {r.empty:+.3f} (every edge ablated), m(full) = {r.full:+.3f} (nothing ablated); "
+             + (f"faithfulness f = (m(circuit) - m(empty)) / (m(full) - m(empty))" if sem == "kept" else
+                f"removed = (m(full) - m(without the circuit)) / (m(full) - m(empty)), the share of the behaviour "
+                f"that knocking the circuit out removes")]
+    if r.options.get("semantics_detail"):
+        lines.append(f"what a circuit means: {r.options['semantics_detail']}; a path is path-patched")
     lines.append("")
     order = np.argsort(-np.abs(r.scores))[:top]
-    lines.append(f"top {len(order)} edges by |score| (effect on the mean score of patching the edge alone):")
+    alone = "patching the edge alone" if r.ablation == "resample" else f"{r.ablation}-ablating the edge alone"
+    lines.append(f"top {len(order)} edges by |score| (effect on the mean score of {alone}):")
     lines.append(f"  {'edge':28s} {'score':>9s} {'exact':>9s}")
     for e in order:
         ex = r.exact.get(int(e))
         lines.append(f"  {r.edge_names[e]:28s} {_f(r.scores[e], '+9.3f')} " + (_f(ex, "+9.3f") if ex is not None else f"{'-':>9s}"))
     if r.verify_pearson is not None:
         lines.append(f"  estimate vs exact over the top {len(r.exact)} edges: Pearson r = {r.verify_pearson:.3f}")
-    lines += ["", "faithfulness curve (top-scoring edges, MIB's fractions):",
+    lines += ["", f"{'faithfulness' if sem == 'kept' else 'knock-out'} curve (top-scoring edges, MIB's fractions):",
               "  " + "  ".join(f"{100 * x:g}%:{n}" for x, n in zip(r.curve_fractions, r.curve_edges)),
               "  " + "  ".join(_f(v, ".3f") for v in r.curve),
               f"  CPR (area under f) = {r.cpr:.3f}, CMD (area under |1 - f|) = {r.cmd:.3f}", ""]
     s = r.search
     if r.target is not None and s.get("k") is None:
-        how = f"no top-k edge set reaches f >= {r.target}: every edge"
+        how = f"no top-k edge set reaches {sym} >= {r.target}: every edge"
     elif r.target is not None:
-        how = f"smallest top-k edge set with f >= {r.target}: k = {s['k']}"
+        how = f"smallest top-k edge set with {sym} >= {r.target}: k = {s['k']}"
         if s.get("f_before") is not None:
-            how += f" (f(k-1) = {s['f_before']:.3f})"
+            how += f" ({sym}(k-1) = {s['f_before']:.3f})"
     else:
         how = "the top edges asked for"
-    if r.options.get("semantics", "chain") == "chain" and s.get("pruned", len(r.circuit)) != s.get("prefix", len(r.circuit)):
+    if s.get("pruned", len(r.circuit)) != s.get("prefix", len(r.circuit)):
         how += f", less {s['prefix'] - s['pruned']} edges on no complete path"
     lo, hi = r.circuit_faithfulness_ci
     lines.append(f"circuit ({how}): {len(r.circuit)} edges, "
-                 f"f = {r.circuit_faithfulness:.3f} [{lo:.3f}, {hi:.3f}] (95% CI over items)")
+                 f"{sym} = {r.circuit_faithfulness:.3f} [{lo:.3f}, {hi:.3f}] (95% CI over items)")
     if s.get("search"):
         lines.append(f"  search: {s['describe']}")
     nodes = sorted({x.split("<")[0] for n in r.names(r.circuit) for x in n.split("->")} - {"input", "logits"})
@@ -378,12 +378,18 @@ def circuit_text(r, top: int = 10) -> str:
 
 def circuit_eval_text(r: dict, path) -> str:
     lo, hi = r["faithfulness_ci"] or (float("nan"), float("nan"))
-    lines = [f"case {r['case']} · circuit {path} · {r['n_edges']} of {r['of_edges']} edges from {r['source']!r} into "
-             f"{r['base']!r} ({r['semantics']} semantics) · {r['n_items']} items",
+    sem = r.get("semantics", "kept")
+    lines = [f"case {r['case']} · circuit {path} · {r['n_edges']} of {r['of_edges']} edges · the {r['source']!r} run "
+             f"against {r['base']!r} ({r.get('ablation', 'resample')} ablation, {sem} semantics) · {r['n_items']} items",
+             f"what a circuit means: {r['semantics_detail']}" if r.get("semantics_detail") else "",
              f"m(empty) = {r['empty']:+.3f}, m(circuit) = {r['circuit']:+.3f}, m(full) = {r['full']:+.3f}",
-             f"faithfulness = {r['faithfulness']:.3f} [{lo:.3f}, {hi:.3f}] (95% CI over items)"]
+             (f"faithfulness = {r['faithfulness']:.3f}" if sem == "kept" else
+              f"share removed by knocking the circuit out = {r['faithfulness']:.3f}") +
+             f" [{lo:.3f}, {hi:.3f}] (95% CI over items)"]
+    lines = [x for x in lines if x]
     if r["n_edges"] == 0:
-        lines.append(f"warning: {path} marks no edge as in the circuit: this is the empty circuit (f = 0 by definition)")
+        lines.append(f"warning: {path} marks no edge as in the circuit: this is the empty circuit "
+                     f"({'f = 0' if sem == 'kept' else 'nothing removed'} by definition)")
     return "\n".join(lines)
 
 

@@ -236,20 +236,40 @@ class EdgeSite(SiteKind):
         key = ("edges", self.ablation, self.graph)
         if key not in b.site_cache:  # constants of the two clean runs (no graph to the weights, kept across passes)
             with torch.no_grad():
-                src = sender_outputs(ctx.model, self, b.source_acts)
                 base = sender_outputs(ctx.model, self, b.base_acts)
-                b.site_cache[key] = (ablated_source(self, src, base, b.slot_valid), base)
+                if self.ablation == "mean":  # the mean over every item (or the reference set) per aligned position
+                    S = b.slot_valid.shape[1]
+                    mean = sender_outputs(ctx.model, self, {s: ctx.engine.mean_activation(s)[:S]
+                                                            for s in self.node_sites()})
+                    src = mean.to(base.device, base.dtype).expand_as(base).contiguous()
+                else:
+                    src = ablated_source(self, sender_outputs(ctx.model, self, b.source_acts), base)
+                b.site_cache[key] = (src, base)
         src, base = b.site_cache[key]
         m = mask.to(src.device, src.dtype)
         shared = shared_values(ctx.model, self, m)  # under gradients: each sender's one value, or None
         if mask.requires_grad:
             ctx.note("edge gradients: " + ("q/k/v through the projections" if shared is not None
                                            else "per-head q/k/v inputs"))
-        return edge_hooks(ctx.model, self, m, src, base, copies, b.n, b.base_pos - offset, b.slot_valid, start, shared)
+        return edge_hooks(ctx.model, self, m, src, base, copies, b.n, b.base_pos - offset, b.slot_valid, start, shared,
+                          static=is_static(self, joint_mask(self, mask, ctx.masks)))
 
-    def forward_context(self, model, mask: Tensor):
+    def forward_context(self, model, mask: Tensor, masks=None):
         """Per-head query/key/value inputs where this mask patches them (all of them under gradients)."""
-        return split_inputs(model, qkv_layers(self, mask, model))
+        return split_inputs(model, qkv_layers(self, mask, model, joint_mask(self, mask, masks)))
+
+
+def joint_mask(site: EdgeSite, mask: Tensor, masks=None) -> Tensor:
+    """`mask` with every edge that another edge site over the same graph patches in this pass set too (the static
+    shortcut holds only when no patched receiver of *any* site feeds a patched sender: a frozen edge's sender
+    changed by another site's patch must be read live)."""
+    others = [m for s, m in (masks or {}).items() if s is not site and getattr(s, "graph", None) is site.graph]
+    if not others or mask.requires_grad:
+        return mask
+    joint = mask.detach() != 0
+    for m in others:
+        joint = joint | (m.detach().to(joint.device) != 0)
+    return joint.to(mask.dtype)
 
 
 def is_static(site: EdgeSite, mask: Tensor) -> bool:
@@ -330,12 +350,13 @@ def shared_values(model, site: EdgeSite, mask: Tensor) -> Tensor | None:
     return uniform_values(site.graph, mask)
 
 
-def qkv_layers(site: EdgeSite, mask: Tensor, model=None):
+def qkv_layers(site: EdgeSite, mask: Tensor, model=None, joint: Tensor | None = None):
     """The layers whose query/key/value receivers `mask` [P, n_edges] patches (under gradients: none where
-    every sender's edges share one value, else all: None)."""
+    every sender's edges share one value, else all: None). `joint`: every edge patched in the pass by any site
+    (`joint_mask`), which decides whether the static shortcut holds."""
     if mask.requires_grad:
         return set() if model is not None and shared_values(model, site, mask) is not None else None
-    if model is not None and recomputes_heads(model) and is_static(site, mask):
+    if model is not None and recomputes_heads(model) and is_static(site, mask if joint is None else joint):
         return set()  # each patched head's query/key/value is recomputed from its own input (`edge_hooks`)
     _, _, rl = site.graph.orders
     on = (mask.detach() != 0).any(0).cpu() & site.graph.qkv
@@ -356,7 +377,7 @@ POST_NORM = ("OlmoeForCausalLM", "Olmo2ForCausalLM", "Olmo3ForCausalLM")
 
 
 def edge_hooks(model, site: EdgeSite, mask: Tensor, source: Tensor, base: Tensor, copies: int, n: int,
-               rel: Tensor, valid: Tensor, start: int, shared: Tensor | None = None) -> list:
+               rel: Tensor, valid: Tensor, start: int, shared: Tensor | None = None, static: bool | None = None) -> list:
     """Forward hooks that patch the edges of `mask` [copies, n_edges] in one forward pass from layer `start`.
 
     `source`, `base`: sender outputs [n, S, n_senders, d] of the other and of this run at the aligned
@@ -373,7 +394,7 @@ def edge_hooks(model, site: EdgeSite, mask: Tensor, source: Tensor, base: Tensor
     device = source.device
     idx = torch.arange(n, device=device)[:, None]
     S = rel.shape[1]
-    static = is_static(site, mask)
+    static = is_static(site, mask) if static is None else static
     fixed = (source - base)  # [n, S, J, d]: the difference of every sender that keeps this run's output
     # sender-major [J, n * S * d], laid out once: each receiver's product reads a prefix of its rows (a view, so
     # under gradients every receiver's saved input is this one tensor, not a copy of the senders before it)
@@ -573,15 +594,14 @@ def _first_sender_at(site: EdgeSite, layer: int) -> int:
     return next((i for i, s in enumerate(site.senders) if s.layer >= layer), len(site.senders))
 
 
-def ablated_source(site: EdgeSite, source: Tensor, base: Tensor, valid: Tensor) -> Tensor:
-    """The sender outputs edges carry: the other run's (resample), their mean over items per aligned
-    position (mean), zero, or this run's own (freeze: path patching holds the edges off a path at it)."""
+def ablated_source(site: EdgeSite, source: Tensor, base: Tensor) -> Tensor:
+    """The sender outputs edges carry: the other run's (resample), zero, or this run's own (freeze: path patching
+    holds the edges off a path at it). Mean ablation's values come from the whole item set
+    (`Contrast.mean_activation`), never from the rows at hand."""
     if site.ablation == "resample":
         return source
     if site.ablation == FREEZE:
         return base
     if site.ablation == "zero":
         return torch.zeros_like(source)
-    w = valid.to(source.dtype)[:, :, None, None]
-    mean = (source * w).sum(0, keepdim=True) / w.sum(0, keepdim=True).clamp_min(1)
-    return mean.expand_as(source).contiguous()
+    raise AnalysisError(f"internal: no per-row values for ablation {site.ablation!r}")

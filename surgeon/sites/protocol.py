@@ -74,8 +74,9 @@ class SiteKind:
         forward pre-hook on it (fn(module, args) -> args: e.g. a norm's input, which has no hook point)."""
         raise NotImplementedError
 
-    def forward_context(self, model, mask: "Tensor"):
-        """A context the forward pass runs in (e.g. per-head inputs switched on); none by default."""
+    def forward_context(self, model, mask: "Tensor", masks=None):
+        """A context the forward pass runs in (e.g. per-head inputs switched on); none by default. `masks`: every
+        site's mask of this pass (a site whose shortcuts hold only when no other site acts upstream reads them)."""
         return nullcontext()
 
 

@@ -93,6 +93,8 @@ class Case:
     prepend_bos: bool | None = None  # None: the model's default
     description: str = ""
     saes: Mapping[str, str] | None = None  # {"dir": "saes/blocks.{layer}.hook_mlp_out"} or {"release": ..., "id": ...}
+    # items whose mean activations mean ablation patches in (EAP-IG's reference dataset; None: the analysed items)
+    reference: Sequence[Item] | None = None
     notes: Mapping[str, Any] = field(default_factory=dict)  # free-form: published results, sources
     source: str | None = None  # set by load_case: the file it came from
     digest: str | None = None  # set by load_case: sha256 of that file
@@ -259,6 +261,22 @@ def validate(case: Case, where: str | None = None) -> None:
             fail(fld, f"correct and incorrect are the same ({it.correct!r})", "give two different answers")
         if not isinstance(it.tag, str):
             fail(fld + ".tag", f"is a {type(it.tag).__name__}", 'tags are strings, e.g. tag="trap" (or leave it out)')
+    if case.reference is not None:
+        if not isinstance(case.reference, Sequence) or isinstance(case.reference, str) or not case.reference:
+            fail("reference", f"is {type(case.reference).__name__ if case.reference else 'empty'}, not a list of Items",
+                 "give the items mean ablation averages over: reference=[Item(values={...}, correct=..., "
+                 "incorrect=...), ...], or leave it out (the case's items)")
+        for i, it in enumerate(case.reference):
+            if not isinstance(it, Item) or not isinstance(it.values, Mapping):
+                fail(f"reference[{i}]", f"is a {type(it).__name__}", "build items with surgeon.Item(values, correct, incorrect)")
+            for fname, ph in fields_of.items():
+                missing = sorted(ph - set(it.values))
+                if missing:
+                    fail(f"reference[{i}].values", f"does not define placeholder {{{missing[0]}}} of format {fname!r}",
+                         f"add {missing[0]!r} to the reference item's values")
+            if not all(isinstance(getattr(it, a), str) and getattr(it, a).strip() for a in ("correct", "incorrect")):
+                fail(f"reference[{i}]", "needs non-empty correct and incorrect answers (their tokens are read too)",
+                     'e.g. correct=" 9.8", incorrect=" 9.11"')
     seen: dict = {}
     for i, it in enumerate(case.items):
         key = (tuple(sorted(it.values.items())), it.correct, it.incorrect)
