@@ -242,27 +242,6 @@ def test_edge_gradients_at_masks_that_differ_per_receiver_take_per_head_inputs(c
     torch.testing.assert_close(fd, g[top], atol=2e-2 * float(g.abs().max()), rtol=2e-2)
 
 
-def test_circuit_semantics(contrast):
-    """A circuit of every edge is the other run, of none this run. Under index alignment (chain semantics) a
-    circuit's edges off the input pass on their senders' current values, so edges that never touch the input
-    or never reach the logits change nothing; under other alignments (edge sets) a circuit is its edges
-    patched together, exactly what the core's edge mask does."""
-    from surgeon.analyses.circuit import circuit_scores, semantics
-
-    c, site = contrast
-    E = len(site.edges)
-    s = circuit_scores(c, site, [list(range(E)), []])
-    torch.testing.assert_close(torch.tensor(s[0]), c.clean_source, atol=2e-5, rtol=0)
-    torch.testing.assert_close(torch.tensor(s[1]), c.clean_base, atol=2e-5, rtol=0)
-    inner = [e for e, n in enumerate(site.names) if not n.startswith("input->") and "->logits" not in n][:20]
-    if semantics(c) == "chain":
-        assert c.test_rows[2] == "index"
-        torch.testing.assert_close(torch.tensor(circuit_scores(c, site, [inner])[0]), c.clean_base, atol=2e-5, rtol=0)
-    else:
-        torch.testing.assert_close(torch.tensor(circuit_scores(c, site, [inner])[0]), run(c, site, site.mask([inner]))[0],
-                                   atol=2e-5, rtol=0)
-
-
 # ---------------------------------------------------------------------------------------------- organisms
 @pytest.fixture(scope="module")
 def induction_circuit(induction_model):

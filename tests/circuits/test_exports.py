@@ -99,7 +99,7 @@ def test_mib_export_loads_in_eap_ig(random_model, tmp_path):
         cfg = model.cfg
         site, g, scores, chosen = _random_graph(cfg)
         path = tmp_path / "c.mib.json"
-        write(g, path, cfg, semantics="chain")
+        write(g, path, cfg, semantics="kept")
         d = json.loads(path.read_text())
         inside, file_scores = eap_ig_from_json(d)
         _, theirs = eap_ig_graph(dict(d["cfg"]))
@@ -130,7 +130,7 @@ def test_circuit_files_are_checked_against_the_model(decimal_model, tmp_path):
     cfg = decimal_model.cfg
     site, g, _, chosen = _random_graph(cfg)
     path = tmp_path / "c.mib.json"
-    write(g, path, cfg, semantics="edge-set")
+    write(g, path, cfg, semantics="knockout")
     d = json.loads(path.read_text())
     kv = next(n for n in d["edges"] if n.endswith("<k>") and ".h1<" in n and n.startswith("input->a1."))
     mixed = dict(d, edges=dict(d["edges"], **{kv: {"score": 0.0, "in_graph": not d["edges"][kv]["in_graph"]}}))
@@ -198,24 +198,38 @@ def test_mib_evaluator_gets_the_faithfulness_circuit_eval_reports(circuits, tmp_
     assert f == pytest.approx(r.circuit_faithfulness, abs=1e-4)
 
 
-def test_semantics_are_written_and_a_mismatch_refused(circuits, tmp_path):
+def test_semantics_are_written_read_back_and_legacy_files_handled(circuits, tmp_path):
+    """Every export records what a circuit means; circuit-eval evaluates a file under the semantics it records (a
+    knockout set as a knockout, giving discover's value back); files of 0.1 read "chain" as kept and refuse the
+    retired edge-set reading."""
+    from surgeon.analyses.circuit import discover
+
     case_c, model_c, r_c, g_c = circuits["induction_organism"]
     case_e, model_e, r_e, g_e = circuits["decimal_organism"]
-    assert r_c.options["semantics"] == "chain" and r_e.options["semantics"] == "edge-set"
-    for g, model, r, other_case, other_model in [(g_e, model_e, r_e, None, None), (g_c, model_c, r_c, None, None)]:
+    assert r_c.options["semantics"] == "kept" == r_e.options["semantics"]
+    for g, model, r in [(g_e, model_e, r_e), (g_c, model_c, r_c)]:
         for ext in (".mib.json", ".json"):
             p = tmp_path / f"c{ext}"
             write(g, p, model.cfg, semantics=r.options["semantics"])
-            assert read_circuit(p)["semantics"] == r.options["semantics"]
-    # an edge-set circuit evaluated on its own case gives its own f back; a chain case refuses it
-    p = tmp_path / "e.mib.json"
-    write(g_e, p, model_e.cfg, semantics="edge-set")
-    assert evaluate_circuit(case_e, model_e, read_circuit(p))["faithfulness"] == pytest.approx(r_e.circuit_faithfulness, abs=1e-5)
+            assert read_circuit(p)["semantics"] == "kept"
+        assert evaluate_circuit(case_e if model is model_e else case_c, model, read_circuit(p))["faithfulness"] \
+            == pytest.approx(r.circuit_faithfulness, abs=1e-5)
+    ko = discover(case_c, model_c, semantics="knockout", n_paths=0, verify=0)
+    p = tmp_path / "ko.mib.json"
+    write(build_graph(EdgeSite.of(model_c.cfg), ko.scores, ko.exact, ko.circuit), p, model_c.cfg, semantics="knockout")
+    got = evaluate_circuit(case_c, model_c, read_circuit(p))
+    assert got["semantics"] == "knockout" and got["faithfulness"] == pytest.approx(ko.circuit_faithfulness, abs=1e-5)
+    assert evaluate_circuit(case_c, model_c, read_circuit(p), semantics="kept")["faithfulness"] != pytest.approx(
+        ko.circuit_faithfulness, abs=1e-3)
     d = json.loads(p.read_text())
-    d["semantics"] = "chain"
-    p.write_text(json.dumps(d))
-    with pytest.raises(AnalysisError, match="semantics"):
-        evaluate_circuit(case_e, model_e, read_circuit(p), where=str(p))
+    for old, ok in (("chain", True), ("edge-set", False)):
+        d["semantics"] = old
+        p.write_text(json.dumps(d))
+        if ok:
+            assert evaluate_circuit(case_c, model_c, read_circuit(p))["semantics"] == "kept"
+        else:
+            with pytest.raises(AnalysisError, match="edge-set"):
+                evaluate_circuit(case_c, model_c, read_circuit(p), where=str(p))
     # the results.json of `surgeon circuit --out` is read too (the circuit is under "result")
     res = tmp_path / "results.json"
     res.write_text(json.dumps({"command": "circuit", "result": {"edge_names": r_c.edge_names, "circuit": r_c.circuit,
@@ -345,7 +359,7 @@ def test_circuit_eval_refuses_a_file_for_another_model_before_loading_it(decimal
     and the absence of any model output show)."""
     site, g, _, _ = _random_graph(decimal_model.cfg)
     p = tmp_path / "c.mib.json"
-    write(g, p, decimal_model.cfg, semantics="edge-set")
+    write(g, p, decimal_model.cfg, semantics="kept")
     d = json.loads(p.read_text())
     d["cfg"]["n_layers"] = 5
     p.write_text(json.dumps(d))

@@ -10,10 +10,9 @@ from surgeon.analyses.circuit import (
     METHODS,
     discover,
     edge_scores,
-    faithfulness,
-    full_circuit,
     path_scores,
 )
+from surgeon.analyses.circuit_runs import CircuitRuns, circuit_runs
 from surgeon.analyses.common import format_rows
 from surgeon.circuits.prune import exhaustive_scan, smallest_prefix
 from surgeon.engine.contrast import Contrast
@@ -62,20 +61,33 @@ def test_scan_finds_the_first_k_of_a_non_monotone_curve():
 
 
 @pytest.mark.parametrize("name", ["induction_organism", "threshold_organism", "decimal_organism"])
-def test_smallest_circuit_of_every_shipped_case_equals_an_exhaustive_scan(name):
+def test_smallest_circuit_of_every_shipped_case_equals_an_exhaustive_scan(name, monkeypatch):
+    """discover's smallest faithful prefix is the first k of an exhaustive scan of f(k), and where it says it scanned
+    (every shipped case: fewer edges than the scan limit) it evaluated every k up to it: a search that bisected
+    while claiming a scan skips some."""
     from surgeon.models.loading import load_model
 
     case = load_case(f"{ROOT}/cases/{name}.py")
     model = load_model(case.model)
+    sizes: set[int] = set()
+    value = CircuitRuns.value
+
+    def spy(self, edge_sets):
+        sizes.update(len(x) for x in edge_sets)
+        return value(self, edge_sets)
+
+    monkeypatch.setattr(CircuitRuns, "value", spy)
     r = discover(case, model, n_paths=0, verify=0)
+    monkeypatch.setattr(CircuitRuns, "value", value)
     site = EdgeSite.of(model.cfg)
-    c, _ = _contrast(case, model, site)
-    full = full_circuit(c, site)
+    runs = circuit_runs(case, model, site)
     order = np.argsort(-np.abs(r.scores), kind="stable")
-    f = exhaustive_scan(lambda ks: faithfulness(c, site, [order[:k] for k in ks], full)[0], len(site.edges))
+    f = exhaustive_scan(lambda ks: runs.value([order[:k] for k in ks])[0], len(site.edges))
     want = int(np.argmax(f >= r.target)) if (f >= r.target).any() else None
     assert r.search["k"] == want, (r.search, want)
     assert abs(r.search["f"] - f[want]) < 1e-4 and (want == 1 or f[want - 1] < r.target)
+    assert r.search["search"] == "exhaustive" and not r.search["monotone_assumed"]
+    assert set(range(1, want + 1)) <= sizes, sorted(set(range(1, want + 1)) - sizes)[:10]
 
 
 def _contrast(case, model, site, direction="denoise"):

@@ -142,7 +142,8 @@ def test_gradient_back_propagates_each_chunk_like_one_backward_of_the_whole_run(
 PEAK = """
 import resource, sys, torch
 from surgeon.models.loading import load_model
-from surgeon.analyses.circuit import edge_scores, faithfulness_curve, full_circuit
+from surgeon.analyses.circuit import edge_scores, faithfulness_curve
+from surgeon.analyses.circuit_runs import CircuitRuns
 from surgeon.sites.edges import EdgeSite
 from tests.engine.test_execution import _decimal_contrast
 torch.set_num_threads(1)
@@ -150,7 +151,8 @@ model = load_model("organism:decimal")
 c = _decimal_contrast(model, int(sys.argv[1]), cache_bytes=16 * 2**20, batch_size=32)
 site = EdgeSite.of(model.cfg)
 scores = edge_scores(c, site, "eap-ig-masks", 5)
-faithfulness_curve(c, site, (-abs(torch.tensor(scores))).argsort().numpy(), full_circuit(c, site))
+runs = CircuitRuns(c, site, c, site, "kept", "resample", {})  # the circuits run on the same rows
+faithfulness_curve(runs, (-abs(torch.tensor(scores))).argsort().numpy())
 print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024)
 """
 
