@@ -287,25 +287,46 @@ def sae_repair(case, model=None, *, layer: int, top: int = 8, budget: int = 2000
 
 class _StepFolders:
     """Each report step's result in its own folder under the report's (what the command writes for it, plus
-    step.json: the options it ran with and the case file's digest); a step whose folder matches is reused."""
+    step.json: the options it ran with and its key: every input that changes a number, i.e. the case file's digest,
+    the model's (config and weights, `model_digest`), its dtype, the device type, the SAEs' sources and files, and the
+    versions of surgeon and the libraries); a step whose folder holds the same options and key is reused."""
 
-    def __init__(self, out: Path, case: Case, device: str | None):
-        self.out, self.case, self.device = Path(out), case, device
+    def __init__(self, out: Path, case: Case, device: str | None, key: dict):
+        self.out, self.case, self.device, self.key = Path(out), case, device, to_jsonable(key)
 
     def get(self, step: str, options: dict):
         meta = self.out / step / "step.json"
         if not meta.is_file() or not (self.out / step / "manifest.json").is_file():
             return None  # never finished
-        m = json.loads(meta.read_text())
-        if m.get("options") != to_jsonable(options) or m.get("case_sha256") != self.case.digest:
+        try:
+            m = json.loads(meta.read_text())
+            if (not isinstance(m, dict) or m.get("options") != to_jsonable(options) or m.get("key") != self.key
+                    or m.get("type") not in RESULT_TYPES):
+                return None
+            data = json.loads((self.out / step / "results.json").read_text())["result"]
+            return from_jsonable(RESULT_TYPES[m["type"]], data)
+        except (OSError, ValueError, KeyError, TypeError):  # unreadable: the step runs again and its folder is rewritten
             return None
-        data = json.loads((self.out / step / "results.json").read_text())["result"]
-        return from_jsonable(RESULT_TYPES[m["type"]], data)
 
     def put(self, step: str, result, options: dict) -> None:
         result.save(self.out / step, self.case, device=self.device)
-        write_json(self.out / step / "step.json", {"type": type(result).__name__, "options": options,
-                                                   "case_sha256": self.case.digest})
+        write_json(self.out / step / "step.json", {"type": type(result).__name__, "options": options, "key": self.key})
+
+
+def report_key(case: Case, model, source: SAESource | None) -> dict:
+    """Every input of a report step that changes a number besides its options (see `_StepFolders`)."""
+    from surgeon.models.loading import model_digest
+    from surgeon.results import versions
+
+    p = next(model.parameters())
+    if source is None and case.saes:
+        try:
+            source = SAESource.from_case(case)
+        except SurgeonError:
+            source = None
+    return {"case_sha256": case.digest, "model_sha256": model_digest(model), "dtype": str(p.dtype),
+            "device_type": p.device.type, "saes": source.digest() if source is not None else None,
+            "versions": versions()}
 
 
 RESULT_TYPES = {cls.__name__: cls for cls in (Diagnosis, PatchResult, ThresholdResult, BlendResult, CircuitResult,
@@ -323,7 +344,7 @@ def report(case, model=None, *, out: str | Path | None = None, steps: Sequence[s
     the page again)."""
     case, model = case_and_model(case, model, device=device, dtype=dtype)
     source = SAESource.from_case(case, sae_release, sae_id, sae_dir) if (sae_release or sae_id or sae_dir) else None
-    store = _StepFolders(Path(out), case, device) if out is not None else None
+    store = _StepFolders(Path(out), case, device, report_key(case, model, source)) if out is not None else None
     rep = run_report(case, model, steps=steps, layer=layer, budget=budget, verify=verify, paths=paths,
                      sae_source=source, batch_size=batch_size, store=store, progress=progress)
     if out is not None:

@@ -106,7 +106,7 @@ def run_report(case: Case, model, *, steps=STEPS, layer: int | None = None, budg
         opts = {"layers": list(case.layers) if case.layers else None, "component": "z"}
         patch = step("patch", opts, lambda: patch_heads(case, model, layers=opts["layers"], batch_size=batch_size,
                                                         progress=progress))
-    L = layer if layer is not None else repair_layer(patch)
+    L = layer if layer is not None else (repair_layer(patch) if patch is not None else None)  # None: no step needs it
     groups = ["even", "odd", "random"] if H >= 4 else []  # random: a half drawn at random, the control
     if "threshold" in steps:
         opts = {"layer": L, "groups": groups, "budget": budget}

@@ -97,6 +97,27 @@ def weights_sha256(ref: ModelRef) -> str | None:
     return h.hexdigest()
 
 
+def model_digest(model) -> str:
+    """sha256 over a model in memory: its TransformerLens config and every parameter's name, dtype, shape and bytes
+    (exact; CUDA tensors are copied to the host one at a time). What a cache or resume key holds for the model:
+    the same weights loaded differently, a weight edited in place, or another dtype give another digest."""
+    import hashlib
+    import json
+
+    import torch
+
+    h = hashlib.sha256()
+    cfg = model.cfg.to_dict() if hasattr(model.cfg, "to_dict") else vars(model.cfg)
+    h.update(json.dumps({k: v for k, v in cfg.items() if k not in ("device", "n_devices")}, sort_keys=True,
+                        default=str).encode())
+    with torch.no_grad():
+        for name, w in model.named_parameters():
+            t = w.detach().contiguous().cpu()
+            h.update(f"{name}:{t.dtype}:{tuple(t.shape)}".encode())
+            h.update(t.view(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+    return h.hexdigest()
+
+
 def shape(ref: ModelRef) -> ModelShape:
     """The model's layer and head counts, read from its config (no weights)."""
     if ref.kind == "organism":

@@ -54,6 +54,21 @@ class SAESource:
             raise SAEError(f"no SAE directory matches {self.path}", field="--sae-dir",
                            fix="point at directories written by sae-lens; use {layer} for the layer number")
 
+    def digest(self) -> dict:
+        """What names these SAEs for a cache key: the release and id, or the directory pattern and a sha256 over every
+        matching layer directory's files (an SAE retrained in place gives another digest)."""
+        if self.path is None:
+            return {"release": self.release, "id": self.sae_id}
+        import glob
+        import hashlib
+
+        h = hashlib.sha256()
+        for d in sorted(glob.glob(str(Path(self.path.replace("{layer}", "*")).expanduser()))):
+            for f in sorted(Path(d).glob("*")) if Path(d).is_dir() else ():
+                if f.is_file():
+                    h.update(f"{Path(d).name}/{f.name}".encode() + b"\0" + f.read_bytes())
+        return {"path": self.path, "sha256": h.hexdigest()}
+
     def layers(self, n_layers: int, asked=None, field: str = "--layers") -> list[int]:
         """The layers to read: `asked` (checked against the model), else every layer with an SAE directory (a
         release: every layer)."""
