@@ -35,6 +35,7 @@ from torch import Tensor
 
 from surgeon.engine import prefix_attention
 from surgeon.errors import AnalysisError
+from surgeon.models.loading import check_causal
 from surgeon.sites.nodes import Site, hook_layer, units_view
 from surgeon.sites.protocol import SiteKind, coerce
 from surgeon.spec.encoding import Row
@@ -226,6 +227,7 @@ class Contrast:
                  mean_rows: Sequence[Row] | None = None):
         if len(base_rows) != len(source_rows) or not base_rows:
             raise AnalysisError("internal: base and source rows differ in number, or there are none")
+        check_causal(model)
         self.model = model
         self.cfg = model.cfg
         self.metric = metric or LOGPROB
@@ -1078,6 +1080,7 @@ def score_rows(model, rows: Sequence[Row], batch_size: int = 256, progress: str 
 
     Rows are sorted by length and right-padded per batch (exact for a causal model). `progress`: a tqdm bar
     with this description when there is more than one batch."""
+    check_causal(model)
     device = next(model.parameters()).device
     n_items = max(r.item for r in rows) + 1
     out = torch.zeros(n_items, device=device)

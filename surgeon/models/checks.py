@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from surgeon.errors import CaseError, ModelError
-from surgeon.models.loading import ModelShape, load_tokenizer, resolve, shape
+from surgeon.models.loading import ModelShape, check_causal, load_tokenizer, resolve, shape
 from surgeon.sites.nodes import COMPONENTS
 from surgeon.spec.case import Case, Chat, read_case
 
@@ -25,6 +25,7 @@ def check_case_against_model(case, model=None) -> None:
     case's model (its config and tokenizer only), or `model`, a HookedTransformer in memory."""
     where = case.source or f"case {case.name!r}"
     if model is not None:
+        check_causal(model, where)
         c = model.cfg
         shp = ModelShape(c.n_layers, c.n_heads, getattr(c, "n_key_value_heads", None) or c.n_heads, c.d_model,
                          bool(c.attn_only), c.n_ctx)
@@ -87,18 +88,23 @@ def check_case_against_model(case, model=None) -> None:
 
 
 def _check_context(case, tok, n_ctx: int, where: str) -> None:
-    """Every prompt with its longer answer (and an end token) must fit in the model's context."""
-    from surgeon.spec.encoding import encode_prompt
+    """Every row the model is fed must fit in its context: the prompt and the answer's tokens up to the last one
+    (which is only predicted), as `encode_rows` builds them, in every format."""
+    from surgeon.spec.encoding import encode_rows
 
     bos = case.prepend_bos is not False
-    for i, it in enumerate(case.items):
-        answer = max(len(tok(a, add_special_tokens=False)["input_ids"]) for a in (it.correct, it.incorrect)) + 1
-        for name, fmt in case.formats.items():
-            n = len(encode_prompt(fmt, it.values, tok, bos)[0]) + answer
+    for name, fmt in case.formats.items():
+        for i, it in enumerate(case.items):
+            try:
+                rows = encode_rows(fmt, [it], tok, bos, case.score, case.answer_end)
+            except CaseError:
+                continue  # reported by the checks that own it
+            n = max(len(r.tokens) for r in rows)
             if n > n_ctx:
-                raise CaseError(f"items[{i}] in format {name!r} is {n} tokens with its answer, longer than the "
-                                f"model's context of {n_ctx}", where=where, field=f"items[{i}]",
-                                fix="shorten the item's values or the template")
+                prompt = rows[0].n_prompt
+                raise CaseError(f"items[{i}] in format {name!r} feeds the model {n} tokens ({prompt} of prompt, "
+                                f"{n - prompt} of answer), longer than its context of {n_ctx}", where=where,
+                                field=f"items[{i}]", fix="shorten the item's values or the template, or its answers")
 
 
 def _check_equal_lengths(case, tok, where: str) -> None:

@@ -183,7 +183,20 @@ def load_model(ref: ModelRef | str, device: str = "cpu", dtype: str = "float32",
     # analyses differentiate w.r.t. masks, never weights: no weight gradients to store
     model.requires_grad_(False)
     check_finite(model, str(ref.path))
+    check_causal(model, str(ref.path))
     return model
+
+
+def check_causal(model, where: str = "") -> None:
+    """Refuse a model whose attention is not causal (TransformerLens's `attention_dir="bidirectional"`, BERT-style):
+    the engine right-pads rows, cuts them after the last position it reads, merges rows that are prefixes of others
+    and shares cached prefixes, all exact only when no position reads a later one."""
+    direction = getattr(getattr(model, "cfg", None), "attention_dir", "causal")
+    if direction != "causal":
+        raise ModelError(f"the model's attention is {direction} (cfg.attention_dir={direction!r}); surgeon pads, cuts "
+                         "and merges rows and shares prefixes, which is exact only for causal attention, so every score "
+                         "would be wrong", where=where or None, field="model",
+                         fix="use a causal (decoder-only) language model; bidirectional encoders are not supported")
 
 
 def check_finite(model, where: str) -> None:
