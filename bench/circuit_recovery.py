@@ -55,8 +55,8 @@ def run(args) -> int:
 
     torch.set_num_threads(args.threads)
     from surgeon import load_case
-    from surgeon.analyses.circuit import METHODS, edge_scores, faithfulness, full_circuit, semantics
-    from surgeon.analyses.common import make_contrast
+    from surgeon.analyses.circuit import METHODS, edge_scores
+    from surgeon.analyses.circuit_runs import circuit_runs
     from surgeon.errors import AnalysisError
     from surgeon.models.loading import load_model
     from surgeon.organisms import ground_truth
@@ -69,18 +69,20 @@ def run(args) -> int:
         case = load_case(str(ROOT / "cases" / f"{name}_organism.py"))
         model = load_model(case.model)
         site = EdgeSite.of(model.cfg)
-        contrast, _ = make_contrast(case, model, sites=site.node_sites())
+        runs = circuit_runs(case, model, site)  # the kept reading (MIB's), resample ablation
+        contrast = runs.scoring
+        where = 'every position' if runs.positions == 'every position' else 'aligned positions'
         planted = planted_edges(name, ground_truth(name))
         idx = [site.index(e) for e in planted]
         positive = np.zeros(len(site.edges), bool)
         positive[idx] = True
-        f_planted = float(faithfulness(contrast, site, [idx], full_circuit(contrast, site))[0][0])
+        f_planted = float(runs.value([idx])[0][0])
         for method in METHODS:
             t0 = time.perf_counter()
             try:
                 s = edge_scores(contrast, site, method)
             except AnalysisError as e:
-                print(f"| {name} ({len(site.edges)} edges, {semantics(contrast)}) | {method} | n/a | | | |")
+                print(f"| {name} ({len(site.edges)} edges, kept, {where}) | {method} | n/a | | | |")
                 notes.append(f"{name}, {method}: {str(e).splitlines()[0]}")
                 continue
             dt = time.perf_counter() - t0
@@ -88,7 +90,7 @@ def run(args) -> int:
             rank = {int(e): i + 1 for i, e in enumerate(order)}
             ranks = sorted(rank[e] for e in idx)
             shown = ", ".join(map(str, ranks)) if len(ranks) <= 8 else f"{ranks[0]}-{ranks[-1]} (all {len(ranks)})"
-            print(f"| {name} ({len(site.edges)} edges, {semantics(contrast)}) | {method} | {roc_auc(s, positive):.3f} | "
+            print(f"| {name} ({len(site.edges)} edges, kept, {where}) | {method} | {roc_auc(s, positive):.3f} | "
                   f"{shown} | {f_planted:.3f} | {dt:.2f} s |")
     for n in notes:
         print(f"\n{n}")

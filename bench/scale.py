@@ -127,7 +127,8 @@ def measure(model_name: str, job: str, n_items: int, letters: int, batch_size: i
 
     import numpy as np
 
-    from surgeon.analyses.circuit import CURVE, edge_scores, faithfulness, full_circuit, prune, semantics
+    from surgeon.analyses.circuit import CURVE, edge_scores, prune
+    from surgeon.analyses.circuit_runs import CircuitRuns
     from surgeon.circuits.graph import build_graph
     from surgeon.engine import memory
     from surgeon.engine.contrast import Contrast
@@ -195,14 +196,16 @@ def measure(model_name: str, job: str, n_items: int, letters: int, batch_size: i
             c = Contrast(model, base, source, "index", batch_size=batch_size, sites=site.node_sites())
             order = np.random.default_rng(0).permutation(len(site.edges))
             E = len(site.edges)
-            faithfulness(c, site, [order[: max(1, round(f * E))] for f in (0.0,) + CURVE])
+            CircuitRuns(c, site, c, site, "kept", "resample", {}).value(
+                [order[: max(1, round(f * E))] for f in (0.0,) + CURVE])
             counted, mem_job = c.execution["forwards"], memory.circuits(cfg, graph, 11)
         elif job == "smallest":
             c = pre.pop("contrast")
             before = c.execution["forwards"]
-            full = full_circuit(c, site)
+            runs = CircuitRuns(c, site, c, site, "kept", "resample", {})  # the circuits run on these rows
+            runs.empty  # noqa: B018  (m(empty), as discover computes it before the search)
             g = build_graph(site, pre["scores"], {})
-            _, search = prune(c, site, g, pre["order"], full, 0.9, None, semantics(c))
+            _, search = prune(runs, g, pre["order"], 0.9, None)
             out["search"] = search.get("describe")
             counted = c.execution["forwards"] - before
             mem_job = memory.circuits(cfg, graph, 16, max(1, search.get("evaluated", 1) // 16))

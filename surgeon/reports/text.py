@@ -322,9 +322,9 @@ def circuit_text(r, top: int = 10) -> str:
     lines = [f"case {r.case} · circuit of the {r.source!r} run against {r.base!r} ({r.direction}, {r.ablation} "
              f"ablation, {sem} semantics) · {r.n_items} items ({r.tag or 'all'}) · {r.n_edges} edges scored by {what}",
              f"m(empty) = {r.empty:+.3f} (every edge ablated), m(full) = {r.full:+.3f} (nothing ablated); "
-             + (f"faithfulness f = (m(circuit) - m(empty)) / (m(full) - m(empty))" if sem == "kept" else
-                f"removed = (m(full) - m(without the circuit)) / (m(full) - m(empty)), the share of the behaviour "
-                f"that knocking the circuit out removes")]
+             + ("faithfulness f = (m(circuit) - m(empty)) / (m(full) - m(empty))" if sem == "kept" else
+                "removed = (m(full) - m(without the circuit)) / (m(full) - m(empty)), the share of the behaviour "
+                "that knocking the circuit out removes")]
     if r.options.get("semantics_detail"):
         lines.append(f"what a circuit means: {r.options['semantics_detail']}; a path is path-patched")
     lines.append("")

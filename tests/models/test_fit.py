@@ -1,7 +1,6 @@
 """Models that the engine cannot run exactly are refused before any work, and the context check counts what the
 model is actually fed."""
 import pytest
-import torch
 
 import surgeon
 from surgeon import Case, Item
