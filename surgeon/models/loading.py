@@ -3,7 +3,12 @@
 A model spec is a string:
 - `organism:NAME` - a model organism shipped with surgeon (see `surgeon.organisms`);
 - a local directory holding a Hugging Face checkpoint (config.json + weights + tokenizer);
-- a Hugging Face name (`meta-llama/Llama-3.1-8B-Instruct`), used from the local HF cache only.
+- a local directory holding a TransformerLens checkpoint: config.json with HookedTransformerConfig's fields (as
+  `json.dumps(model.cfg.to_dict(), default=str)` writes them), model.safetensors with the model's state dict
+  (`safetensors.torch.save_file(model.state_dict(), ...)`) and its tokenizer (`tokenizer.save_pretrained(dir)`):
+  how tracr, InterpBench and most toy models are shared;
+- a Hugging Face name (`meta-llama/Llama-3.1-8B-Instruct`) or a TransformerLens alias of one (`gpt2-small`), used
+  from the local HF cache only.
 Nothing here touches the network: hub lookups are `local_files_only`.
 """
 from __future__ import annotations
@@ -15,7 +20,7 @@ from typing import Literal
 
 from surgeon.errors import ModelError
 
-Kind = Literal["organism", "local", "hub"]
+Kind = Literal["organism", "local", "tl", "hub"]
 
 
 @dataclass(frozen=True)
@@ -58,7 +63,16 @@ def resolve(spec: str) -> ModelRef:
     if p.is_dir():
         if not (p / "config.json").exists():
             raise ModelError(f"directory {p} has no config.json", field="model",
-                             fix="point at a Hugging Face checkpoint directory (save_pretrained output)")
+                             fix="point at a Hugging Face checkpoint directory (save_pretrained output) or a "
+                                 "TransformerLens one (config.json of HookedTransformerConfig's fields + "
+                                 "model.safetensors + the tokenizer's files)")
+        tl = tl_config(p)
+        if tl is not None:
+            if not (p / "model.safetensors").is_file():
+                raise ModelError(f"the TransformerLens checkpoint {p} has no model.safetensors", field="model",
+                                 fix="save the weights with safetensors.torch.save_file(model.state_dict(), "
+                                     "DIR/model.safetensors)")
+            return ModelRef(spec, "tl", str(p), p.resolve())
         return ModelRef(spec, "local", str(p), p.resolve())
     if p.is_file():
         raise ModelError(f"{spec} is a file; a checkpoint is a directory (config.json, weights, tokenizer)", field="model",
@@ -70,13 +84,44 @@ def resolve(spec: str) -> ModelRef:
     try:
         from huggingface_hub import snapshot_download
 
-        local = snapshot_download(spec, local_files_only=True)
+        try:
+            local = snapshot_download(spec, local_files_only=True)
+        except Exception:
+            official = _tl_official_name(spec)  # a TransformerLens alias (gpt2-small) of a Hugging Face name
+            if official is None or official == spec:
+                raise
+            local = snapshot_download(official, local_files_only=True)
     except Exception:
         raise ModelError(f"{spec!r} is neither an organism, a local directory, nor in the local Hugging Face cache",
                          field="model",
                          fix=f"on a machine with network run `hf download {spec}` (it fills the cache), or set model to a "
                              "local checkpoint directory, or to organism:decimal to try surgeon offline") from None
     return ModelRef(spec, "hub", spec, Path(local))
+
+
+def tl_config(path: Path) -> dict | None:
+    """HookedTransformerConfig's fields from a TransformerLens checkpoint's config.json (at its top level, or under
+    "config"), or None when the file is a Hugging Face config (it names a model_type) or not such a config."""
+    import json
+
+    try:
+        data = json.loads((Path(path) / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(data, dict) or "model_type" in data:
+        return None
+    cfg = data.get("config") if isinstance(data.get("config"), dict) else data
+    return cfg if {"n_layers", "d_model", "n_ctx"} <= set(cfg) else None
+
+
+def _tl_official_name(alias: str) -> str | None:
+    """The Hugging Face name TransformerLens maps an alias to (gpt2-small -> gpt2), or None."""
+    try:
+        from transformer_lens.loading_from_pretrained import get_official_model_name
+
+        return get_official_model_name(alias)
+    except Exception:
+        return None
 
 
 def weights_sha256(ref: ModelRef) -> str | None:
@@ -126,6 +171,11 @@ def shape(ref: ModelRef) -> ModelShape:
         c = config_of(ref.name)
         return ModelShape(c["n_layers"], c["n_heads"], c.get("n_key_value_heads") or c["n_heads"], c["d_model"],
                           bool(c.get("attn_only")), c.get("n_ctx"))
+    if ref.kind == "tl":
+        c = tl_config(ref.path)
+        n_heads = c["n_heads"]
+        return ModelShape(c["n_layers"], n_heads, c.get("n_key_value_heads") or n_heads, c["d_model"],
+                          bool(c.get("attn_only")), c.get("n_ctx"))
     _offline()
     from transformers import AutoConfig
 
@@ -151,6 +201,16 @@ def load_tokenizer(ref: ModelRef):
     from transformers import AutoTokenizer
 
     try:
+        if ref.kind == "tl":  # AutoTokenizer would read config.json, which is TransformerLens's here
+            if not (Path(ref.path) / "tokenizer_config.json").is_file():
+                raise OSError("a TransformerLens checkpoint needs its tokenizer's files (tokenizer.save_pretrained(DIR))")
+            import json
+
+            import transformers
+
+            name = json.loads((Path(ref.path) / "tokenizer_config.json").read_text()).get("tokenizer_class")
+            cls = getattr(transformers, str(name), None) or transformers.PreTrainedTokenizerFast
+            return cls.from_pretrained(str(ref.path), local_files_only=True, add_bos_token=True)  # TL reloads it otherwise
         return AutoTokenizer.from_pretrained(str(ref.path), local_files_only=True)
     except (OSError, ValueError, TypeError, KeyError) as e:
         raise ModelError(f"cannot load the tokenizer: {type(e).__name__}: {str(e).splitlines()[0][:200]}",
@@ -178,12 +238,51 @@ def load_model(ref: ModelRef | str, device: str = "cpu", dtype: str = "float32",
         from surgeon.organisms import load_organism
 
         model = load_organism(ref.name, device=device, dtype=dtype)
+    elif ref.kind == "tl":
+        model = _load_tl(ref, device, tdtype)
     else:
         model = _load_hf(ref, device, tdtype, n_devices)
     # analyses differentiate w.r.t. masks, never weights: no weight gradients to store
     model.requires_grad_(False)
     check_finite(model, str(ref.path))
     check_causal(model, str(ref.path))
+    return model
+
+
+def _load_tl(ref: ModelRef, device: str, tdtype):
+    """A TransformerLens checkpoint (see the module): its config, its tokenizer, its weights with safetensors (no
+    pickle), every tensor of the state dict matched by name and shape."""
+    import inspect
+
+    from safetensors.torch import load_file
+    from transformer_lens import HookedTransformer, HookedTransformerConfig
+
+    fields = set(inspect.signature(HookedTransformerConfig).parameters)
+    cfg = {k: v for k, v in tl_config(ref.path).items() if k in fields and k not in ("device", "dtype", "n_devices")}
+    try:
+        hcfg = HookedTransformerConfig(**cfg, device=device, dtype=tdtype)
+    except Exception as e:
+        raise ModelError(f"config.json is not a TransformerLens config: {type(e).__name__}: {str(e)[:200]}",
+                         where=str(ref.path), field="model",
+                         fix="write it from the model: json.dumps(model.cfg.to_dict(), default=str)") from None
+    model = HookedTransformer(hcfg, tokenizer=load_tokenizer(ref), move_to_device=False,
+                              default_padding_side="right")
+    try:
+        state = load_file(str(ref.path / "model.safetensors"))
+    except Exception as e:
+        raise ModelError(f"cannot read model.safetensors: {str(e)[:200]}", where=str(ref.path), field="model",
+                         fix="save it again with safetensors.torch.save_file(model.state_dict(), ...)") from None
+    own = model.state_dict()
+    missing = [k for k in own if k not in state and not k.endswith(("IGNORE", ".mask"))]
+    unexpected = [k for k in state if k not in own]
+    wrong = [k for k in state if k in own and tuple(state[k].shape) != tuple(own[k].shape)]
+    if missing or unexpected or wrong:
+        raise ModelError(f"model.safetensors does not match config.json (missing {missing[:3]}, unexpected "
+                         f"{unexpected[:3]}, other shapes {wrong[:3]})", where=str(ref.path), field="model",
+                         fix="save the config and the state dict of the same model")
+    model.load_state_dict({k: v.to(tdtype) if v.is_floating_point() else v for k, v in state.items()}, strict=False)
+    model.to(device)
+    model.eval()
     return model
 
 

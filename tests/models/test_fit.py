@@ -1,6 +1,7 @@
 """Models that the engine cannot run exactly are refused before any work, and the context check counts what the
 model is actually fed."""
 import pytest
+import torch
 
 import surgeon
 from surgeon import Case, Item
@@ -45,3 +46,54 @@ def test_the_context_check_counts_the_tokens_fed(charset):
     with pytest.raises(surgeon.errors.CaseError, match="context of 8") as e:
         check_case_against_model(long, model)
     assert "feeds the model 9 tokens" in e.value.message and e.value.field.startswith("items[")
+
+
+def save_tl_checkpoint(model, path):
+    """A TransformerLens model shared as tracr / InterpBench / toy models are: config JSON, safetensors, tokenizer."""
+    import json
+
+    from safetensors.torch import save_file
+
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "config.json").write_text(json.dumps(model.cfg.to_dict(), default=str))
+    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(path / "model.safetensors"))
+    model.tokenizer.save_pretrained(path)
+    return path
+
+
+def test_a_transformer_lens_checkpoint_folder_loads_and_runs_from_the_cli(charset, tmp_path):
+    """--model takes a TransformerLens checkpoint folder: the same up-front checks as the other routes, the same
+    scores as the model in memory."""
+    import subprocess
+    import sys
+
+    from surgeon.models.loading import load_model, resolve, shape
+    from tests.conftest import ROOT
+
+    model = tiny_model(charset)
+    folder = save_tl_checkpoint(model, tmp_path / "toy")
+    ref = resolve(str(folder))
+    assert ref.kind == "tl" and shape(ref).n_layers == model.cfg.n_layers
+    loaded = load_model(str(folder))
+    for (n, a), (_, b) in zip(sorted(model.state_dict().items()), sorted(loaded.state_dict().items())):
+        assert torch.equal(a, b), n
+    case = _case(" {a}:")
+    d1, d2 = surgeon.diagnose(case, model), surgeon.diagnose(case, str(folder))
+    assert d1.get("good").score.value == pytest.approx(d2.get("good").score.value, abs=1e-6)
+    case_file = tmp_path / "toy_case.py"
+    case_file.write_text("from surgeon import Case, Item\ncase = Case(name='toy', formats={'good': 'G {a}:', "
+                         "'bad': 'B {a}:'}, good='good', bad='bad', items=[Item({'a': 'ab'}, ' x', ' y'), "
+                         "Item({'a': 'cd'}, ' x', ' y')])\n")
+    r = subprocess.run([sys.executable, "-m", "surgeon", "diagnose", str(case_file), "--model", str(folder)],
+                       capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "good" in r.stdout and "Traceback" not in r.stderr
+    # a bidirectional TransformerLens checkpoint is refused, with one message
+    bi = save_tl_checkpoint(tiny_model(charset, attention_dir="bidirectional"), tmp_path / "bi")
+    r = subprocess.run([sys.executable, "-m", "surgeon", "diagnose", str(case_file), "--model", str(bi)],
+                       capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert r.returncode == 2 and "bidirectional" in r.stderr and "Traceback" not in r.stderr
+    # weights that do not match the config
+    (folder / "config.json").write_text((folder / "config.json").read_text().replace('"d_mlp": 128', '"d_mlp": 64'))
+    with pytest.raises(ModelError, match="does not match"):
+        load_model(str(folder))
