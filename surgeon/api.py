@@ -46,9 +46,9 @@ from surgeon.circuits.methods import ATTRIBUTION_IG_STEPS, IG_STEPS
 from surgeon.models.devices import device_of
 from surgeon.spec.shipped import shipped_case
 from surgeon.models.checks import check_case_against_model, load_case
-from surgeon.models.loading import from_hf, load_model
+from surgeon.models.loading import from_hf, load_model, model_digest
 from surgeon.reports.html import render as render_report
-from surgeon.results import from_jsonable, to_jsonable, write_json
+from surgeon.results import from_jsonable, to_jsonable, versions, write_json
 from surgeon.sae.load import SAESource, load_sae
 from surgeon.search.subsets import ThresholdResult
 from surgeon.search.threshold import threshold_search
@@ -315,9 +315,6 @@ class _StepFolders:
 
 def report_key(case: Case, model, source: SAESource | None) -> dict:
     """Every input of a report step that changes a number besides its options (see `_StepFolders`)."""
-    from surgeon.models.loading import model_digest
-    from surgeon.results import versions
-
     p = next(model.parameters())
     if source is None and case.saes:
         try:

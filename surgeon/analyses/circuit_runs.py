@@ -31,8 +31,17 @@ from typing import Sequence
 
 import numpy as np
 
-from surgeon.analyses.common import Direction, case_metric, contrast_rows, make_contrast, pick_bad, pick_items
+from surgeon.analyses.common import (
+    Direction,
+    case_metric,
+    contrast_rows,
+    format_rows,
+    make_contrast,
+    pick_bad,
+    pick_items,
+)
 from surgeon.circuits.methods import SEMANTICS
+from surgeon.engine.contrast import Contrast
 from surgeon.errors import AnalysisError
 from surgeon.sites.edges import EdgeSite
 from surgeon.spec.case import Case
@@ -123,8 +132,6 @@ class CircuitRuns:
 def circuit_runs(case: Case, model, site: EdgeSite, *, semantics: str = "kept", direction: Direction = "denoise",
                  bad: str | None = None, tag: str | None = None, batch_size: int = 256) -> CircuitRuns:
     """The runs a circuit of `site`'s edges (its ablation) is scored and evaluated on (see the module)."""
-    from surgeon.engine.contrast import Contrast
-
     check_semantics(semantics)
     if site.ablation == "resample":
         scoring, info = make_contrast(case, model, bad=bad, direction=direction, tag=tag, batch_size=batch_size,
@@ -146,9 +153,6 @@ def source_contrast(case: Case, model, site: EdgeSite, *, direction: Direction =
     """The source format's items against themselves, every position aligned (align="index"): the run mean and zero
     ablation act on (the other format plays no part), the mean over the case's `reference` items when it names
     them."""
-    from surgeon.analyses.common import format_rows
-    from surgeon.engine.contrast import Contrast
-
     bad = pick_bad(case, bad)
     tag, items = pick_items(case, tag)
     base, source, _, rows = contrast_rows(case, model, bad, direction, items)

@@ -103,7 +103,7 @@ def _check_context(case, tok, n_ctx: int, where: str) -> None:
             if n > n_ctx:
                 prompt = rows[0].n_prompt
                 raise CaseError(f"items[{i}] in format {name!r} feeds the model {n} tokens ({prompt} of prompt, "
-                                f"{n - prompt} of answer), longer than its context of {n_ctx}", where=where,
+                                f"{n - prompt} of answer), longer than the model's context of {n_ctx}", where=where,
                                 field=f"items[{i}]", fix="shorten the item's values or the template, or its answers")
 
 

@@ -308,9 +308,10 @@ def test_circuit_cli_exports_and_eval(tmp_path):
     assert g.number_of_nodes() > 32
     nx.read_gexf(files[1])
     mib = json.loads(files[3].read_text())
-    assert {"cfg", "nodes", "edges"} <= set(mib) and mib["cfg"]["n_heads"] == 32 and mib["semantics"] == "edge-set"
+    assert {"cfg", "nodes", "edges"} <= set(mib) and mib["cfg"]["n_heads"] == 32 and mib["semantics"] == "kept"
     inside = [n for n, d in mib["edges"].items() if d["in_graph"]]
-    # edge-set semantics (align="last"): the repair enters each even head's query (or leaves through its
+    # a kept circuit, ablated at the aligned positions (align="last"): the repair enters each even head's query
+    # (or leaves through its
     # output); every edge of the circuit belongs to an even head, and every even head is in it
     heads = {p.split("<")[0] for e in inside for p in e.split("->")} - {"input", "logits"}
     assert heads == {f"a0.h{h}" for h in range(0, 32, 2)}

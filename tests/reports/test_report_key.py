@@ -63,10 +63,10 @@ def test_dtype_case_sae_and_version_are_in_the_key(tmp_path, model_copy, monkeyp
     cfg.write_text(cfg.read_text() + " ")
     assert _diagnose(tmp_path, model_copy, case=with_saes).reused == []
     # the version of surgeon
-    import surgeon.results as results
+    import surgeon.api as api
 
-    real = results.versions
-    monkeypatch.setattr(results, "versions", lambda: dict(real(), surgeon="999"))
+    real = api.versions
+    monkeypatch.setattr(api, "versions", lambda: dict(real(), surgeon="999"))
     assert _diagnose(tmp_path, model_copy, case=with_saes).reused == []
 
 
