@@ -137,11 +137,10 @@ def circuit_runs(case: Case, model, site: EdgeSite, *, semantics: str = "kept", 
         scoring, info = make_contrast(case, model, bad=bad, direction=direction, tag=tag, batch_size=batch_size,
                                       sites=site.node_sites())
         # the source run explained, the base run's values for the edges ablated: the same rows, the other way round
-        _, items = pick_items(case, tag)
-        base, source, rows_b, rows_s = contrast_rows(case, model, info["bad"], direction, items)
-        metric, ref = scoring.metric, scoring.reference
-        explained = Contrast(model, rows_s, rows_b, case.align, batch_size=batch_size, base_name=source,
-                             source_name=base, sites=site.node_sites(), metric=metric, reference=ref)
+        rows_b, rows_s = info.pop("rows")
+        explained = Contrast(model, rows_s, rows_b, case.align, batch_size=batch_size, base_name=info["source"],
+                             source_name=info["base"], sites=site.node_sites(), metric=scoring.metric,
+                             reference=scoring.reference)
         return CircuitRuns(scoring, site, explained, site, semantics, site.ablation, info)
     explained, info = source_contrast(case, model, site, direction=direction, bad=bad, tag=tag,
                                       batch_size=batch_size)

@@ -80,7 +80,8 @@ def make_contrast(case: Case, model, *, bad: str | None = None, direction: Direc
     metric, ref = case_metric(case, model, items, batch_size)
     c = Contrast(model, rows_b, rows_s, case.align, batch_size=batch_size, base_name=base, source_name=source,
                  sites=sites, metric=metric, reference=ref)
-    return c, dict(base=base, source=source, bad=bad, tag=tag, n_items=len(items), direction=direction)
+    return c, dict(base=base, source=source, bad=bad, tag=tag, n_items=len(items), direction=direction,
+                   rows=(rows_b, rows_s))
 
 
 def contrast_rows(case: Case, model, bad: str, direction: Direction, items):
