@@ -11,6 +11,7 @@ from surgeon import show as _show
 from surgeon.errors import AnalysisError, CaseError, ModelError, SurgeonError
 from surgeon.models.checks import load_case
 from surgeon.spec.case import Case, Chat, Item
+from surgeon.version import __version__
 
 
 def _load_views() -> None:
@@ -33,6 +34,5 @@ def __getattr__(name: str):
         return getattr(api, name)
     raise AttributeError(f"module 'surgeon' has no attribute {name!r}")
 
-__version__ = "0.1.0"
 __all__ = ["Case", "Chat", "Item", "load_case", "SurgeonError", "CaseError", "ModelError", "AnalysisError",
            "__version__", *API]

@@ -41,3 +41,11 @@ def warn(message: str) -> None:
     import sys
 
     print(f"surgeon: warning: {message}", file=sys.stderr)
+
+
+def did_you_mean(word: str, choices) -> str:
+    """' (did you mean 'chat'?)' when a choice is close to `word` (difflib's ratio >= 0.6), else ''."""
+    import difflib
+
+    close = difflib.get_close_matches(str(word), [str(c) for c in choices], n=1, cutoff=0.6)
+    return f" (did you mean {close[0]!r}?)" if close else ""

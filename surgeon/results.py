@@ -15,14 +15,15 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from surgeon.errors import SurgeonError
+from surgeon.version import __version__
 
 
 def versions() -> dict[str, str]:
     """The versions of Python, surgeon and the libraries whose code computes the numbers."""
     from importlib.metadata import PackageNotFoundError, version
 
-    out = {"python": platform.python_version()}
-    for pkg in ("surgeon", "torch", "transformer-lens", "sae-lens", "transformers", "numpy", "networkx"):
+    out = {"python": platform.python_version(), "surgeon": __version__}
+    for pkg in ("torch", "transformer-lens", "sae-lens", "transformers", "numpy", "networkx"):
         try:
             out[pkg] = version(pkg)
         except PackageNotFoundError:

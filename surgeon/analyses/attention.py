@@ -7,7 +7,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from surgeon.analyses.common import pick_items, prepend_bos
+from surgeon.analyses.common import prepend_bos
+from surgeon.spec.select import pick_items
 from surgeon.engine.contrast import cached_batches
 from surgeon.errors import AnalysisError
 from surgeon.show import Shows

@@ -8,6 +8,7 @@ from surgeon.errors import AnalysisError, CaseError
 from surgeon.sites.nodes import Site
 from surgeon.sites.nodes import component as get_component
 from surgeon.spec.case import Case
+from surgeon.spec.select import pick_bad, pick_items
 from surgeon.spec.encoding import encode_rows
 from surgeon.spec.metrics import metric_of
 
@@ -17,24 +18,6 @@ DIRECTIONS = ("denoise", "noise")
 
 def prepend_bos(case: Case, model) -> bool:
     return case.prepend_bos if case.prepend_bos is not None else bool(model.cfg.default_prepend_bos)
-
-
-def pick_bad(case: Case, bad: str | None) -> str:
-    if bad is None:
-        return case.bad_formats[0]
-    if bad not in case.bad_formats:
-        raise AnalysisError(f"{bad!r} is not one of the case's failing formats", field="bad",
-                            fix=f"use one of: {', '.join(case.bad_formats)}")
-    return bad
-
-
-def pick_items(case: Case, tag: str | None):
-    tag = case.focus if tag is None else (None if tag == "all" else tag)
-    items = case.items_for(tag)
-    if not items:
-        raise AnalysisError(f"no items have tag {tag!r}", field="tag",
-                            fix=f"use one of: {', '.join(case.tags)}, or 'all'")
-    return tag, items
 
 
 def format_rows(case: Case, model, fmt: str, items):

@@ -10,6 +10,7 @@ from surgeon.analyses.generation import generate_format
 from surgeon.engine.contrast import score_rows
 from surgeon.show import Shows
 from surgeon.spec.case import Case
+from surgeon.spec.select import pick_bad, pick_items
 from surgeon.stats import Estimate, bootstrap_mean, wilson
 
 
@@ -75,3 +76,27 @@ def diagnose(case: Case, model, *, batch_size: int = 256, generate: int = 0, pro
                      per_item, metric.label)
 
 
+
+
+def failure_check(case: Case, model, *, bad: str | None = None, tag: str | None = None,
+                  batch_size: int = 256) -> str | None:
+    """Why there is nothing to repair, in words, or None when the failure is there: on the items an analysis
+    runs on, the failing format `bad` must be right less often than the good format (its accuracy's 95%
+    interval entirely below the good format's, the test `diagnose` calls *reproduced*). Two forward passes."""
+    bad = pick_bad(case, bad)
+    tag, items = pick_items(case, tag)
+    metric, ref = case_metric(case, model, items, batch_size)
+    acc = {}
+    for fmt in (case.good, bad):
+        s = score_rows(model, format_rows(case, model, fmt, items), batch_size, metric=metric, reference=ref)
+        x = s.cpu().numpy()
+        acc[fmt] = wilson(int(metric.right(x).sum()), int(x.size))
+    g, b = acc[case.good], acc[bad]
+    if b.hi < g.lo:
+        return None
+    on = f"the {len(items)} items tagged {tag!r}" if tag else f"all {len(items)} items"
+    return (f"the failure is not reproduced on {on}: the failing format {bad!r} is right on "
+            f"{100 * b.value:.0f}% [{100 * b.lo:.0f}, {100 * b.hi:.0f}] of them and the good format {case.good!r} on "
+            f"{100 * g.value:.0f}% [{100 * g.lo:.0f}, {100 * g.hi:.0f}] (95% intervals overlap or the failing one is "
+            f"higher), so repair fractions measure a gap that is not a failure; check with `surgeon diagnose`, "
+            f"pick another --bad or --tag, or fix the case's templates")

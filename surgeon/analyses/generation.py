@@ -5,7 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal, Sequence
 
-from surgeon.analyses.common import pick_bad, pick_items, prepend_bos
+from surgeon.analyses.common import prepend_bos
+from surgeon.spec.select import pick_bad, pick_items
 from surgeon.engine.contrast import Contrast, greedy
 from surgeon.errors import AnalysisError
 from surgeon.spec.case import Case, Item

@@ -69,8 +69,10 @@ def repair_layer(patch) -> int:
 def run_report(case: Case, model, *, steps=STEPS, layer: int | None = None, budget: int = 200,
                blend_step: float = 0.02, circuit_method: str | None = None, verify: int = 50, paths: int = 10,
                sae_source: SAESource | None = None, batch_size: int = 256, store: Store | None = None,
-               progress: bool = False) -> Report:
-    """Run `steps` on `case` (see the module's docstring); `layer` fixes the threshold and blend layer."""
+               bad: str | None = None, tag: str | None = None, progress: bool = False) -> Report:
+    """Run `steps` on `case` (see the module's docstring); `layer` fixes the threshold and blend layer; `bad` and
+    `tag` pick the failing format and the items (default: the case's first failing format and its focus; the SAE
+    comparisons default to every item)."""
     unknown = [s for s in steps if s not in STEPS]
     if unknown:
         raise AnalysisError(f"unknown report steps {unknown}", field="--steps", fix=f"choose from: {', '.join(STEPS)}")
@@ -98,36 +100,40 @@ def run_report(case: Case, model, *, steps=STEPS, layer: int | None = None, budg
         return got
 
     H = model.cfg.n_heads
+    sel = {"bad": bad, "tag": tag}  # in every step's options: a stored step is reused only for the same choice
     if "diagnose" in steps:
         step("diagnose", {"batch_size": batch_size}, lambda: diagnose(case, model, batch_size=batch_size,
                                                                       progress=progress))
     patch = None
     if "patch" in steps or (layer is None and {"threshold", "blend", "sae"} & set(steps)):
-        opts = {"layers": list(case.layers) if case.layers else None, "component": "z"}
+        opts = {"layers": list(case.layers) if case.layers else None, "component": "z", **sel}
         patch = step("patch", opts, lambda: patch_heads(case, model, layers=opts["layers"], batch_size=batch_size,
-                                                        progress=progress))
+                                                        progress=progress, **sel))
     L = layer if layer is not None else (repair_layer(patch) if patch is not None else None)  # None: no step needs it
     groups = ["even", "odd", "random"] if H >= 4 else []  # random: a half drawn at random, the control
     if "threshold" in steps:
-        opts = {"layer": L, "groups": groups, "budget": budget}
+        opts = {"layer": L, "groups": groups, "budget": budget, **sel}
         step("threshold", opts, lambda: threshold_search(case, model, layer=L, groups=groups, budget=budget,
-                                                         batch_size=batch_size, progress=progress))
+                                                         batch_size=batch_size, progress=progress, **sel))
     if "blend" in steps:
-        opts = {"layer": L, "step": blend_step}
-        step("blend", opts, lambda: blend(case, model, layer=L, step=blend_step, batch_size=batch_size))
+        opts = {"layer": L, "step": blend_step, **sel}
+        step("blend", opts, lambda: blend(case, model, layer=L, step=blend_step, batch_size=batch_size, **sel))
     if "circuit" in steps:
         method = circuit_method or default_method(case)
-        opts = {"method": method, "verify": verify, "paths": paths, "faithfulness": 0.9}
+        opts = {"method": method, "verify": verify, "paths": paths, "faithfulness": 0.9, **sel}
         step("circuit", opts, lambda: discover(case, model, method=method, verify=verify, n_paths=paths,
-                                               batch_size=batch_size))
+                                               batch_size=batch_size, **sel))
     if "sae" in steps:
-        _sae_steps(rep, step, case, model, L, sae_source, batch_size)
+        _sae_steps(rep, step, case, model, L, sae_source, batch_size, bad, tag)
     if bar is not None:
         bar.close()
     return rep
 
 
-def _sae_steps(rep: Report, step, case: Case, model, layer: int, source, batch_size: int) -> None:
+def _sae_steps(rep: Report, step, case: Case, model, layer: int, source, batch_size: int, bad: str | None,
+               tag: str | None) -> None:
+    every = "all" if tag is None else tag  # the feature comparisons read every item unless a tag is chosen
+    sel = {"bad": bad, "tag": tag}
     if source is None:
         if not case.saes:
             rep.skipped["sae"] = "the case names no SAEs (give --sae-dir, or saes= in the case)"
@@ -138,17 +144,18 @@ def _sae_steps(rep: Report, step, case: Case, model, layer: int, source, batch_s
     dev, dtype = str(next(model.parameters()).device), str(model.cfg.dtype).removeprefix("torch.")
     saes = {L: load_sae(source, L, dev, dtype, model.cfg.d_model) for L in layers}
     where = {L: source.describe(L) for L in layers}
-    ov = step("sae_overlap", {"layers": layers, "k": 20},
-              lambda: overlap(case, model, saes, k=20, tag="all", batch_size=batch_size, sources=where))
+    ov = step("sae_overlap", {"layers": layers, "k": 20, **sel},
+              lambda: overlap(case, model, saes, k=20, bad=bad, tag=every, batch_size=batch_size, sources=where))
     at = [L for L in layers if L >= layer] or layers
     lowest = min(at, key=lambda L: _mean_overlap(ov, L))  # where the formats' features differ most
-    step("sae_amplified", {"layer": lowest}, lambda: amplified(case, model, saes[lowest], lowest, tag="all",
-                                                              batch_size=batch_size, source=where[lowest]))
-    step("sae_heads", {"layer": layer, "sae_layer": lowest},
+    step("sae_amplified", {"layer": lowest, **sel},
+         lambda: amplified(case, model, saes[lowest], lowest, bad=bad, tag=every, batch_size=batch_size,
+                           source=where[lowest]))
+    step("sae_heads", {"layer": layer, "sae_layer": lowest, **sel},
          lambda: head_feature_effects(case, model, saes[lowest], layer=layer, batch_size=batch_size,
-                                      source=where[lowest]))
-    step("sae_repair", {"layer": lowest}, lambda: feature_repair(case, model, saes[lowest], batch_size=batch_size,
-                                                                source=where[lowest]))
+                                      source=where[lowest], **sel))
+    step("sae_repair", {"layer": lowest, **sel},
+         lambda: feature_repair(case, model, saes[lowest], batch_size=batch_size, source=where[lowest], **sel))
 
 
 def _mean_overlap(ov, layer: int) -> float:

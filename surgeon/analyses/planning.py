@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from surgeon.analyses.common import Direction, contrast_rows, pick_bad, pick_items
+from surgeon.analyses.common import Direction, contrast_rows
+from surgeon.spec.select import pick_bad, pick_items
 from surgeon.engine import memory
 from surgeon.engine.memory import Prediction
 from surgeon.sites.edges import EdgeSite

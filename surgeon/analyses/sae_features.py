@@ -14,7 +14,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from surgeon.analyses.common import pick_bad, pick_items, prepend_bos
+from surgeon.analyses.common import prepend_bos
+from surgeon.spec.select import pick_bad, pick_items
 from surgeon.engine.contrast import cached_batches
 from surgeon.errors import AnalysisError
 from surgeon.sae.load import neuronpedia_url

@@ -16,7 +16,8 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from surgeon.analyses.common import pick_bad, pick_items, prepend_bos
+from surgeon.analyses.common import prepend_bos
+from surgeon.spec.select import pick_bad, pick_items
 from surgeon.engine.contrast import Contrast
 from surgeon.errors import AnalysisError
 from surgeon.search.subsets import Unit, make_groups

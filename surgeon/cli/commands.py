@@ -21,9 +21,12 @@ from surgeon.cli.common import (
     planned_batch_size,
     print_report,
     setup,
+    warn_if_no_failure,
 )
+from surgeon.cli.parser import Parser
 from surgeon.errors import SurgeonError
 from surgeon.spec.shipped import CASES_DIR
+from surgeon.version import __version__
 
 REPORT_STEPS = ("diagnose", "patch", "threshold", "blend", "circuit", "sae")  # analyses.pipeline.STEPS
 from surgeon.circuits.methods import SEMANTICS
@@ -49,8 +52,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     from surgeon.sites.nodes import COMPONENTS
 
-    parser = argparse.ArgumentParser(prog="surgeon", description=__doc__.splitlines()[0])
-    parser.add_argument("--version", action="version", version="surgeon 0.1.0")
+    parser = Parser(prog="surgeon", description=__doc__.splitlines()[0])
+    parser.add_argument("--version", action="version", version=f"surgeon {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("diagnose", help="accuracy and score per format, with intervals: is the failure there?")
@@ -97,8 +100,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("threshold", help="search head subsets that repair: fraction repairing per size k, "
                                          "threshold k*, minimal subsets, per-head necessity")
-    add_common(p, out_help="where the search, its checkpoints and results go (default: out/threshold-CASE-LLAYER "
-                        "under the current directory)")
+    add_common(p, out_help="where the search, its checkpoints (for --resume) and results go (default: print only; "
+                        "the checkpoints then live in a temporary folder)")
     add_memory(p)
     p.add_argument("--layer", type=cli_types.layer, help="candidate heads: every head of this layer (or pick with --heads)")
     p.add_argument("--heads", help="candidate heads: 0,2,5 (of --layer) or L1H0,L2H3")
@@ -204,6 +207,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--sae-release", help="a sae-lens release for the SAE steps (default: the case's saes)")
     p.add_argument("--sae-id", help="the SAE id within the release; {layer} is replaced")
     p.add_argument("--sae-dir", help="local SAE directories; {layer} is replaced")
+    add_items(p)
+    add_metric(p)
 
     from surgeon.cli.sae import add_parser as add_sae
 
@@ -242,6 +247,7 @@ def cmd_diagnose(args) -> int:
 
 def cmd_patch(args) -> int:
     case, model, device = load_case_and_model(args)
+    warn_if_no_failure(args, case, model)
     from surgeon.analyses import patch_heads, planning
 
     layers = layers_of(args, case)
@@ -299,13 +305,13 @@ def _int_list(text: str | None, field: str):
 
 
 def cmd_threshold(args) -> int:
+    if not args.out and (args.resume or args.shard):
+        raise SurgeonError(f"{'--resume' if args.resume else '--shard'} needs the search's folder", field="--out",
+                           fix="give --out DIR (the folder the search writes its checkpoints to)")
     from surgeon.search.subsets import read_groups
 
-    out = args.out or Path("out") / f"threshold-{Path(args.case).stem}-L{args.layer if args.layer is not None else 'x'}"
-    # the checkpoint needs a folder: out/threshold-CASE-LN unless --out says otherwise
-    if not args.out:
-        print(f"the search and its checkpoints go to {out} (choose with --out)", file=sys.stderr)
-    if (out / "parts").exists() and not args.resume and not args.shard:
+    out = args.out  # None: print only (threshold_search keeps its checkpoints in a temporary folder)
+    if out is not None and (out / "parts").exists() and not args.resume and not args.shard:
         raise SurgeonError(f"{out} already holds a search", field="--out",
                            fix="add --resume to continue it, or choose another --out")
     groups = [] if args.groups in ("", "none") else [g.strip() for g in args.groups.split(",") if g.strip()]
@@ -326,8 +332,9 @@ def cmd_threshold(args) -> int:
         ray = RayOptions(address=None if args.ray == "local" else args.ray, workers=args.ray_workers,
                          threads=args.threads or 1)
     case, model, device = load_case_and_model(args, out=out)
-    from surgeon.reports import text as report
+    warn_if_no_failure(args, case, model)
     from surgeon.analyses import planning
+    from surgeon.reports import text as report
     from surgeon.search.threshold import Interrupted, threshold_search
 
     batch = planned_batch_size(args, planning.plan_threshold, case, model, args.layer or 0, args.chunk, args.chunk)
@@ -338,16 +345,20 @@ def cmd_threshold(args) -> int:
                              chunk=args.chunk, seed=args.seed, out=out, shard=args.shard, generate=args.generate,
                              progress=True, ray=ray)
     except Interrupted as e:
-        report.save_threshold(out, e.partial, case, args, device)
         print(report.threshold_text(e.partial))
+        if out is None:
+            print("\ninterrupted (to continue an interrupted search later, give it --out)", file=sys.stderr)
+            return 130
+        report.save_threshold(out, e.partial, case, args, device)
         print(f"\ninterrupted: partial results in {out}; continue with --resume", file=sys.stderr)
         return 130
     if r is None:
         print(f"shard {args.shard} done: parts in {out}/parts; merge the shards with: surgeon merge DIR... --out DIR")
         return 0
-    report.save_threshold(out, r, case, args, device)
     print(report.threshold_text(r))
-    print(f"\nwrote {out}/results.json, manifest.json, subsets.csv, threshold.png")
+    if out is not None:
+        report.save_threshold(out, r, case, args, device)
+        print(f"\nwrote {out}/results.json, manifest.json, subsets.csv, threshold.png")
     return 0
 
 
@@ -426,6 +437,7 @@ def cmd_circuit(args) -> int:
 
     check_targets(args.export)  # refuse before loading anything
     case, model, device = load_case_and_model(args)
+    warn_if_no_failure(args, case, model)
     from surgeon.analyses import planning
     from surgeon.analyses.circuit import default_method, discover
 
@@ -454,7 +466,8 @@ def cmd_report(args) -> int:
 
     rep = api.report(case, model, out=out, steps=steps, layer=args.layer, budget=args.budget, verify=args.verify,
                      paths=args.paths, sae_release=args.sae_release, sae_id=args.sae_id, sae_dir=args.sae_dir,
-                     batch_size=args.batch_size, device=device, dtype=args.dtype, progress=True)
+                     batch_size=args.batch_size, device=device, dtype=args.dtype, bad=args.bad, tag=args.tag,
+                     progress=True)
     print(rep)
     print(f"\nwrote {out}/report.html, figures/ and one folder per step")
     return 0

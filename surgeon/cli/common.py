@@ -3,10 +3,15 @@ and printing (and with --out saving) a report."""
 from __future__ import annotations
 
 import argparse
+import re
 
 from surgeon.cli import types as cli_types
-from surgeon.errors import SurgeonError
+from surgeon.errors import SurgeonError, warn
 from surgeon.models.devices import device_of
+from surgeon.models.loading import resolve, shape
+from surgeon.search.subsets import parse_units
+from surgeon.spec.case import read_case
+from surgeon.spec.select import pick_bad, pick_items
 from surgeon.spec.shipped import DEFAULT_CASE, shipped_case
 
 
@@ -77,6 +82,40 @@ def parse_layers(text: str | None):
     return out
 
 
+def check_options(args, case) -> None:
+    """Every option that the case and the model's config decide, checked before the tokenizer or torch loads:
+    --bad and --tag (with did-you-mean), --layers, --layer and --heads against the model's layer and head counts."""
+    for option, pick in (("bad", pick_bad), ("tag", pick_items)):
+        if getattr(args, option, None) is not None:
+            try:
+                pick(case, getattr(args, option))
+            except SurgeonError as e:
+                raise SurgeonError(e.message, where=case.source, field=f"--{option}", fix=e.fix) from None
+    layers = parse_layers(getattr(args, "layers", None))
+    if case.model is None:
+        return
+    try:
+        shp = shape(resolve(case.model))
+    except SurgeonError:
+        return  # the case check that follows says what is wrong with the model
+    top = shp.n_layers - 1
+    for L in layers or ():
+        if L > top:
+            raise SurgeonError(f"layer {L} is out of range: the model has layers 0..{top}", field="--layers",
+                               fix=f"use layers between 0 and {top}, e.g. --layers 0-{top}")
+    layer = getattr(args, "layer", None)
+    if layer is not None and layer > top:
+        raise SurgeonError(f"layer {layer} is out of range: the model has layers 0..{top}", field="--layer",
+                           fix=f"use a layer between 0 and {top}")
+    heads = getattr(args, "heads", None)
+    if heads is not None and getattr(args, "command", None) in ("threshold", "blend", "attention"):
+        n = shp.n_kv_heads if getattr(args, "component", "z") in ("k", "v") else shp.n_heads
+        if args.command == "attention":  # L1H0 names only; the analysis says what else is wrong
+            heads = ",".join(h for h in heads.split(",") if re.fullmatch(r"\s*L\d+H\d+\s*", h)) or None
+        if heads is not None:
+            parse_units(heads, layer, shp.n_layers, n)
+
+
 def setup(args):
     import torch
 
@@ -87,12 +126,15 @@ def setup(args):
 
 def load_case_and_model(args, check=None, out=None):
     """case -> model, for the analysis commands; `check(case)` refuses bad input before the model loads."""
-    from surgeon.models.checks import load_case
+    from surgeon.models.checks import check_case_against_model
     from surgeon.models.loading import load_model
     from surgeon.results import check_out
 
     check_out(out if out is not None else getattr(args, "out", None))
-    case = load_case(args.case, model=args.model)  # before torch is imported: a bad case file is refused at once
+    case = read_case(args.case, model=args.model)  # before torch is imported: a bad case file is refused at once
+    check_options(args, case)  # the options against the case and the model's config: well under a second
+    if case.model is not None:
+        check_case_against_model(case)  # its tokenizer: answers, templates, context
     if getattr(args, "metric", None):
         from dataclasses import replace
 
@@ -110,6 +152,16 @@ def load_case_and_model(args, check=None, out=None):
                            field="--n-devices", fix="use --device cuda with as many GPUs, or leave --n-devices at 1")
     model = load_model(case.model, device=device, dtype=args.dtype, n_devices=args.n_devices)
     return case, model, device
+
+
+def warn_if_no_failure(args, case, model) -> None:
+    """A clear warning (stderr) before patch, threshold and circuit work on a format that does not fail."""
+    from surgeon.analyses.diagnose import failure_check
+
+    why = failure_check(case, model, bad=getattr(args, "bad", None), tag=getattr(args, "tag", None),
+                        batch_size=args.batch_size)
+    if why:
+        warn(why)
 
 
 def print_report(args, result, case, device, text: str | None = None) -> int:

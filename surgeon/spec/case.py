@@ -20,14 +20,16 @@ from __future__ import annotations
 
 import hashlib
 import runpy
+import re
 import string
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Literal, Mapping, Sequence
 
-from surgeon.errors import CaseError
+from surgeon.errors import CaseError, did_you_mean
 from surgeon.spec.metrics import METRICS
 from surgeon.spec.metrics import check as check_metric
+from surgeon.spec.shipped import CASES_DIR
 
 # last: the last prompt token and the answer tokens, matched from the end (default)
 # end: the last prompt token only
@@ -130,8 +132,10 @@ def read_case(path: str | Path, model: str | None = None) -> Case:
     path = Path(path)
     where = str(path)
     if not path.exists():
-        raise CaseError("no such case file", where=where,
-                        fix="give the path of a .py file that defines `case = Case(...)`, e.g. cases/decimal_organism.py")
+        hint = did_you_mean(path.stem, [f.stem for f in CASES_DIR.glob("*.py")]) if len(path.parts) == 1 else ""
+        raise CaseError(f"no such case file{hint.replace('did you mean', 'did you mean the shipped case')}",
+                        where=where, fix="give the path of a .py file that defines `case = Case(...)`, or the name "
+                                         "of a shipped case (`surgeon cases` lists them), e.g. decimal_organism")
     if path.is_dir():
         raise CaseError("is a directory, not a case file", where=where,
                         fix="give the path of a .py file inside it, e.g. cases/decimal_organism.py")
@@ -150,7 +154,11 @@ def read_case(path: str | Path, model: str | None = None) -> Case:
         tb = traceback.extract_tb(e.__traceback__)
         line = next((f.lineno for f in reversed(tb) if f.filename == str(path)), None)
         at = f" (line {line})" if line else ""
-        raise CaseError(f"running the file raised {type(e).__name__}: {e}{at}", where=where,
+        hint = ""
+        m = re.search(r"(\w+)\.__init__\(\) got an unexpected keyword argument '(\w+)'", str(e))
+        if isinstance(e, TypeError) and m and m.group(1) in _FIELDS:
+            hint = did_you_mean(m.group(2), _FIELDS[m.group(1)]())
+        raise CaseError(f"running the file raised {type(e).__name__}: {e}{at}{hint}", where=where,
                         fix="make the file run on its own: python " + where) from None
     case = ns.get("case")
     if case is None:
@@ -317,3 +325,7 @@ def validate(case: Case, where: str | None = None) -> None:
 
 def case_field_names() -> list[str]:
     return [f.name for f in fields(Case)]
+
+
+_FIELDS = {"Case": case_field_names, "Item": lambda: [f.name for f in fields(Item)],
+           "Chat": lambda: [f.name for f in fields(Chat)]}

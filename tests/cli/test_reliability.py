@@ -99,7 +99,7 @@ def test_no_lock_file_is_left_and_another_command_leaves_no_files_of_its_own(tmp
     assert [p.name for p in tmp_path.iterdir() if "surgeon-lock" in p.name] == []
 
 
-def test_threshold_says_where_it_writes_and_groups_files_are_read_as_lists(tmp_path, capsys):
+def test_threshold_writes_only_with_out_and_groups_files_are_read_as_lists(tmp_path, capsys):
     groups = tmp_path / "groups.json"
     groups.write_text(json.dumps({"mine": "L0H0"}))
     err = refused_code(capsys, ["threshold", THRESHOLD, "--layer", "0", "--groups-file", str(groups),
@@ -113,8 +113,11 @@ def test_threshold_says_where_it_writes_and_groups_files_are_read_as_lists(tmp_p
     r = subprocess.run([sys.executable, "-m", "surgeon", "threshold", THRESHOLD, "--layer", "0", "--groups", "none",
                         "--budget", "10"], capture_output=True, text=True, cwd=tmp_path)
     assert r.returncode == 0, r.stderr
-    assert "the search and its checkpoints go to out/threshold-threshold_organism-L0" in r.stderr
-    assert (tmp_path / "out" / "threshold-threshold_organism-L0" / "manifest.json").exists()
+    assert "threshold k*" in r.stdout and "wrote" not in r.stdout
+    assert list(tmp_path.iterdir()) == [groups]  # no --out: printed only, nothing written (issue 33 item 8)
+    r = subprocess.run([sys.executable, "-m", "surgeon", "threshold", THRESHOLD, "--layer", "0", "--resume"],
+                       capture_output=True, text=True, cwd=tmp_path)
+    assert r.returncode == 2 and "--resume needs the search's folder" in r.stderr and "Traceback" not in r.stderr
 
 
 def refused_code(capsys, argv):
