@@ -1,6 +1,7 @@
-"""The README's generated blocks: every command output, table and number in README.md comes from here.
+"""The generated blocks of the README and the documentation site: every command output, table and number in
+README.md and docs/*.md comes from here.
 
-README.md holds cog blocks (cogapp, https://nedbatchelder.com/code/cog/) that call the helpers below:
+README.md and the pages under docs/ hold cog blocks (cogapp, https://nedbatchelder.com/code/cog/) that call the helpers below:
 
     <!-- [[[cog from readme import run; run("surgeon diagnose") ]]] -->
     ...output, rewritten by cog...
@@ -32,6 +33,8 @@ ROOT = Path(__file__).resolve().parent.parent
 TIMINGS = ROOT / "docs" / "timings.json"
 BENCH = ROOT / "bench" / "results"
 FAST = os.environ.get("SURGEON_README") == "check"  # set by --check: slow blocks keep their text
+# the files whose blocks are generated: the README and every page of the documentation site, in this order
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 RESULTS: dict[str, dict] = {}  # --out results of the commands run so far, by the name given to `run`
 _WORK = Path(tempfile.mkdtemp(prefix="surgeon-readme-"))
 
@@ -144,6 +147,51 @@ def report_example(cmd: str, page: str, png: str, keep=None) -> None:
         b.quit()
 
 
+def example(path: str, keep=None) -> None:
+    """A Python example (a file under docs/examples) and what it prints: the code is shown as it is, run in a fresh
+    interpreter in an empty folder (what it writes lands there, not in the checkout), and its stdout shown below
+    it (see `pick`)."""
+    cog = _cog()
+    code = (ROOT / path).read_text().strip("\n")
+    folder = _WORK / f"example-{abs(hash(code)) % 10**8}"
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "example.py").write_text(code + "\n")
+    env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", COLUMNS="200")
+    r = subprocess.run([sys.executable, "example.py"], cwd=folder, capture_output=True, text=True, env=env)
+    if r.returncode != 0:
+        raise SystemExit(f"the example failed ({r.returncode}):\n{code}\n{r.stderr[-3000:]}")
+    cog.outl("```python")
+    cog.outl(code)
+    cog.outl("```")
+    cog.outl("prints")
+    cog.outl("```")
+    cog.outl(pick(r.stdout.replace(str(ROOT) + os.sep, ""), keep))
+    cog.outl("```")
+
+
+def case_example(path: str, keep=None, command: str = "surgeon diagnose mine.py") -> None:
+    """A case file (under docs/examples) as it is, copied as mine.py into an empty folder, and what `command`
+    prints on it there."""
+    cog = _cog()
+    code = (ROOT / path).read_text().strip("\n")
+    folder = _WORK / f"case-{abs(hash(code)) % 10**8}"
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "mine.py").write_text(code + "\n")
+    env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", COLUMNS="200")
+    argv = shlex.split(command)
+    r = subprocess.run([sys.executable, "-m", "surgeon", *argv[1:]], cwd=folder, capture_output=True, text=True,
+                       env=env)
+    if r.returncode != 0:
+        raise SystemExit(f"the case example failed ({r.returncode}):\n{code}\n{r.stderr[-3000:]}")
+    cog.outl("```python")
+    cog.outl(code)
+    cog.outl("```")
+    cog.outl("```")
+    cog.outl(f"$ {command}")
+    cog.outl(pick(r.stdout, keep))
+    cog.outl("```")
+
+
 def out(text: str) -> None:
     """Write generated text (a sentence whose numbers come from RESULTS); kept as is in a check of a slow block."""
     _cog().outl(text)
@@ -227,7 +275,7 @@ def main() -> int:
     def cog(flags, check_mode):
         e = dict(env, SURGEON_README="check") if check_mode else env
         return subprocess.run([sys.executable, "-m", "cogapp", *flags, "-I", str(ROOT / "docs"),
-                               str(ROOT / "README.md")], cwd=ROOT, env=e).returncode
+                               *map(str, PAGES)], cwd=ROOT, env=e).returncode
 
     if args.check:
         return cog(["--check", "--diff"], True) and 1

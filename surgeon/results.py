@@ -18,6 +18,22 @@ from surgeon.errors import SurgeonError
 from surgeon.version import __version__
 
 
+PACKAGE = Path(__file__).resolve().parent
+
+
+def shown_path(path) -> str:
+    """A path as results record it: inside the installed package as surgeon/... (the shipped organisms and
+    SAEs: the same on every machine, so committed results hold no machine's folders), inside the current
+    directory relative to it, elsewhere as given."""
+    p = Path(str(path)).expanduser()
+    for root, prefix in ((PACKAGE, Path("surgeon")), (Path.cwd().resolve(), Path("."))):
+        try:
+            return str(prefix / p.resolve().relative_to(root)) if p.is_absolute() else str(path)
+        except ValueError:
+            continue
+    return str(path)
+
+
 def versions() -> dict[str, str]:
     """The versions of Python, surgeon and the libraries whose code computes the numbers."""
     from importlib.metadata import PackageNotFoundError, version
@@ -37,7 +53,7 @@ def manifest(command: str, case=None, *, seed: int | None = None, device: str | 
     """What made a result: the command (and its command line; from Python, `argv` is None and `api` says so)."""
     m: dict[str, Any] = {
         "command": command,
-        "argv": sys.argv if argv is None else argv,
+        "argv": [shown_path(sys.argv[0]), *sys.argv[1:]] if argv is None else argv,
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "versions": versions(),
         "seed": seed,

@@ -69,3 +69,41 @@ def decimal_case():
     from surgeon import load_case
 
     return load_case(os.path.join(ROOT, "cases", "decimal_organism.py"))
+
+
+def _tree_state() -> str | None:
+    """`git status --porcelain` of the repository, untracked and ignored files included (an out/ folder is
+    ignored by git but still written where it was not asked), bytecode and pip's caches left out; None outside
+    a git checkout."""
+    import subprocess
+
+    try:
+        r = subprocess.run(["git", "status", "--porcelain", "--untracked-files=all", "--ignored"], cwd=ROOT,
+                           capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if r.returncode != 0:
+        return None
+    caches = ("__pycache__/", ".pytest_cache/", ".egg-info/", ".venv")  # Python's and pip's own, not results
+    return "\n".join(ln for ln in r.stdout.splitlines() if not any(c in ln for c in caches))
+
+
+def pytest_sessionstart(session):
+    session.config._surgeon_tree = _tree_state()
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """The suite leaves the working tree as it found it (issue 33: no results.json, manifest.json, figures or
+    out/ folders written into the repository by a test); a test that writes there fails the run."""
+    before = getattr(session.config, "_surgeon_tree", None)
+    after = _tree_state()
+    if before is None or after is None or before == after:
+        return
+    new = sorted(set(after.splitlines()) - set(before.splitlines()))
+    if not new:
+        return
+    import sys
+
+    print("\nthe test suite changed the working tree (tests must write under tmp_path):\n  " + "\n  ".join(new),
+          file=sys.stderr)
+    session.exitstatus = 1

@@ -86,6 +86,7 @@ def results(threshold_model):
     }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["diagnose", "dla", "attention", "patch", "patch_positions", "attribute", "threshold",
                                   "sae_overlap", "sae_heads", "blend"])
 def test_results_print_render_draw_and_save_what_the_cli_does(results, name, tmp_path, capsys):
@@ -125,12 +126,14 @@ def test_results_reload_from_their_json_as_they_were(results):
             draw(back, None)
 
 
+@pytest.mark.slow
 def test_a_result_saved_with_its_case_records_the_model(results, tmp_path):
     r, _ = results["patch"]
     man = json.loads((r.save(tmp_path / "p", surgeon.load_case(THRESHOLD)) / "manifest.json").read_text())
     assert man["case"]["name"] == "threshold_organism" and man["model"]["n_heads"] == 32
 
 
+@pytest.mark.slow
 def test_a_model_in_memory_gives_what_the_model_loaded_by_name_gives(results, threshold_model):
     by_name = surgeon.patch(THRESHOLD)
     np.testing.assert_allclose(results["patch"][0].fraction, by_name.fraction, atol=1e-6)
@@ -193,6 +196,7 @@ def test_a_case_without_a_model_runs_on_the_model_given(decimal_model, tmp_path,
                                atol=1e-6)
 
 
+@pytest.mark.slow
 def test_circuits_export_from_python(induction_model, tmp_path):
     r = surgeon.circuit("induction_organism", induction_model, method="eap", paths=0, verify=5)
     assert "circuit" in str(r) and "<svg" in r._repr_html_()
@@ -209,11 +213,11 @@ def test_bad_input_is_refused_by_the_api_as_by_the_cli():
         surgeon.diagnose(Path(ROOT) / "cases" / "no_such_case.py")
 
 
-def test_the_readme_python_example_runs(tmp_path, monkeypatch):
-    text = (Path(ROOT) / "README.md").read_text()
+def test_the_docs_python_example_runs(tmp_path, monkeypatch):
+    text = (Path(ROOT) / "docs" / "python.md").read_text()
     block = re.search(r"<!-- python example -->\n```python\n(.*?)```", text, re.S)
-    assert block, "the README's Python example is marked <!-- python example -->"
+    assert block, "the Python page's example is marked <!-- python example -->"
     monkeypatch.chdir(tmp_path)
     scope: dict = {}
-    exec(compile(block.group(1), "README.md", "exec"), scope)  # noqa: S102 - the README's own example
+    exec(compile(block.group(1), "docs/python.md", "exec"), scope)  # noqa: S102 - the docs' own example
     assert (tmp_path / "out" / "patch" / "results.json").exists()

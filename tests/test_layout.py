@@ -12,7 +12,7 @@ ROOT = Path(_ROOT)
 PKG = ROOT / "surgeon"
 # lowest first; a module may import its own layer and those below it, never one above
 LAYERS = [
-    ("surgeon.errors", "surgeon.stats", "surgeon.results", "surgeon.show"),
+    ("surgeon.version", "surgeon.errors", "surgeon.stats", "surgeon.results", "surgeon.show"),
     ("surgeon.sites",),  # the vocabulary of sites (a case names components) and the protocol the engine calls
     ("surgeon.spec",),
     ("surgeon.models", "surgeon.organisms"),  # loading an organism knows no engine
@@ -136,9 +136,9 @@ def test_tests_mirror_the_package():
                 assert m.group(1) in (None, ".commands") and set(re.split(r",\s*", m.group(2))) <= {"main", "build_parser"}, line
 
 
-def test_the_readme_layout_shows_every_folder_once():
-    text = (ROOT / "README.md").read_text()
-    tree = text[text.index("## Layout"):]
+def test_the_docs_layout_shows_every_folder_once():
+    text = (ROOT / "docs" / "layout.md").read_text()
+    tree = text
     tree = tree[tree.index("```\n") + 4:]
     tree = tree[:tree.index("```")]
     lines = [line.strip().split()[0] for line in tree.splitlines() if line.startswith("  ")]

@@ -8,7 +8,7 @@ import numpy as np
 
 from surgeon.models.loading import resolve, shape
 from surgeon.reports import figures
-from surgeon.results import manifest, staging, write_json
+from surgeon.results import manifest, shown_path, staging, write_json
 from surgeon.search.subsets import per_subset, plan_from_options, subsets_csv_rows
 from surgeon.sites.nodes import component, unit_label
 from surgeon.spec.metrics import describe as describe_metric
@@ -128,7 +128,7 @@ def model_info(case) -> dict | None:
         return {"spec": None, "kind": "given in memory (the case names no model)"}
     ref = resolve(case.model)
     shp = shape(ref)
-    return {"spec": ref.spec, "kind": ref.kind, "path": str(ref.path) if ref.path else None,
+    return {"spec": ref.spec, "kind": ref.kind, "path": shown_path(ref.path) if ref.path else None,
             "n_layers": shp.n_layers, "n_heads": shp.n_heads, "n_kv_heads": shp.n_kv_heads, "d_model": shp.d_model,
             "attn_only": shp.attn_only}
 

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from surgeon.errors import SurgeonError
+from surgeon.results import shown_path
 
 # how surgeon loads a model (see surgeon.models): an SAE trained on a model loaded otherwise reads other activations
 _OUR_MODEL_PROCESSING = dict(fold_ln=False, center_writing_weights=False, center_unembed=False,
@@ -67,7 +68,7 @@ class SAESource:
             for f in sorted(Path(d).glob("*")) if Path(d).is_dir() else ():
                 if f.is_file():
                     h.update(f"{Path(d).name}/{f.name}".encode() + b"\0" + f.read_bytes())
-        return {"path": self.path, "sha256": h.hexdigest()}
+        return {"path": shown_path(self.path), "sha256": h.hexdigest()}
 
     def layers(self, n_layers: int, asked=None, field: str = "--layers") -> list[int]:
         """The layers to read: `asked` (checked against the model), else every layer with an SAE directory (a
@@ -98,7 +99,7 @@ class SAESource:
         return SAESource(spec.get("release"), spec.get("id"))
 
     def describe(self, layer: int) -> str:
-        return self.path.format(layer=layer) if self.path else f"{self.release}/{self.sae_id.format(layer=layer)}"
+        return shown_path(self.path.format(layer=layer)) if self.path else f"{self.release}/{self.sae_id.format(layer=layer)}"
 
     def neuronpedia(self, layer: int) -> str | None:
         """The release's Neuronpedia id for this layer's SAE (feature pages are BASE/ID/FEATURE), if it has one."""

@@ -33,6 +33,7 @@ def test_the_checker_catches_a_reversed_interval():
     assert check_intervals("accuracy  15.6% [  8.7,  26.4] (n=64)") == 1
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("direction", ["denoise", "noise"])
 def test_every_interval_is_ordered_and_holds_its_estimate(direction, decimal_model, decimal_case, induction_model):
     from surgeon import load_case

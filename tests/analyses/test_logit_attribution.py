@@ -32,6 +32,7 @@ def _tl_heads(case, model, fmt):
     return np.stack(out).reshape(len(out), model.cfg.n_layers, model.cfg.n_heads)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name,model", [("decimal_organism", "decimal_model"), ("induction_organism", "induction_model"),
                                         ("threshold_organism", "threshold_model")])
 def test_heads_equal_transformer_lens_and_the_parts_sum_to_the_logits(name, model, request):
@@ -50,6 +51,7 @@ def test_heads_equal_transformer_lens_and_the_parts_sum_to_the_logits(name, mode
         np.testing.assert_allclose(diff[..., 0], b.heads[..., 0] - r.formats[0].heads[..., 0], atol=1e-9)
 
 
+@pytest.mark.slow
 def test_the_threshold_organism_heads_write_their_planted_weights(threshold_model):
     """Built by construction: in each format an even head writes toward the answer in proportion to its planted
     weight (one factor for all heads), an odd head writes nothing the answer reads."""
@@ -64,6 +66,7 @@ def test_the_threshold_organism_heads_write_their_planted_weights(threshold_mode
         assert np.sign(ratio.mean()) == (1 if f.role == "good" else -1)
 
 
+@pytest.mark.slow
 def test_answers_without_a_differing_token_are_refused(threshold_model):
     from surgeon import Item
 

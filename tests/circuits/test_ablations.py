@@ -50,6 +50,7 @@ def hand_mean(model, rows, positions):
 
 
 # --------------------------------------------------------------------------------------------- mean ablation
+@pytest.mark.slow
 def test_mean_ablation_is_the_same_at_every_batch_size(decimal_model, decimal_case):
     """The decimal organism's formats differ in length, so its rows fall into several buckets; batch size 1 puts
     one row in each. The mean a bucket would give is resample at batch size 1: the scores and EAP must not move."""

@@ -265,6 +265,7 @@ def test_induction_path_ranks_first(induction_circuit):
     assert r.circuit_faithfulness >= 0.9
 
 
+@pytest.mark.slow
 def test_threshold_circuit_holds_the_even_heads_only(tmp_path):
     from surgeon.analyses.circuit import discover
     from surgeon.models.loading import load_model

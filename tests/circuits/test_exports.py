@@ -166,6 +166,7 @@ def circuits():
     return out
 
 
+@pytest.mark.slow
 def test_mib_evaluator_gets_the_faithfulness_circuit_eval_reports(circuits, tmp_path):
     """MIB's evaluator, written out with hooks from EAP-IG's `evaluate_graph`: run the clean input (the good
     format) and give every edge outside the circuit the corrupted run's sender output (the failing format).
@@ -198,6 +199,7 @@ def test_mib_evaluator_gets_the_faithfulness_circuit_eval_reports(circuits, tmp_
     assert f == pytest.approx(r.circuit_faithfulness, abs=1e-4)
 
 
+@pytest.mark.slow
 def test_semantics_are_written_read_back_and_legacy_files_handled(circuits, tmp_path):
     """Every export records what a circuit means; circuit-eval evaluates a file under the semantics it records (a
     knockout set as a knockout, giving discover's value back); files of 0.1 read "chain" as kept and refuse the

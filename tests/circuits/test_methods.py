@@ -60,6 +60,7 @@ def test_scan_finds_the_first_k_of_a_non_monotone_curve():
     assert b.monotone_assumed and b.f >= 0.9 and b.f_before < 0.9  # locally minimal, and says what it assumed
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["induction_organism", "threshold_organism", "decimal_organism"])
 def test_smallest_circuit_of_every_shipped_case_equals_an_exhaustive_scan(name, monkeypatch):
     """discover's smallest faithful prefix is the first k of an exhaustive scan of f(k), and where it says it scanned

@@ -72,6 +72,7 @@ def test_attribute_command(tmp_path):
     assert len(res["estimate"]) == 1 and len(res["estimate"][0]) == 8
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["decimal_organism", "induction_organism", "threshold_organism"])
 def test_manifest_model_fields_are_the_loaded_model(name):
     """Every model field a manifest records equals the model as loaded (the decimal organism has 2 key/value

@@ -5,7 +5,6 @@ and --metric; threshold writes nothing without --out; the version and distributi
 import json
 import subprocess
 import sys
-import time
 
 import pytest
 
@@ -86,6 +85,7 @@ def test_nothing_to_repair_is_said(decimal_model):
     assert failure_check(case, decimal_model, bad="chat", tag="trap") is None
 
 
+@pytest.mark.slow
 def test_patch_warns_when_the_format_does_not_fail():
     r = subprocess.run([sys.executable, "-m", "surgeon", "patch", DECIMAL, "--tag", "control", "--layers", "0"],
                        capture_output=True, text=True, cwd=ROOT)

@@ -59,6 +59,7 @@ def test_case_content_that_cannot_mean_anything(tmp_path, capsys, formats, extra
 
 
 # family 3: absurd sizes, refused by what the model and the case allow
+@pytest.mark.slow
 @pytest.mark.parametrize("argv,phrases", [
     (["diagnose", THRESHOLD, "--seed", str(10 ** 23)], ["--seed", "between 0 and 4294967295"]),
     (["diagnose", THRESHOLD, "--n-devices", "2", "--device", "cpu"], ["--n-devices", "the device is cpu"]),
@@ -84,6 +85,7 @@ def test_a_planted_lock_symlink_is_not_followed(tmp_path, capsys):
     assert not target.exists() and not (tmp_path / "out").exists()
 
 
+@pytest.mark.slow
 def test_no_lock_file_is_left_and_another_command_leaves_no_files_of_its_own(tmp_path):
     out = tmp_path / "out"
     run = lambda *a: subprocess.run([sys.executable, "-m", "surgeon", *a], capture_output=True, text=True,
@@ -99,6 +101,7 @@ def test_no_lock_file_is_left_and_another_command_leaves_no_files_of_its_own(tmp
     assert [p.name for p in tmp_path.iterdir() if "surgeon-lock" in p.name] == []
 
 
+@pytest.mark.slow
 def test_threshold_writes_only_with_out_and_groups_files_are_read_as_lists(tmp_path, capsys):
     groups = tmp_path / "groups.json"
     groups.write_text(json.dumps({"mine": "L0H0"}))
@@ -126,6 +129,7 @@ def refused_code(capsys, argv):
     return err
 
 
+@pytest.mark.slow
 def test_a_full_disk_is_reported_and_leaves_no_temporary_file(tmp_path, capsys, monkeypatch):
     """Family 7: the disk fills up after the first chunk: exit 2 with the fix, the finished chunk kept, no hidden
     temporary file, and --resume then finishes the search."""

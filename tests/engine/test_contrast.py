@@ -163,6 +163,7 @@ def test_out_of_memory_halves_the_batch_and_gives_the_same_numbers(random_model)
     torch.testing.assert_close(got, want, atol=1e-5, rtol=0)
 
 
+@pytest.mark.slow
 def test_bfloat16_model_gives_the_float32_answer(decimal_case):
     """The organism in bfloat16: same verdicts, patch effects close to float32's."""
     from surgeon.analyses import diagnose, patch_heads

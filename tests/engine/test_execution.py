@@ -43,6 +43,7 @@ def test_prefix_copied_says_why(induction_model):
         "copied per patch (asked for)"
 
 
+@pytest.mark.slow
 def test_results_and_manifest_record_the_execution(tmp_path):
     out = tmp_path / "patch"
     assert main(["patch", THRESHOLD, "--layers", "0", "--out", str(out)]) == 0

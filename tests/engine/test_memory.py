@@ -37,6 +37,7 @@ def _rows(case, model):
     return format_rows(case, model, case.bad_formats[0], items), format_rows(case, model, case.good, items)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("batch_size", [256, 16, 5])
 def test_predicted_forward_passes_are_the_engine_s(decimal_case, decimal_model, batch_size):
     """Per-head patching and a subset search, each at several batch sizes (several buckets, chunks of patches):

@@ -61,6 +61,7 @@ def save_tl_checkpoint(model, path):
     return path
 
 
+@pytest.mark.slow
 def test_a_transformer_lens_checkpoint_folder_loads_and_runs_from_the_cli(charset, tmp_path):
     """--model takes a TransformerLens checkpoint folder: the same up-front checks as the other routes, the same
     scores as the model in memory."""

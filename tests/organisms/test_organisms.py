@@ -65,6 +65,7 @@ def test_induction_case_fresh_is_a_real_contrast(induction_model):
     assert d.get("fresh").accuracy.value <= 0.7 and d.reproduced["fresh"]
 
 
+@pytest.mark.slow
 def test_threshold_organism_measured(threshold_model):
     """The built weights do what the closed form says: measured with plain TransformerLens hooks (no engine) on
     46 patches, scores equal the formula to 1e-3 with no sign flip."""

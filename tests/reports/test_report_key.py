@@ -36,6 +36,7 @@ def test_a_changed_model_reruns_the_step(tmp_path, model_copy):
     assert zeroed.reused == [] and zeroed.steps["diagnose"].get("plain").score.value != acc
 
 
+@pytest.mark.slow
 def test_dtype_case_sae_and_version_are_in_the_key(tmp_path, model_copy, monkeypatch):
     _diagnose(tmp_path, model_copy)
     assert _diagnose(tmp_path, model_copy.to(torch.float64)).reused == []  # another dtype
@@ -70,6 +71,7 @@ def test_dtype_case_sae_and_version_are_in_the_key(tmp_path, model_copy, monkeyp
     assert _diagnose(tmp_path, model_copy, case=with_saes).reused == []
 
 
+@pytest.mark.slow
 def test_an_unreadable_step_file_reruns_the_step(tmp_path, model_copy):
     _diagnose(tmp_path, model_copy)
     meta = tmp_path / "rep" / "diagnose" / "step.json"

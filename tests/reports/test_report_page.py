@@ -21,6 +21,7 @@ def report_dir(tmp_path_factory, induction_model):
     return out, rep
 
 
+@pytest.mark.slow
 def test_the_report_runs_every_step_and_writes_one_page(report_dir):
     out, rep = report_dir
     assert list(rep.steps) == ["diagnose", "patch", "threshold", "blend", "circuit"] and not rep.reused
@@ -41,6 +42,7 @@ def test_the_report_runs_every_step_and_writes_one_page(report_dir):
     assert len([f for f in figs if f.endswith(".pdf")]) == len([f for f in figs if f.endswith(".svg")])
 
 
+@pytest.mark.slow
 def test_a_second_run_reuses_the_finished_steps(report_dir, induction_model, tmp_path):
     out, first = report_dir
     stamps = {s: (out / s / "results.json").stat().st_mtime_ns for s in first.steps}

@@ -2,6 +2,7 @@
 from dataclasses import replace
 
 import numpy as np
+import pytest
 
 from surgeon.analyses import attribute, diagnose, patch_heads
 from surgeon.analyses.blend import blend
@@ -87,6 +88,7 @@ def test_diagnose_saves_per_item_scores_and_shows_progress(tmp_path, capsys):
     assert abs(float(rows[1][4]) - per_item[0]["score"]["plain"]) < 1e-4
 
 
+@pytest.mark.slow
 def test_figures_scale_to_the_data_and_mark_what_they_claim(decimal_model, decimal_case, threshold_model, tmp_path):
     from surgeon.reports import figures
     from surgeon.search.threshold import threshold_search

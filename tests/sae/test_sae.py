@@ -115,6 +115,7 @@ def test_feature_patch_equals_independent_hooks(decimal_case, decimal_model):
 
 
 # ----------------------------------------------------------------------------- head -> feature effects
+@pytest.mark.slow
 def test_head_feature_effects_match_hand_written_hooks(threshold_case, threshold_model):
     """On the threshold organism (formats of equal length): the odd group's effect on each feature equals
     patching the odd heads' z at the last prompt token with a hand-written hook and encoding attn_out."""
@@ -200,6 +201,7 @@ def test_feature_repair_runs_the_subset_search(decimal_case, decimal_model):
 
 
 # ----------------------------------------------------------------------------- quality
+@pytest.mark.slow
 def test_quality_flags_a_poor_sae_and_passes_the_shipped_ones(decimal_case, decimal_model):
     from sae_lens.saes.sae import SAEMetadata
     from sae_lens.saes.topk_sae import TopKSAE, TopKSAEConfig
@@ -340,6 +342,7 @@ def test_shipped_planted_sae_is_the_construction(threshold_model):
     assert json.loads((d / "labels.json").read_text()) == sae.labels
 
 
+@pytest.mark.slow
 def test_sae_train_writes_results_and_a_manifest_to_out(tmp_path):
     import subprocess
     import sys

@@ -60,6 +60,7 @@ def test_parse_units_and_groups_errors():
         make_groups([Unit(0, 0)], [], {"g": ["L3H3"]})
 
 
+@pytest.mark.slow
 def test_search_rates_equal_direct_forwards(decimal_model, small_case, tmp_path):
     r = threshold_search(small_case, decimal_model, layer=1, groups=["even", "odd"], item_rate=0.5, out=tmp_path,
                          chunk=64)
@@ -110,6 +111,7 @@ def test_threshold_is_monotone_in_k_for_all_heads(decimal_model, small_case):
         assert r.size("all", t.k_star).fraction >= 0.5
 
 
+@pytest.mark.slow
 def test_shards_merge_into_the_single_run_result(decimal_model, small_case, tmp_path):
     kw = dict(layer=1, groups=["even", "odd"], grid=("even", "odd"), grid_budget=10, item_rate=0.5, chunk=40)
     single = threshold_search(small_case, decimal_model, out=tmp_path / "single", **kw)
@@ -138,6 +140,7 @@ def test_resume_continues_and_refuses_a_different_plan(decimal_model, small_case
         threshold_search(small_case, decimal_model, layer=2, groups=[], out=out, chunk=50)
 
 
+@pytest.mark.slow
 def test_blend_curve_and_switch_points(decimal_model, small_case):
     r = blend(small_case, decimal_model, layer=0, component="mlp_out", step=0.05)
     assert r.alphas[0] == 0 and r.alphas[-1] == pytest.approx(1.0)

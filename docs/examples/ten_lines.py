@@ -1,0 +1,9 @@
+import surgeon
+
+case = "decimal_organism"          # a shipped case: 9.11 > 9.8 in its 'qa' and 'chat' formats, not 'plain'
+print(surgeon.diagnose(case))      # accuracy per format and tag, 95% intervals: is the failure there?
+patch = surgeon.patch(case, bad="chat")          # every head patched alone, 'plain' -> 'chat'
+print(patch)                                     # repair fraction per head, n and 95% intervals
+circuit = surgeon.circuit(case, bad="chat", paths=3)   # edges scored, pruned to faithfulness >= 0.9
+print(circuit)
+circuit.export("circuit.mib.json", "circuit.dot", "circuit.tex")   # EAP-IG/MIB, Graphviz, TikZ
