@@ -70,3 +70,21 @@ def test_a_wheel_carries_the_distribution_name_and_the_organisms(tmp_path):
     assert "surgeon/organisms/weights/decimal/model.safetensors" in names or any(
         n.startswith("surgeon/organisms/weights/decimal/") and n.endswith(".safetensors") for n in names)
     assert "surgeon/cases/decimal_organism.py" in names
+
+
+def test_committed_files_hold_no_machine_paths():
+    """Results, pages and bench outputs in the repository name no folder of the machine that made them (the
+    shipped organisms and SAEs are recorded as surgeon/..., a run's folder relative to where it ran)."""
+    tracked = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True)
+    if tracked.returncode != 0:
+        pytest.skip("not a git checkout")
+    machine = re.compile(r"(?<![\w.])(/work/|/home/|/root/|/tmp/|/Users/|" + re.escape(str(ROOT)) + ")")
+    found = []
+    for name in tracked.stdout.splitlines():
+        p = ROOT / name
+        if p.suffix not in (".json", ".html", ".md", ".txt", ".csv", ".tex", ".dot", ".graphml", ".gexf", ".svg"):
+            continue
+        for i, line in enumerate(p.read_text(errors="replace").splitlines(), 1):
+            if machine.search(line):
+                found.append(f"{name}:{i}: {line.strip()[:120]}")
+    assert not found, "\n".join(found[:20])
