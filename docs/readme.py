@@ -148,49 +148,30 @@ def report_example(cmd: str, page: str, png: str, keep=None) -> None:
         b.quit()
 
 
-def example(path: str, keep=None) -> None:
-    """A Python example (a file under docs/examples) and what it prints: the code is shown as it is, run in a fresh
-    interpreter in an empty folder (what it writes lands there, not in the checkout), and its stdout shown below
-    it (see `pick`)."""
-    cog = _cog()
+def _in_empty_folder(path: str, name: str, argv: list[str]) -> tuple[str, str]:
+    """(the file's code, stdout): the file at `path` copied as `name` into an empty folder, `argv` run there in a
+    fresh interpreter (what it writes lands there, not in the checkout); a failure stops the generation."""
     code = (ROOT / path).read_text().strip("\n")
-    folder = _WORK / f"example-{abs(hash(code)) % 10**8}"
+    folder = _WORK / f"{Path(path).stem}-{abs(hash(code)) % 10**8}"
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / "example.py").write_text(code + "\n")
+    (folder / name).write_text(code + "\n")
     env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", COLUMNS="200")
-    r = subprocess.run([sys.executable, "example.py"], cwd=folder, capture_output=True, text=True, env=env)
+    r = subprocess.run([sys.executable, *argv], cwd=folder, capture_output=True, text=True, env=env)
     if r.returncode != 0:
-        raise SystemExit(f"the example failed ({r.returncode}):\n{code}\n{r.stderr[-3000:]}")
-    cog.outl("```python")
-    cog.outl(code)
-    cog.outl("```")
-    cog.outl("prints")
-    cog.outl("```")
-    cog.outl(pick(r.stdout.replace(str(ROOT) + os.sep, ""), keep))
-    cog.outl("```")
+        raise SystemExit(f"{path} failed ({r.returncode}) under {argv}:\n{r.stderr[-3000:]}")
+    return code, r.stdout.replace(str(ROOT) + os.sep, "")
+
+
+def example(path: str, keep=None) -> None:
+    """A Python example (a file under docs/examples), shown as it is, and what it prints when run (see `pick`)."""
+    code, stdout = _in_empty_folder(path, "example.py", ["example.py"])
+    _cog().outl("\n".join(["```python", code, "```", "prints", "```", pick(stdout, keep), "```"]))
 
 
 def case_example(path: str, keep=None, command: str = "surgeon diagnose mine.py") -> None:
-    """A case file (under docs/examples) as it is, copied as mine.py into an empty folder, and what `command`
-    prints on it there."""
-    cog = _cog()
-    code = (ROOT / path).read_text().strip("\n")
-    folder = _WORK / f"case-{abs(hash(code)) % 10**8}"
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / "mine.py").write_text(code + "\n")
-    env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", COLUMNS="200")
-    argv = shlex.split(command)
-    r = subprocess.run([sys.executable, "-m", "surgeon", *argv[1:]], cwd=folder, capture_output=True, text=True,
-                       env=env)
-    if r.returncode != 0:
-        raise SystemExit(f"the case example failed ({r.returncode}):\n{code}\n{r.stderr[-3000:]}")
-    cog.outl("```python")
-    cog.outl(code)
-    cog.outl("```")
-    cog.outl("```")
-    cog.outl(f"$ {command}")
-    cog.outl(pick(r.stdout, keep))
-    cog.outl("```")
+    """A case file (under docs/examples), shown as it is, and what `command` prints on it saved as mine.py."""
+    code, stdout = _in_empty_folder(path, "mine.py", ["-m", "surgeon", *shlex.split(command)[1:]])
+    _cog().outl("\n".join(["```python", code, "```", "```", f"$ {command}", pick(stdout, keep), "```"]))
 
 
 def out(text: str) -> None:
