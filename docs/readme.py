@@ -174,6 +174,21 @@ def case_example(path: str, keep=None, command: str = "surgeon diagnose mine.py"
     _cog().outl("\n".join(["```python", code, "```", "```", f"$ {command}", pick(stdout, keep), "```"]))
 
 
+def llama_memory() -> None:
+    """One sentence: the peak memory bench/scale.py predicts for the paper's Llama-3.1-8B workload."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    from scale import llama_8b_workload
+
+    lines = llama_8b_workload()
+    peaks = {m.group(1): m.group(2).strip() for m in (re.match(r"(.*): batch size \d+, predicted peak ([^(]*)", ln)
+                                                      for ln in lines[1:]) if m}
+    weights = re.search(r"weights ([^;]*);", lines[0]).group(1)
+    out(f"Each command predicts its peak memory before the work and fits the batch to the GPU: for this case in "
+        f"bfloat16, {peaks['per-head patching']} for `patch` and {peaks['EAP']} for the circuit's edge scores, of which "
+        f"the weights are {weights} ([real models](docs/real-models.md) has the table, `--max-memory`, several GPUs "
+        f"and Ray).")
+
+
 def out(text: str) -> None:
     """Write generated text (a sentence whose numbers come from RESULTS); kept as is in a check of a slow block."""
     _cog().outl(text)

@@ -20,6 +20,8 @@ def test_the_readme_is_short_and_shows_the_own_model_path_and_the_report():
                  "hf download meta-llama/Llama-3.1-8B-Instruct", "![The decimal organism's circuit",
                  "https://arxiv.org/abs/2508.19414", "--bad"):
         assert must in text, must
+    first_screen = "\n".join(text.splitlines()[:70])
+    assert "hf download" in first_screen and "![The decimal organism's circuit" in first_screen
     for link in re.findall(r"\]\(((?:docs/)?[\w./-]+\.(?:md|png|html|cff))\)", text) + ["LICENSE", "CHANGELOG.md"]:
         assert (ROOT / link).exists(), link
 
