@@ -84,7 +84,7 @@ def parse_layers(text: str | None):
 
 def check_options(args, case) -> None:
     """Every option that the case and the model's config decide, checked before the tokenizer or torch loads:
-    --bad and --tag (with did-you-mean), --layers, --layer and --heads against the model's layer and head counts."""
+    --bad and --tag (with did-you-mean), --component, --layers, --layer and --heads against the model's config."""
     for option, pick in (("bad", pick_bad), ("tag", pick_items)):
         if getattr(args, option, None) is not None:
             try:
@@ -99,6 +99,9 @@ def check_options(args, case) -> None:
     except SurgeonError:
         return  # the case check that follows says what is wrong with the model
     top = shp.n_layers - 1
+    if getattr(args, "component", None) == "mlp_out" and shp.attn_only:
+        raise SurgeonError("the model is attention-only and has no MLP", where=case.source, field="--component",
+                           fix="choose a component the model has, e.g. --component z")
     for L in layers or ():
         if L > top:
             raise SurgeonError(f"layer {L} is out of range: the model has layers 0..{top}", field="--layers",

@@ -24,6 +24,8 @@ model. `measure(model)` checks the built weights against the formula with plain 
 """
 from __future__ import annotations
 
+import copy
+import functools
 import math
 from itertools import combinations
 
@@ -159,7 +161,13 @@ def item_rate(heads) -> float:
 def planted(item_rate_needed: float = 1.0) -> dict:
     """The expected result of `surgeon threshold --layer 0 --groups even,odd` (a subset repairs when it fixes at
     least `item_rate_needed` of the items), from the closed form alone: per group and size k the fraction of
-    the C(16, k) subsets that repair, and the smallest k where at least half of them do."""
+    the C(16, k) subsets that repair, and the smallest k where at least half of them do. Computed once per
+    process (2 x 65,536 subsets take seconds; the case file and the ground truth both ask): a fresh copy each call."""
+    return copy.deepcopy(_planted(item_rate_needed))
+
+
+@functools.lru_cache(maxsize=None)
+def _planted(item_rate_needed: float) -> dict:
     table, k_star = {}, {}
     for name, group in (("even", EVEN), ("odd", ODD)):
         table[name] = {}

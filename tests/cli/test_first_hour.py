@@ -39,6 +39,8 @@ def before_loading(*argv):
     (["pach"], ["invalid command: 'pach' (did you mean 'patch'?)"]),
     (["diagnose", "decimal_organsm"], ["no such case file (did you mean the shipped case 'decimal_organism'?)"]),
     (["report", "--bad", "chta"], ["field '--bad'", "(did you mean 'chat'?)"]),
+    (["blend", "induction_organism", "--layer", "0", "--component", "mlp_out"],
+     ["field '--component'", "the model is attention-only and has no MLP"]),
 ])
 def test_mistakes_are_caught_before_torch_loads(argv, phrases):
     code, err, torch_loaded, secs = before_loading(*argv)
