@@ -7,10 +7,9 @@ from surgeon.engine.contrast import Contrast, reference_logprobs
 from surgeon.errors import AnalysisError, CaseError
 from surgeon.sites.nodes import Site
 from surgeon.sites.nodes import component as get_component
-from surgeon.spec.case import Case
+from surgeon.spec.case import Case, case_metric_of
 from surgeon.spec.select import pick_bad, pick_items
 from surgeon.spec.encoding import encode_rows
-from surgeon.spec.metrics import metric_of
 
 Direction = Literal["denoise", "noise"]
 DIRECTIONS = ("denoise", "noise")
@@ -23,11 +22,11 @@ def prepend_bos(case: Case, model) -> bool:
 def format_rows(case: Case, model, fmt: str, items):
     """The rows that score `items` in format `fmt`: by the case's `score`, or where the answers first differ
     when its metric reads only that position (kl, a function)."""
-    metric = metric_of(case.metric)
+    metric = case_metric_of(case)
     score = "first_token" if metric.decision else case.score
     try:
         return encode_rows(case.formats[fmt], items, model.tokenizer, prepend_bos(case, model), score,
-                           case.answer_end)
+                           case.answer_end, case.combine)
     except CaseError as e:
         if not metric.decision or case.score == "first_token" or e.field != "score":
             raise
@@ -40,7 +39,7 @@ def format_rows(case: Case, model, fmt: str, items):
 def case_metric(case: Case, model, items, batch_size: int = 256):
     """(Metric, reference): the case's metric, and what it compares against (the good format's next-token
     log-probabilities per item, for kl; else None)."""
-    metric = metric_of(case.metric)
+    metric = case_metric_of(case)
     ref = None
     if metric.reference:
         ref = reference_logprobs(model, format_rows(case, model, case.good, items), batch_size)

@@ -20,7 +20,7 @@ def judge(text: str, item: Item) -> Verdict:
     """`correct` when the continuation starts with the correct answer, `incorrect` when it starts with the
     incorrect one (leading white space ignored; when both match, the longer answer wins), else `other`."""
     t = text.lstrip()
-    hits = [(len(a.strip()), v) for a, v in ((item.correct, "correct"), (item.incorrect, "incorrect"))
+    hits = [(len(a.strip()), v) for a, v in ((item.text("correct"), "correct"), (item.text("incorrect"), "incorrect"))
             if t.startswith(a.strip())]
     return max(hits)[1] if hits else "other"
 
@@ -42,6 +42,15 @@ def _judged(fmt: str, n_new: int, texts: list[str], items: Sequence[Item]) -> Ge
     return Generations(fmt, n_new, tuple(texts), verdicts, wilson(verdicts.count("correct"), len(verdicts)))
 
 
+def check_continuations(case: Case, items: Sequence[Item]) -> None:
+    """Refuse to judge generations for items scored inside the prompt (`at`): they have no continuation."""
+    inside = [i for i, it in enumerate(items) if it.at is not None]
+    if inside:
+        raise AnalysisError(f"generation judges what the model writes after the prompt, but item {inside[0]} is scored "
+                            f"inside the prompt (at={items[inside[0]].at!r})", where=case.source, field="--generate",
+                            fix="leave out --generate for this case (its scores are read at the positions it names)")
+
+
 def check_room(model, rows, n_new: int) -> None:
     """Refuse a generation that would run past the model's context (before any of it runs)."""
     if n_new < 1:
@@ -58,6 +67,7 @@ def generate_format(case: Case, model, fmt: str, items: Sequence[Item], n_new: i
     """Greedy continuations of every item's prompt in one format, unpatched."""
     import torch
 
+    check_continuations(case, items)
     rows = prompt_rows(case.formats[fmt], items, model.tokenizer, prepend_bos(case, model))
     check_room(model, rows, n_new)
     device = next(model.parameters()).device
@@ -80,6 +90,7 @@ def generate_patched(case: Case, model, masks: dict, n_new: int = 8, *, bad: str
 
     bad = pick_bad(case, bad)
     _, items = pick_items(case, tag)
+    check_continuations(case, items)
     pb = prepend_bos(case, model)
     base = prompt_rows(case.formats[bad], items, model.tokenizer, pb)
     source = prompt_rows(case.formats[case.good], items, model.tokenizer, pb)

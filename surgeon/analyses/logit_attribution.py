@@ -9,10 +9,13 @@ share says how much it writes toward the correct answer directly, in each format
 
 The logit lens reads the residual stream after each layer through the final norm (its own scale) and the
 unembedding: how the logit difference builds up, layer by layer, in each format.
+
+An item scored at several positions (see `surgeon.Item`) is attributed at each of them, and its parts combined as
+its score is (the mean or the sum over positions: `Case.combine`), so they still sum to the model's own number.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import torch
@@ -56,12 +59,31 @@ class LogitAttributionResult(Shows):
 
 
 def _rows(case: Case, model, fmt: str, items):
+    """One row per scored position (a correct and an incorrect token there) and its weight in its item's score."""
     try:
-        return encode_rows(case.formats[fmt], items, model.tokenizer, prepend_bos(case, model), "first_token")
+        rows = encode_rows(case.formats[fmt], items, model.tokenizer, prepend_bos(case, model), "first_token",
+                           combine=case.combine)
     except CaseError as e:
         raise AnalysisError(f"direct logit attribution reads the first token where the answers differ: {e.message}",
                             where=case.source, field="items",
                             fix="give answers that differ in some token (not one a prefix of the other)") from None
+    out, weights = [], []
+    for r in rows:  # targets come in pairs: (position, correct, +w), (position, incorrect, -w)
+        for j in range(0, len(r.targets), 2):
+            out.append(replace(r, targets=r.targets[j: j + 2]))
+            weights.append(abs(r.targets[j][2]))
+    return out, np.array(weights)
+
+
+def _combined(parts: dict, rows, weights: np.ndarray, n_items: int) -> dict:
+    """Per-position parts [positions, ...] -> per item [items, ...], weighted as the item's score combines them."""
+    items = np.array([r.item for r in rows])
+    out = {}
+    for k, v in parts.items():
+        acc = np.zeros((n_items, *v.shape[1:]))
+        np.add.at(acc, items, v * weights.reshape(-1, *[1] * (v.ndim - 1)))
+        out[k] = acc
+    return out
 
 
 @torch.no_grad()
@@ -131,7 +153,8 @@ def logit_attribution(case: Case, model, *, tag: str | None = None, batch_size: 
     cfg = model.cfg
     formats, parts = [], {}
     for fmt in [case.good, *case.bad_formats]:
-        p = _parts(model, _rows(case, model, fmt, items), batch_size)
+        rows, weights = _rows(case, model, fmt, items)
+        p = _combined(_parts(model, rows, batch_size), rows, weights, len(items))
         parts[fmt] = p
         attn = p["heads"].sum(-1) + p["attn_bias"]
         summed = attn.sum(-1) + p["mlp"].sum(-1) + p["embed"] + p["bias"]

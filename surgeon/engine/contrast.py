@@ -182,11 +182,11 @@ def merged_rows(base_rows: Sequence[Row], source_rows: Sequence[Row], align: str
 
 def layout(base_rows: Sequence[Row], source_rows: Sequence[Row], aligned: Sequence[tuple], batch_size: int
            ) -> list[BucketShape]:
-    """Rows grouped by their first patched position p0, in buckets of at most `batch_size` rows, each cut after
+    """Rows grouped by their first patched (or scored) position p0, in buckets of at most `batch_size` rows, each cut after
     its last position patched or scored (a causal model never reads past it)."""
     groups: dict[int, list[int]] = defaultdict(list)
-    for i, (pb, _) in enumerate(aligned):
-        groups[min(pb)].append(i)
+    for i, (pb, _) in enumerate(aligned):  # a row scored before its first patch computes from its first target on
+        groups[min(min(pb), *(t[0] for t in base_rows[i].targets))].append(i)
     out = []
     for p0, ids in sorted(groups.items()):
         for lo in range(0, len(ids), batch_size):

@@ -54,13 +54,14 @@ def check_case_against_model(case, model=None) -> None:
     unk = getattr(tok, "unk_token_id", None)
     for i, it in enumerate(case.items):
         for ans in ("correct", "incorrect"):
-            ids = tok(getattr(it, ans), add_special_tokens=False)["input_ids"]
-            if not ids:
-                raise CaseError(f"answer {getattr(it, ans)!r} tokenizes to nothing", where=where,
-                                field=f"items[{i}].{ans}", fix="give an answer with visible text, e.g. \" 9.8\"")
-            if unk is not None and organism and unk in ids:
-                raise CaseError(f"answer {getattr(it, ans)!r} has characters the organism does not know", where=where,
-                                field=f"items[{i}].{ans}", fix="use printable ASCII characters")
+            for text in it.answers(ans):
+                ids = tok(text, add_special_tokens=False)["input_ids"]
+                if not ids:
+                    raise CaseError(f"answer {text!r} tokenizes to nothing", where=where,
+                                    field=f"items[{i}].{ans}", fix="give an answer with visible text, e.g. \" 9.8\"")
+                if unk is not None and organism and unk in ids:
+                    raise CaseError(f"answer {text!r} has characters the organism does not know", where=where,
+                                    field=f"items[{i}].{ans}", fix="use printable ASCII characters")
     if unk is not None and organism:
         for i, it in enumerate(case.items):
             for k, v in it.values.items():
@@ -83,8 +84,24 @@ def check_case_against_model(case, model=None) -> None:
         if isinstance(fmt, Chat) and not getattr(tok, "chat_template", None):
             raise CaseError(f"format {name!r} asks for the chat template, but the tokenizer has none", where=where,
                             field=f"formats[{name!r}]", fix="write the format out as a plain template string")
+    _check_per_position(case, tok, where)
     if shp.n_ctx:
         _check_context(case, tok, shp.n_ctx, where)
+
+
+def _check_per_position(case, tok, where: str) -> None:
+    """Items scored per position: one token per answer, positions inside the prompt, placeholders of the right
+    length, in every format (as `encode_rows` builds them)."""
+    from surgeon.spec.encoding import encode_prompt, positions_row
+
+    bos = case.prepend_bos is not False
+    for name, fmt in case.formats.items():
+        for i, it in enumerate(case.items):
+            if it.per_position:
+                try:
+                    positions_row(i, it, *encode_prompt(fmt, it.values, tok, bos), tok, case.combine)
+                except CaseError as e:
+                    raise CaseError(f"{e.message} (format {name!r})", where=where, field=e.field, fix=e.fix) from None
 
 
 def _check_context(case, tok, n_ctx: int, where: str) -> None:
@@ -96,7 +113,7 @@ def _check_context(case, tok, n_ctx: int, where: str) -> None:
     for name, fmt in case.formats.items():
         for i, it in enumerate(case.items):
             try:
-                rows = encode_rows(fmt, [it], tok, bos, case.score, case.answer_end)
+                rows = encode_rows(fmt, [it], tok, bos, case.score, case.answer_end, case.combine)
             except CaseError:
                 continue  # reported by the checks that own it
             n = max(len(r.tokens) for r in rows)
@@ -128,11 +145,12 @@ def _warn_answer_traps(case, tok, where: str) -> None:
     from surgeon.spec.case import Chat
 
     plain_ends = [f for f in case.formats.values() if not isinstance(f, Chat) and f and not f[-1].isspace()]
-    bare = [i for i, it in enumerate(case.items) if not it.correct[:1].isspace() and not it.incorrect[:1].isspace()]
-    if plain_ends and bare and len(bare) == len(case.items):
-        a = case.items[0].correct
+    text = [it for it in case.items if not it.per_position]  # per-position answers are token texts, read as given
+    bare = [i for i, it in enumerate(text) if not it.correct[:1].isspace() and not it.incorrect[:1].isspace()]
+    if plain_ends and bare and len(bare) == len(text):
+        a = text[0].correct
         spaced, plain = (tok(x, add_special_tokens=False)["input_ids"] for x in (" " + a, a))
-        it = case.items[0]
+        it = text[0]
         quoted = [k for ans in (it.correct, it.incorrect) for k, v in it.values.items() if v == ans]
         spaced_in_prompt = len(quoted) == 2 and all(" {" + k + "}" in f or " {" + k + ":" in f
                                                     for k in quoted for f in plain_ends)
@@ -142,7 +160,8 @@ def _warn_answer_traps(case, tok, where: str) -> None:
             warn(f"{where}: answers start without a space (e.g. {a!r}) after prompts that end in "
                  f"{plain_ends[0][-1]!r}; the tokenizer reads {' ' + a!r} and {a!r} as different tokens, and a model "
                  "usually continues with the spaced one. Write answers as the model would continue the prompt.")
-    pre = [i for i, it in enumerate(case.items) if it.correct.startswith(it.incorrect) or it.incorrect.startswith(it.correct)]
+    pre = [i for i, it in enumerate(case.items) if not it.per_position and (
+        it.correct.startswith(it.incorrect) or it.incorrect.startswith(it.correct))]
     if pre and case.score == "sequence" and case.answer_end is None:
         it = case.items[pre[0]]
         warn(f"{where}: in {len(pre)} item(s), e.g. items[{pre[0]}] ({it.correct!r} / {it.incorrect!r}), one answer is "

@@ -18,6 +18,7 @@ only its config and tokenizer, never its weights.
 """
 from __future__ import annotations
 
+import copy
 import hashlib
 import runpy
 import re
@@ -29,6 +30,7 @@ from typing import Any, Literal, Mapping, Sequence
 from surgeon.errors import CaseError, did_you_mean
 from surgeon.spec.metrics import METRICS
 from surgeon.spec.metrics import check as check_metric
+from surgeon.spec.metrics import metric_of
 from surgeon.spec.shipped import CASES_DIR
 
 # last: the last prompt token and the answer tokens, matched from the end (default)
@@ -41,16 +43,41 @@ ALIGNS: tuple[str, ...] = ("last", "end", "decision", "anchors", "index")
 # sequence: log P(correct) - log P(incorrect) over the whole continuations (teacher-forced)
 # first_token: logit difference at the first token where the answers differ (the literature's usual metric)
 SCORES: tuple[str, ...] = ("sequence", "first_token")
+# how the scores at an item's several positions combine into its score (linear, so gradients and sums stay exact)
+COMBINES: tuple[str, ...] = ("mean", "sum")
 
 
 @dataclass(frozen=True)
 class Item:
-    """One question: the placeholder values, the correct and the incorrect answer continuation."""
+    """One question: the placeholder values, the correct and the incorrect answer.
+
+    An answer is a text continuing the prompt (`correct=" 9.8"`), or one token per scored position for a task read
+    at several positions (`correct=[" b", " c", " d"]`, `incorrect=[" x", " y", " z"]`). Where those positions
+    are is `at`: None (after the prompt, teacher-forced on the correct answers: position j reads the prompt and
+    the correct answers before j), a placeholder's name (the logits at each token of its value) or prompt positions
+    (ints; negative counts from the prompt's end, -1 is its last token). The item's score is the case's metric at
+    each position, combined as the case's `combine` says (mean or sum).
+    """
 
     values: Mapping[str, str]
-    correct: str
-    incorrect: str
+    correct: str | Sequence[str]
+    incorrect: str | Sequence[str]
     tag: str = ""
+    at: str | Sequence[int] | None = None
+
+    @property
+    def per_position(self) -> bool:
+        """Scored at several positions (or at a named place), one answer token per position."""
+        return self.at is not None or not isinstance(self.correct, str)
+
+    def answers(self, which: str) -> tuple[str, ...]:
+        """The per-position answers ("correct" or "incorrect"); a text answer is one."""
+        a = getattr(self, which)
+        return (a,) if isinstance(a, str) else tuple(a)
+
+    def text(self, which: str) -> str:
+        """An answer as text: per-position answers joined."""
+        return "".join(self.answers(which))
 
 
 @dataclass(frozen=True)
@@ -97,6 +124,8 @@ class Case:
     saes: Mapping[str, str] | None = None  # {"dir": "saes/blocks.{layer}.hook_mlp_out"} or {"release": ..., "id": ...}
     # items whose mean activations mean ablation patches in (EAP-IG's reference dataset; None: the analysed items)
     reference: Sequence[Item] | None = None
+    # how an item scored at several positions combines the metric at each (see Item): "mean" or "sum"
+    combine: str = "mean"
     notes: Mapping[str, Any] = field(default_factory=dict)  # free-form: published results, sources
     source: str | None = None  # set by load_case: the file it came from
     digest: str | None = None  # set by load_case: sha256 of that file
@@ -259,14 +288,32 @@ def validate(case: Case, where: str | None = None) -> None:
         for k, v in it.values.items():
             if not isinstance(v, str):
                 fail(f"{fld}.values[{k!r}]", f"is a {type(v).__name__}", "values are strings, e.g. \"9.8\"")
-        for ans in ("correct", "incorrect"):
-            v = getattr(it, ans)
-            if not isinstance(v, str) or v == "":
-                fail(f"{fld}.{ans}", "must be a non-empty string", 'the continuation after the prompt, e.g. " 9.8"')
-            if not v.strip():
-                fail(f"{fld}.{ans}", f"is only whitespace ({v!r})", 'give the answer text, e.g. " 9.8"')
-        if it.correct == it.incorrect:
-            fail(fld, f"correct and incorrect are the same ({it.correct!r})", "give two different answers")
+        if isinstance(it.correct, str) != isinstance(it.incorrect, str):
+            fail(fld, "gives one answer as text and the other as a list",
+                 'both texts (correct=" 9.8", incorrect=" 9.11") or both lists of one token per scored position')
+        if isinstance(it.correct, str):
+            for ans in ("correct", "incorrect"):
+                v = getattr(it, ans)
+                if v == "":
+                    fail(f"{fld}.{ans}", "must be a non-empty string", 'the continuation after the prompt, e.g. " 9.8"')
+                if not v.strip():
+                    fail(f"{fld}.{ans}", f"is only whitespace ({v!r})", 'give the answer text, e.g. " 9.8"')
+            if it.correct == it.incorrect:
+                fail(fld, f"correct and incorrect are the same ({it.correct!r})", "give two different answers")
+        else:
+            _check_positions(it, fld, fields_of, fail)
+        if it.at is not None and not (isinstance(it.at, str) or (isinstance(it.at, Sequence) and all(
+                isinstance(p, int) and not isinstance(p, bool) for p in it.at))):
+            fail(fld + ".at", f"is {it.at!r}", "use a placeholder's name (at=\"x\"), prompt positions (at=[-3, -2, -1]) "
+                 "or leave it out (after the prompt)")
+        if isinstance(it.at, str):
+            missing = [f for f, ph in fields_of.items() if it.at not in ph]
+            if missing:
+                fail(fld + ".at", f"names {{{it.at}}}, which format {missing[0]!r} does not have",
+                     f"name a placeholder every format has: {', '.join(sorted(set.intersection(*fields_of.values()))) or '(none)'}")
+        elif it.at is not None and len(it.at) != len(it.answers("correct")):
+            fail(fld + ".at", f"lists {len(it.at)} positions for {len(it.answers('correct'))} answers",
+                 "give one position per answer token")
         if not isinstance(it.tag, str):
             fail(fld + ".tag", f"is a {type(it.tag).__name__}", 'tags are strings, e.g. tag="trap" (or leave it out)')
     if case.reference is not None:
@@ -287,7 +334,8 @@ def validate(case: Case, where: str | None = None) -> None:
                      'e.g. correct=" 9.8", incorrect=" 9.11"')
     seen: dict = {}
     for i, it in enumerate(case.items):
-        key = (tuple(sorted(it.values.items())), it.correct, it.incorrect)
+        key = (tuple(sorted(it.values.items())), it.answers("correct"), it.answers("incorrect"),
+               tuple(it.at) if isinstance(it.at, Sequence) and not isinstance(it.at, str) else it.at)
         if key in seen:
             fail(f"items[{i}]", f"repeats items[{seen[key]}] (same values and answers): it would count twice and "
                  "narrow every interval", "remove the duplicate")
@@ -296,7 +344,17 @@ def validate(case: Case, where: str | None = None) -> None:
         fail("align", f"is {case.align!r}", f"use one of: {', '.join(ALIGNS)}")
     if case.score not in SCORES:
         fail("score", f"is {case.score!r}", f"use one of: {', '.join(SCORES)}")
+    if case.combine not in COMBINES:
+        fail("combine", f"is {case.combine!r}", f"use one of: {', '.join(COMBINES)}")
+    several = [i for i, it in enumerate(case.items) if it.per_position]
+    if several and case.answer_end is not None:
+        fail("answer_end", f"ends text answers, but items[{several[0]}] is scored per position (one token each)",
+             "leave answer_end out: per-position answers are single tokens")
     why = check_metric(case.metric)
+    if not why and several and not metric_of(case.metric).linear:
+        why = (f"reads one position per item, but items[{several[0]}] is scored at several positions (its score "
+               f"combines them: a {case.combine}); metrics that combine per position: "
+               f"{', '.join(n for n, c in METRICS.items() if c.linear)}")
     if why:
         fail("metric", why, f"use one of: {', '.join(METRICS)}, or a function f(logits, correct, incorrect) -> "
                             "score per item")
@@ -321,6 +379,32 @@ def validate(case: Case, where: str | None = None) -> None:
             fail("layers", f"is a {type(case.layers).__name__}, not a list of layers", "e.g. layers=[8, 9, 10]")
         if not all(isinstance(x, int) and not isinstance(x, bool) for x in case.layers):
             fail("layers", "must be a list of integers", "e.g. layers=[8, 9, 10]")
+
+
+def _check_positions(it: Item, fld: str, fields_of, fail) -> None:
+    """An item scored at several positions: lists of one answer each, as long as each other, differing everywhere."""
+    good, bad = it.correct, it.incorrect
+    for ans, v in (("correct", good), ("incorrect", bad)):
+        if isinstance(v, Mapping) or not isinstance(v, Sequence) or not v:
+            fail(f"{fld}.{ans}", f"is {v!r}", "give a text, or a non-empty list of one answer token per position")
+        for j, a in enumerate(v):
+            if not isinstance(a, str) or not a.strip():
+                fail(f"{fld}.{ans}[{j}]", f"is {a!r}", 'each scored position\'s answer is a token\'s text, e.g. " b"')
+    if len(good) != len(bad):
+        fail(fld, f"has {len(good)} correct and {len(bad)} incorrect answers", "give one of each per scored position")
+    same = [j for j, (a, b) in enumerate(zip(good, bad)) if a == b]
+    if same:
+        fail(fld, f"correct and incorrect are the same at position {same[0]} ({good[same[0]]!r})",
+             "give two different answer tokens at every scored position")
+
+
+def case_metric_of(case: Case):
+    """The Metric a case scores by, labelled with how it combines positions where an item is scored at several."""
+    metric = metric_of(case.metric)
+    if any(it.per_position for it in case.items or ()):
+        metric = copy.copy(metric)  # a Metric the case gives is not changed
+        metric.positions = case.combine
+    return metric
 
 
 def case_field_names() -> list[str]:

@@ -4,6 +4,8 @@ A *row* is one token sequence to score. An item whose answers differ in a single
 common prefix) is one row scored by logit difference at that position; otherwise it is two rows,
 prompt + correct and prompt + incorrect, scored by teacher-forced log-probability of the whole
 continuation. Either way the item's score is log P(correct) - log P(incorrect) (> 0: correct wins).
+An item scored at several positions (a sequence task) is one row whose targets pair a correct and an incorrect
+token at each position, weighted as the case combines them (`positions_row`).
 """
 from __future__ import annotations
 
@@ -81,14 +83,62 @@ def answer_tokens(tokenizer, answer: str, end: str | None = None) -> list[int]:
     return _tokenize(tokenizer, answer + (end or ""))[0]
 
 
+def one_token(tokenizer, text: str, i: int, which: str, j: int) -> int:
+    """The token id of a per-position answer (it must be exactly one token)."""
+    ids = _tokenize(tokenizer, text)[0]
+    if len(ids) != 1:
+        raise CaseError(f"item {i}: its {which} answer at scored position {j} ({text!r}) is {len(ids)} tokens, but a "
+                        "per-position answer is one token", field=f"items[{i}].{which}",
+                        fix="give one token per scored position (a longer answer is a text: correct=\" 9.8\")")
+    return ids[0]
+
+
+def positions_row(i: int, it: Item, prompt: list[int], anchors, tokenizer, combine: str = "mean") -> Row:
+    """One row scoring an item at several positions: at each, its correct answer token (sign +w) against its
+    incorrect one (sign -w), w = 1/k for combine="mean" (k positions) and 1 for "sum". A linear metric (logprob,
+    logit) summed over these targets is the combined score."""
+    good = [one_token(tokenizer, a, i, "correct", j) for j, a in enumerate(it.answers("correct"))]
+    bad = [one_token(tokenizer, a, i, "incorrect", j) for j, a in enumerate(it.answers("incorrect"))]
+    k = len(good)
+    w = 1.0 / k if combine == "mean" else 1.0
+    tokens = list(prompt)
+    if it.at is None:  # after the prompt, teacher-forced: position j reads the correct answers before j
+        tokens += good[:-1]
+        pos = [len(prompt) - 1 + j for j in range(k)]
+    elif isinstance(it.at, str):
+        if it.at not in anchors:
+            raise CaseError(f"item {i}: at={it.at!r} reads the tokens of placeholder {{{it.at}}}, which this tokenizer "
+                            "cannot locate (it needs a fast tokenizer's offsets)", field=f"items[{i}].at",
+                            fix="give prompt positions instead, e.g. at=[-3, -2, -1]")
+        a, b = anchors[it.at]
+        if b - a != k:
+            raise CaseError(f"item {i}: placeholder {{{it.at}}} is {b - a} tokens here, but the item has {k} answers "
+                            "per position (one per token it reads)", field=f"items[{i}].at",
+                            fix=f"give {b - a} correct and incorrect answers, or a value of {k} tokens")
+        pos = list(range(a, b))
+    else:
+        n = len(prompt)
+        outside = [p for p in it.at if not -n <= p < n]
+        if outside:
+            raise CaseError(f"item {i}: scored position {outside[0]} is outside its prompt of {n} tokens",
+                            field=f"items[{i}].at", fix=f"use positions from {-n} to {n - 1} (-1: the last prompt token)")
+        pos = [p % n for p in it.at]
+    targets = tuple(t for p, g, x in zip(pos, good, bad) for t in ((p, g, w), (p, x, -w)))
+    return Row(i, tuple(tokens), len(prompt), targets, anchors)
+
+
 def encode_rows(fmt: Format, items: Sequence[Item], tokenizer, prepend_bos: bool,
-                score: str = "sequence", end: str | None = None) -> list[Row]:
+                score: str = "sequence", end: str | None = None, combine: str = "mean") -> list[Row]:
     """Rows for `items` in one format. `score="sequence"`: log-probability of the whole continuation;
     `score="first_token"`: logit difference at the first token where the answers differ (one row each).
-    `end`: what ends each answer when it is scored (see `answer_tokens`)."""
+    `end`: what ends each answer when it is scored (see `answer_tokens`). An item scored per position is one row
+    whatever `score` says (`positions_row`), its positions combined as `combine` says."""
     rows: list[Row] = []
     for i, it in enumerate(items):
         prompt, anchors = encode_prompt(fmt, it.values, tokenizer, prepend_bos)
+        if it.per_position:
+            rows.append(positions_row(i, it, prompt, anchors, tokenizer, combine))
+            continue
         good = answer_tokens(tokenizer, it.correct, end)
         bad = answer_tokens(tokenizer, it.incorrect, end)
         common = 0

@@ -42,9 +42,14 @@ class Metric:
     decision: ClassVar[bool] = False  # scored only where the answers first differ (one row per item)
     reference: ClassVar[bool] = False  # needs the good format's next-token log-probabilities there
     right_above: ClassVar[float] = 0.0
+    # the score is the sum over targets of sign x a value read at the target's position: an item scored at several
+    # positions weights each position's targets (sign 1/k for a mean) and gets the combined score in one readout
+    linear: ClassVar[bool] = False
 
     def score(self, logits, tok, sign, ref=None):
         raise NotImplementedError
+
+    positions: str | None = None  # set for a case scored at several positions: how they combine ("mean", "sum")
 
     def right(self, scores):
         """Which items the model gets right (numpy or torch)."""
@@ -52,7 +57,10 @@ class Metric:
 
     @property
     def label(self) -> str:
-        return self.name
+        return self.name + (f" per position ({self.positions})" if self.positions else "")
+
+
+PER_POSITION = " per position ("
 
 
 METRICS: dict[str, type[Metric]] = {}
@@ -67,6 +75,7 @@ def register(cls: type[Metric]) -> type[Metric]:
 class LogProb(Metric):
     name = "logprob"
     describe = "log P(correct) - log P(incorrect), summed over answer tokens"
+    linear = True
 
     def score(self, logits, tok, sign, ref=None):
         return (per_target(logits.log_softmax(-1), tok).gather(-1, tok[..., None])[..., 0] * sign).sum(-1)
@@ -77,6 +86,7 @@ class LogitDiff(Metric):
     name = "logit"
     describe = "logit(correct) - logit(incorrect) at the first token where the answers differ"
     decision = True
+    linear = True
 
     def score(self, logits, tok, sign, ref=None):
         return (per_target(logits, tok).gather(-1, tok[..., None])[..., 0] * sign).sum(-1)
@@ -158,7 +168,12 @@ def check(spec) -> str | None:
 
 def describe(label: str) -> str:
     """What a score measures and when an item is right, from a metric's label (as results record it)."""
-    cls = METRICS.get(label, Function)
+    name, _, combine = label.partition(PER_POSITION)
+    cls = METRICS.get(name, Function)
+    if combine:
+        what = cls.describe.split(",")[0].split(" at the first")[0]
+        return (f"{what} at each of an item's scored positions (its correct against its incorrect token there), the "
+                f"{combine.rstrip(')')} over them (metric {label}); an item is right when {cls.right_text}")
     return f"{cls.describe} (metric {label}); an item is right when {cls.right_text}"
 
 
