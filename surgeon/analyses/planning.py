@@ -58,9 +58,14 @@ def plan_threshold(case: Case, model, layer: int, n_subsets: int, chunk: int = 2
     return plan_jobs(case, model, [memory.subsets(model.cfg, layer, n_subsets, chunk)], **kw)
 
 
-def plan_circuit(case: Case, model, method: str, ig_steps: int = 5, verify: int = 50, **kw) -> tuple[Prediction, int]:
+def plan_circuit(case: Case, model, method: str, ig_steps: int = 5, verify: int = 50, ablation: str = "resample", *,
+                 batch_size: int = 256, max_memory: int | str | None = None, bad: str | None = None,
+                 direction: Direction = "denoise", tag: str | None = None) -> tuple[Prediction, int]:
     """The plan of `discover`: the edge scores (`method`), the top `verify` edges patched alone, the faithfulness
-    curve and the smallest-circuit search (about five batches of 16 circuits)."""
+    curve and the smallest-circuit search (about five batches of 16 circuits), on the runs `circuit_runs` builds:
+    under resample ablation the scoring contrast (failing against good) and beside it the reversed one circuits are
+    evaluated on, both holding caches; under mean and zero one contrast of the source rows against themselves at
+    every position (align="index")."""
     cfg = model.cfg
     graph = graph_size(cfg)
     edges = graph[1]
@@ -70,9 +75,19 @@ def plan_circuit(case: Case, model, method: str, ig_steps: int = 5, verify: int 
                         calls=(memory.Call(first.calls[0].patches, 0, -(-edges // 512)),))
     else:
         first = memory.eap(cfg, graph, 1 if method == "eap" else ig_steps)
-    jobs = [first, memory.exact_edges(cfg, graph, verify), memory.circuits(cfg, graph, 11),
-            memory.circuits(cfg, graph, 16, 5)]
-    return plan_jobs(case, model, [j for j in jobs if j.calls[0].patches > 0], **kw)
+    scoring = [j for j in (first, memory.exact_edges(cfg, graph, verify)) if j.calls[0].patches > 0]
+    evaluating = [memory.circuits(cfg, graph, 11), memory.circuits(cfg, graph, 16, 5)]
+    _, items = pick_items(case, tag)
+    *_, rows_b, rows_s = contrast_rows(case, model, pick_bad(case, bad), direction, items)
+    budget = budget_of(model, max_memory)
+    kw = dict(batch_size=batch_size, budget=budget, weights=memory.model_bytes(model),
+              device=str(next(model.parameters()).device))
+    if ablation == "resample":
+        p = memory.plan(cfg, rows_b, rows_s, case.align, scoring, also=[(rows_s, rows_b, case.align, evaluating)],
+                        **kw)
+    else:
+        p = memory.plan(cfg, rows_s, rows_s, "index", scoring + evaluating, **kw)
+    return p, budget
 
 
 def planned_batch_size(plan, case: Case, model, *a, batch_size: int = 256, max_memory: int | str | None = None,

@@ -344,19 +344,33 @@ def predict_jobs(cfg, buckets: Sequence[BucketShape], jobs: Sequence[Job], batch
                       sum(p.forwards for p in preds) - clean, any(p.forwards_bound for p in preds))
 
 
+def alongside(preds: Sequence[Prediction]) -> Prediction:
+    """Contrasts alive at the same time, each running its own jobs: every one's caches are held throughout, so the
+    peak is the largest of (one contrast's peak + the others' caches); forward passes add up."""
+    caches = [p.parts.get("caches", 0) for p in preds]
+    peaks = [p.peak + sum(caches) - c for p, c in zip(preds, caches)]
+    top = max(range(len(preds)), key=lambda i: peaks[i])
+    parts = dict(preds[top].parts, caches=sum(caches))
+    return Prediction(" + ".join(p.job for p in preds), preds[0].batch_size, int(peaks[top]), parts,
+                      sum(p.forwards for p in preds), any(p.forwards_bound for p in preds))
+
+
 def plan(cfg, base_rows, source_rows, align: str, jobs: Job | Sequence[Job], *, batch_size: int, budget: int,
-         weights: int | None = None, device: str = "cpu", shared_prefix: bool = True) -> Prediction:
+         weights: int | None = None, device: str = "cpu", shared_prefix: bool = True, also=()) -> Prediction:
     """The largest batch size (`batch_size`, or a power of two below it) whose predicted peak fits `budget`
     (weights included, since the model is on the device: pass `weights` to count what it holds). Raises
-    AnalysisError naming the fix when batch size 1 does not fit."""
+    AnalysisError naming the fix when batch size 1 does not fit. `also`: more contrasts alive beside this one, as
+    (base_rows, source_rows, align, jobs) (a circuit's scoring run and the reversed run it evaluates circuits on)."""
     jobs = [jobs] if isinstance(jobs, Job) else list(jobs)
     dev = torch.device(device)
     cache = int(CACHE_FRACTION * budget) if dev.type == "cuda" else CACHE_BYTES
-    b, s, aligned = merged_rows(base_rows, source_rows, align)
+    contrasts = [(merged_rows(base_rows, source_rows, align), jobs)]
+    contrasts += [(merged_rows(b_, s_, a_), [j] if isinstance(j, Job) else list(j)) for b_, s_, a_, j in also]
     bs = max(1, int(batch_size))
     while True:
-        p = predict_jobs(cfg, layout(b, s, aligned, bs), jobs, bs, weights=weights, cache_bytes=cache,
-                         shared_prefix=shared_prefix, host=dev.type == "cpu")
+        p = alongside([predict_jobs(cfg, layout(b, s, aligned, bs), js, bs, weights=weights, cache_bytes=cache,
+                                    shared_prefix=shared_prefix, host=dev.type == "cpu")
+                       for (b, s, aligned), js in contrasts])
         if p.peak <= budget:
             return p
         if bs == 1:
