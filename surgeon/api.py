@@ -54,8 +54,7 @@ from surgeon.search.subsets import ThresholdResult
 from surgeon.search.threshold import threshold_search
 from surgeon.sites.ablations import ABLATIONS
 from surgeon.errors import SurgeonError
-from surgeon.spec.case import Case, validate
-from surgeon.spec.metrics import metric_of
+from surgeon.spec.case import Case, case_metric_of, validate
 
 __all__ = ["diagnose", "dla", "attention", "patch", "patch_positions", "attribute", "threshold", "blend", "circuit",
            "circuit_eval", "sae_overlap", "sae_amplified", "sae_heads", "sae_repair", "report", "render_report",
@@ -194,7 +193,7 @@ def circuit(case, model=None, *, method: str | None = None, ig_steps: int = IG_S
     method = method or default_method(case, ablation)
     check_options(method, ablation, ig_steps, None if edges else faithfulness, edges, semantics)
     case, model = case_and_model(case, model, device=device, dtype=dtype, metric=metric)
-    batch_size = planned_batch_size(plan_circuit, case, model, method, ig_steps, verify, batch_size=batch_size,
+    batch_size = planned_batch_size(plan_circuit, case, model, method, ig_steps, verify, ablation, batch_size=batch_size,
                                     max_memory=max_memory, bad=bad, direction=direction, tag=tag)
     return discover(case, model, method=method, ablation=ablation, semantics=semantics, direction=direction,
                     bad=bad, tag=tag, target=None if edges else faithfulness, n_edges=edges, n_paths=paths, ig_steps=ig_steps,
@@ -322,7 +321,7 @@ def report_key(case: Case, model, source: SAESource | None) -> dict:
             source = SAESource.from_case(case)
         except SurgeonError:
             source = None
-    return {"case_sha256": case.digest, "metric": metric_of(case.metric).label,  # --metric replaces the case's
+    return {"case_sha256": case.digest, "metric": case_metric_of(case).label,  # --metric replaces the case's
             "model_sha256": model_digest(model), "dtype": str(p.dtype),
             "device_type": p.device.type, "saes": source.digest() if source is not None else None,
             "versions": versions()}
@@ -335,17 +334,19 @@ RESULT_TYPES = {cls.__name__: cls for cls in (Diagnosis, PatchResult, ThresholdR
 def report(case, model=None, *, out: str | Path | None = None, steps: Sequence[str] = STEPS, layer: int | None = None,
            budget: int = 200, verify: int = 50, paths: int = 10, sae_release: str | None = None,
            sae_id: str | None = None, sae_dir: str | None = None, batch_size: int = 256, device: str | None = None,
-           dtype: str = "float32", bad: str | None = None, tag: str | None = None, progress: bool = False):
+           dtype: str = "float32", bad: str | None = None, tag: str | None = None, item_rate: float = 1.0,
+           heads: str | None = None, groups: Sequence[str] | None = None, seed: int = 0, progress: bool = False):
     """The whole pipeline on a case (`surgeon report`): diagnose, per-head patching, the subset search and the blend
     at the layer patching repairs most (or `layer`), the circuit, and the SAE analyses where there are SAEs. With
     `out`, each step's results go to out/STEP (an interrupted report resumes from them) and the page to
-    out/report.html, with every figure as PDF and SVG under out/figures. Returns the `Report` (its `.save(dir)` writes
-    the page again)."""
+    out/report.html, with every figure as PDF and SVG under out/figures. The subset search takes `heads`, `groups`,
+    `item_rate` and `seed` as `threshold` does. Returns the `Report` (its `.save(dir)` writes the page again)."""
     case, model = case_and_model(case, model, device=device, dtype=dtype)
     source = SAESource.from_case(case, sae_release, sae_id, sae_dir) if (sae_release or sae_id or sae_dir) else None
     store = _StepFolders(Path(out), case, device, report_key(case, model, source)) if out is not None else None
     rep = run_report(case, model, steps=steps, layer=layer, budget=budget, verify=verify, paths=paths,
-                     sae_source=source, batch_size=batch_size, store=store, bad=bad, tag=tag, progress=progress)
+                     sae_source=source, batch_size=batch_size, store=store, bad=bad, tag=tag, item_rate=item_rate,
+                     heads=heads, groups=groups, seed=seed, progress=progress)
     if out is not None:
         rep.save(out, case, device=device)
     return rep

@@ -12,7 +12,7 @@ folder, so an interrupted report resumes); what the steps did and with which opt
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Protocol, Sequence
 
 import numpy as np
 
@@ -69,10 +69,13 @@ def repair_layer(patch) -> int:
 def run_report(case: Case, model, *, steps=STEPS, layer: int | None = None, budget: int = 200,
                blend_step: float = 0.02, circuit_method: str | None = None, verify: int = 50, paths: int = 10,
                sae_source: SAESource | None = None, batch_size: int = 256, store: Store | None = None,
-               bad: str | None = None, tag: str | None = None, progress: bool = False) -> Report:
+               bad: str | None = None, tag: str | None = None, item_rate: float = 1.0, heads: str | None = None,
+               groups: Sequence[str] | None = None, seed: int = 0, progress: bool = False) -> Report:
     """Run `steps` on `case` (see the module's docstring); `layer` fixes the threshold and blend layer; `bad` and
     `tag` pick the failing format and the items (default: the case's first failing format and its focus; the SAE
-    comparisons default to every item)."""
+    comparisons default to every item). The subset search: `heads` its candidates (default: every head of the
+    layer), `groups` the built-in groups searched within (default: even, odd and a random half, with 4 heads or
+    more), `item_rate` the fraction of items a repairing subset gets right, `seed` its sampling."""
     unknown = [s for s in steps if s not in STEPS]
     if unknown:
         raise AnalysisError(f"unknown report steps {unknown}", field="--steps", fix=f"choose from: {', '.join(STEPS)}")
@@ -110,10 +113,14 @@ def run_report(case: Case, model, *, steps=STEPS, layer: int | None = None, budg
         patch = step("patch", opts, lambda: patch_heads(case, model, layers=opts["layers"], batch_size=batch_size,
                                                         progress=progress, **sel))
     L = layer if layer is not None else (repair_layer(patch) if patch is not None else None)  # None: no step needs it
-    groups = ["even", "odd", "random"] if H >= 4 else []  # random: a half drawn at random, the control
+    if groups is None:
+        groups = ["even", "odd", "random"] if H >= 4 and heads is None else []  # random: a half at random, the control
+    groups = list(groups)
     if "threshold" in steps:
-        opts = {"layer": L, "groups": groups, "budget": budget, **sel}
-        step("threshold", opts, lambda: threshold_search(case, model, layer=L, groups=groups, budget=budget,
+        opts = {"layer": L, "heads": heads, "groups": groups, "budget": budget,
+                "item_rate": item_rate, "seed": seed, **sel}
+        step("threshold", opts, lambda: threshold_search(case, model, layer=opts["layer"], heads=heads, groups=groups,
+                                                         budget=budget, item_rate=item_rate, seed=seed,
                                                          batch_size=batch_size, progress=progress, **sel))
     if "blend" in steps:
         opts = {"layer": L, "step": blend_step, **sel}

@@ -202,6 +202,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the layer of the subset search and the blend (default: where patching single heads repairs most)")
     p.add_argument("--budget", type=cli_types.positive, default=200,
                    help="subsets per size in the threshold search (default 200: all of them up to that many)")
+    p.add_argument("--heads", help="the subset search's candidate heads: 0,2,5 (of --layer) or L1H0,L2H3 (default: every "
+                                   "head of the layer)")
+    p.add_argument("--groups", help="built-in groups the subset search also searches within: even,odd,first_half,"
+                                    "second_half,random or none (default: even,odd,random)")
+    p.add_argument("--item-rate", type=cli_types.fraction, default=1.0,
+                   help="a subset repairs when it fixes at least this fraction of items (default 1.0: all)")
     p.add_argument("--verify", type=cli_types.nonnegative, default=50, help="top edges verified by exact patching (default 50)")
     p.add_argument("--paths", type=cli_types.bounded(0, 1000), default=10, help="complete paths measured (default 10)")
     p.add_argument("--sae-release", help="a sae-lens release for the SAE steps (default: the case's saes)")
@@ -442,7 +448,8 @@ def cmd_circuit(args) -> int:
     from surgeon.analyses.circuit import default_method, discover
 
     method = args.method or default_method(case, args.ablation)
-    batch = planned_batch_size(args, planning.plan_circuit, case, model, method, args.ig_steps, args.verify)
+    batch = planned_batch_size(args, planning.plan_circuit, case, model, method, args.ig_steps, args.verify,
+                                args.ablation)
     r = discover(case, model, method=method, ablation=args.ablation, semantics=args.semantics,
                  direction=args.direction, bad=args.bad,
                  tag=args.tag, target=None if args.edges else args.faithfulness, n_edges=args.edges,
@@ -467,7 +474,9 @@ def cmd_report(args) -> int:
     rep = api.report(case, model, out=out, steps=steps, layer=args.layer, budget=args.budget, verify=args.verify,
                      paths=args.paths, sae_release=args.sae_release, sae_id=args.sae_id, sae_dir=args.sae_dir,
                      batch_size=args.batch_size, device=device, dtype=args.dtype, bad=args.bad, tag=args.tag,
-                     progress=True)
+                     item_rate=args.item_rate, heads=args.heads, seed=args.seed, progress=True,
+                     groups=None if args.groups is None else [] if args.groups.strip() in ("", "none") else
+                     [g.strip() for g in args.groups.split(",") if g.strip()])
     print(rep)
     print(f"\nwrote {out}/report.html, figures/ and one folder per step")
     return 0

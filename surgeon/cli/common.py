@@ -6,10 +6,10 @@ import argparse
 import re
 
 from surgeon.cli import types as cli_types
-from surgeon.errors import SurgeonError, warn
+from surgeon.errors import SurgeonError, did_you_mean, warn
 from surgeon.models.devices import device_of
 from surgeon.models.loading import resolve, shape
-from surgeon.search.subsets import parse_units
+from surgeon.search.subsets import BUILTIN_GROUPS, parse_units
 from surgeon.spec.case import read_case
 from surgeon.spec.select import pick_bad, pick_items
 from surgeon.spec.shipped import DEFAULT_CASE, shipped_case
@@ -111,12 +111,18 @@ def check_options(args, case) -> None:
         raise SurgeonError(f"layer {layer} is out of range: the model has layers 0..{top}", field="--layer",
                            fix=f"use a layer between 0 and {top}")
     heads = getattr(args, "heads", None)
-    if heads is not None and getattr(args, "command", None) in ("threshold", "blend", "attention"):
+    if heads is not None and getattr(args, "command", None) in ("threshold", "blend", "attention", "report"):
         n = shp.n_kv_heads if getattr(args, "component", "z") in ("k", "v") else shp.n_heads
         if args.command == "attention":  # L1H0 names only; the analysis says what else is wrong
             heads = ",".join(h for h in heads.split(",") if re.fullmatch(r"\s*L\d+H\d+\s*", h)) or None
         if heads is not None:
             parse_units(heads, layer, shp.n_layers, n)
+    groups = getattr(args, "groups", None)
+    if getattr(args, "command", None) == "report" and groups and groups.strip() != "none":
+        for g in (x.strip() for x in groups.split(",") if x.strip()):
+            if g not in BUILTIN_GROUPS:
+                raise SurgeonError(f"unknown group {g!r}{did_you_mean(g, BUILTIN_GROUPS)}", field="--groups",
+                                   fix=f"use {', '.join(BUILTIN_GROUPS)} or none")
 
 
 def setup(args):

@@ -45,10 +45,13 @@ def methods_paragraph(rep) -> str:
                      "of the mean score.")
     if "threshold" in o:
         t = o["threshold"]
-        parts.append(f"Head subsets of layer {t['layer']} were searched by size k (all subsets up to {t['budget']} "
-                     f"per size, else a uniform sample of {t['budget']}"
+        rate = t.get("item_rate", 1.0)
+        right = "every item" if rate >= 1 else f"at least {100 * rate:g}% of the items"
+        cands = f"the heads {t['heads']}" if t.get("heads") else f"head subsets of layer {t['layer']}"
+        parts.append(f"{cands[0].upper() + cands[1:]} were searched by size k (all subsets up to {t['budget']} "
+                     f"per size, else a uniform sample of {t['budget']} drawn with seed {t.get('seed', 0)}"
                      + (f"; also within the {' and '.join(t['groups'])} heads" if t["groups"] else "")
-                     + "); a subset repairs when the model is right on every item, and k* is the smallest k at "
+                     + f"); a subset repairs when the model is right on {right}, and k* is the smallest k at "
                        "which half the subsets repair.")
     if "blend" in o:
         parts.append(f"Layer {o['blend']['layer']}'s head outputs were blended (1-a) failing + a good on a grid of "
@@ -59,8 +62,7 @@ def methods_paragraph(rep) -> str:
                      f"the circuit is the smallest top-k prefix of the ranking by |score| reaching faithfulness "
                      f"{c['faithfulness']}; its {c['paths']} strongest complete paths were measured by path patching.")
     v = f["versions"]
-    parts.append("Software: " + ", ".join(f"{k} {x}" for k, x in v.items()) + ". The subset search's sampling used "
-                 "seed 0.")
+    parts.append("Software: " + ", ".join(f"{k} {x}" for k, x in v.items()) + ".")
     return " ".join(parts)
 
 

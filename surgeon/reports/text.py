@@ -197,15 +197,22 @@ def threshold_text(r) -> str:
         members = r.units if fam == "all" else r.groups[fam]
         unit = "features" if r.component == "sae_features" else "heads"
         lines.append(f"{fam} ({len(members)} {unit}{'' if fam == 'all' else ': ' + ', '.join(members)}):")
-        lines.append(f"  {'k':>3s} {'subsets':>15s}  {'repairing [95% CI]':28s} {'mean item rate':>14s} {'mean repair frac':>16s}")
+        lines.append(f"  {'k':>3s} {'subsets':>15s}  {'repairing [95% CI]':28s} {'mean item rate':>14s} {'mean repair frac':>16s}"
+                     f"  {'best subset: items right [95% CI]':s}")
         for s in rows:
             how = f"{s.evaluated}/{s.total}" + ("" if s.enumerated else " sampled")
             ci = "exact" if s.enumerated and s.evaluated == s.total else f"[{pct(s.lo)}, {pct(s.hi)}]"
             frac = _f(s.mean_repair_fraction, "16.3f") if np.isfinite(s.mean_repair_fraction) else f"{'-':>16s}"
-            lines.append(f"  {s.key[0]:3d} {how:>15s}  {pct(s.fraction)} {ci:21s} {pct(s.mean_item_rate):>14s} {frac}")
+            best = (f"  {pct(s.best_item_rate)} [{pct(s.best_lo)}, {pct(s.best_hi)}]" if np.isfinite(s.best_item_rate)
+                    else "")
+            lines.append(f"  {s.key[0]:3d} {how:>15s}  {pct(s.fraction)} {ci:21s} {pct(s.mean_item_rate):>14s} {frac}{best}")
         t = r.threshold(fam)
         if t.k_star is None:
-            lines.append(f"  threshold: no size k has >= {pct(t.x).strip()} of subsets repairing")
+            top = max((s for s in rows if np.isfinite(s.best_item_rate)), key=lambda s: s.best_item_rate, default=None)
+            near = (f"; the best subset gets {pct(top.best_item_rate).strip()} of the items right (k = {top.key[0]}), "
+                    f"short of the criterion ({pct(r.item_rate).strip()}): see the last column, or lower --item-rate"
+                    if top is not None and top.best_item_rate < r.item_rate else "")
+            lines.append(f"  threshold: no size k has >= {pct(t.x).strip()} of subsets repairing{near}")
         else:
             lines.append(f"  threshold k* = {t.k_star} (smallest k with >= {pct(t.x).strip()} repairing; jump from "
                          f"k*-1: {t.jump:+.3f}); every subset repairs from k = {t.k_all if t.k_all is not None else 'never'}")

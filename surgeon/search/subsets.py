@@ -279,6 +279,11 @@ class SizeRow:
     mean_item_rate: float  # mean over subsets of the fraction of items repaired
     mean_repair_fraction: float  # mean over subsets of (patched - bad) / (good - bad)
     item_rate_hist: tuple[int, ...]  # subsets per item-rate bin [0, .1), ..., [.9, 1), {1}
+    # the best evaluated subset of this size: the fraction of items it gets right, with its Wilson 95% interval over
+    # items (the interval of that subset's rate; choosing the best of many is not corrected for)
+    best_item_rate: float = float("nan")
+    best_lo: float = float("nan")
+    best_hi: float = float("nan")
 
 
 @dataclass(frozen=True)
@@ -374,9 +379,11 @@ def aggregate(plan: Plan, per_subset: dict[int, tuple[float, float, float]], *, 
         hist = np.histogram(np.minimum(rates, 0.999999) if len(rates) else rates, bins=10, range=(0, 1))[0].tolist()
         hist.append(int((rates >= 1 - 1e-12).sum()))
         hist[-2] -= hist[-1]
+        best = wilson(int(round(rates.max() * n_items)), n_items) if len(rates) else None
         sizes.append(SizeRow(fam.name, fam.key, fam.total, len(ev), fam.enumerated, int(k_rep), float(value), float(lo),
                              float(hi), float(rates.mean()) if len(rates) else float("nan"),
-                             float(np.nanmean(fracs)) if np.isfinite(fracs).any() else float("nan"), tuple(hist)))
+                             float(np.nanmean(fracs)) if np.isfinite(fracs).any() else float("nan"), tuple(hist),
+                             *((float(rates.max()), best.lo, best.hi) if best else ())))
     thresholds = []
     for name in ["all", *plan.groups]:
         rows = sorted((r for r in sizes if r.family == name and r.evaluated), key=lambda r: r.key)
