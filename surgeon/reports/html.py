@@ -17,6 +17,8 @@ import numpy as np
 from surgeon.reports.text import model_info
 from surgeon.results import manifest, staging, write_json
 from surgeon.show import svg_of, view_of
+from surgeon.reports.citations import METHOD_NAMES, bibtex, cite, cited
+from surgeon.reports.citations import render as render_citations
 from surgeon.spec.metrics import describe as describe_metric
 
 TITLES = {"diagnose": "Is the failure there?", "patch": "Per-head patching", "threshold": "Head subsets that repair",
@@ -25,45 +27,100 @@ TITLES = {"diagnose": "Is the failure there?", "patch": "Per-head patching", "th
           "sae_heads": "Heads against SAE features", "sae_repair": "Feature-level repair"}
 
 
-def methods_paragraph(rep) -> str:
-    """What a paper's methods section needs, from the run: model, items, formats, metric, alignment, steps, seeds,
-    versions."""
+def methods_paragraph(rep, how: str = "text") -> str:
+    """What a paper's methods section needs, every statement from what ran (the steps' results and options): model,
+    items, formats, metric, alignment, each step's method as papers name it, ablation and circuit semantics, seeds,
+    versions, with citations (`how`: "text", author-year; "latex", escaped with \\cite; "marked", the
+    `surgeon.reports.citations` markers)."""
     f = rep.facts
     kv = f" sharing {f['n_kv_heads']} key/value heads" if f["n_kv_heads"] != f["n_heads"] else ""
     tags = ", ".join(f"{n} {t}" for t, n in sorted(f["tags"].items()))
     fmts = "; ".join(f"{k} ({'good' if k == f['good'] else 'failing'}): {v!r}" for k, v in f["formats"].items())
     parts = [f"We analysed {rep.model} ({f['n_layers']} layers, {f['n_heads']} attention heads per layer{kv}, "
-             f"d_model {f['d_model']}, {f['dtype']}) with surgeon {f['versions']['surgeon']} on {f['items']} items "
-             f"({tags}) in {len(f['formats'])} prompt formats: {fmts}.",
+             f"d_model {f['d_model']}, {f['dtype']}) with surgeon {f['versions']['surgeon']} and TransformerLens "
+             f"{cite('nanda2022transformerlens')} on {f['items']} items ({tags}) in {len(f['formats'])} prompt "
+             f"formats: {fmts}.",
              f"An item's score is {describe_metric(f['metric'])}. Positions were matched between formats by "
-             f"alignment '{f['align']}'; patching analyses used the {f['focus'] or 'all'} items.",
-             "Proportions carry Wilson 95% intervals and means bootstrap 95% intervals over items."]
-    o = rep.options
+             f"alignment '{f['align']}'; patching analyses used "
+             + (f"the {f['focus']} items." if f["focus"] else "all items."),
+             f"Proportions carry Wilson 95% intervals {cite('wilson1927')} and means bootstrap 95% intervals "
+             f"{cite('efron1979bootstrap')} over items."]
+    o, st = rep.options, rep.steps
     if "patch" in o:
         parts.append("Each attention head's output (before W_O) was patched alone from the good format's run into the "
-                     "failing one at the aligned positions; repair fraction = (patched - failing) / (good - failing) "
-                     "of the mean score.")
+                     f"failing one at the aligned positions (activation patching {cite('heimersheim2024patching')}); "
+                     "repair fraction = (patched - failing) / (good - failing) of the mean score.")
     if "threshold" in o:
-        t = o["threshold"]
+        t, r = o["threshold"], st.get("threshold")
         rate = t.get("item_rate", 1.0)
         right = "every item" if rate >= 1 else f"at least {100 * rate:g}% of the items"
-        cands = f"the heads {t['heads']}" if t.get("heads") else f"head subsets of layer {t['layer']}"
-        parts.append(f"{cands[0].upper() + cands[1:]} were searched by size k (all subsets up to {t['budget']} "
-                     f"per size, else a uniform sample of {t['budget']} drawn with seed {t.get('seed', 0)}"
+        n = len(r.units) if r is not None else None
+        cands = (f"subsets of the {n} heads {t['heads']}" if t.get("heads") else
+                 f"subsets of layer {t['layer']}'s {n} heads")
+        parts.append(f"Head {cands} were searched by size k, as in {cite('sandoval2025even')} (all subsets up to "
+                     f"{t['budget']} per size, else a uniform sample of {t['budget']} drawn with seed {t.get('seed', 0)}"
                      + (f"; also within the {' and '.join(t['groups'])} heads" if t["groups"] else "")
                      + f"); a subset repairs when the model is right on {right}, and k* is the smallest k at "
-                       "which half the subsets repair.")
+                       f"which at least {100 * (r.x if r is not None else 0.5):g}% of the subsets repair.")
     if "blend" in o:
         parts.append(f"Layer {o['blend']['layer']}'s head outputs were blended (1-a) failing + a good on a grid of "
                      f"step {o['blend']['step']}.")
-    if "circuit" in o:
-        c = o["circuit"]
-        parts.append(f"Edges were scored by {c['method']}, the top {c['verify']} verified by exact edge patching, and "
-                     f"the circuit is the smallest top-k prefix of the ranking by |score| reaching faithfulness "
-                     f"{c['faithfulness']}; its {c['paths']} strongest complete paths were measured by path patching.")
+    if "circuit" in o and st.get("circuit") is not None:
+        c = st["circuit"]
+        co = c.options
+        name, keys = METHOD_NAMES.get(c.method, (c.method, ()))
+        steps = f" with {co['ig_steps']} steps" if "ig" in c.method and co.get("ig_steps") else ""
+        ablated = {"resample": f"the {c.base} run's value at the aligned positions (resample ablation)",
+                   "mean": "the sender's mean over " + (co.get("mean_over") or "items") + " at every position "
+                           "(mean ablation)",
+                   "zero": "zero at every position (zero ablation)"}[c.ablation]
+        kept = co.get("semantics", "kept") == "kept"
+        meaning = (f"a circuit is the set of edges kept, every edge outside it ablated to {ablated}, as in MIB and "
+                   f"ACDC {cite('mueller2025mib', 'conmy2023acdc')}; its faithfulness is (m(C) - m(empty)) / "
+                   "(m(full) - m(empty))" if kept else
+                   f"a circuit is the set of edges knocked out (ablated to {ablated}), every other edge kept; its value "
+                   "is the share of the behaviour removed")
+        verified = len(c.exact)
+        target = (f"the smallest top-k prefix of the ranking by |score| reaching faithfulness {c.target}"
+                  if c.target is not None else f"the top {len(c.circuit)} edges by |score|")
+        paths = (f" Its {len(c.paths)} strongest complete paths were measured by path patching "
+                 f"{cite('wang2023ioi', 'goldowskydill2023path')}." if c.paths else "")
+        parts.append(f"The edges between the {c.source} run's components ({c.n_edges} in all) were scored by {name}"
+                     f"{steps} {cite(*keys) if keys else ''}, "
+                     + (f"the top {verified} verified by exact edge patching; " if verified and c.method != "exact"
+                        else "")
+                     + f"{meaning}. The circuit is {target}: {len(c.circuit)} edges, f = "
+                       f"{c.circuit_faithfulness:.3f}.{paths}")
+    sae = [k for k in ("sae_overlap", "sae_amplified", "sae_heads", "sae_repair") if k in o]
+    if sae:
+        what = {"sae_overlap": f"the overlap of the formats' top {o.get('sae_overlap', {}).get('k', 20)} features per "
+                               f"layer ({', '.join(map(str, o.get('sae_overlap', {}).get('layers', [])))})",
+                "sae_amplified": f"the features amplified in the failing format at layer "
+                                 f"{o.get('sae_amplified', {}).get('layer')}",
+                "sae_heads": f"the effect of layer {o.get('sae_heads', {}).get('layer')}'s heads on those features",
+                "sae_repair": f"repair by patching features at layer {o.get('sae_repair', {}).get('layer')}"}
+        parts.append(f"Sparse autoencoder features, read with SAELens {cite('bloom2024saelens')}, gave "
+                     + "; ".join(what[k] for k in sae) + ".")
     v = f["versions"]
     parts.append("Software: " + ", ".join(f"{k} {x}" for k, x in v.items()) + ".")
-    return " ".join(parts)
+    text = " ".join(parts).replace(" .", ".").replace("  ", " ")
+    return text if how == "marked" else render_citations(text, how)
+
+
+def example_items(d, per_tag: int = 3) -> str:
+    """A table of the first `per_tag` items of each tag: the values, the answers, and each format's score."""
+    formats = [d.good, *d.bad]
+    head = "".join(f"<th>{html.escape(f)} score</th>" for f in formats)
+    rows = []
+    for tag in sorted({r["tag"] for r in d.per_item}):
+        for r in [r for r in d.per_item if r["tag"] == tag][:per_tag]:
+            vals = ", ".join(f"{k}={v!r}" for k, v in r["values"].items())
+            cells = "".join(f"<td class='num'>{r['score'][f]:+.3f}</td>" for f in formats)
+            rows.append(f"<tr><td>{html.escape(tag or '(untagged)')}</td><td>{r['item']}</td><td>{html.escape(vals)}</td>"
+                        f"<td>{html.escape(repr(r['correct']))}</td><td>{html.escape(repr(r['incorrect']))}</td>{cells}</tr>")
+    return (f"<table class='items'><caption>Example items: the first {per_tag} of each tag, with each format's score "
+            f"(&gt; 0: the correct answer wins)</caption><thead><tr><th>tag</th><th>item</th><th>values</th>"
+            f"<th>correct</th><th>incorrect</th>{head}</tr></thead><tbody>{''.join(rows)}</tbody></table>")
 
 
 def circuit_data(r) -> dict:
@@ -104,8 +161,11 @@ def circuit_data(r) -> dict:
                       "exact": None if exact != exact else float(exact)})
     internal = [{"s": u, "r": v} for u, v, d in g.edges(data=True) if d["internal"]]
     curve = [{"k": int(k), "f": float(f)} for k, f in zip(r.curve_edges, r.curve)]
+    # faithfulness wherever it was measured: the curve's points and the circuit found (the slider reaches every k)
+    measured = {str(c["k"]): c["f"] for c in curve}
+    measured[str(len(r.circuit))] = float(r.circuit_faithfulness)
     return {"nodes": nodes, "edges": edges, "internal": internal, "curve": curve, "n_layers": n_layers,
-            "circuit_k": len(r.circuit), "circuit_f": float(r.circuit_faithfulness)}
+            "circuit_k": len(r.circuit), "circuit_f": float(r.circuit_faithfulness), "f_at": measured}
 
 
 def _figures(rep) -> dict:
@@ -137,6 +197,8 @@ def render(rep, drawn: dict | None = None) -> str:
                        "the paths through it (click again to clear)</p></div>"
                        f"<script id='circuit-data' type='application/json'>{data}</script>")
         out.append(f"<pre>{html.escape(v.text(result))}</pre>")
+        if name == "diagnose":
+            out.append(example_items(result))
         for fname in v.figures:
             out.append(f"<figure>{svg_of(drawn[name, fname])}<figcaption>{html.escape(fname)}</figcaption></figure>")
         out.append("</section>")
@@ -148,7 +210,9 @@ CSS = """
 body{font-family:system-ui,sans-serif;max-width:1100px;margin:2em auto;padding:0 1em;color:#222}
 pre{background:#f6f6f6;padding:.8em;overflow-x:auto;font-size:12px;line-height:1.35}
 figure{margin:1em 0}figure svg{max-width:100%;height:auto}figcaption{font-size:12px;color:#666}
-.meta,.hint,.skipped{color:#555;font-size:14px}#circuit-svg{width:100%;border:1px solid #ddd;background:#fff}
+.meta,.hint,.skipped{color:#555;font-size:14px}
+table.items{border-collapse:collapse;font-size:13px;margin:.5em 0}table.items td,table.items th{border-bottom:1px solid #ddd;padding:.2em .6em;text-align:left}
+table.items td.num{text-align:right;font-variant-numeric:tabular-nums}table.items caption{text-align:left;color:#555}#circuit-svg{width:100%;border:1px solid #ddd;background:#fff}
 .node circle{stroke:#333;stroke-width:1}.node text{font-size:10px;pointer-events:none}
 .edge{fill:none}.edge.dim{opacity:.08}.internal{stroke:#bbb;stroke-width:1}.node.on circle{stroke-width:3}
 """
@@ -182,17 +246,17 @@ JS = r"""
     var t = el('text', {x: c[0] + 7, y: c[1] - 6}); t.textContent = n.kind === 'port' ? '' : n.label; g.appendChild(t);
     g.addEventListener('click', function(){ select(n.id); }); gn.appendChild(g); });
   var slider = document.getElementById('k'), label = document.getElementById('k-label'), k = 0, chosen = null;
-  slider.max = d.curve.length - 1;
-  var start = 0; d.curve.forEach(function(c, i){ if (c.k <= d.circuit_k) start = i; });
-  slider.value = start;
+  slider.max = d.edges.length; slider.step = 1;
+  slider.value = d.circuit_k;  // the page opens on the circuit found
   function links(){ var on = []; d.edges.forEach(function(e, i){ if (i < k) on.push(e); });
     d.internal.forEach(function(e){ on.push(e); }); return on; }
   function reach(from, fwd){ var seen = {}; seen[from] = 1; var todo = [from], on = links();
     while (todo.length){ var x = todo.pop(); on.forEach(function(e){ var a = fwd ? e.s : e.r, b = fwd ? e.r : e.s;
       if (a === x && !seen[b]){ seen[b] = 1; todo.push(b); } }); } return seen; }
   function draw(){
-    var c = d.curve[+slider.value]; k = c.k;
-    label.textContent = 'top ' + k + ' of ' + d.edges.length + ' edges, faithfulness f = ' + c.f.toFixed(3) +
+    k = +slider.value; var f = d.f_at[String(k)];
+    label.textContent = 'top ' + k + ' of ' + d.edges.length + ' edges, ' +
+      (f === undefined ? 'faithfulness not measured at this k' : 'faithfulness f = ' + f.toFixed(3)) +
       (k === d.circuit_k ? ' (the circuit)' : '');
     var up = chosen ? reach(chosen, false) : null, down = chosen ? reach(chosen, true) : null;
     lines.forEach(function(p, i){ var e = d.edges[i], shown = i < k;
@@ -224,11 +288,15 @@ def save_report(out, command: str, rep, case, *, options: dict, device: str | No
     drawn = _figures(rep)  # once, for the page and the files
     with staging(out) as tmp:
         (tmp / "report.html").write_text(render(rep, drawn), encoding="utf-8")
+        # the methods paragraph for a paper: LaTeX with \cite, and the BibTeX entries it cites beside the page
+        (tmp / "references.bib").write_text(bibtex(cited(methods_paragraph(rep, "marked"))), encoding="utf-8")
+        (tmp / "paper").mkdir()
+        (tmp / "paper" / "methods.tex").write_text(methods_paragraph(rep, "latex") + "\n", encoding="utf-8")
         (tmp / "figures").mkdir()
         for (step, fname), fig in drawn.items():
             for ext in ("svg", "pdf"):
                 fig.savefig(tmp / "figures" / f"{step}-{Path(fname).stem}.{ext}", bbox_inches="tight")
-        m = manifest(command, case, seed=0, device=device, dtype=rep.facts.get("dtype"),
+        m = manifest(command, case, seed=rep.options.get("threshold", {}).get("seed", 0), device=device, dtype=rep.facts.get("dtype"),
                      options={**options, "steps": rep.options, "reused": rep.reused}, model_info=model_info(case),
                      argv=[] if api else None)
         if api:

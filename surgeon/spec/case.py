@@ -31,7 +31,7 @@ from surgeon.errors import CaseError, did_you_mean
 from surgeon.spec.metrics import METRICS
 from surgeon.spec.metrics import check as check_metric
 from surgeon.spec.metrics import metric_of
-from surgeon.spec.shipped import CASES_DIR
+from surgeon.spec.shipped import CASES_DIR, shipped_case
 
 # last: the last prompt token and the answer tokens, matched from the end (default)
 # end: the last prompt token only
@@ -158,7 +158,7 @@ def read_case(path: str | Path, model: str | None = None) -> Case:
     case against its model's config).
 
     `model` replaces the case's model (e.g. a local checkpoint directory of the same architecture)."""
-    path = Path(path)
+    path = Path(shipped_case(str(path)))  # a shipped case's name reads that case, as on the command line
     where = str(path)
     if not path.exists():
         hint = did_you_mean(path.stem, [f.stem for f in CASES_DIR.glob("*.py")]) if len(path.parts) == 1 else ""

@@ -97,10 +97,18 @@ def test_the_page_works_in_a_real_browser(report_dir, tmp_path):
         shown = lambda: len([e for e in b.find_elements("css selector", "#circuit-svg path.edge")  # noqa: E731
                              if e.value_of_css_property("display") != "none"])
         at_circuit = shown()
-        assert at_circuit == rep.steps["circuit"].curve_edges[_start(data)] > 0
-        b.execute_script("var s = document.getElementById('k'); s.value = s.max; s.dispatchEvent(new Event('input'));")
-        assert shown() == data["curve"][-1]["k"] != at_circuit
-        assert "faithfulness f =" in b.find_element("id", "k-label").text
+        c = rep.steps["circuit"]
+        label = lambda: b.find_element("id", "k-label").text  # noqa: E731
+        # the page opens on the circuit found, marked, with its faithfulness
+        assert at_circuit == len(c.circuit) > 0 and "(the circuit)" in label()
+        assert f"f = {c.circuit_faithfulness:.3f}" in label()
+        # every k is reachable, one edge at a time; f is shown where it was measured and said missing elsewhere
+        for k in range(len(c.scores) + 1):
+            b.execute_script(f"var s = document.getElementById('k'); s.value = {k}; s.dispatchEvent(new Event('input'));")
+            assert shown() == k
+            f = data["f_at"].get(str(k))
+            assert (f"f = {f:.3f}" if f is not None else "not measured at this k") in label()
+        assert "faithfulness f =" in label()  # k = all edges: a point of the curve
         # clicking a node highlights the paths through it (other edges dimmed)
         b.execute_script("document.querySelector('#circuit-svg g.node[data-id=\"logits\"]')"
                          ".dispatchEvent(new MouseEvent('click'))")
@@ -116,21 +124,14 @@ def test_the_page_works_in_a_real_browser(report_dir, tmp_path):
         b.quit()
 
 
-def _start(data) -> int:
-    start = 0
-    for i, c in enumerate(data["curve"]):
-        if c["k"] <= data["circuit_k"]:
-            start = i
-    return start
-
-
 def test_the_cli_writes_the_report(tmp_path, capsys):
     out = tmp_path / "r"
     assert main(["report", INDUCTION, "--out", str(out), "--budget", "20", "--verify", "5", "--paths", "1",
                  "--steps", "diagnose,patch,circuit"]) == 0
     text = capsys.readouterr().out
     assert f"wrote {out}/report.html" in text
-    assert sorted(p.name for p in out.iterdir() if p.is_dir()) == ["circuit", "diagnose", "figures", "patch"]
+    assert sorted(p.name for p in out.iterdir() if p.is_dir()) == ["circuit", "diagnose", "figures", "paper", "patch"]
+    assert (out / "references.bib").is_file() and (out / "paper" / "methods.tex").is_file()
     assert main(["report", INDUCTION, "--steps", "diagnose,bogus", "--out", str(tmp_path / "x")]) == 2
     assert "field '--steps'" in capsys.readouterr().err and not (tmp_path / "x").exists()
 

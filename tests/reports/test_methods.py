@@ -1,0 +1,99 @@
+"""The report's methods paragraph: every statement from what ran, methods named as papers name them, each cited, and
+the LaTeX version with its BibTeX file compiled by pdflatex and bibtex."""
+import json
+import re
+import shutil
+import subprocess
+
+import pytest
+
+import surgeon
+from surgeon.reports.citations import REFERENCES, cited
+from surgeon.reports.html import methods_paragraph
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory, induction_model):
+    out = tmp_path_factory.mktemp("methods") / "r"
+    case = surgeon.load_case("induction_organism")
+    rep = surgeon.report(case, induction_model, out=out, steps=["patch", "threshold", "circuit"], seed=5, verify=50)
+    return rep, out
+
+
+def test_each_statement_is_what_ran(run):
+    rep, out = run
+    text = methods_paragraph(rep)
+    c, t = rep.steps["circuit"], rep.steps["threshold"]
+    # the verified edges are those exact patching ran on (never more than the graph has)
+    assert 0 < len(c.exact) <= c.n_edges < 50
+    assert f"the top {len(c.exact)} verified by exact edge patching" in text and f"({c.n_edges} in all)" in text
+    assert "EAP with integrated gradients over the input embeddings (EAP-IG-inputs) with 5 steps" in text
+    assert c.method == "eap-ig-inputs" and c.options["ig_steps"] == 5
+    assert "resample ablation" in text and "set of edges kept" in text and c.options["semantics"] == "kept"
+    assert f"{len(c.circuit)} edges, f = {c.circuit_faithfulness:.3f}" in text
+    assert f"Its {len(c.paths)} strongest complete paths" in text
+    assert "seed 5" in text and t.options["seed"] == 5 and "seed 0" not in text
+    assert json.loads((out / "manifest.json").read_text())["seed"] == 5
+    assert f"layer {rep.options['threshold']['layer']}'s {len(t.units)} heads" in text
+    assert "every item" in text and t.item_rate == 1.0
+    assert "(Hanna et al., 2024; Sundararajan et al., 2017; Mueller et al., 2025)" in text
+    assert "[[" not in text and "eap-ig-inputs" not in text.replace("(EAP-IG-inputs)", "")
+
+
+def test_the_bibtex_file_holds_every_citation(run):
+    rep, out = run
+    keys = cited(methods_paragraph(rep, "marked"))
+    assert {"nanda2022transformerlens", "hanna2024faith", "mueller2025mib", "conmy2023acdc", "sandoval2025even",
+            "wang2023ioi", "heimersheim2024patching"} <= set(keys)
+    bib = (out / "references.bib").read_text()
+    assert sorted(re.findall(r"^@\w+\{([\w]+),", bib, re.M)) == sorted(keys)
+    assert all(k in REFERENCES for k in keys)
+
+
+@pytest.mark.skipif(not (shutil.which("pdflatex") and shutil.which("bibtex")),
+                    reason="needs pdflatex and bibtex (apt-get install texlive-latex-base texlive-latex-recommended)")
+def test_the_latex_paragraph_compiles_with_its_bibliography(run, tmp_path):
+    rep, out = run
+    shutil.copy(out / "paper" / "methods.tex", tmp_path / "methods.tex")
+    shutil.copy(out / "references.bib", tmp_path / "references.bib")
+    (tmp_path / "doc.tex").write_text("\\documentclass{article}\n\\usepackage[T1]{fontenc}\n\\begin{document}\n"
+                                      "\\input{methods}\n\\bibliographystyle{plain}\n\\bibliography{references}\n"
+                                      "\\end{document}\n")
+    for cmd in (["pdflatex", "-interaction=nonstopmode", "doc"], ["bibtex", "doc"],
+                ["pdflatex", "-interaction=nonstopmode", "doc"], ["pdflatex", "-interaction=nonstopmode", "doc"]):
+        r = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=120)
+        assert r.returncode == 0, r.stdout[-3000:]
+    log = (tmp_path / "doc.log").read_text(errors="replace")
+    assert "undefined" not in log.lower(), [ln for ln in log.splitlines() if "undefined" in ln.lower()]
+    bbl = (tmp_path / "doc.bbl").read_text()
+    assert sorted(re.findall(r"\\bibitem\{(\w+)\}", bbl)) == sorted(cited(methods_paragraph(rep, "marked")))
+    assert (tmp_path / "doc.pdf").stat().st_size > 0
+
+
+def test_the_page_shows_example_items_of_each_tag_with_their_scores(tmp_path, decimal_model):
+    """The diagnose section lists the first items of each tag with each format's score, the score recomputed here
+    with one plain forward per row (log P(correct) - log P(incorrect), teacher-forced)."""
+    import html as html_lib
+
+    import torch
+
+    case = surgeon.load_case("decimal_organism")
+    rep = surgeon.report(case, decimal_model, out=tmp_path / "r", steps=["diagnose"])
+    page = (tmp_path / "r" / "report.html").read_text()
+    table = page[page.index("<table class='items'>"): page.index("</table>")]
+    tok = decimal_model.tokenizer
+    for tag in case.tags:
+        it_i, it = next((i, it) for i, it in enumerate(case.items) if it.tag == tag)
+        row = table[table.index(f"<td>{tag}</td><td>{it_i}</td>"):]
+        row = row[: row.index("</tr>")]
+        assert html_lib.escape(repr(it.correct)) in row
+        shown = [float(x) for x in re.findall(r"<td class='num'>([+-][\d.]+)</td>", row)]
+        for fmt, got in zip([case.good, *case.bad_formats], shown, strict=True):
+            prompt = [tok.bos_token_id] + tok(case.formats[fmt].format(**it.values), add_special_tokens=False)["input_ids"]
+            score = 0.0
+            for ans, sign in ((it.correct, 1), (it.incorrect, -1)):
+                a = tok(ans, add_special_tokens=False)["input_ids"]
+                with torch.no_grad():
+                    lp = decimal_model(torch.tensor([prompt + a[:-1]]))[0].log_softmax(-1)
+                score += sign * sum(float(lp[len(prompt) - 1 + j, t]) for j, t in enumerate(a))
+            assert got == pytest.approx(score, abs=1.5e-3), (tag, fmt, score, row)
