@@ -132,6 +132,9 @@ def report_example(cmd: str, page: str, png: str, keep=None) -> None:
     if FAST:
         cog.out(cog.previous)
         return
+    import shutil
+
+    shutil.rmtree(ROOT / Path(page).parent, ignore_errors=True)  # a fresh run into an empty folder: its time is real
     run(cmd, keep=keep)
     from selenium import webdriver
     from selenium.webdriver.chrome.service import Service
