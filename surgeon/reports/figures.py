@@ -18,13 +18,37 @@ def _plt():
     return plt
 
 
+# a journal's column widths (inches): every figure is drawn at one of them
+ONE_COLUMN, TWO_COLUMNS = 3.25, 6.75
+MAX_HEIGHT = 9.0
+# fonts a journal's checks accept: TrueType (Type 42) in PDF, text kept as text in SVG
+FONTS = {"pdf.fonttype": 42, "ps.fonttype": 42, "svg.fonttype": "none"}
+
+
+def journal_width(fig) -> None:
+    """Scale `fig` to one column (3.25 in) when it was drawn narrow, else to two (6.75 in), keeping its aspect
+    (height at most 9 in)."""
+    w, h = fig.get_size_inches()
+    target = ONE_COLUMN if w <= 4.6 else TWO_COLUMNS
+    fig.set_size_inches(target, min(MAX_HEIGHT, max(2.2 if target == ONE_COLUMN else 2.8, h * target / w)))
+
+
+def save_figure(fig, path, **kw) -> None:
+    """Write `fig` as it was laid out (no tight bounding box: its width stays a column's), fonts as `FONTS`."""
+    import matplotlib
+
+    with matplotlib.rc_context(FONTS):
+        fig.savefig(path, **{"dpi": 150, **kw})
+
+
 def _save(fig, path: Path | None):
-    """Lay out, write to `path` (none: only return it, for a notebook) and close the figure."""
+    """Lay out at a journal's column width, write to `path` (none: only return it, for a notebook) and close."""
     import matplotlib.pyplot as plt
 
+    journal_width(fig)
     fig.tight_layout()
     if path is not None:
-        fig.savefig(path, dpi=150)
+        save_figure(fig, path)
     plt.close(fig)
     return fig
 
@@ -146,9 +170,12 @@ def threshold_figure(r, path: Path):
                         fontsize=7, color=line[0].get_color())
     ax.axhline(r.x, color="grey", lw=0.6, ls=":")
     ax.set_xlabel("subset size k")
-    ax.set_ylabel(f"fraction of subsets repairing (>= {r.item_rate:.0%} items)")
+    from matplotlib.ticker import MaxNLocator
+
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # k counts heads
+    ax.set_ylabel("fraction of subsets")
     ax.set_ylim(-0.03, 1.03)
-    ax.set_title(f"{r.case}: repair vs k ({r.component} {r.source}->{r.base}, n={r.n_items})", fontsize=9)
+    ax.set_title(f"subsets repairing (right on >= {r.item_rate:.0%} of {r.n_items} items)", fontsize=8)
     ax.legend(fontsize=7)
     ax = axes[1]
     u = r.unit_stats
@@ -160,8 +187,8 @@ def threshold_figure(r, path: Path):
     ax.bar(x + 0.2, wo, 0.4, yerr=_yerr(wo, [s.rate_without_lo for s in u], [s.rate_without_hi for s in u]), capsize=2,
            label="without head")
     ax.set_xticks(x, [s.unit for s in u], rotation=90, fontsize=7)
-    ax.set_ylabel("fraction of subsets repairing")
-    ax.set_title("necessity per head", fontsize=9)
+    ax.set_ylabel("fraction of subsets")
+    ax.set_title("repairing, with and without each head", fontsize=8)
     ax.legend(fontsize=8)
     return _save(fig, path)
 

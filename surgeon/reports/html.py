@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
+from surgeon.reports.figures import journal_width, save_figure
 from surgeon.reports.text import model_info
 from surgeon.results import manifest, staging, write_json
 from surgeon.show import svg_of, view_of
@@ -169,9 +170,14 @@ def circuit_data(r) -> dict:
 
 
 def _figures(rep) -> dict:
-    """{(step, file name): Figure}: every step's figures, drawn once."""
-    return {(step, fname): draw(result, None) for step, result in rep.steps.items()
-            for fname, draw in view_of(result).figures.items()}
+    """{(step, file name): Figure}: every step's figures, drawn once, each at a journal's column width."""
+    out = {}
+    for step, result in rep.steps.items():
+        for fname, draw in view_of(result).figures.items():
+            fig = draw(result, None)
+            journal_width(fig)  # figures drawn elsewhere (the circuit graph) too
+            out[step, fname] = fig
+    return out
 
 
 def render(rep, drawn: dict | None = None) -> str:
@@ -295,7 +301,7 @@ def save_report(out, command: str, rep, case, *, options: dict, device: str | No
         (tmp / "figures").mkdir()
         for (step, fname), fig in drawn.items():
             for ext in ("svg", "pdf"):
-                fig.savefig(tmp / "figures" / f"{step}-{Path(fname).stem}.{ext}", bbox_inches="tight")
+                save_figure(fig, tmp / "figures" / f"{step}-{Path(fname).stem}.{ext}")
         m = manifest(command, case, seed=rep.options.get("threshold", {}).get("seed", 0), device=device, dtype=rep.facts.get("dtype"),
                      options={**options, "steps": rep.options, "reused": rep.reused}, model_info=model_info(case),
                      argv=[] if api else None)

@@ -22,7 +22,7 @@ def _tl_heads(case, model, fmt):
     final norm's weight times the unembedding difference: [items, layers, heads]."""
     _, items = pick_items(case, None)
     out = []
-    for row in _rows(case, model, fmt, items):
+    for row in _rows(case, model, fmt, items)[0]:
         pos, good, bad = row.targets[0][0], row.targets[0][1], row.targets[1][1]
         _, cache = model.run_with_cache(torch.tensor([row.tokens]))
         norm = model.cfg.normalization_type is not None
