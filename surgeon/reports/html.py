@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from surgeon.reports.figures import journal_width, save_figure
+from surgeon.reports.latex import CAPTIONS, main_tex, paper_tables
 from surgeon.reports.text import model_info
 from surgeon.results import manifest, staging, write_json
 from surgeon.show import svg_of, view_of
@@ -206,7 +207,8 @@ def render(rep, drawn: dict | None = None) -> str:
         if name == "diagnose":
             out.append(example_items(result))
         for fname in v.figures:
-            out.append(f"<figure>{svg_of(drawn[name, fname])}<figcaption>{html.escape(fname)}</figcaption></figure>")
+            caption = CAPTIONS.get((name, fname), fname).replace("\\%", "%")
+            out.append(f"<figure>{svg_of(drawn[name, fname])}<figcaption>{html.escape(caption)}</figcaption></figure>")
         out.append("</section>")
     out.append(f"<script>{JS}</script></body></html>")
     return "\n".join(out)
@@ -298,6 +300,10 @@ def save_report(out, command: str, rep, case, *, options: dict, device: str | No
         (tmp / "references.bib").write_text(bibtex(cited(methods_paragraph(rep, "marked"))), encoding="utf-8")
         (tmp / "paper").mkdir()
         (tmp / "paper" / "methods.tex").write_text(methods_paragraph(rep, "latex") + "\n", encoding="utf-8")
+        tables = paper_tables(rep)
+        for name, tex in tables.items():
+            (tmp / "paper" / name).write_text(tex, encoding="utf-8")
+        (tmp / "paper" / "main.tex").write_text(main_tex(rep, list(tables), list(drawn)), encoding="utf-8")
         (tmp / "figures").mkdir()
         for (step, fname), fig in drawn.items():
             for ext in ("svg", "pdf"):

@@ -8,7 +8,7 @@ import subprocess
 import pytest
 
 import surgeon
-from surgeon.reports.citations import REFERENCES, cited
+from surgeon.reports.citations import REFERENCES, cited, tex_escape
 from surgeon.reports.html import methods_paragraph
 
 
@@ -97,3 +97,34 @@ def test_the_page_shows_example_items_of_each_tag_with_their_scores(tmp_path, de
                     lp = decimal_model(torch.tensor([prompt + a[:-1]]))[0].log_softmax(-1)
                 score += sign * sum(float(lp[len(prompt) - 1 + j, t]) for j, t in enumerate(a))
             assert got == pytest.approx(score, abs=1.5e-3), (tag, fmt, score, row)
+
+
+@pytest.mark.skipif(not (shutil.which("pdflatex") and shutil.which("bibtex") and shutil.which("pdffonts")),
+                    reason="needs pdflatex, bibtex (texlive-latex-recommended, lmodern) and pdffonts (poppler-utils)")
+def test_main_tex_compiles_with_the_tables_figures_and_bibliography(run, tmp_path):
+    """DIR/paper/main.tex inputs the methods paragraph, a booktabs table per step and every figure; pdflatex and bibtex
+    compile it with no undefined reference and no Type 3 font, and its tables hold the results' numbers."""
+    import numpy as np
+
+    rep, out = run
+    copy = tmp_path / "r"
+    shutil.copytree(out, copy)
+    paper = copy / "paper"
+    assert {"main.tex", "methods.tex", "patch.tex", "threshold.tex", "circuit.tex"} <= {p.name for p in paper.iterdir()}
+    for cmd in (["pdflatex", "-interaction=nonstopmode", "main"], ["bibtex", "main"],
+                ["pdflatex", "-interaction=nonstopmode", "main"], ["pdflatex", "-interaction=nonstopmode", "main"]):
+        r = subprocess.run(cmd, cwd=paper, capture_output=True, text=True, timeout=180)
+        assert r.returncode == 0, r.stdout[-3000:]
+    log = (paper / "main.log").read_text(errors="replace")
+    assert "undefined" not in log.lower() and "File `" not in log
+    fonts = subprocess.run(["pdffonts", str(paper / "main.pdf")], capture_output=True, text=True, check=True).stdout
+    assert "Type 3" not in fonts
+    main = (paper / "main.tex").read_text()
+    assert main.count("\\includegraphics") == len(list((copy / "figures").glob("*.pdf")))
+    c = rep.steps["circuit"]
+    top = int(np.argmax(np.abs(c.scores)))
+    row = next(ln for ln in (paper / "circuit.tex").read_text().splitlines() if ln.startswith(tex_escape(c.edge_names[top]) + " &"))
+    assert f"{c.scores[top]:+.3f}" in row
+    t = rep.steps["threshold"]
+    k_rows = [ln for ln in (paper / "threshold.tex").read_text().splitlines() if re.match(r"^\d+ & ", ln)]
+    assert len(k_rows) == len([s for s in t.sizes if s.family == "all" and s.evaluated])
