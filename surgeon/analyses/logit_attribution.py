@@ -15,7 +15,7 @@ its score is (the mean or the sum over positions: `Case.combine`), so they still
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -59,7 +59,8 @@ class LogitAttributionResult(Shows):
 
 
 def _rows(case: Case, model, fmt: str, items):
-    """One row per scored position (a correct and an incorrect token there) and its weight in its item's score."""
+    """(rows, weights): the rows that score `items` (one per item), and per scored position, in row order, its
+    weight in its item's score (1 where an item has one position)."""
     try:
         rows = encode_rows(case.formats[fmt], items, model.tokenizer, prepend_bos(case, model), "first_token",
                            combine=case.combine)
@@ -67,17 +68,19 @@ def _rows(case: Case, model, fmt: str, items):
         raise AnalysisError(f"direct logit attribution reads the first token where the answers differ: {e.message}",
                             where=case.source, field="items",
                             fix="give answers that differ in some token (not one a prefix of the other)") from None
-    out, weights = [], []
-    for r in rows:  # targets come in pairs: (position, correct, +w), (position, incorrect, -w)
-        for j in range(0, len(r.targets), 2):
-            out.append(replace(r, targets=r.targets[j: j + 2]))
-            weights.append(abs(r.targets[j][2]))
-    return out, np.array(weights)
+    return rows, np.array([abs(t[2]) for r in rows for t in r.targets[::2]])
+
+
+def _pairs(rows):
+    """Per scored position: (row, position, correct, incorrect). A row's targets come in pairs (position, correct,
+    +w), (position, incorrect, -w)."""
+    return [(i, r.targets[j][0], r.targets[j][1], r.targets[j + 1][1])
+            for i, r in enumerate(rows) for j in range(0, len(r.targets), 2)]
 
 
 def _combined(parts: dict, rows, weights: np.ndarray, n_items: int) -> dict:
     """Per-position parts [positions, ...] -> per item [items, ...], weighted as the item's score combines them."""
-    items = np.array([r.item for r in rows])
+    items = np.array([rows[i].item for i, *_ in _pairs(rows)])
     out = {}
     for k, v in parts.items():
         acc = np.zeros((n_items, *v.shape[1:]))
@@ -88,8 +91,9 @@ def _combined(parts: dict, rows, weights: np.ndarray, n_items: int) -> dict:
 
 @torch.no_grad()
 def _parts(model, rows, batch_size: int):
-    """Per item: the direct parts [items, layers, heads], attention biases and MLPs [items, layers], embedding and
-    biases [items], the model's logit difference [items] and the logit lens [items, layers]."""
+    """Per scored position (`_pairs`, in row order): the direct parts [positions, layers, heads], attention biases and
+    MLPs [positions, layers], embedding and biases [positions], the model's logit difference [positions] and the logit
+    lens [positions, layers]."""
     cfg = model.cfg
     L = cfg.n_layers
     ln = cfg.normalization_type
@@ -100,28 +104,31 @@ def _parts(model, rows, batch_size: int):
     if ln is not None:
         hooks.append("ln_final.hook_scale")
     out = {k: [] for k in ("heads", "attn_bias", "mlp", "embed", "bias", "total", "lens")}
-    for chunk, cache in cached_batches(model, rows, hooks, batch_size):
-        idx = torch.arange(len(chunk))
-        pos = torch.tensor([r.targets[0][0] for r in chunk])
-        good = torch.tensor([r.targets[0][1] for r in chunk])
-        bad = torch.tensor([r.targets[1][1] for r in chunk])
-        at = lambda name: cache[name][idx, pos]  # noqa: E731 - [n, ...] at each row's position
+    for chunk, cache in cached_batches(model, rows, hooks, batch_size):  # each row run once, all its positions read
+        pairs = _pairs(chunk)
+        n = len(pairs)
+        row = torch.tensor([i for i, *_ in pairs])
+        pos = torch.tensor([p for _, p, _, _ in pairs])
+        good = torch.tensor([g for _, _, g, _ in pairs])
+        bad = torch.tensor([b for *_, b in pairs])
+        idx = torch.arange(n)
+        at = lambda name: cache[name][row, pos]  # noqa: E731 - [n, ...] at each scored position
         direction = (model.W_U[:, good] - model.W_U[:, bad]).T  # [n, d_model]
         w = getattr(model.ln_final, "w", None) if ln is not None else None
         w = torch.ones(cfg.d_model) if w is None else w
-        scale = at("ln_final.hook_scale") if ln is not None else torch.ones(len(chunk), 1)
+        scale = at("ln_final.hook_scale") if ln is not None else torch.ones(n, 1)
 
         def read(x):  # [n, ..., d_model] -> its direct logit difference through the frozen final norm
             if ln in ("LN", "LNPre"):
                 x = x - x.mean(-1, keepdim=True)
-            return ((x / scale.view(-1, *[1] * (x.dim() - 1))) * w * direction.view(len(chunk), *[1] * (x.dim() - 2),
+            return ((x / scale.view(-1, *[1] * (x.dim() - 1))) * w * direction.view(n, *[1] * (x.dim() - 2),
                                                                                      -1)).sum(-1)
 
         heads = torch.stack([read(torch.einsum("nhd,hdm->nhm", at(f"blocks.{x}.attn.hook_z"), model.W_O[x]))
                              for x in range(L)], 1)  # [n, L, H]
-        attn_bias = torch.stack([read(model.b_O[x].expand(len(chunk), -1)) for x in range(L)], 1)
+        attn_bias = torch.stack([read(model.b_O[x].expand(n, -1)) for x in range(L)], 1)
         mlp = (torch.stack([read(at(f"blocks.{x}.hook_mlp_out")) for x in range(L)], 1) if not cfg.attn_only
-               else torch.zeros(len(chunk), L))
+               else torch.zeros(n, L))
         embed = read(at("blocks.0.hook_resid_pre"))
         bias = (model.b_U[good] - model.b_U[bad])
         if ln in ("LN", "LNPre") and getattr(model.ln_final, "b", None) is not None:
