@@ -20,7 +20,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Sequence
 
-from surgeon.analyses.attention import attention_patterns
+from surgeon.analyses.attention import AttentionResult, attention_patterns
 from surgeon.analyses.pipeline import STEPS, run_report
 from surgeon.analyses.attribution import attribute as attribute_units
 from surgeon.analyses.blend import BlendResult
@@ -34,9 +34,10 @@ from surgeon.analyses.circuit import (
 )
 from surgeon.analyses.diagnose import Diagnosis
 from surgeon.analyses.diagnose import diagnose as diagnose_case
-from surgeon.analyses.logit_attribution import logit_attribution
+from surgeon.analyses.logit_attribution import LogitAttributionResult, logit_attribution
 from surgeon.analyses.patching import PatchResult, patch_heads
 from surgeon.analyses.planning import plan_circuit, plan_patch, plan_threshold, planned_batch_size
+from surgeon.analyses.positions import PositionPatchResult
 from surgeon.analyses.positions import patch_positions as patch_by_position
 from surgeon.analyses.sae_features import AmplifiedResult, OverlapResult, amplified, overlap
 from surgeon.analyses.sae_heads import HeadFeatureResult, head_feature_effects
@@ -327,7 +328,8 @@ def report_key(case: Case, model, source: SAESource | None) -> dict:
             "versions": versions()}
 
 
-RESULT_TYPES = {cls.__name__: cls for cls in (Diagnosis, PatchResult, ThresholdResult, BlendResult, CircuitResult,
+RESULT_TYPES = {cls.__name__: cls for cls in (Diagnosis, LogitAttributionResult, PatchResult, PositionPatchResult,
+                                                ThresholdResult, BlendResult, CircuitResult, AttentionResult,
                                                 OverlapResult, AmplifiedResult, HeadFeatureResult, FeatureRepairResult)}
 
 

@@ -44,7 +44,7 @@ from surgeon.show import Shows
 from surgeon.sites.ablations import FREEZE
 from surgeon.sites.edges import EdgeSite
 from surgeon.spec.case import Case
-from surgeon.stats import Estimate, bootstrap_mean, scaled
+from surgeon.stats import Estimate, bootstrap_mean, bootstrap_means, scaled
 
 Method = Literal["eap", "eap-ig-inputs", "eap-ig-activations", "eap-ig-masks", "exact"]
 CURVE = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0)  # MIB's edge fractions
@@ -94,6 +94,8 @@ class CircuitResult(Shows):
     execution: dict = field(default_factory=dict)
     # the model's shape the edge graph was built from (layers, heads, key/value heads, attention-only)
     shape: dict = field(default_factory=dict)
+    # edge index -> bootstrap 95% interval of its exact effect over the items, for the top `verify` edges
+    exact_ci: dict[int, tuple[float, float]] = field(default_factory=dict)
 
     def graph(self):
         """The circuit as a networkx graph of the model's edges (scores, exact effects, in-circuit marks)."""
@@ -215,20 +217,23 @@ def _area(x: Sequence[float], y: Sequence[float]) -> float:
 
 
 def _verify(contrast, site, scores: np.ndarray, order: np.ndarray, verify: int):
-    """Exact effects of the top `verify` edges, and the Pearson r of the estimates against them."""
+    """Exact effects of the top `verify` edges, their bootstrap 95% intervals over the items, and the Pearson r of
+    the estimates against them."""
     import torch
 
     top = [int(e) for e in order[:verify]]
     if not top:
-        return {}, None
+        return {}, {}, None
     m = torch.zeros(len(top), len(site.edges))
     m[torch.arange(len(top)), top] = 1
-    ex = _mean_scores(contrast, site, m).mean(1) - float(contrast.clean_base.mean())
+    per_item = _mean_scores(contrast, site, m) - contrast.clean_base.cpu().numpy()[None]  # [top, items]
+    ex, lo, hi = bootstrap_means(per_item)
     exact = {e: float(v) for e, v in zip(top, ex)}
+    ci = {e: (float(a), float(b)) for e, a, b in zip(top, lo, hi)}
     pearson = None
     if len(top) > 2 and np.std(ex) > 0 and np.std(scores[top]) > 0:
         pearson = float(np.corrcoef(scores[top], ex)[0, 1])
-    return exact, pearson
+    return exact, ci, pearson
 
 
 def _paths(runs: CircuitRuns, g, scores, n_paths, min_share, min_items):
@@ -301,14 +306,15 @@ def check_options(method: str, ablation: str, ig_steps: int, target: float | Non
 
 
 def ranked_edges(contrast, site, method: str, ig_steps: int, verify: int):
-    """Edge scores by `method`, the ranking by |score|, and the exact effects of the top `verify` edges
-    (every edge for `exact`) with their Pearson r against the scores."""
+    """Edge scores by `method`, the ranking by |score|, the exact effects of the top `verify` edges (every edge for
+    `exact`) with their Pearson r against the scores, and the top `verify` edges' intervals over the items:
+    (scores, order, exact, intervals, pearson)."""
     scores = edge_scores(contrast, site, method, ig_steps)
     order = np.argsort(-np.abs(scores), kind="stable")
+    exact, ci, pearson = _verify(contrast, site, scores, order, verify)
     if method == "exact":
-        return scores, order, {int(e): float(scores[e]) for e in range(len(site.edges))}, None
-    exact, pearson = _verify(contrast, site, scores, order, verify)
-    return scores, order, exact, pearson
+        return scores, order, {int(e): float(scores[e]) for e in range(len(site.edges))}, ci, None
+    return scores, order, exact, ci, pearson
 
 
 def faithfulness_curve(runs: CircuitRuns, order):
@@ -372,7 +378,7 @@ def discover(case: Case, model, *, method: Method | None = None, ablation: str =
                             fix=f"use --edges {len(site.edges)} or fewer")
     runs = circuit_runs(case, model, site, semantics=semantics, direction=direction, bad=bad, tag=tag,
                         batch_size=batch_size)
-    scores, order, exact, pearson = ranked_edges(runs.scoring, site, method, ig_steps, verify)
+    scores, order, exact, exact_ci, pearson = ranked_edges(runs.scoring, site, method, ig_steps, verify)
     xs, counts, f_curve, cpr, cmd = faithfulness_curve(runs, order)
     circuit, search = prune(runs, build_graph(site, scores, exact), order, target, n_edges, exhaustive_up_to)
     f_c, per_item = runs.value([circuit])
@@ -393,7 +399,7 @@ def discover(case: Case, model, *, method: Method | None = None, ablation: str =
                      semantics=semantics, semantics_detail=runs.describe(), positions=runs.positions,
                      align=case.align, mean_over="reference items" if ablation == "mean" and case.reference else
                      ("items" if ablation == "mean" else None)),
-        search=search, no_paths=why, execution=runs.scoring.execution, shape=model_shape(model.cfg))
+        search=search, no_paths=why, execution=runs.scoring.execution, shape=model_shape(model.cfg), exact_ci=exact_ci)
 
 
 def file_semantics(circuit: dict, where: str = "") -> str | None:

@@ -1,8 +1,10 @@
 """One command from a case to a paper: the analyses in order, each step reusing a finished earlier run.
 
-    diagnose -> patch (every head of every layer) -> threshold (subsets at the layer patching repairs most;
-    even/odd groups when it has at least 4 heads) -> blend (that layer's heads) -> circuit (edges scored, the top
-    ones verified exactly, the smallest faithful prefix, its strongest paths) -> sae (where the case has SAEs:
+    diagnose -> dla (direct logit attribution per head and layer, the logit lens) -> patch (every head of every
+    layer) -> positions (that layer's heads patched at each aligned position) -> threshold (subsets at the layer
+    patching repairs most; even/odd groups when it has at least 4 heads) -> blend (that layer's heads) -> circuit
+    (edges scored, the top ones verified exactly, the smallest faithful prefix, its strongest paths) -> attention
+    (the patterns of the circuit's strongest heads on the first item, every format) -> sae (where the case has SAEs:
     overlap per layer; amplified features and feature repair at the layer whose features overlap least; the
     patched layer's heads against those features), each step under one progress bar over the steps
 
@@ -11,15 +13,19 @@ folder, so an interrupted report resumes); what the steps did and with which opt
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Protocol, Sequence
 
 import numpy as np
 
+from surgeon.analyses.attention import attention_patterns
 from surgeon.analyses.blend import blend
 from surgeon.analyses.circuit import default_method, discover
 from surgeon.analyses.diagnose import diagnose
+from surgeon.analyses.logit_attribution import logit_attribution
 from surgeon.analyses.patching import patch_heads
+from surgeon.analyses.positions import patch_positions
 from surgeon.analyses.sae_features import amplified, overlap
 from surgeon.analyses.sae_heads import head_feature_effects
 from surgeon.analyses.sae_repair import feature_repair
@@ -30,7 +36,8 @@ from surgeon.search.threshold import threshold_search
 from surgeon.show import Shows
 from surgeon.spec.case import Case
 
-STEPS = ("diagnose", "patch", "threshold", "blend", "circuit", "sae")
+STEPS = ("diagnose", "dla", "patch", "positions", "threshold", "blend", "circuit", "attention", "sae")
+ATTENTION_HEADS = 4  # the circuit's heads whose patterns the report shows
 
 
 class Store(Protocol):
@@ -107,8 +114,10 @@ def run_report(case: Case, model, *, steps=STEPS, layer: int | None = None, budg
     if "diagnose" in steps:
         step("diagnose", {"batch_size": batch_size}, lambda: diagnose(case, model, batch_size=batch_size,
                                                                       progress=progress))
+    if "dla" in steps:
+        step("dla", {"tag": tag}, lambda: logit_attribution(case, model, tag=tag, batch_size=batch_size))
     patch = None
-    if "patch" in steps or (layer is None and {"threshold", "blend", "sae"} & set(steps)):
+    if "patch" in steps or (layer is None and {"positions", "threshold", "blend", "sae"} & set(steps)):
         opts = {"layers": list(case.layers) if case.layers else None, "component": "z", **sel}
         patch = step("patch", opts, lambda: patch_heads(case, model, layers=opts["layers"], batch_size=batch_size,
                                                         progress=progress, **sel))
@@ -116,6 +125,10 @@ def run_report(case: Case, model, *, steps=STEPS, layer: int | None = None, budg
     if groups is None:
         groups = ["even", "odd", "random"] if H >= 4 and heads is None else []  # random: a half at random, the control
     groups = list(groups)
+    if "positions" in steps:
+        opts = {"layers": [L], "component": "z", **sel}
+        step("positions", opts, lambda: patch_positions(case, model, layers=[L], component="z", batch_size=batch_size,
+                                                        **sel))
     if "threshold" in steps:
         opts = {"layer": L, "heads": heads, "groups": groups, "budget": budget,
                 "item_rate": item_rate, "seed": seed, **sel}
@@ -125,16 +138,36 @@ def run_report(case: Case, model, *, steps=STEPS, layer: int | None = None, budg
     if "blend" in steps:
         opts = {"layer": L, "step": blend_step, **sel}
         step("blend", opts, lambda: blend(case, model, layer=L, step=blend_step, batch_size=batch_size, **sel))
-    if "circuit" in steps:
+    if "circuit" in steps or "attention" in steps:  # the attention step shows the circuit's heads
         method = circuit_method or default_method(case)
         opts = {"method": method, "verify": verify, "paths": paths, "faithfulness": 0.9, **sel}
         step("circuit", opts, lambda: discover(case, model, method=method, verify=verify, n_paths=paths,
                                                batch_size=batch_size, **sel))
+    if "attention" in steps:
+        heads = circuit_heads(rep.steps["circuit"])
+        if heads:
+            opts = {"heads": heads, "items": [0], **sel}
+            step("attention", opts, lambda: attention_patterns(case, model, heads=heads, items=[0], tag=tag,
+                                                               batch_size=batch_size))
+        else:
+            rep.skipped["attention"] = "the circuit holds no attention head"
     if "sae" in steps:
         _sae_steps(rep, step, case, model, L, sae_source, batch_size, bad, tag)
     if bar is not None:
         bar.close()
     return rep
+
+
+def circuit_heads(circuit, n: int = ATTENTION_HEADS) -> list[str]:
+    """The `n` heads the circuit's edges touch most (by the sum of their |score|), as "L1H0" names, strongest first."""
+
+    weight: dict[tuple[int, int], float] = {}
+    for e in circuit.circuit:
+        for end in re.findall(r"a(\d+)\.h(\d+)", circuit.edge_names[int(e)]):
+            key = (int(end[0]), int(end[1]))
+            weight[key] = weight.get(key, 0.0) + abs(float(circuit.scores[int(e)]))
+    best = sorted(weight, key=lambda h: (-weight[h], h))[:n]
+    return [f"L{ly}H{h}" for ly, h in best]
 
 
 def _sae_steps(rep: Report, step, case: Case, model, layer: int, source, batch_size: int, bad: str | None,

@@ -451,4 +451,4 @@ def edges_for_model(circuit: dict, site, cfg, where: str = "") -> list[int]:
 
 def circuit_figure(r, path: Path):
     """The circuit of a `CircuitResult` drawn layer by layer (the PNG `surgeon circuit --out` writes)."""
-    return png(r.graph(), path, f"{r.case}: {len(r.circuit)} edges, f = {r.circuit_faithfulness:.2f}")
+    return png(r.graph(), path, f"the circuit: {len(r.circuit)} edges, f = {r.circuit_faithfulness:.2f}")

@@ -28,7 +28,7 @@ from surgeon.errors import SurgeonError
 from surgeon.spec.shipped import CASES_DIR
 from surgeon.version import __version__
 
-REPORT_STEPS = ("diagnose", "patch", "threshold", "blend", "circuit", "sae")  # analyses.pipeline.STEPS
+REPORT_STEPS = ("diagnose", "dla", "patch", "positions", "threshold", "blend", "circuit", "attention", "sae")  # = analyses.pipeline.STEPS (a test checks)
 from surgeon.circuits.methods import SEMANTICS
 from surgeon.sites.ablations import ABLATIONS
 

@@ -8,6 +8,8 @@ from pathlib import Path
 
 import numpy as np
 
+from surgeon.reports.citations import METHOD_NAMES
+
 
 def _plt():
     import matplotlib
@@ -75,7 +77,7 @@ def diagnosis_figure(d, path: Path):
     ax.set_xticks(np.arange(len(formats)), [f"{f}\n({'good' if f == d.good else 'bad'})" for f in formats])
     ax.set_ylim(0, 1.05)
     ax.set_ylabel("accuracy (items right)")
-    ax.set_title(f"{d.case}: accuracy per format (95% CI)")
+    ax.set_title("accuracy per format (95% CI)", fontsize=9)
     ax.legend(fontsize=8)
     return _save(fig, path)
 
@@ -182,6 +184,20 @@ def threshold_figure(r, path: Path):
     x = np.arange(len(u))
     w = [s.rate_with for s in u]
     wo = [s.rate_without for s in u]
+    if not np.any(np.nan_to_num(np.asarray(w + wo, dtype=float))):  # no subset repairs: with/without is all zero
+        rows = sorted((s for s in r.sizes if s.family == "all" and s.evaluated and np.isfinite(s.best_item_rate)),
+                      key=lambda s: s.key)
+        k = np.array([s.key[0] for s in rows])
+        y = np.array([s.best_item_rate for s in rows])
+        ax.errorbar(k, y, yerr=_yerr(y, [s.best_lo for s in rows], [s.best_hi for s in rows]), marker="o", capsize=3)
+        ax.axhline(r.item_rate, color="grey", lw=0.6, ls=":", label=f"criterion {r.item_rate:.0%}")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.set_xlabel("subset size k")
+        ax.set_ylabel("best subset: items right")
+        ax.set_ylim(-0.03, 1.03)
+        ax.set_title("no subset repairs: the best subset per k", fontsize=8)
+        ax.legend(fontsize=7)
+        return _save(fig, path)
     ax.bar(x - 0.2, w, 0.4, yerr=_yerr(w, [s.rate_with_lo for s in u], [s.rate_with_hi for s in u]), capsize=2,
            label="with head")
     ax.bar(x + 0.2, wo, 0.4, yerr=_yerr(wo, [s.rate_without_lo for s in u], [s.rate_without_hi for s in u]), capsize=2,
@@ -203,7 +219,8 @@ def blend_figure(r, path: Path):
     ax.set_xlabel(f"blend fraction a  ((1-a) {r.base} + a {r.source})")
     ax.set_ylabel("repair rate")
     ax.set_ylim(-0.03, 1.03)
-    ax.set_title(f"{r.case}: blend {r.component} L{r.layer} (n={r.n_items})", fontsize=9)
+    what = "heads" if r.component == "z" else r.component
+    ax.set_title(f"blending layer {r.layer}'s {what} (n={r.n_items})", fontsize=9)
     ax = axes[1]
     sw = r.switch[np.isfinite(r.switch)]
     ax.hist(sw, bins=np.linspace(0, 1, 21), color="C1")
@@ -225,7 +242,8 @@ def faithfulness_figure(r, path: Path):
     ax.set_xscale("log")
     ax.set_xlabel("fraction of edges in the circuit (top-scoring)")
     ax.set_ylabel("faithfulness")
-    ax.set_title(f"{r.case}: {r.method}, {r.ablation} (CPR {r.cpr:.3f}, CMD {r.cmd:.3f})", fontsize=9)
+    ax.set_title(f"{METHOD_NAMES.get(r.method, (r.method,))[0]}, {r.ablation} ablation (CPR {r.cpr:.3f}, CMD {r.cmd:.3f})",
+                 fontsize=9)
     if r.target is not None:
         ax.legend(fontsize=8)
     return _save(fig, path)
@@ -245,7 +263,7 @@ def overlap_figure(r, path: Path):
     ax.set_ylim(0, 1.02)
     ax.set_xlabel("layer")
     ax.set_ylabel(f"top-{r.k} feature overlap with {r.good}")
-    ax.set_title(f"{r.case}: where the formats separate and re-entangle", fontsize=9)
+    ax.set_title("where the formats separate and re-entangle", fontsize=9)
     ax.legend(fontsize=7)
     return _save(fig, path)
 
@@ -259,7 +277,7 @@ def head_feature_heatmap(r, path: Path):
     im = ax.imshow(v, cmap="RdBu_r", vmin=-lim, vmax=lim, aspect="auto")
     ax.set_yticks(range(len(r.units)), r.units, fontsize=6)
     ax.set_xticks(range(len(r.features)), [f"f{j}" for j in r.features], fontsize=6, rotation=90)
-    ax.set_title(f"{r.case}: heads of layer {r.layer} -> SAE features at {r.hook}", fontsize=8)
+    ax.set_title(f"layer {r.layer}'s heads -> layer {r.sae_layer}'s SAE features", fontsize=8)
     fig.colorbar(im, ax=ax, label="activation change")
     return _save(fig, path)
 
@@ -283,7 +301,7 @@ def logit_attribution_figure(r, path: Path):
     ax.set_xticks(layers)
     ax.set_xlabel("after layer")
     ax.set_ylabel("logit difference (correct - incorrect)")
-    ax.set_title(f"{r.case}: logit lens (95% CI)", fontsize=9)
+    ax.set_title("logit lens (95% CI)", fontsize=9)
     ax.legend(fontsize=7)
     return _save(fig, path)
 
@@ -301,8 +319,8 @@ def position_heatmap(r, path: Path):
     ax.set_xticks(range(len(r.slots)), r.slots, rotation=30, ha="right", fontsize=7)
     ax.set_yticks(range(len(rows)), labels, fontsize=6 if len(rows) > 30 else 8)
     what = "repair" if r.direction == "denoise" else "damage"
-    ax.set_title(f"{r.case}: {what} fraction by position, {r.component} {r.source}->{r.base} (n={r.n_items})",
-                 fontsize=9)
+    unit = "heads" if r.component == "z" else r.component
+    ax.set_title(f"{what} fraction by position: {unit}, {r.source} -> {r.base} (n={r.n_items})", fontsize=9)
     fig.colorbar(im, ax=ax, fraction=0.046, label=f"{what} fraction")
     return _save(fig, path)
 

@@ -1,21 +1,19 @@
 """`surgeon report`'s page: one self-contained HTML file rendered from a `Report`'s results alone.
 
-Every step's printed report (its tables, with n and 95% intervals), every figure as inline SVG, a methods paragraph
-written from the run, and the circuit as an interactive SVG (plain inline JavaScript, nothing fetched): nodes by
-layer, the top-k edges of the ranking where a slider walks the faithfulness curve, each edge's estimated and exact
-effect on hover, and the paths through a node highlighted on click. No number is computed here that the results
-do not hold: the page formats them.
+Every step's main table as an HTML table (columns sort on a click; the same table goes into the paper as LaTeX,
+`tables`), its full printed report (n and 95% intervals) folded beneath, every figure as inline SVG with a generated
+caption, a methods paragraph written from the run, and the circuit (`circuit_view`: a static SVG that a script makes
+interactive, nothing fetched). No number is computed here that the results do not hold: the page formats them.
 """
 from __future__ import annotations
 
 import html
-import json
 from pathlib import Path
 
-import numpy as np
-
 from surgeon.reports.figures import journal_width, save_figure
+from surgeon.reports import circuit_view
 from surgeon.reports.latex import CAPTIONS, main_tex, paper_tables
+from surgeon.reports.tables import SORT_JS, step_tables
 from surgeon.reports.text import model_info
 from surgeon.results import manifest, staging, write_json
 from surgeon.show import svg_of, view_of
@@ -23,7 +21,8 @@ from surgeon.reports.citations import METHOD_NAMES, bibtex, cite, cited
 from surgeon.reports.citations import render as render_citations
 from surgeon.spec.metrics import describe as describe_metric
 
-TITLES = {"diagnose": "Is the failure there?", "patch": "Per-head patching", "threshold": "Head subsets that repair",
+TITLES = {"diagnose": "Is the failure there?", "dla": "Direct logit attribution", "patch": "Per-head patching",
+          "positions": "Patching by position", "attention": "Attention of the circuit's heads", "threshold": "Head subsets that repair",
           "blend": "Blending the layer's heads", "circuit": "The circuit", "sae_overlap": "SAE features: overlap",
           "sae_amplified": "SAE features: amplified in the failing format",
           "sae_heads": "Heads against SAE features", "sae_repair": "Feature-level repair"}
@@ -125,51 +124,6 @@ def example_items(d, per_tag: int = 3) -> str:
             f"<th>correct</th><th>incorrect</th>{head}</tr></thead><tbody>{''.join(rows)}</tbody></table>")
 
 
-def circuit_data(r) -> dict:
-    """Nodes placed by layer and the scored edges in ranking order (|score|, as the circuit's curve), with the
-    faithfulness curve, for the page's circuit view."""
-    g = r.graph()
-    n_layers = g.graph["n_layers"]
-    rows: dict[float, list[str]] = {}
-    for name, d in g.nodes(data=True):
-        y = -1.0 if d["kind"] == "input" else (n_layers if d["kind"] == "logits" else
-                                               d["layer"] + (0.5 if d["kind"] == "mlp" else
-                                                             (-0.25 if d["kind"] == "port" else 0.0)))
-        rows.setdefault(y, []).append(name)
-    nodes, xs = [], {}
-    for y, names in rows.items():
-        names = [n for n in names if g.nodes[n]["kind"] != "port"]
-        for i, name in enumerate(sorted(names, key=lambda n: (g.nodes[n].get("head", -1), n))):
-            xs[name] = (i + 1) / (len(names) + 1)
-            nodes.append({"id": name, "label": g.nodes[name]["label"], "kind": g.nodes[name]["kind"], "y": y,
-                          "x": xs[name]})
-    shift = {"q": -0.014, "k": 0.0, "v": 0.014}
-    for y, names in rows.items():  # a head's input ports sit just below it (a key/value head's below its group)
-        for name in names:
-            d = g.nodes[name]
-            if d["kind"] == "port":
-                heads = [h for h in g.successors(name) if h in xs]
-                x = (sum(xs[h] for h in heads) / len(heads) if heads else 0.5) + shift.get(d.get("port"), 0.0)
-                nodes.append({"id": name, "label": d["label"], "kind": "port", "y": y, "x": x})
-    scored = [(d["index"], u, v, d) for u, v, d in g.edges(data=True) if not d["internal"]]
-    scored.sort(key=lambda e: e[0])
-    order = np.argsort(-np.abs(np.asarray(r.scores, dtype=float)), kind="stable")
-    by_index = {e[0]: e for e in scored}
-    edges = []
-    for i in order:
-        _, u, v, d = by_index[int(i)]
-        exact = d["exact"]
-        edges.append({"s": u, "r": v, "name": d["name"], "score": float(d["score"]),
-                      "exact": None if exact != exact else float(exact)})
-    internal = [{"s": u, "r": v} for u, v, d in g.edges(data=True) if d["internal"]]
-    curve = [{"k": int(k), "f": float(f)} for k, f in zip(r.curve_edges, r.curve)]
-    # faithfulness wherever it was measured: the curve's points and the circuit found (the slider reaches every k)
-    measured = {str(c["k"]): c["f"] for c in curve}
-    measured[str(len(r.circuit))] = float(r.circuit_faithfulness)
-    return {"nodes": nodes, "edges": edges, "internal": internal, "curve": curve, "n_layers": n_layers,
-            "circuit_k": len(r.circuit), "circuit_f": float(r.circuit_faithfulness), "f_at": measured}
-
-
 def _figures(rep) -> dict:
     """{(step, file name): Figure}: every step's figures, drawn once, each at a journal's column width."""
     out = {}
@@ -184,6 +138,7 @@ def _figures(rep) -> dict:
 def render(rep, drawn: dict | None = None) -> str:
     """The report as one HTML page (no external resource); `drawn`: its figures, when already drawn (`_figures`)."""
     drawn = _figures(rep) if drawn is None else drawn
+    tables = step_tables(rep)
     out = [f"<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'><title>surgeon report: "
            f"{html.escape(rep.case)}</title><style>{CSS}</style></head><body>",
            f"<h1>surgeon report: {html.escape(rep.case)}</h1>",
@@ -196,16 +151,13 @@ def render(rep, drawn: dict | None = None) -> str:
         v = view_of(result)
         out.append(f"<section id='{name}'><h2>{html.escape(TITLES.get(name, name))}</h2>")
         if name == "circuit":
-            data = json.dumps(circuit_data(result)).replace("</", "<\\/")
-            out.append("<div id='circuit-view'><div class='controls'><label for='k'>edges shown</label> "
-                       "<input type='range' id='k' min='0' value='0'> <span id='k-label'></span></div>"
-                       "<svg id='circuit-svg' xmlns='http://www.w3.org/2000/svg' viewBox='0 0 1000 600'></svg>"
-                       "<p class='hint'>hover an edge for its estimated and exact effect; click a node to highlight "
-                       "the paths through it (click again to clear)</p></div>"
-                       f"<script id='circuit-data' type='application/json'>{data}</script>")
-        out.append(f"<pre>{html.escape(v.text(result))}</pre>")
+            out.append(circuit_view.view(result))
+        if name in tables:
+            out.append(tables[name].html())
         if name == "diagnose":
             out.append(example_items(result))
+        out.append(f"<details{'' if name in tables else ' open'}><summary>the step's full report (text)</summary>"
+                   f"<pre>{html.escape(v.text(result))}</pre></details>")
         for fname in v.figures:
             caption = CAPTIONS.get((name, fname), fname).replace("\\%", "%")
             out.append(f"<figure>{svg_of(drawn[name, fname])}<figcaption>{html.escape(caption)}</figcaption></figure>")
@@ -217,67 +169,18 @@ def render(rep, drawn: dict | None = None) -> str:
 CSS = """
 body{font-family:system-ui,sans-serif;max-width:1100px;margin:2em auto;padding:0 1em;color:#222}
 pre{background:#f6f6f6;padding:.8em;overflow-x:auto;font-size:12px;line-height:1.35}
+details{margin:.5em 0}summary{cursor:pointer;color:#555;font-size:14px}
 figure{margin:1em 0}figure svg{max-width:100%;height:auto}figcaption{font-size:12px;color:#666}
 .meta,.hint,.skipped{color:#555;font-size:14px}
-table.items{border-collapse:collapse;font-size:13px;margin:.5em 0}table.items td,table.items th{border-bottom:1px solid #ddd;padding:.2em .6em;text-align:left}
-table.items td.num{text-align:right;font-variant-numeric:tabular-nums}table.items caption{text-align:left;color:#555}#circuit-svg{width:100%;border:1px solid #ddd;background:#fff}
-.node circle{stroke:#333;stroke-width:1}.node text{font-size:10px;pointer-events:none}
-.edge{fill:none}.edge.dim{opacity:.08}.internal{stroke:#bbb;stroke-width:1}.node.on circle{stroke-width:3}
-"""
+table.items,table.data{border-collapse:collapse;font-size:13px;margin:.5em 0}
+table.items td,table.items th,table.data td,table.data th{border-bottom:1px solid #ddd;padding:.2em .6em;text-align:left}
+table.items td.num,table.data td.num,table.data th.num{text-align:right;font-variant-numeric:tabular-nums}
+table.items caption,table.data caption{text-align:left;color:#555;caption-side:top}
+table.sortable th{cursor:pointer}table.sortable th[aria-sort=ascending]::after{content:" \\25B2"}
+table.sortable th[aria-sort=descending]::after{content:" \\25BC"}
+""" + circuit_view.CSS
 
-JS = r"""
-(function(){
-  var holder = document.getElementById('circuit-data');
-  if (!holder) return;
-  var d = JSON.parse(holder.textContent), svg = document.getElementById('circuit-svg');
-  var NS = 'http://www.w3.org/2000/svg', W = 1000, H = 600, pos = {};
-  var ymin = -1, ymax = d.n_layers;
-  d.nodes.forEach(function(n){ pos[n.id] = [40 + n.x * (W - 80), H - 30 - (n.y - ymin) / (ymax - ymin) * (H - 60)]; });
-  var maxs = 0; d.edges.forEach(function(e){ maxs = Math.max(maxs, Math.abs(e.score)); });
-  function el(tag, attrs){ var x = document.createElementNS(NS, tag); for (var k in attrs) x.setAttribute(k, attrs[k]); return x; }
-  var gi = el('g', {}), ge = el('g', {id: 'edges'}), gn = el('g', {id: 'nodes'});
-  svg.appendChild(gi); svg.appendChild(ge); svg.appendChild(gn);
-  d.internal.forEach(function(e){ var a = pos[e.s], b = pos[e.r];
-    gi.appendChild(el('line', {x1: a[0], y1: a[1], x2: b[0], y2: b[1], 'class': 'internal'})); });
-  var lines = d.edges.map(function(e, i){
-    var a = pos[e.s], b = pos[e.r], mx = (a[0] + b[0]) / 2 + 20;
-    var p = el('path', {d: 'M' + a[0] + ',' + a[1] + ' Q' + mx + ',' + ((a[1] + b[1]) / 2) + ' ' + b[0] + ',' + b[1],
-      'class': 'edge', stroke: e.score >= 0 ? '#1f77b4' : '#d62728',
-      'stroke-width': 0.5 + 5 * Math.abs(e.score) / (maxs || 1), 'data-rank': i + 1});
-    var t = el('title', {}); t.textContent = e.name + '\nestimated ' + e.score.toPrecision(4) +
-      '\nexact ' + (e.exact === null ? 'not measured' : e.exact.toPrecision(4)) + '\nrank ' + (i + 1);
-    p.appendChild(t); ge.appendChild(p); return p; });
-  d.nodes.forEach(function(n){
-    var g = el('g', {'class': 'node', 'data-id': n.id}), c = pos[n.id];
-    g.appendChild(el('circle', {cx: c[0], cy: c[1], r: n.kind === 'port' ? 3 : 6,
-      fill: {input: '#999', logits: '#999', head: '#ffbb78', mlp: '#98df8a', port: '#ddd'}[n.kind] || '#ccc'}));
-    var t = el('text', {x: c[0] + 7, y: c[1] - 6}); t.textContent = n.kind === 'port' ? '' : n.label; g.appendChild(t);
-    g.addEventListener('click', function(){ select(n.id); }); gn.appendChild(g); });
-  var slider = document.getElementById('k'), label = document.getElementById('k-label'), k = 0, chosen = null;
-  slider.max = d.edges.length; slider.step = 1;
-  slider.value = d.circuit_k;  // the page opens on the circuit found
-  function links(){ var on = []; d.edges.forEach(function(e, i){ if (i < k) on.push(e); });
-    d.internal.forEach(function(e){ on.push(e); }); return on; }
-  function reach(from, fwd){ var seen = {}; seen[from] = 1; var todo = [from], on = links();
-    while (todo.length){ var x = todo.pop(); on.forEach(function(e){ var a = fwd ? e.s : e.r, b = fwd ? e.r : e.s;
-      if (a === x && !seen[b]){ seen[b] = 1; todo.push(b); } }); } return seen; }
-  function draw(){
-    k = +slider.value; var f = d.f_at[String(k)];
-    label.textContent = 'top ' + k + ' of ' + d.edges.length + ' edges, ' +
-      (f === undefined ? 'faithfulness not measured at this k' : 'faithfulness f = ' + f.toFixed(3)) +
-      (k === d.circuit_k ? ' (the circuit)' : '');
-    var up = chosen ? reach(chosen, false) : null, down = chosen ? reach(chosen, true) : null;
-    lines.forEach(function(p, i){ var e = d.edges[i], shown = i < k;
-      p.style.display = shown ? '' : 'none';
-      var lit = !chosen || ((up[e.r] && up[e.s]) || (down[e.s] && down[e.r]));
-      p.setAttribute('class', 'edge' + (lit ? '' : ' dim')); });
-    Array.prototype.forEach.call(gn.childNodes, function(g){
-      g.setAttribute('class', 'node' + (chosen && g.getAttribute('data-id') === chosen ? ' on' : '')); });
-  }
-  function select(id){ chosen = chosen === id ? null : id; draw(); }
-  slider.addEventListener('input', draw); draw();
-})();
-"""
+JS = circuit_view.JS + SORT_JS
 
 
 def report_text(rep) -> str:

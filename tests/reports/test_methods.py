@@ -80,7 +80,8 @@ def test_the_page_shows_example_items_of_each_tag_with_their_scores(tmp_path, de
     case = surgeon.load_case("decimal_organism")
     rep = surgeon.report(case, decimal_model, out=tmp_path / "r", steps=["diagnose"])
     page = (tmp_path / "r" / "report.html").read_text()
-    table = page[page.index("<table class='items'>"): page.index("</table>")]
+    start = page.index("<table class='items'>")
+    table = page[start: page.index("</table>", start)]
     tok = decimal_model.tokenizer
     for tag in case.tags:
         it_i, it = next((i, it) for i, it in enumerate(case.items) if it.tag == tag)

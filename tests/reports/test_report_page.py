@@ -9,6 +9,7 @@ import pytest
 
 import surgeon
 from surgeon.cli import main
+from tests.browser import browser
 from tests.conftest import ROOT
 
 INDUCTION = f"{ROOT}/cases/induction_organism.py"
@@ -24,7 +25,8 @@ def report_dir(tmp_path_factory, induction_model):
 @pytest.mark.slow
 def test_the_report_runs_every_step_and_writes_one_page(report_dir):
     out, rep = report_dir
-    assert list(rep.steps) == ["diagnose", "patch", "threshold", "blend", "circuit"] and not rep.reused
+    assert list(rep.steps) == ["diagnose", "dla", "patch", "positions", "threshold", "blend", "circuit", "attention"]
+    assert not rep.reused
     assert rep.skipped["sae"].startswith("the case names no SAEs")
     page = (out / "report.html").read_text()
     # self-contained: no resource is fetched (scripts and styles inline, figures inline SVG)
@@ -59,26 +61,10 @@ def test_a_second_run_reuses_the_finished_steps(report_dir, induction_model, tmp
     assert list(other.steps) == ["patch", "threshold"] and other.reused == ["patch"]
 
 
-def _browser():
-    driver = shutil.which("chromedriver")
-    browser = shutil.which("chromium") or shutil.which("chromium-browser")
-    if not driver or not browser:
-        pytest.skip("no headless browser: apt-get install chromium chromium-driver (Debian), then pip install selenium")
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
-
-    opts = webdriver.ChromeOptions()
-    opts.binary_location = browser
-    for a in ("--headless=new", "--no-sandbox", "--disable-gpu", "--window-size=1200,900"):
-        opts.add_argument(a)
-    opts.set_capability("goog:loggingPrefs", {"browser": "ALL", "performance": "ALL"})
-    return webdriver.Chrome(service=Service(driver), options=opts)
-
-
 def test_the_page_works_in_a_real_browser(report_dir, tmp_path):
     out, rep = report_dir
     page = out / "report.html"
-    b = _browser()
+    b = browser()
     try:
         b.get(page.resolve().as_uri())
         time.sleep(0.5)
@@ -100,7 +86,7 @@ def test_the_page_works_in_a_real_browser(report_dir, tmp_path):
         c = rep.steps["circuit"]
         label = lambda: b.find_element("id", "k-label").text  # noqa: E731
         # the page opens on the circuit found, marked, with its faithfulness
-        assert at_circuit == len(c.circuit) > 0 and "(the circuit)" in label()
+        assert at_circuit == len(c.circuit) > 0 and f"(the circuit: {len(c.circuit)} edges)" in label()
         assert f"f = {c.circuit_faithfulness:.3f}" in label()
         # every k is reachable, one edge at a time; f is shown where it was measured and said missing elsewhere
         for k in range(len(c.scores) + 1):

@@ -1,0 +1,335 @@
+"""The report page's circuit view: the circuit's graph laid out by layer, as a static SVG (what a reader sees where
+scripts do not run) and as the data the page's script redraws it from (a slider over every top-k prefix of the
+ranking, a tooltip per edge and node, paths through a clicked node, and a view of only the nodes the shown edges
+touch, for models with many heads).
+
+Layout, in pixels (`layout` here and `place` in the script are the same rule; the browser test checks they agree):
+rows from the input (bottom) through each layer's heads and MLP to the logits (top); a row's nodes evenly spaced,
+never closer than `SPACING`, so at 32 heads per layer a head's label ("H24", its layer named at the row's left) and
+its input ports never reach its neighbour's. A head's q port sits just below it; its k and v ports (a key/value
+head's: below the middle of its group of query heads) a sub-row lower, a quarter spacing to each side.
+
+Every number shown is one the result holds (scores, exact effects and their intervals, faithfulness where it was
+measured); nothing is computed here but positions and shares of the gap (m(full) - m(empty)).
+"""
+from __future__ import annotations
+
+import html
+import json
+
+import numpy as np
+
+SPACING = 44  # px between neighbouring nodes of a row
+MARGIN = 56  # px left and right of the rows (the left one holds the row names)
+MIN_WIDTH = 1000
+LAYER = 110  # px from one layer's heads to the next
+TOP = 24  # px above the logits row
+PORT_DY = {"q": 16, "k": 30, "v": 30}  # a port's offset below its head
+PORT_DX = {"q": 0.0, "k": -0.25, "v": 0.25}  # ... and beside it, in spacings
+TOUCHED_ABOVE = 16  # with more heads per layer than this, the view opens on the nodes the shown edges touch
+MAX_EDGES = 3000  # edges on the page: every edge up to this, else the top max(MAX_EDGES, the circuit's prefix)
+
+
+def _row_y(kind: str, layer: int, n_layers: int) -> float:
+    mlp = TOP + 50 + (n_layers - 1 - layer) * LAYER
+    return {"logits": TOP, "mlp": mlp, "head": mlp + 40, "input": TOP + 50 + (n_layers - 1) * LAYER + 40 + 70}[kind]
+
+
+def circuit_data(r) -> dict:
+    """What the page's script draws from: nodes (row, order within the row, port anchors), the scored edges in
+    ranking order (|score|) with estimated and exact effects, intervals and shares of the gap, the faithfulness
+    measured per k, and the circuit found (its prefix k, its edges, f and interval)."""
+    g = r.graph()
+    n_layers = g.graph["n_layers"]
+    nodes = []
+    for name, d in g.nodes(data=True):
+        kind = d["kind"]
+        n = {"id": name, "kind": kind, "name": d["label"], "layer": d.get("layer", -1)}
+        if kind == "port":
+            n["port"] = d["port"]
+            n["anchors"] = sorted(g.successors(name), key=lambda h: g.nodes[h]["head"])
+            n["row"] = f"p{d['layer']}{d['port']}"
+            n["y"] = _row_y("head", d["layer"], n_layers) + PORT_DY[d["port"]]
+            n["order"] = d.get("head", 0)
+            n["label"] = ""
+        else:
+            n["row"] = kind if kind in ("input", "logits") else f"{kind}{d['layer']}"
+            n["y"] = _row_y(kind, d["layer"], n_layers)
+            n["order"] = d.get("head", -1)
+            n["label"] = f"H{d['head']}" if kind == "head" else d["label"]
+        nodes.append(n)
+    rows = [{"y": _row_y("head", ly, n_layers), "label": f"L{ly}"} for ly in range(n_layers)]
+    rows += [{"y": _row_y("mlp", ly, n_layers), "label": f"MLP{ly}"} for ly in range(n_layers)
+             if any(n["kind"] == "mlp" and n["layer"] == ly for n in nodes)]
+    scores = np.asarray(r.scores, dtype=float)
+    order = np.argsort(-np.abs(scores), kind="stable")
+    by_index = {d["index"]: (u, v) for u, v, d in g.edges(data=True) if not d["internal"]}
+    exact = {int(k): float(v) for k, v in r.exact.items()}
+    ci = {int(k): v for k, v in (getattr(r, "exact_ci", None) or {}).items()}
+    inside = {int(e) for e in r.circuit}
+    prefix = int((r.search or {}).get("prefix", len(r.circuit)))
+    shipped = order[:max(MAX_EDGES, prefix)]
+    edges = []
+    for i in shipped:
+        i = int(i)
+        u, v = by_index[i]
+        lo, hi = ci.get(i, (None, None))
+        edges.append({"s": u, "r": v, "name": r.edge_names[i], "score": float(scores[i]), "exact": exact.get(i),
+                      "lo": lo if lo == lo else None, "hi": hi if hi == hi else None, "c": i in inside})
+    internal = [{"s": u, "r": v} for u, v, d in g.edges(data=True) if d["internal"]]
+    measured = {str(int(k)): float(f) for k, f in zip(r.curve_edges, r.curve)}
+    measured[str(prefix)] = float(r.circuit_faithfulness)
+    heads = max([sum(1 for n in nodes if n["kind"] == "head" and n["layer"] == ly) for ly in range(n_layers)] or [0])
+    lo, hi = r.circuit_faithfulness_ci
+    return {"nodes": nodes, "edges": edges, "internal": internal, "rows": rows, "n_layers": n_layers,
+            "n_edges": int(r.n_edges), "circuit_k": prefix, "circuit_n": len(r.circuit),
+            "circuit_f": float(r.circuit_faithfulness), "circuit_lo": lo if lo == lo else None,
+            "circuit_hi": hi if hi == hi else None, "f_at": measured, "gap": float(r.full - r.empty),
+            "method": r.method, "verified": len(exact) if r.method != "exact" else None,
+            "touched": heads > TOUCHED_ABOVE, "geometry": {"spacing": SPACING, "margin": MARGIN,
+                                                          "min_width": MIN_WIDTH, "port_dx": PORT_DX},
+            "height": _row_y("input", 0, n_layers) + TOP + 6}
+
+
+def shown_nodes(data: dict, k: int, touched: bool) -> set[str]:
+    """The nodes drawn with the top `k` edges: all, or (touched) the input, the logits, the ends of the shown edges
+    and the heads a shown port feeds."""
+    if not touched:
+        return {n["id"] for n in data["nodes"]}
+    ports = {n["id"]: n for n in data["nodes"] if n["kind"] == "port"}
+    on = {"input", "logits"}
+    for e in data["edges"][:k]:
+        for x in (e["s"], e["r"]):
+            on.add(x)
+            if x in ports:
+                on.update(ports[x]["anchors"])
+    return on
+
+
+def layout(data: dict, on: set[str]) -> tuple[dict[str, tuple[float, float]], float]:
+    """({node: (x, y)}, width) for the nodes `on` (the script's `place`)."""
+    geo = data["geometry"]
+    rows: dict[str, list] = {}
+    for n in data["nodes"]:
+        if n["id"] in on and n["kind"] != "port":
+            rows.setdefault(n["row"], []).append(n)
+    widest = max([len(v) for v in rows.values()] or [1])
+    width = max(geo["min_width"], 2 * geo["margin"] + (widest + 1) * geo["spacing"])
+    pos = {}
+    for members in rows.values():
+        members.sort(key=lambda n: (n["order"], n["id"]))
+        for i, n in enumerate(members):
+            pos[n["id"]] = (geo["margin"] + (width - 2 * geo["margin"]) * (i + 1) / (len(members) + 1), n["y"])
+    for n in data["nodes"]:
+        if n["id"] in on and n["kind"] == "port":
+            xs = [pos[h][0] for h in n["anchors"] if h in pos]
+            if xs:
+                pos[n["id"]] = (sum(xs) / len(xs) + geo["port_dx"][n["port"]] * geo["spacing"], n["y"])
+    return pos, width
+
+
+FILL = {"input": "#999", "logits": "#999", "head": "#ffbb78", "mlp": "#98df8a", "port": "#ddd"}
+
+
+def _fmt(x: float) -> str:
+    return f"{x:.1f}".rstrip("0").rstrip(".")
+
+
+def static_svg(data: dict) -> str:
+    """The circuit found as SVG markup (what the page shows before, or without, its script): the top-k prefix's edges
+    (those on no complete path dashed), the nodes of the default view, row names, and each element's numbers in a
+    <title>."""
+    k, touched = data["circuit_k"], data["touched"]
+    on = shown_nodes(data, k, touched)
+    pos, width = layout(data, on)
+    maxs = max([abs(e["score"]) for e in data["edges"]] or [1]) or 1
+    out = [f"<svg id='circuit-svg' xmlns='http://www.w3.org/2000/svg' width='{_fmt(width)}' "
+           f"height='{_fmt(data['height'])}' viewBox='0 0 {_fmt(width)} {_fmt(data['height'])}' role='img' "
+           f"aria-label='the circuit: {data['circuit_n']} edges'>"]
+    out += [f"<text class='row' x='6' y='{_fmt(row['y'] + 4)}'>{html.escape(row['label'])}</text>"
+            for row in data["rows"]]
+    out += [f"<line class='internal' x1='{_fmt(pos[e['s']][0])}' y1='{_fmt(pos[e['s']][1])}' "
+            f"x2='{_fmt(pos[e['r']][0])}' y2='{_fmt(pos[e['r']][1])}'/>" for e in data["internal"]
+            if e["s"] in pos and e["r"] in pos]
+    for i, e in enumerate(data["edges"][:k]):
+        (x1, y1), (x2, y2) = pos[e["s"]], pos[e["r"]]
+        dash = "" if e["c"] else " stroke-dasharray='4 3'"
+        out.append(f"<path class='edge' d='{edge_path(x1, y1, x2, y2)}' stroke='{'#1f77b4' if e['score'] >= 0 else '#d62728'}' "
+                   f"stroke-width='{0.5 + 5 * abs(e['score']) / maxs:.2f}'{dash}><title>"
+                   f"{html.escape(edge_tip(data, i, e))}</title></path>")
+    for n in data["nodes"]:
+        if n["id"] not in pos:
+            continue
+        x, y = pos[n["id"]]
+        label = (f"<text x='{_fmt(x)}' y='{_fmt(y - 9)}' text-anchor='middle'>{html.escape(n['label'])}</text>"
+                 if n["label"] else "")
+        out.append(f"<g class='node' data-id='{html.escape(n['id'])}'><circle cx='{_fmt(x)}' cy='{_fmt(y)}' "
+                   f"r='{3 if n['kind'] == 'port' else 6}' fill='{FILL.get(n['kind'], '#ccc')}'/>{label}"
+                   f"<title>{html.escape(n['name'])}</title></g>")
+    out.append("</svg>")
+    return "".join(out)
+
+
+def edge_path(x1: float, y1: float, x2: float, y2: float) -> str:
+    """A gentle curve from sender to receiver (the script draws the same)."""
+    return f"M{_fmt(x1)},{_fmt(y1)} Q{_fmt((x1 + x2) / 2 + 20)},{_fmt((y1 + y2) / 2)} {_fmt(x2)},{_fmt(y2)}"
+
+
+def _share(v: float, gap: float) -> str:
+    return f"{100 * v / gap:.1f}% of the gap" if abs(gap) > 1e-12 else "gap is zero"
+
+
+def edge_tip(data: dict, rank: int, e: dict) -> str:
+    """An edge's numbers, as its tooltip says them (the script's `edgeTip`)."""
+    lines = [e["name"], f"rank {rank + 1} of {data['n_edges']}",
+             f"estimated ({data['method']}) {e['score']:+.4f}, {_share(e['score'], data['gap'])}"]
+    if e["exact"] is None:
+        lines.append("exact: not measured (only the top-ranked edges are verified)")
+    else:
+        ci = f" [{e['lo']:+.4f}, {e['hi']:+.4f}]" if e["lo"] is not None else ""
+        lines.append(f"exact {e['exact']:+.4f}{ci}, {_share(e['exact'], data['gap'])}")
+    lines.append("in the circuit" if e["c"] else "not in the circuit")
+    return "\n".join(lines)
+
+
+def view(r) -> str:
+    """The circuit view's markup: controls, the static SVG, the tooltip and the data for the script."""
+    data = circuit_data(r)
+    blob = json.dumps(data).replace("</", "<\\/")
+    checked = " checked" if data["touched"] else ""
+    # the controls are hidden until the script runs (without it the page shows the circuit found, labelled)
+    return ("<div id='circuit-view'><div class='controls'><span id='k-controls' hidden><label for='k'>edges shown"
+            f"</label> <input type='range' id='k' min='0' max='{len(data['edges'])}' step='1' "
+            f"value='{data['circuit_k']}'></span> <span id='k-label'>{html.escape(k_label(data, data['circuit_k']))}"
+            f"</span> <label id='touched-control' hidden><input type='checkbox' id='touched'{checked}> only the nodes "
+            "these edges touch</label></div>"
+            f"<div class='scroll'>{static_svg(data)}</div><div id='tip' role='tooltip' hidden></div>"
+            "<p class='hint'>hover an edge or node for its numbers; click a node to highlight the paths through it "
+            "(click again to clear); dashed edges of the prefix lie on no complete path and are not in the circuit"
+            "</p></div>"
+            f"<script id='circuit-data' type='application/json'>{blob}</script>")
+
+
+def k_label(data: dict, k: int) -> str:
+    """The slider's label (the script's `kLabel`)."""
+    f = data["f_at"].get(str(k))
+    of = f"{data['n_edges']} edges" + (f" (the top {len(data['edges'])} on this page)"
+                                       if len(data["edges"]) < data["n_edges"] else "")
+    text = f"top {k} of {of}, " + ("faithfulness not measured at this k" if f is None else f"faithfulness f = {f:.3f}")
+    if k == data["circuit_k"]:
+        ci = (f" [{data['circuit_lo']:.3f}, {data['circuit_hi']:.3f}]" if data["circuit_lo"] is not None else "")
+        text += f"{ci} (the circuit: {data['circuit_n']} edges)"
+    return text
+
+
+CSS = """
+#circuit-view .scroll{overflow-x:auto;border:1px solid #ddd;background:#fff}
+#circuit-svg{display:block}#circuit-svg text{font-size:10px;fill:#222}#circuit-svg text.row{font-weight:600;fill:#555}
+.node circle{stroke:#333;stroke-width:1;cursor:pointer}.node text{pointer-events:none}.node .hit{fill:transparent;stroke:none}
+.edge{fill:none}.edge.dim{opacity:.08}.internal{stroke:#bbb;stroke-width:1}.node.on circle{stroke-width:3}
+#tip{position:fixed;z-index:10;background:#fff;border:1px solid #888;border-radius:4px;padding:.4em .6em;
+font-size:12px;white-space:pre;box-shadow:0 2px 6px rgba(0,0,0,.2);pointer-events:none}
+"""
+
+JS = r"""
+(function(){
+  var holder = document.getElementById('circuit-data');
+  if (!holder) return;
+  var d = JSON.parse(holder.textContent), svg = document.getElementById('circuit-svg');
+  var NS = 'http://www.w3.org/2000/svg', G = d.geometry, H = d.height;
+  var byId = {}; d.nodes.forEach(function(n){ byId[n.id] = n; });
+  var maxs = 0; d.edges.forEach(function(e){ maxs = Math.max(maxs, Math.abs(e.score)); }); maxs = maxs || 1;
+  var slider = document.getElementById('k'), label = document.getElementById('k-label');
+  var touched = document.getElementById('touched'), tip = document.getElementById('tip');
+  var k = +slider.value, chosen = null, pos = {}, lines = [];
+  function el(tag, attrs){ var x = document.createElementNS(NS, tag); for (var a in attrs) x.setAttribute(a, attrs[a]); return x; }
+  function fmt(x){ var s = x.toFixed(1); return s.replace(/\.0$/, ''); }
+  function signed(x){ return (x >= 0 ? '+' : '') + x.toFixed(4); }
+  function share(v){ return Math.abs(d.gap) > 1e-12 ? (100 * v / d.gap).toFixed(1) + '% of the gap' : 'gap is zero'; }
+  function edgeTip(i, e){
+    var t = [e.name, 'rank ' + (i + 1) + ' of ' + d.n_edges,
+             'estimated (' + d.method + ') ' + signed(e.score) + ', ' + share(e.score)];
+    if (e.exact === null) t.push('exact: not measured (only the top-ranked edges are verified)');
+    else t.push('exact ' + signed(e.exact) + (e.lo === null ? '' : ' [' + signed(e.lo) + ', ' + signed(e.hi) + ']') +
+                ', ' + share(e.exact));
+    t.push(e.c ? 'in the circuit' : 'not in the circuit'); return t.join('\n'); }
+  function kLabel(k){
+    var f = d.f_at[String(k)], n = d.edges.length;
+    var s = 'top ' + k + ' of ' + d.n_edges + ' edges' + (n < d.n_edges ? ' (the top ' + n + ' on this page)' : '') + ', ' +
+      (f === undefined ? 'faithfulness not measured at this k' : 'faithfulness f = ' + f.toFixed(3));
+    if (k === d.circuit_k) s += (d.circuit_lo === null ? '' : ' [' + d.circuit_lo.toFixed(3) + ', ' + d.circuit_hi.toFixed(3) + ']') +
+      ' (the circuit: ' + d.circuit_n + ' edges)';
+    return s; }
+  function shownNodes(k, only){
+    var on = {};
+    if (!only){ d.nodes.forEach(function(n){ on[n.id] = 1; }); return on; }
+    on.input = 1; on.logits = 1;
+    d.edges.slice(0, k).forEach(function(e){ [e.s, e.r].forEach(function(x){ on[x] = 1;
+      if (byId[x].kind === 'port') byId[x].anchors.forEach(function(h){ on[h] = 1; }); }); });
+    return on; }
+  function place(on){
+    var rows = {}, widest = 1, p = {};
+    d.nodes.forEach(function(n){ if (on[n.id] && n.kind !== 'port'){ (rows[n.row] = rows[n.row] || []).push(n); } });
+    for (var r in rows) widest = Math.max(widest, rows[r].length);
+    var W = Math.max(G.min_width, 2 * G.margin + (widest + 1) * G.spacing);
+    for (var r2 in rows){ var m = rows[r2];
+      m.sort(function(a, b){ return a.order - b.order || (a.id < b.id ? -1 : a.id > b.id ? 1 : 0); });
+      m.forEach(function(n, i){ p[n.id] = [G.margin + (W - 2 * G.margin) * (i + 1) / (m.length + 1), n.y]; }); }
+    d.nodes.forEach(function(n){ if (on[n.id] && n.kind === 'port'){
+      var xs = n.anchors.filter(function(h){ return p[h]; }).map(function(h){ return p[h][0]; });
+      if (xs.length) p[n.id] = [xs.reduce(function(a, b){ return a + b; }, 0) / xs.length + G.port_dx[n.port] * G.spacing, n.y]; } });
+    return [p, W]; }
+  function showTip(ev, text){ tip.textContent = text; tip.hidden = false;
+    tip.style.left = (ev.clientX + 14) + 'px'; tip.style.top = (ev.clientY + 14) + 'px'; }
+  function hideTip(){ tip.hidden = true; }
+  function build(){
+    var placed = place(shownNodes(k, touched.checked)), W = placed[1]; pos = placed[0];
+    while (svg.firstChild) svg.removeChild(svg.firstChild);
+    svg.setAttribute('width', fmt(W)); svg.setAttribute('viewBox', '0 0 ' + fmt(W) + ' ' + fmt(H));
+    d.rows.forEach(function(r){ var t = el('text', {'class': 'row', x: 6, y: fmt(r.y + 4)}); t.textContent = r.label; svg.appendChild(t); });
+    var gi = el('g', {}), ge = el('g', {id: 'edges'}), gn = el('g', {id: 'nodes'});
+    svg.appendChild(gi); svg.appendChild(ge); svg.appendChild(gn);
+    d.internal.forEach(function(e){ var a = pos[e.s], b = pos[e.r]; if (!a || !b) return;
+      gi.appendChild(el('line', {x1: fmt(a[0]), y1: fmt(a[1]), x2: fmt(b[0]), y2: fmt(b[1]), 'class': 'internal'})); });
+    lines = d.edges.map(function(e, i){
+      var a = pos[e.s], b = pos[e.r]; if (!a || !b) return null;
+      var p = el('path', {d: 'M' + fmt(a[0]) + ',' + fmt(a[1]) + ' Q' + fmt((a[0] + b[0]) / 2 + 20) + ',' + fmt((a[1] + b[1]) / 2) +
+        ' ' + fmt(b[0]) + ',' + fmt(b[1]), 'class': 'edge', stroke: e.score >= 0 ? '#1f77b4' : '#d62728',
+        'stroke-width': (0.5 + 5 * Math.abs(e.score) / maxs).toFixed(2), 'data-rank': i + 1});
+      if (!e.c) p.setAttribute('stroke-dasharray', '4 3');
+      p.addEventListener('mousemove', function(ev){ showTip(ev, edgeTip(i, e)); });
+      p.addEventListener('mouseleave', hideTip);
+      ge.appendChild(p); return p; });
+    d.nodes.forEach(function(n){ var c = pos[n.id]; if (!c) return;
+      var g = el('g', {'class': 'node', 'data-id': n.id});
+      g.appendChild(el('circle', {cx: fmt(c[0]), cy: fmt(c[1]), r: n.kind === 'port' ? 3 : 6, fill:
+        {input: '#999', logits: '#999', head: '#ffbb78', mlp: '#98df8a', port: '#ddd'}[n.kind] || '#ccc'}));
+      g.appendChild(el('circle', {'class': 'hit', cx: fmt(c[0]), cy: fmt(c[1]), r: n.kind === 'port' ? 5 : 8}));
+      if (n.label){ var t = el('text', {x: fmt(c[0]), y: fmt(c[1] - 9), 'text-anchor': 'middle'}); t.textContent = n.label; g.appendChild(t); }
+      g.addEventListener('click', function(){ chosen = chosen === n.id ? null : n.id; draw(); });
+      g.addEventListener('mousemove', function(ev){ showTip(ev, nodeTip(n)); });
+      g.addEventListener('mouseleave', hideTip);
+      gn.appendChild(g); });
+    draw(); }
+  function nodeTip(n){ var i = 0, o = 0;
+    d.edges.slice(0, k).forEach(function(e){ if (e.r === n.id) i++; if (e.s === n.id) o++; });
+    return n.name + '\n' + i + ' shown edge' + (i === 1 ? '' : 's') + ' in, ' + o + ' out'; }
+  function links(){ var on = d.edges.slice(0, k); return on.concat(d.internal); }
+  function reach(from, fwd){ var seen = {}; seen[from] = 1; var todo = [from], on = links();
+    while (todo.length){ var x = todo.pop(); on.forEach(function(e){ var a = fwd ? e.s : e.r, b = fwd ? e.r : e.s;
+      if (a === x && !seen[b]){ seen[b] = 1; todo.push(b); } }); } return seen; }
+  function draw(){
+    label.textContent = kLabel(k);
+    var up = chosen ? reach(chosen, false) : null, down = chosen ? reach(chosen, true) : null;
+    lines.forEach(function(p, i){ if (!p) return; var e = d.edges[i];
+      p.style.display = i < k ? '' : 'none';
+      var lit = !chosen || ((up[e.r] && up[e.s]) || (down[e.s] && down[e.r]));
+      p.setAttribute('class', 'edge' + (lit ? '' : ' dim')); });
+    Array.prototype.forEach.call(svg.querySelectorAll('g.node'), function(g){
+      g.setAttribute('class', 'node' + (chosen && g.getAttribute('data-id') === chosen ? ' on' : '')); }); }
+  slider.addEventListener('input', function(){ k = +slider.value; if (touched.checked) build(); else draw(); });
+  touched.addEventListener('change', build);
+  document.getElementById('k-controls').hidden = false; document.getElementById('touched-control').hidden = false;
+  build();
+})();
+"""
