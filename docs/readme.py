@@ -34,8 +34,8 @@ ROOT = Path(__file__).resolve().parent.parent
 TIMINGS = ROOT / "docs" / "timings.json"
 BENCH = ROOT / "bench" / "results"
 FAST = os.environ.get("SURGEON_README") == "check"  # set by --check: slow blocks keep their text
-# the files whose blocks are generated: the README and every page of the documentation site, in this order
-PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+# the files whose blocks are generated: every page of the documentation site and the README, in this order
+PAGES = [*sorted((ROOT / "docs").glob("*.md")), ROOT / "README.md"]  # the README last: it quotes times measured there
 RESULTS: dict[str, dict] = {}  # --out results of the commands run so far, by the name given to `run`
 _WORK = Path(tempfile.mkdtemp(prefix="surgeon-readme-"))
 
@@ -125,9 +125,10 @@ def run(cmd: str, *, show: str | None = None, keep=None, drop=(), slow: bool = F
     cog.outl("```")
 
 
-def report_example(cmd: str, page: str, png: str, keep=None) -> None:
-    """Run `surgeon report` (a slow block: a check keeps the previous text), then photograph its page's circuit view
-    in headless Chromium (Selenium) into `png`."""
+def report_example(cmd: str, page: str, png: str, keep=None, paper_png: str | None = None) -> None:
+    """Run `surgeon report` (a slow block: a check keeps the previous text) into an empty folder, then photograph its
+    page's circuit view in headless Chromium (Selenium) into `png`; with `paper_png`, compile its paper/main.tex (a
+    copy, in a temporary folder) and render the first page to that image."""
     cog = _cog()
     if FAST:
         cog.out(cog.previous)
@@ -136,6 +137,8 @@ def report_example(cmd: str, page: str, png: str, keep=None) -> None:
 
     shutil.rmtree(ROOT / Path(page).parent, ignore_errors=True)  # a fresh run into an empty folder: its time is real
     run(cmd, keep=keep)
+    if paper_png:
+        paper_page(ROOT / Path(page).parent, ROOT / paper_png)
     from selenium import webdriver
     from selenium.webdriver.chrome.service import Service
 
@@ -149,6 +152,47 @@ def report_example(cmd: str, page: str, png: str, keep=None) -> None:
         b.find_element("id", "circuit-view").screenshot(str(ROOT / png))
     finally:
         b.quit()
+
+
+def paper_page(report_dir: Path, png: Path) -> None:
+    """Compile a report's paper/main.tex as its README says (pdflatex, bibtex, pdflatex twice) in a copy of the report
+    folder, and render its second page (the first of the results: tables) to `png` (pdftoppm)."""
+    import shutil
+
+    work = _WORK / f"paper-{report_dir.name}"
+    shutil.rmtree(work, ignore_errors=True)
+    shutil.copytree(report_dir, work)
+    paper = work / "paper"
+    for argv in (["pdflatex", "-interaction=nonstopmode", "main"], ["bibtex", "main"],
+                 ["pdflatex", "-interaction=nonstopmode", "main"], ["pdflatex", "-interaction=nonstopmode", "main"]):
+        r = subprocess.run(argv, cwd=paper, capture_output=True, text=True)
+        if r.returncode:
+            raise SystemExit(f"{' '.join(argv)} failed in {paper}:\n{r.stdout[-3000:]}")
+    subprocess.run(["pdftoppm", "-png", "-r", "70", "-f", "2", "-l", "2", "-singlefile", "main.pdf", str(png.with_suffix(""))],
+                   cwd=paper, check=True)
+
+
+def report_times(cases: list[tuple[str, str]]) -> None:
+    """A table of `surgeon report` wall times: each command run fresh into an empty folder, then again over the same
+    folder (every step reused: the resume); both measured now (a slow block: a check keeps the previous table)."""
+    cog = _cog()
+    if FAST:
+        cog.out(cog.previous)
+        return
+    import shutil
+
+    out("| case | `surgeon report`, fresh | rerun over the same folder (every step reused) |\n|---|---|---|")
+    for case, cmd in cases:
+        folder = ROOT / shlex.split(cmd)[shlex.split(cmd).index("--out") + 1]
+        if not str(folder).startswith(str(ROOT / "docs")):  # the committed example is written by report_example
+            shutil.rmtree(folder, ignore_errors=True)
+            execute(cmd)
+        fresh = _timings()[cmd]
+        execute(cmd)  # over the finished folder: execute records this time under cmd ...
+        t = _timings()
+        t[cmd + "  # rerun"], t[cmd] = t[cmd], fresh  # ... kept as the rerun's, the fresh one put back
+        TIMINGS.write_text(json.dumps(t, indent=1, sort_keys=True) + "\n")
+        out(f"| {case} | {timing(cmd)} | {timing(cmd + '  # rerun')} |")
 
 
 def _in_empty_folder(path: str, name: str, argv: list[str]) -> tuple[str, str]:

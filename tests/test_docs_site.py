@@ -24,6 +24,13 @@ def test_the_readme_is_short_and_shows_the_own_model_path_and_the_report():
     assert "hf download" in first_screen and "![The decimal organism's circuit" in first_screen
     for link in re.findall(r"\]\(((?:docs/)?[\w./-]+\.(?:md|png|html|cff))\)", text) + ["LICENSE", "CHANGELOG.md"]:
         assert (ROOT / link).exists(), link
+    # the report's circuit view and a page of its compiled paper, both images written by docs/readme.py
+    assert "docs/report-decimal-paper.png" in text
+    from PIL import Image
+
+    for png in ("docs/report-decimal.png", "docs/report-decimal-paper.png"):
+        colours = Image.open(ROOT / png).convert("RGB").getcolors(maxcolors=1 << 20)
+        assert colours is None or len(colours) > 20, png  # not blank
 
 
 def test_the_site_builds_without_a_warning(tmp_path):

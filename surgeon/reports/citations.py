@@ -107,6 +107,21 @@ REFERENCES: dict[str, tuple[str, str]] = {
   pages = {1--26},
   year = {1979}
 }"""),
+    "elhage2021framework": ("Elhage et al., 2021", """@misc{elhage2021framework,
+  title = {A Mathematical Framework for Transformer Circuits},
+  author = {Elhage, Nelson and Nanda, Neel and Olsson, Catherine and Henighan, Tom and Joseph, Nicholas and
+            Mann, Ben and Askell, Amanda and Bai, Yuntao and Chen, Anna and Conerly, Tom and others},
+  howpublished = {Transformer Circuits Thread},
+  url = {https://transformer-circuits.pub/2021/framework/index.html},
+  year = {2021}
+}"""),
+    "nostalgebraist2020lens": ("nostalgebraist, 2020", """@misc{nostalgebraist2020lens,
+  title = {interpreting {GPT}: the logit lens},
+  author = {nostalgebraist},
+  howpublished = {LessWrong},
+  url = {https://www.lesswrong.com/posts/AcKRB8wDpdaN6v6ru/interpreting-gpt-the-logit-lens},
+  year = {2020}
+}"""),
 }
 
 # an edge-scoring method (`surgeon.circuits.methods.METHODS`) as a paper names it, and what to cite for it

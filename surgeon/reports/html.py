@@ -51,6 +51,19 @@ def methods_paragraph(rep, how: str = "text") -> str:
         parts.append("Each attention head's output (before W_O) was patched alone from the good format's run into the "
                      f"failing one at the aligned positions (activation patching {cite('heimersheim2024patching')}); "
                      "repair fraction = (patched - failing) / (good - failing) of the mean score.")
+    if "dla" in o:
+        parts.append("Direct logit attribution split each format's logit difference (correct - incorrect answer) into "
+                     "the direct effects of the embeddings, every head, every MLP and the biases, through the final "
+                     f"norm's scale as measured on each item {cite('elhage2021framework')}; the logit lens read the "
+                     f"residual stream after each layer through the final norm and unembedding "
+                     f"{cite('nostalgebraist2020lens')}.")
+    if "positions" in o:
+        parts.append(f"Layer {', '.join(map(str, o['positions']['layers']))}'s heads were also patched one aligned "
+                     "position at a time, over the items that have the position.")
+    if "attention" in o:
+        parts.append(f"The attention patterns of the circuit's {len(o['attention']['heads'])} strongest heads "
+                     f"({', '.join(o['attention']['heads'])}, by the summed |score| of their circuit edges) are shown "
+                     "on the first item in every format.")
     if "threshold" in o:
         t, r = o["threshold"], st.get("threshold")
         rate = t.get("item_rate", 1.0)

@@ -37,11 +37,12 @@ def main_tex(rep, tables: list[str], figures: list[tuple[str, str]]) -> str:
     """A document inputting methods.tex, the tables (file names in paper/) and the figures ((step, file name), PDFs in
     ../figures), with the bibliography ../references.bib."""
     figs = "".join(
-        ("\\clearpage\n" if i % 4 == 0 else "") + "\\begin{figure}[t]\n\\centering\n\\includegraphics[width=\\linewidth,height=0.75\\textheight,keepaspectratio]{../figures/" + f"{step}-{name[:-4]}.pdf"
+        ("\\clearpage\n" if i % 4 == 0 else "") + "\\begin{figure}[htbp]\n\\centering\n\\includegraphics[width=\\linewidth,height=0.75\\textheight,keepaspectratio]{../figures/" + f"{step}-{name[:-4]}.pdf"
         + "}\n\\caption{" + CAPTIONS.get((step, name), tex_escape(f"{step}: {name[:-4]}.")) + "}\n\\end{figure}\n"
         for i, (step, name) in enumerate(figures))
     return ("\\documentclass{article}\n\\usepackage[T1]{fontenc}\n\\usepackage{lmodern}\n\\usepackage{graphicx}\n"
-            "\\usepackage{booktabs}\n\\begin{document}\n\\section*{Methods}\n\\input{methods}\n\n"
-            "\\section*{Results}\n" + "".join(("\\clearpage\n" if i and i % 4 == 0 else "") + f"\\input{{{t[:-4]}}}\n"
+            "\\usepackage{booktabs}\n\\title{" + tex_escape(f"surgeon report: {rep.case}") + "}\n\\date{}\n"
+            "\\begin{document}\n\\maketitle\n\\section*{Methods}\n\\input{methods}\n\n"
+            "\\clearpage\n\\section*{Results}\n" + "".join(("\\clearpage\n" if i and i % 4 == 0 else "") + f"\\input{{{t[:-4]}}}\n"
                                           for i, t in enumerate(tables)) + figs +
             "\\bibliographystyle{plain}\n\\bibliography{../references}\n\\end{document}\n")

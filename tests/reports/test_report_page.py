@@ -39,6 +39,20 @@ def test_the_report_runs_every_step_and_writes_one_page(report_dir):
     methods = re.search(r"<p id='methods'>(.*?)</p>", page, re.S).group(1)
     assert "organism:induction" in methods and f"{len(rep.facts['formats'])} prompt formats" in methods
     assert "torch" in methods and "alignment" in methods
+    # the steps the page adds: DLA and the logit lens, per-position patching of the patched layer, the attention of
+    # the circuit's strongest heads (by the summed |score| of their circuit edges, counted here from the edge names)
+    assert "Direct logit attribution" in methods and "(Elhage et al., 2021)" in methods
+    assert rep.options["positions"]["layers"] == [rep.options["threshold"]["layer"]]
+    c = rep.steps["circuit"]
+    weight = {}
+    for e in c.circuit:
+        for layer, head in re.findall(r"a(\d+)\.h(\d+)", c.edge_names[e]):
+            weight[f"L{layer}H{head}"] = weight.get(f"L{layer}H{head}", 0) + abs(c.scores[e])
+    strongest = sorted(weight, key=lambda h: -weight[h])[:4]
+    assert rep.steps["attention"].heads == strongest and ", ".join(strongest) in methods
+    assert {p.format for p in rep.steps["attention"].patterns} == set(rep.facts["formats"])
+    for step in ("dla", "positions", "patch", "threshold", "blend", "circuit", "diagnose"):
+        assert f"<table class='data sortable' id='table-{step}'>" in page
     figs = sorted(p.name for p in (out / "figures").iterdir())
     assert any(f.endswith(".pdf") for f in figs) and any(f.endswith(".svg") for f in figs)
     assert len([f for f in figs if f.endswith(".pdf")]) == len([f for f in figs if f.endswith(".svg")])
@@ -99,6 +113,14 @@ def test_the_page_works_in_a_real_browser(report_dir, tmp_path):
         b.execute_script("document.querySelector('#circuit-svg g.node[data-id=\"logits\"]')"
                          ".dispatchEvent(new MouseEvent('click'))")
         assert b.find_elements("css selector", "#circuit-svg g.node.on")
+        # a table sorts on a click on its header: ascending, then descending
+        col = "return Array.prototype.map.call(document.querySelectorAll('#table-patch tbody tr'), function(r){ " \
+              "return parseFloat(r.cells[1].getAttribute('data-sort')); });"
+        before = b.execute_script(col)
+        b.find_element("css selector", "#table-patch thead th:nth-child(2)").click()
+        assert b.execute_script(col) == sorted(before)
+        b.find_element("css selector", "#table-patch thead th:nth-child(2)").click()
+        assert b.execute_script(col) == sorted(before, reverse=True)
         # a screenshot of the page is not blank
         shot = tmp_path / "shot.png"
         b.save_screenshot(str(shot))
