@@ -73,9 +73,9 @@ def read(case, model=None) -> Case:
 def case_and_model(case, model=None, *, device: str | None = None, dtype: str = "float32", metric=None):
     """(Case, model): the case read and checked (a path, a shipped case's name, or a Case), and the model: the
     case's when None, loaded by spec when a string, else the model given: a HookedTransformer, a Hugging Face
-    model (converted as checkpoints are; its tokenizer from the files it was loaded from) or (model, tokenizer).
-    A case may leave out `model` when one is given here. `metric` (a name or a function) replaces the case's
-    (see `surgeon.spec.metrics`)."""
+    model (converted as checkpoints are; its tokenizer from the files it was loaded from) or (model, tokenizer)
+    (a HookedTransformer gets the tokenizer set on it). A case may leave out `model` when one is given here.
+    `metric` (a name or a function) replaces the case's (see `surgeon.spec.metrics`)."""
     case = read(case, model)
     if metric is not None:
         case = replace(case, metric=metric)
@@ -85,7 +85,10 @@ def case_and_model(case, model=None, *, device: str | None = None, dtype: str = 
             check_case_against_model(case)  # says what to do
         model = load_model(str(model or case.model), device=device_of(device), dtype=dtype)
         return case, model
-    if isinstance(model, tuple):
+    if isinstance(model, tuple) and len(model) == 2 and hasattr(model[0], "run_with_hooks"):
+        model[0].set_tokenizer(model[1])  # (HookedTransformer, tokenizer): the tokenizer goes on the model
+        model = model[0]
+    elif isinstance(model, tuple):
         model = from_hf(*model, device=device)
     elif not hasattr(model, "run_with_hooks"):
         model = from_hf(model, device=device)

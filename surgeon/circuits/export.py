@@ -12,6 +12,7 @@ Every writer shows the circuit (the edges with `in_circuit`); the JSON formats c
 from __future__ import annotations
 
 import json
+import re
 import math
 from pathlib import Path
 
@@ -371,7 +372,11 @@ def read_circuit(path: Path) -> dict:
         if not (isinstance(names, list) and all(isinstance(n, str) for n in names) and isinstance(chosen, list)
                 and all(isinstance(e, int) and not isinstance(e, bool) and 0 <= e < len(names) for e in chosen)):
             raise AnalysisError("field 'circuit' must list indices into 'edge_names'", field="result.circuit", **bad)
-        sem = (inner.get("options") or {}).get("semantics")
+        options = inner.get("options") or {}
+        if not isinstance(options, dict):
+            raise AnalysisError(f"field 'options' is a {type(options).__name__}, not an object", field="result.options",
+                                **bad)
+        sem = _semantics_field(options.get("semantics"), "result.options.semantics", bad)
         return {"edges": {n: i in set(chosen) for i, n in enumerate(names)}, "semantics": sem, "cfg": None}
     edges = data.get("edges")
     if isinstance(edges, dict):  # MIB / EAP-IG
@@ -387,8 +392,12 @@ def read_circuit(path: Path) -> dict:
                 raise AnalysisError(f"edge {str(n)[:60]!r} has score {score!r}: an edge's effect is a difference of "
                                     f"log-probabilities, never past {MAX_SCORE:g}", field="edges", **bad)
             out[n] = d["in_graph"]
-        cfg = data.get("cfg") if isinstance(data.get("cfg"), dict) else None
-        return {"edges": out, "semantics": data.get("semantics", "kept"), "cfg": cfg}  # MIB's circuits are kept sets
+        cfg = data.get("cfg")
+        if cfg is not None and not isinstance(cfg, dict):
+            raise AnalysisError(f"field 'cfg' is a {type(cfg).__name__}, not an object of the model's shape",
+                                field="cfg", **bad)
+        sem = _semantics_field(data.get("semantics", "kept"), "semantics", bad)  # MIB's circuits are kept sets
+        return {"edges": out, "semantics": sem, "cfg": cfg}
     if isinstance(edges, list):  # node-link
         out = {}
         for d in edges:
@@ -396,8 +405,20 @@ def read_circuit(path: Path) -> dict:
                 raise AnalysisError("a node-link edge has no 'name'", field="edges", **bad)
             if not d.get("internal"):
                 out[d["name"]] = bool(d.get("in_circuit"))
-        return {"edges": out, "semantics": (data.get("graph") or {}).get("semantics"), "cfg": None}
+        graph = data.get("graph") or {}
+        if not isinstance(graph, dict):
+            raise AnalysisError(f"field 'graph' is a {type(graph).__name__}, not an object", field="graph", **bad)
+        return {"edges": out, "semantics": _semantics_field(graph.get("semantics"), "graph.semantics", bad),
+                "cfg": None}
     raise AnalysisError("the file holds no circuit edges", **bad)
+
+
+def _semantics_field(value, field: str, bad: dict):
+    """A file's recorded semantics: a name (checked against the known ones where it is used) or absent."""
+    if value is not None and not isinstance(value, str):
+        raise AnalysisError(f"field {field!r} is a {type(value).__name__}, not a name such as 'kept'", field=field,
+                            **bad)
+    return value
 
 
 def read_edges(path: Path) -> list[str]:
@@ -424,13 +445,9 @@ def edges_for_model(circuit: dict, site, cfg, where: str = "") -> list[int]:
     groups: dict[int, dict[str, bool]] = {}
     for name, inside in circuit["edges"].items():
         target = name
-        if name not in index and G != H and "->" in name and name.endswith(("<k>", "<v>")):
-            snd, rcv = name.split("->", 1)
-            head, port = rcv[:-1].split("<")
-            if head.startswith("a") and ".h" in head:
-                layer, h = head[1:].split(".h")
-                if h.isdigit():
-                    target = f"{snd}->a{layer}.g{int(h) // (H // G)}<{port}>"
+        m = re.fullmatch(r"(?P<snd>[^<>]+)->a(?P<layer>\d+)\.h(?P<h>\d+)<(?P<port>[kv])>", name)
+        if name not in index and G != H and m:  # EAP-IG's per-query-head name of a key/value edge
+            target = f"{m['snd']}->a{m['layer']}.g{int(m['h']) // (H // G)}<{m['port']}>"
         if target not in index:
             raise AnalysisError(f"no edge {name[:80]!r} in this model's graph", where=where, field="edges",
                                 fix="name edges as EAP-IG does (a0.h1->a1.h2<k>, input->m0, m1->logits) for this model")

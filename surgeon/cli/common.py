@@ -60,6 +60,9 @@ def add_metric(p: argparse.ArgumentParser) -> None:
                         "distribution) (default: the case's metric, else logprob; a function is a case field)")
 
 
+MAX_LAYERS = 100_000  # a layer number past this is a typo, not a model
+
+
 def parse_layers(text: str | None):
     if text is None:
         return None
@@ -72,13 +75,24 @@ def parse_layers(text: str | None):
                 if int(b) < int(a):
                     raise SurgeonError(f"layer range {part!r} runs backwards", field="--layers",
                                        fix=f"write it low to high: {b}-{a}")
+                if int(b) >= MAX_LAYERS:
+                    raise SurgeonError(f"layer range {part!r} runs past any model's layers", field="--layers",
+                                       fix="give the layers of your model, e.g. 0-31")
                 out += range(int(a), int(b) + 1)
             elif part:
                 out.append(int(part))
     except ValueError:
         raise SurgeonError(f"cannot read layers {text!r}", field="--layers", fix="write e.g. 3 or 0,2,5 or 0-4") from None
+    if not out:
+        raise SurgeonError(f"--layers {text!r} names no layer", field="--layers",
+                           fix="write e.g. 3 or 0,2,5 or 0-4, or leave --layers out for every layer")
     if any(L < 0 for L in out):
         raise SurgeonError(f"layers are numbered from 0, got {text!r}", field="--layers", fix="write e.g. 3 or 0,2,5 or 0-4")
+    if len(set(out)) < len(out):
+        twice = sorted({L for L in out if out.count(L) > 1})
+        warn(f"--layers {text} names layer{'s' if len(twice) > 1 else ''} {', '.join(map(str, twice))} more than "
+             "once; each layer runs once")
+        out = list(dict.fromkeys(out))
     return out
 
 

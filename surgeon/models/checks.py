@@ -28,8 +28,11 @@ def check_case_against_model(case, model=None) -> None:
         check_causal(model, where)
         c = model.cfg
         shp = ModelShape(c.n_layers, c.n_heads, getattr(c, "n_key_value_heads", None) or c.n_heads, c.d_model,
-                         bool(c.attn_only), c.n_ctx)
+                         bool(c.attn_only), c.n_ctx, c.d_vocab)
         tok = model.tokenizer
+        if tok is None:
+            raise CaseError("the model in memory has no tokenizer", where=where, field="model",
+                            fix="pass (model, tokenizer), or build it as HookedTransformer(cfg, tokenizer=tok)")
         organism = str(getattr(tok, "name_or_path", "")).startswith("surgeon-organism-")
     else:
         if case.model is None:
@@ -85,8 +88,8 @@ def check_case_against_model(case, model=None) -> None:
             raise CaseError(f"format {name!r} asks for the chat template, but the tokenizer has none", where=where,
                             field=f"formats[{name!r}]", fix="write the format out as a plain template string")
     _check_per_position(case, tok, where)
-    if shp.n_ctx:
-        _check_context(case, tok, shp.n_ctx, where)
+    if shp.n_ctx or shp.d_vocab:
+        _check_rows(case, tok, shp.n_ctx, shp.d_vocab, where)
 
 
 def _check_per_position(case, tok, where: str) -> None:
@@ -104,9 +107,10 @@ def _check_per_position(case, tok, where: str) -> None:
                     raise CaseError(f"{e.message} (format {name!r})", where=where, field=e.field, fix=e.fix) from None
 
 
-def _check_context(case, tok, n_ctx: int, where: str) -> None:
-    """Every row the model is fed must fit in its context: the prompt and the answer's tokens up to the last one
-    (which is only predicted), as `encode_rows` builds them, in every format."""
+def _check_rows(case, tok, n_ctx: int | None, d_vocab: int | None, where: str) -> None:
+    """Every row the model is fed must fit in its context (the prompt and the answer's tokens up to the last one,
+    which is only predicted, as `encode_rows` builds them, in every format), and every token id, answers included,
+    must be one the model's embedding holds."""
     from surgeon.spec.encoding import encode_rows
 
     bos = case.prepend_bos is not False
@@ -116,8 +120,13 @@ def _check_context(case, tok, n_ctx: int, where: str) -> None:
                 rows = encode_rows(fmt, [it], tok, bos, case.score, case.answer_end, case.combine)
             except CaseError:
                 continue  # reported by the checks that own it
+            top = max(max([*r.tokens, *(t[1] for t in r.targets)]) for r in rows)
+            if d_vocab and top >= d_vocab:
+                raise CaseError(f"items[{i}] in format {name!r} has token id {top}, but the model's vocabulary holds "
+                                f"ids 0..{d_vocab - 1}: the tokenizer is not the model's", where=where, field="model",
+                                fix="use the tokenizer the model was trained with (its ids must fit the embedding)")
             n = max(len(r.tokens) for r in rows)
-            if n > n_ctx:
+            if n_ctx and n > n_ctx:
                 prompt = rows[0].n_prompt
                 raise CaseError(f"items[{i}] in format {name!r} feeds the model {n} tokens ({prompt} of prompt, "
                                 f"{n - prompt} of answer), longer than the model's context of {n_ctx}", where=where,

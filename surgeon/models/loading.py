@@ -39,6 +39,7 @@ class ModelShape:
     d_model: int
     attn_only: bool = False
     n_ctx: int | None = None  # the longest sequence the model reads (None: not stated)
+    d_vocab: int | None = None  # token ids the embedding holds (None: not stated)
 
 
 def _offline() -> None:
@@ -170,12 +171,12 @@ def shape(ref: ModelRef) -> ModelShape:
 
         c = config_of(ref.name)
         return ModelShape(c["n_layers"], c["n_heads"], c.get("n_key_value_heads") or c["n_heads"], c["d_model"],
-                          bool(c.get("attn_only")), c.get("n_ctx"))
+                          bool(c.get("attn_only")), c.get("n_ctx"), c.get("d_vocab"))
     if ref.kind == "tl":
         c = tl_config(ref.path)
         n_heads = c["n_heads"]
         return ModelShape(c["n_layers"], n_heads, c.get("n_key_value_heads") or n_heads, c["d_model"],
-                          bool(c.get("attn_only")), c.get("n_ctx"))
+                          bool(c.get("attn_only")), c.get("n_ctx"), c.get("d_vocab"))
     _offline()
     from transformers import AutoConfig
 
@@ -189,7 +190,7 @@ def shape(ref: ModelRef) -> ModelShape:
     n_heads = c.num_attention_heads
     n_ctx = getattr(c, "max_position_embeddings", None) or getattr(c, "n_positions", None)
     return ModelShape(c.num_hidden_layers, n_heads, getattr(c, "num_key_value_heads", None) or n_heads,
-                      c.hidden_size, n_ctx=n_ctx)
+                      c.hidden_size, n_ctx=n_ctx, d_vocab=getattr(c, "vocab_size", None))
 
 
 def load_tokenizer(ref: ModelRef):

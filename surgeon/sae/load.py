@@ -159,6 +159,11 @@ def check_sae(sae, layer: int, d_model: int | None, where: str, field: str = "--
     if d_model is not None and d_in != d_model:
         raise SAEError(f"the SAE reads vectors of width {d_in}, but the model writes {d_model} at {hook}", where=where,
                        field=field, fix="use an SAE trained on this model")
+    d_sae = int(getattr(sae.cfg, "d_sae", 0) or sae.W_enc.shape[1])
+    k = getattr(sae.cfg, "k", None)
+    if k is not None and not (isinstance(k, int) and 1 <= k <= d_sae):
+        raise SAEError(f"the SAE keeps k = {k!r} features of its {d_sae}: a top-k SAE keeps 1 to d_sae", where=where,
+                       field=field, fix="set k in its cfg.json to the k it was trained with (at most d_sae)")
     for name in ("W_enc", "W_dec", "b_enc", "b_dec"):
         w = getattr(sae, name, None)
         if isinstance(w, torch.Tensor) and not bool(torch.isfinite(w).all()):

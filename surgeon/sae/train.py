@@ -7,6 +7,7 @@ rebuilds them.
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
@@ -83,7 +84,14 @@ def save(sae, path: Path, record: dict | None = None) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
     try:
-        sae.save_inference_model(tmp)
+        try:
+            sae.save_inference_model(tmp)
+        except Exception as e:  # safetensors reports a failed write as its own error type, not an OSError
+            if isinstance(e, OSError) or not re.search(r"No space|os error 28|Disk quota|os error 122", str(e)):
+                raise
+            import errno
+
+            raise OSError(errno.ENOSPC, "No space left on device", str(path)) from None
         if record is not None:
             import json
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import tempfile
 from pathlib import Path
 
@@ -31,9 +32,13 @@ class ChunkStore:
 
     The plan digest guards against resuming or merging work that was planned differently."""
 
-    def __init__(self, root: Path, digest: str, plan: dict | None = None):
+    def __init__(self, root: Path, digest: str, plan: dict | None = None, shape: tuple[int, int] | None = None):
         self.dir = Path(root) / "parts"
         self.digest = digest
+        self.shape = shape  # (units, items) of each chunk's masks and scores, where known
+        if self.dir.exists() and not self.dir.is_dir():
+            raise AnalysisError(f"{self.dir} is a file, not the folder of a search's parts", field="--out",
+                                fix=f"delete {self.dir}, or give another --out")
         self.dir.mkdir(parents=True, exist_ok=True)
         meta = self.dir / "plan.json"
         if meta.exists():
@@ -46,19 +51,17 @@ class ChunkStore:
             _atomic_write(meta, json.dumps({"digest": digest, **(plan or {})}, indent=2).encode())
 
     def done(self) -> set[int]:
-        """Indices of the chunks on disk; a chunk file that cannot be read (cut short by a kill or a full
-        disk) is set aside as `*.broken` with a warning, so the run evaluates it again."""
+        """Indices of the chunks on disk; a chunk file that cannot be read (cut short by a kill or a full disk) or
+        does not hold what a chunk of this search holds (`chunk_problem`) is set aside as `*.broken` with a
+        warning, so the run evaluates it again."""
         out = set()
-        for p in self.dir.glob("chunk-*.npz"):
-            try:
-                with np.load(p) as z:
-                    for k in z.files:
-                        z[k]
-            except Exception as e:
-                warn(f"{p} cannot be read ({type(e).__name__}); it is set aside as {p.name}.broken and evaluated again")
+        for i, p in self.files().items():
+            why = chunk_problem(p, self.shape)
+            if why:
+                warn(f"{p} {why}; it is set aside as {p.name}.broken and evaluated again")
                 os.replace(p, p.with_name(p.name + ".broken"))
                 continue
-            out.add(int(p.stem.split("-")[1]))
+            out.add(i)
         return out
 
     def save(self, index: int, **arrays) -> None:
@@ -74,7 +77,8 @@ class ChunkStore:
             raise
 
     def files(self) -> dict[int, Path]:
-        return {int(p.stem.split("-")[1]): p for p in sorted(self.dir.glob("chunk-*.npz"))}
+        """{chunk index: file}; a file named like a chunk without a chunk number is refused, naming it."""
+        return chunk_files(self.dir)
 
     def iter(self, files: dict[int, Path] | None = None):
         """Finished chunks one at a time (never all in memory)."""
@@ -107,15 +111,49 @@ def read_plan(root: Path) -> dict:
     return plan
 
 
-def check_chunk(p: Path) -> None:
-    """Refuse a chunk file that cannot be read, naming it and the fix."""
+CHUNK = re.compile(r"chunk-(\d{1,9})\.npz")
+
+
+def chunk_files(folder: Path) -> dict[int, Path]:
+    """{index: path} of the chunk files in a parts folder; one named chunk-*.npz without a number is refused."""
+    out = {}
+    for p in sorted(Path(folder).glob("chunk-*.npz")):
+        m = CHUNK.fullmatch(p.name)
+        if m is None:
+            raise AnalysisError(f"{p} is not a chunk of a search (its name has no chunk number)", field="--out",
+                                fix=f"delete {p}: only surgeon writes chunk-NNNNNN.npz files there")
+        out[int(m.group(1))] = p
+    return out
+
+
+def chunk_problem(p: Path, shape: tuple[int, int] | None = None) -> str | None:
+    """Why a chunk file is not one (None when it is): unreadable, without its masks and scores, of the wrong shape
+    (`shape`: the search's units and items), or with scores that are not finite."""
     try:
         with np.load(p) as z:
-            for k in z.files:
-                z[k]
+            arrays = {k: z[k] for k in z.files}
     except Exception as e:
-        raise AnalysisError(f"the chunk {p} cannot be read ({type(e).__name__}): it was cut short", field="merge",
-                            fix="rerun that shard with --resume (it evaluates the chunk again), then merge") from None
+        return f"cannot be read ({type(e).__name__}: it was cut short)"
+    missing = [k for k in ("masks", "scores") if k not in arrays]
+    if missing:
+        return f"has no {' or '.join(missing)} array"
+    masks, scores = arrays["masks"], arrays["scores"]
+    if masks.ndim != 2 or scores.ndim != 2 or masks.shape[0] != scores.shape[0] or masks.dtype != bool:
+        return f"holds masks {masks.dtype}{list(masks.shape)} and scores {list(scores.shape)}, not one row per subset"
+    if shape is not None and (masks.shape[1], scores.shape[1]) != tuple(shape):
+        return (f"is for {masks.shape[1]} units and {scores.shape[1]} items, but this search has {shape[0]} units "
+                f"and {shape[1]} items")
+    if not np.isfinite(scores).all():
+        return "holds scores that are not finite"
+    return None
+
+
+def check_chunk(p: Path, shape: tuple[int, int] | None = None) -> None:
+    """Refuse a chunk file that is not one (`chunk_problem`), naming it and the fix."""
+    why = chunk_problem(p, shape)
+    if why:
+        raise AnalysisError(f"the chunk {p} {why}", field="merge",
+                            fix="rerun that shard with --resume (it evaluates the chunk again), then merge")
 
 
 def _atomic_write(path: Path, data: bytes) -> None:

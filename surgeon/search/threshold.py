@@ -15,7 +15,7 @@ from surgeon.errors import AnalysisError
 from surgeon.models.loading import load_model
 from surgeon.results import check_out
 from surgeon.search.ray import evaluate_on_ray
-from surgeon.search.store import ChunkStore, check_chunk, parse_shard, read_plan
+from surgeon.search.store import ChunkStore, check_chunk, chunk_files, parse_shard, read_plan
 from surgeon.search.subsets import (
     ThresholdResult,
     aggregate,
@@ -100,7 +100,8 @@ def threshold_search(case: Case, model, *, layer: int | None = None, heads: str 
         out = tmp.name
     # scores under another metric are other numbers: a search resumes only under the metric it began with
     label = contrast.metric.label
-    store = ChunkStore(Path(out), plan.digest + f"-chunk{chunk}" + ("" if label == "logprob" else f"-{label}"), meta)
+    store = ChunkStore(Path(out), plan.digest + f"-chunk{chunk}" + ("" if label == "logprob" else f"-{label}"), meta,
+                       shape=(len(plan.units), contrast.n_items))
     try:
         if ray is not None:
             dtype = str(model.cfg.dtype).removeprefix("torch.")
@@ -201,14 +202,24 @@ def merge(roots: Sequence[Path], out: Path) -> ThresholdResult:
 
     check_out(out)
     roots = [Path(r) for r in roots]
+    seen = {}
+    for r in roots:
+        if r.resolve() in seen:
+            raise AnalysisError(f"the shard {r} is given twice ({seen[r.resolve()]} is the same folder)", field="merge",
+                                fix="give each shard's folder once")
+        seen[r.resolve()] = r
+    if Path(out).resolve() in seen:
+        raise AnalysisError(f"--out {out} is one of the shards being merged", field="--out",
+                            fix="merge into a fresh --out (the shards are left as they are)")
     meta = _meta(roots[0])
     chunks = []
     for r in roots:
         if _meta(r)["digest"] != meta["digest"]:
             raise AnalysisError(f"{r} was planned differently from {roots[0]}", field="merge",
                                 fix="merge only shards of one search (same case, heads, groups, budget and seed)")
-        for p in sorted((r / "parts").glob("chunk-*.npz")):
-            check_chunk(p)
+        shape = (len(plan_from_options(meta["options"]).units), meta["n_items"])
+        for p in chunk_files(r / "parts").values():
+            check_chunk(p, shape)
             chunks.append(p)
     if Path(out).exists() and ChunkStore.digest_of(Path(out)) not in (None, meta["digest"]):
         raise AnalysisError(f"{out} holds parts of a different search", field="--out", fix="merge into a fresh --out")

@@ -4,6 +4,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -22,10 +23,9 @@ OK_FORMATS = '{"plain": "{x} or {y}:", "qa": "{x} or {y}?"}'
 
 
 def refused(capsys, argv, *phrases):
-    with pytest.raises(SystemExit) as e:
-        main(argv)
-    err = capsys.readouterr().err
-    assert e.value.code == 2 and "Traceback" not in err, err
+    """Exit 2 (from argparse or the command), one message, no traceback, every phrase in it."""
+    code, err = code_of(capsys, argv)
+    assert code == 2 and "Traceback" not in err, err
     for p in phrases:
         assert p in err, (p, err)
     return err
@@ -159,3 +159,187 @@ def test_a_full_disk_is_reported_and_leaves_no_temporary_file(tmp_path, capsys, 
     code, err = code_of(capsys, [*argv, "--resume"])
     assert code == 0, err
     assert json.loads((out / "manifest.json").read_text())["command"] == "threshold"
+
+
+# ---- reliability, third round (issue 36) ----
+INDUCTION = f"{ROOT}/cases/induction_organism.py"
+
+
+@pytest.mark.parametrize("content,field", [
+    ({"result": {"circuit": [0], "edge_names": ["input->logits"], "options": "kept"}}, "result.options"),
+    ({"result": {"circuit": [0], "edge_names": ["input->logits"], "options": [1]}}, "result.options"),
+    ({"result": {"circuit": [0], "edge_names": ["input->logits"], "options": {"semantics": [1]}}},
+     "result.options.semantics"),
+    ({"edges": [{"name": "input->logits", "in_circuit": True}], "graph": "kept"}, "graph"),
+    ({"edges": [{"name": "input->logits", "in_circuit": True}], "graph": [1]}, "graph"),
+    ({"edges": {"input->logits": {"in_graph": True}}, "cfg": [2, 4]}, "cfg"),
+    ({"edges": {"input->logits": {"in_graph": True}}, "semantics": {"x": 1}}, "semantics"),
+])
+def test_circuit_files_of_the_wrong_shape_are_refused(tmp_path, capsys, content, field):
+    f = tmp_path / "c.json"
+    f.write_text(json.dumps(content))
+    refused(capsys, ["circuit-eval", INDUCTION, str(f)], str(f), f"field '{field}'")
+
+
+@pytest.mark.parametrize("name", ["a0.h1->a1.h2<k>->logits", "a0.h1->a1.h2.k<k>", "a0.h1->a1.h2<q><k>",
+                                  "a0.h1.h0->a1.h2<v>", "a0.h1->a1.h2<k", "a0.h1->a1<k>"])
+def test_grouped_query_edge_names_that_are_not_edges_are_refused(tmp_path, random_model, name):
+    """Names EAP-IG would not write, on a model with grouped key/value heads (where per-query-head k/v names are
+    read): one error naming the edge, never an unpacking traceback."""
+    import surgeon
+
+    if random_model.cfg.n_key_value_heads is None:
+        pytest.skip("the grouped-query model is the other parameter")
+    f = tmp_path / "c.json"
+    f.write_text(json.dumps({"edges": {name: {"in_graph": True, "score": 0.1}}}))
+    case = surgeon.load_case(DECIMAL, check_model=False)
+    with pytest.raises(surgeon.SurgeonError) as e:
+        surgeon.circuit_eval(case, f, random_model)
+    assert e.value.field == "edges" and name[:40] in e.value.message
+
+
+def test_models_that_do_not_fit_the_case_are_refused_from_python(charset):
+    """A model whose vocabulary is smaller than the tokenizer's ids, and one without a tokenizer: refused with the
+    case named and the fix, before any work; (HookedTransformer, tokenizer) runs."""
+    from dataclasses import replace
+
+    import surgeon
+    from tests.conftest import tiny_model
+
+    case = replace(surgeon.load_case("decimal_organism", check_model=False), model=None)
+    small = tiny_model(charset, d_vocab=50)
+    with pytest.raises(surgeon.SurgeonError) as e:
+        surgeon.diagnose(case, small)
+    assert e.value.field == "model" and "vocabulary holds ids 0..49" in e.value.message
+    bare = tiny_model(charset)
+    bare.tokenizer = None
+    with pytest.raises(surgeon.SurgeonError) as e:
+        surgeon.diagnose(case, bare)
+    assert e.value.field == "model" and "no tokenizer" in e.value.message and "(model, tokenizer)" in e.value.fix
+    assert surgeon.diagnose(case, (bare, charset)).stats[0].accuracy.n == len(case.items)
+
+
+@pytest.mark.parametrize("argv,phrase", [
+    (["patch", "--layers", ""], "names no layer"),
+    (["patch", "--layers", ",,"], "names no layer"),
+    (["patch", "--layers", "0-99999999999"], "runs past any model's layers"),
+    (["patch", "--max-memory", "1e400"], "more than any device holds"),
+    (["patch", "--max-memory", "10000000TB"], "more than any device holds"),
+    (["circuit", "--max-memory", "1e30"], "more than any device holds"),
+])
+def test_option_values_past_reason_are_refused(capsys, argv, phrase):
+    refused(capsys, argv, phrase)
+
+
+def test_a_layer_named_twice_runs_once_and_says_so(capsys):
+    assert main(["patch", "--layers", "0,0"]) == 0
+    out, err = capsys.readouterr()
+    assert "--layers 0,0 names layer 0 more than once; each layer runs once" in err
+    assert "L1H" not in out and out.count("L0H0 ") == 1
+
+
+def test_an_sae_whose_k_exceeds_its_width_is_refused(tmp_path, capsys):
+    import shutil
+
+    src = f"{ROOT}/surgeon/organisms/saes/decimal"
+    shutil.copytree(src, tmp_path / "saes")
+    for cfg in (tmp_path / "saes").glob("*/cfg.json"):
+        c = json.loads(cfg.read_text())
+        c["k"] = 1000
+        cfg.write_text(json.dumps(c))
+    refused(capsys, ["sae", "quality", DECIMAL, "--sae-dir", str(tmp_path / "saes" / "blocks.{layer}.hook_mlp_out")],
+            "keeps k = 1000 features of its 256", "field '--sae-dir'")
+
+
+@pytest.fixture(scope="module")
+def search_dirs(tmp_path_factory):
+    """A finished subset search on the induction organism in two shards and as one run."""
+    root = tmp_path_factory.mktemp("search")
+    argv = ["threshold", INDUCTION, "--layer", "1", "--groups", "none", "--budget", "10", "--chunk", "1"]
+    assert main([*argv, "--out", str(root / "one")]) == 0
+    for i in (0, 1):
+        assert main([*argv, "--shard", f"{i}/2", "--out", str(root / f"s{i}")]) == 0
+    return root, argv
+
+
+def _result(path):
+    """The search's numbers (what ran to get them, `execution`, differs between a resume and one run)."""
+    r = json.loads((path / "results.json").read_text())["result"]
+    r.pop("execution", None)
+    return r
+
+
+def test_resume_folders_that_were_tampered_with(search_dirs, tmp_path, capsys):
+    import shutil
+
+    import numpy as np
+
+    root, argv = search_dirs
+    capsys.readouterr()
+    # parts/ is a file
+    (tmp_path / "a").mkdir()
+    (tmp_path / "a" / "parts").write_text("x")
+    refused(capsys, [*argv, "--out", str(tmp_path / "a"), "--resume"], "is a file, not the folder", "delete")
+    # a chunk named with letters
+    shutil.copytree(root / "one", tmp_path / "b")
+    shutil.copy(tmp_path / "b" / "parts" / "chunk-000000.npz", tmp_path / "b" / "parts" / "chunk-abc.npz")
+    refused(capsys, [*argv, "--out", str(tmp_path / "b"), "--resume"], "chunk-abc.npz", "has no chunk number")
+    # chunks without their arrays, with NaN scores, of the wrong shape: evaluated again, the result a clean run's
+    shutil.copytree(root / "one", tmp_path / "c")
+    parts = tmp_path / "c" / "parts"
+    with np.load(parts / "chunk-000001.npz") as z:
+        masks, scores = z["masks"], z["scores"]
+    np.savez(parts / "chunk-000000.npz", masks=masks)
+    np.savez(parts / "chunk-000001.npz", masks=masks, scores=scores * np.nan)
+    np.savez(parts / "chunk-000002.npz", masks=masks[:, :1], scores=scores)
+    assert main([*argv, "--out", str(tmp_path / "c"), "--resume"]) == 0
+    err = capsys.readouterr().err
+    assert "has no scores array" in err and "not finite" in err and "this search has" in err
+    assert _result(tmp_path / "c") == _result(root / "one")
+
+
+def test_merge_refuses_bad_chunks_and_folders_given_twice(search_dirs, tmp_path, capsys):
+    import shutil
+
+    import numpy as np
+
+    root, _ = search_dirs
+    capsys.readouterr()
+    refused(capsys, ["merge", str(root / "s0"), str(root / "s0"), "--out", str(tmp_path / "m0")], "is given twice")
+    refused(capsys, ["merge", str(root / "s0"), str(root / "s1"), "--out", str(root / "s1")],
+            "is one of the shards being merged")
+    shutil.copytree(root / "s1", tmp_path / "s1")
+    chunk = sorted((tmp_path / "s1" / "parts").glob("chunk-*.npz"))[0]
+    with np.load(chunk) as z:
+        masks = z["masks"]
+    np.savez(chunk, masks=masks)
+    refused(capsys, ["merge", str(root / "s0"), str(tmp_path / "s1"), "--out", str(tmp_path / "m1")],
+            str(chunk), "has no scores array", "rerun that shard with --resume")
+    assert not (tmp_path / "m1").exists()
+    assert main(["merge", str(root / "s0"), str(root / "s1"), "--out", str(tmp_path / "m2")]) == 0
+    assert _result(tmp_path / "m2") == _result(root / "one")
+
+
+def test_a_full_disk_while_saving_an_sae_leaves_the_old_one_and_says_so(tmp_path, capsys, monkeypatch):
+    """safetensors reports a full disk as its own error type: one message, exit 2, the SAE already there kept."""
+    from sae_lens import TrainingSAE
+
+    out = tmp_path / "saes"
+    assert main(["sae", "train", DECIMAL, "--layers", "0", "--steps", "1", "--sae-out", str(out)]) == 0
+    before = {p.name: p.read_bytes() for p in (out / "blocks.0.hook_mlp_out").iterdir()}
+
+    class SafetensorError(Exception):
+        pass
+
+    def full(self, path, *a, **k):
+        (Path(path) / "sae_weights.safetensors").write_bytes(b"half")
+        raise SafetensorError("Error while serializing: IoError(Os { code: 28, kind: StorageFull, message: "
+                              "\"No space left on device\" })")
+
+    monkeypatch.setattr(TrainingSAE, "save_inference_model", full)
+    capsys.readouterr()
+    code = main(["sae", "train", DECIMAL, "--layers", "0", "--steps", "2", "--sae-out", str(out)])
+    err = capsys.readouterr().err
+    assert code == 2 and "No space left on device" in err and "Traceback" not in err, err
+    assert {p.name: p.read_bytes() for p in (out / "blocks.0.hook_mlp_out").iterdir()} == before
+    assert sorted(p.name for p in out.iterdir()) == ["blocks.0.hook_mlp_out"]  # no temporary folder left
