@@ -142,6 +142,9 @@ def overlap(case: Case, model, saes: dict, *, k: int = 20, position: str = "last
     if k >= width:
         raise AnalysisError(f"top-k {k} is not below the SAE's {width} features (every feature would be in every set)",
                             field="--top-k", fix=f"use --top-k {max(1, width // 10)} or so")
+    if 2 * k > width:  # two sets of more than half the features always overlap: the overlap would measure k, not the run
+        raise AnalysisError(f"top-k {k} is more than half the SAE's {width} features (any two such sets share at least "
+                            f"{2 * k - width})", field="--top-k", fix=f"use --top-k {max(1, width // 10)} or so")
     bads = (pick_bad(case, bad),) if bad else tuple(case.bad_formats)
     tag, items = pick_items(case, tag)
     layers = tuple(sorted(saes))

@@ -24,7 +24,7 @@ from surgeon.cli.common import (
     warn_if_no_failure,
 )
 from surgeon.cli.parser import Parser
-from surgeon.errors import SurgeonError
+from surgeon.errors import SurgeonError, warn
 from surgeon.spec.shipped import CASES_DIR
 from surgeon.version import __version__
 
@@ -95,7 +95,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--compare", action="store_true", help="also run exact per-unit patching and correlate")
     p.add_argument("--method", default="gradient", choices=list(ATTRIBUTION_METHODS),
                    help="; ".join(f"{k}: {v}" for k, v in ATTRIBUTION_METHODS.items()) + " (default: gradient)")
-    p.add_argument("--ig-steps", type=cli_types.bounded(1, MAX_IG_STEPS), default=ATTRIBUTION_IG_STEPS,
+    p.add_argument("--ig-steps", type=cli_types.bounded(1, MAX_IG_STEPS), default=None,
                    help=f"points of the integral for --method ig (default: {ATTRIBUTION_IG_STEPS})")
 
     p = sub.add_parser("threshold", help="search head subsets that repair: fraction repairing per size k, "
@@ -158,7 +158,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--method", choices=list(METHODS),
                    help="edge scores: " + "; ".join(f"{k}: {v}" for k, v in METHODS.items())
                         + " (default: eap-ig-inputs where the formats' prompts have equal length, else eap-ig-masks)")
-    p.add_argument("--ig-steps", type=cli_types.bounded(1, MAX_IG_STEPS), default=IG_STEPS,
+    p.add_argument("--ig-steps", type=cli_types.bounded(1, MAX_IG_STEPS), default=None,
                    help=f"integration steps of the eap-ig-* methods, 1..{MAX_IG_STEPS} (default: {IG_STEPS}, MIB's)")
     p.add_argument("--ablation", default=ABLATIONS[0], choices=ABLATIONS,
                    help="what an ablated edge carries: the other format's sender output at the aligned positions "
@@ -290,7 +290,17 @@ def cmd_attention(args) -> int:
     return print_report(args, r, case, device)
 
 
+def _ig_steps(args, uses: bool, default: int) -> None:
+    """--ig-steps: its default where it was not given; a warning (before anything loads) where the method ignores it."""
+    if args.ig_steps is not None and not uses:
+        warn(f"--ig-steps {args.ig_steps} is ignored: --method {args.method} does not integrate")
+    args.ig_steps = default if args.ig_steps is None else args.ig_steps
+
+
 def cmd_attribute(args) -> int:
+    from surgeon.circuits.methods import ATTRIBUTION_IG_STEPS
+
+    _ig_steps(args, args.method == "ig", ATTRIBUTION_IG_STEPS)
     case, model, device = load_case_and_model(args)
     from surgeon.analyses import attribute
 
@@ -441,7 +451,10 @@ def cmd_organisms(args) -> int:
 def cmd_circuit(args) -> int:
     from surgeon.circuits.export import check_targets
 
+    from surgeon.circuits.methods import IG_STEPS
+
     check_targets(args.export)  # refuse before loading anything
+    _ig_steps(args, args.method is None or "ig" in args.method, IG_STEPS)
     case, model, device = load_case_and_model(args)
     warn_if_no_failure(args, case, model)
     from surgeon.analyses import planning

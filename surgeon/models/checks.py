@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from surgeon.errors import CaseError, ModelError
-from surgeon.models.loading import ModelShape, check_causal, load_tokenizer, resolve, shape
+from surgeon.models.loading import ModelShape, check_causal, check_finite, load_tokenizer, resolve, shape
 from surgeon.sites.nodes import COMPONENTS
 from surgeon.spec.case import Case, Chat, read_case
 
@@ -26,6 +26,7 @@ def check_case_against_model(case, model=None) -> None:
     where = case.source or f"case {case.name!r}"
     if model is not None:
         check_causal(model, where)
+        check_finite(model, where)
         c = model.cfg
         shp = ModelShape(c.n_layers, c.n_heads, getattr(c, "n_key_value_heads", None) or c.n_heads, c.d_model,
                          bool(c.attn_only), c.n_ctx, c.d_vocab)

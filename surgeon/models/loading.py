@@ -181,8 +181,13 @@ def shape(ref: ModelRef) -> ModelShape:
     from transformers import AutoConfig
 
     try:
-        c = AutoConfig.from_pretrained(str(ref.path), local_files_only=True)
+        c = AutoConfig.from_pretrained(str(ref.path), local_files_only=True, trust_remote_code=False)
     except (OSError, ValueError, TypeError, KeyError) as e:
+        if "custom code" in str(e):
+            raise ModelError("the checkpoint asks to run its own code (auto_map in config.json); surgeon never runs "
+                             "code from a checkpoint", where=str(ref.path), field="model",
+                             fix="use an architecture transformers and TransformerLens support without custom code"
+                             ) from None
         raise ModelError(f"cannot read the model's config.json: {type(e).__name__}: {str(e).splitlines()[0][:200]}",
                          where=str(ref.path), field="model",
                          fix="repair config.json (valid JSON with model_type, the layer and head counts)") from None
@@ -211,8 +216,9 @@ def load_tokenizer(ref: ModelRef):
 
             name = json.loads((Path(ref.path) / "tokenizer_config.json").read_text()).get("tokenizer_class")
             cls = getattr(transformers, str(name), None) or transformers.PreTrainedTokenizerFast
-            return cls.from_pretrained(str(ref.path), local_files_only=True, add_bos_token=True)  # TL reloads it otherwise
-        return AutoTokenizer.from_pretrained(str(ref.path), local_files_only=True)
+            return cls.from_pretrained(str(ref.path), local_files_only=True, add_bos_token=True,  # TL reloads it otherwise
+                                       trust_remote_code=False)
+        return AutoTokenizer.from_pretrained(str(ref.path), local_files_only=True, trust_remote_code=False)
     except (OSError, ValueError, TypeError, KeyError) as e:
         raise ModelError(f"cannot load the tokenizer: {type(e).__name__}: {str(e).splitlines()[0][:200]}",
                          where=str(ref.path), field="model",
@@ -299,15 +305,27 @@ def check_causal(model, where: str = "") -> None:
                          fix="use a causal (decoder-only) language model; bidirectional encoders are not supported")
 
 
+MAX_WEIGHT = 1e6  # no trained language model has a weight this large; a checkpoint that does is corrupt
+
+
 def check_finite(model, where: str) -> None:
     """Refuse weights holding NaN or infinity (TransformerLens would turn NaN attention into zeros and report
-    plausible scores), naming the tensor."""
+    plausible scores) or values past `MAX_WEIGHT` (a scaled or corrupt tensor: attention saturates and the scores
+    look plausible), naming the tensor."""
     import torch
 
-    for name, w in model.named_parameters():
-        if w.is_floating_point() and not bool(torch.isfinite(w).all()):
-            raise ModelError(f"the weight {name} holds NaN or infinite values", where=where, field="model",
-                             fix="use an intact checkpoint (re-download or re-save it)")
+    with torch.no_grad():
+        for name, w in model.named_parameters():
+            if not w.is_floating_point() or w.numel() == 0:
+                continue
+            top = float(w.detach().abs().max())
+            if top != top or top == float("inf"):
+                raise ModelError(f"the weight {name} holds NaN or infinite values", where=where, field="model",
+                                 fix="use an intact checkpoint (re-download or re-save it)")
+            if top > MAX_WEIGHT:
+                raise ModelError(f"the weight {name} holds values up to {top:.3g}, past any trained model's "
+                                 f"({MAX_WEIGHT:g}): the checkpoint is corrupt or was scaled", where=where,
+                                 field="model", fix="use an intact checkpoint (re-download or re-save it)")
 
 
 def _load_hf(ref: ModelRef, device: str, tdtype, n_devices: int):
@@ -317,7 +335,8 @@ def _load_hf(ref: ModelRef, device: str, tdtype, n_devices: int):
 
     tok = load_tokenizer(ref)
     try:
-        hf = AutoModelForCausalLM.from_pretrained(str(ref.path), dtype=tdtype, local_files_only=True)
+        hf = AutoModelForCausalLM.from_pretrained(str(ref.path), dtype=tdtype, local_files_only=True,
+                                                  trust_remote_code=False)  # a checkpoint's code never runs
     except Exception as e:
         raise ModelError(f"transformers could not load {ref.path}: {e}", field="model",
                          fix="check that the directory holds a complete checkpoint (config.json, weights)") from None
@@ -344,7 +363,7 @@ def from_hf(hf, tokenizer=None, *, device: str | None = None, n_devices: int = 1
         try:
             if not where:
                 raise OSError("no name or path")
-            tokenizer = AutoTokenizer.from_pretrained(str(where), local_files_only=True)
+            tokenizer = AutoTokenizer.from_pretrained(str(where), local_files_only=True, trust_remote_code=False)
         except (OSError, ValueError, TypeError, KeyError) as e:
             raise ModelError(f"cannot find the model's tokenizer ({type(e).__name__}: the model was not loaded from "
                              "local files that hold one)", where=str(where) or type(hf).__name__, field="model",
@@ -379,7 +398,7 @@ def _converted(hf, device: str, tdtype, n_devices: int, where: str, src: Path | 
             else:
                 cfg = loading.get_pretrained_model_config(str(neutral), hf_cfg=hf_cfg, device=device,
                                                           n_devices=n_devices, dtype=tdtype, fold_ln=False,
-                                                          local_files_only=True)
+                                                          local_files_only=True, trust_remote_code=False)
             state = loading.get_pretrained_state_dict(str(neutral), cfg, hf, dtype=tdtype)
         except Exception as e:
             raise ModelError(f"TransformerLens cannot convert {where} ({hf_cfg.get('architectures')}): {e}",

@@ -24,7 +24,7 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
-from surgeon.errors import AnalysisError
+from surgeon.errors import AnalysisError, warn
 from surgeon.search.store import ChunkStore, read_plan
 from surgeon.show import Shows
 from surgeon.sites.nodes import Site
@@ -92,6 +92,16 @@ def read_groups(path) -> dict[str, list[str]]:
         if not isinstance(labels, list) or not labels or not all(isinstance(x, str) for x in labels):
             raise AnalysisError(f"group {name!r} is not a non-empty list of head labels", where=where,
                                 field=f"--groups-file[{name!r}]", fix=f'write e.g. "{name}": ["L1H0", "L1H3"]')
+        if len(set(labels)) < len(labels):
+            twice = sorted({x for x in labels if labels.count(x) > 1})
+            warn(f"{where}: group {name!r} lists {', '.join(twice)} more than once; each head counts once")
+            spec[name] = list(dict.fromkeys(labels))
+    seen: dict[frozenset, str] = {}
+    for name, labels in spec.items():
+        other = seen.setdefault(frozenset(labels), name)
+        if other != name:
+            raise AnalysisError(f"groups {other!r} and {name!r} hold the same heads", where=where,
+                                field=f"--groups-file[{name!r}]", fix="give each group its own heads, or drop one")
     return spec
 
 

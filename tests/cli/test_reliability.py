@@ -343,3 +343,79 @@ def test_a_full_disk_while_saving_an_sae_leaves_the_old_one_and_says_so(tmp_path
     assert code == 2 and "No space left on device" in err and "Traceback" not in err, err
     assert {p.name: p.read_bytes() for p in (out / "blocks.0.hook_mlp_out").iterdir()} == before
     assert sorted(p.name for p in out.iterdir()) == ["blocks.0.hook_mlp_out"]  # no temporary folder left
+
+
+def test_a_model_in_memory_with_nan_or_scaled_weights_is_refused(charset):
+    """NaN q weights or q weights scaled by 1e30 give plausible-looking scores (attention saturates or turns to
+    zeros): refused before any work, naming the tensor, as a checkpoint's are."""
+    from dataclasses import replace
+
+    import torch
+
+    import surgeon
+    from tests.conftest import tiny_model
+
+    case = replace(surgeon.load_case("decimal_organism", check_model=False), model=None)
+    for value, phrase in ((float("nan"), "holds NaN or infinite values"), (1e30, "past any trained model's")):
+        m = tiny_model(charset)
+        with torch.no_grad():
+            m.blocks[0].attn.W_Q.mul_(value)
+        with pytest.raises(surgeon.SurgeonError) as e:
+            surgeon.diagnose(case, m)
+        assert "blocks.0.attn.W_Q" in e.value.message and phrase in e.value.message
+
+
+def test_a_checkpoint_that_asks_to_run_its_own_code_is_refused_even_when_answered_yes(tmp_path):
+    """A config.json that names custom code (auto_map) would make transformers ask on a terminal whether to run it;
+    surgeon never lets a checkpoint run code: refused with exit 2, the code never imported, whatever stdin says."""
+    from tests.checkpoints import make_gpt2
+
+    ckpt = make_gpt2(tmp_path / "remote")
+    cfg = json.loads((ckpt / "config.json").read_text())
+    cfg.update(model_type="surgeon_remote_test", auto_map={"AutoConfig": "configuration_remote.RemoteConfig",
+                                                           "AutoModelForCausalLM": "modeling_remote.RemoteModel"})
+    (ckpt / "config.json").write_text(json.dumps(cfg))
+    marker = tmp_path / "code-ran"
+    for name in ("configuration_remote.py", "modeling_remote.py"):
+        (ckpt / name).write_text(f"open({str(marker)!r}, 'w').write('ran')\n")
+    r = subprocess.run([sys.executable, "-m", "surgeon", "diagnose", DECIMAL, "--model", str(ckpt)], input="y\ny\n",
+                       capture_output=True, text=True, cwd=tmp_path,
+                       env=dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1"))
+    assert r.returncode == 2 and "Traceback" not in r.stderr and "field 'model'" in r.stderr, r.stderr
+    assert "surgeon never runs code from a checkpoint" in r.stderr
+    assert not marker.exists()
+
+
+def test_ig_steps_given_to_a_method_that_does_not_integrate_is_said(capsys, monkeypatch):
+    """Said before anything loads (the model loader is not reached in this test)."""
+    import surgeon.cli.commands as commands
+
+    def stop(args):
+        raise SystemExit(0)
+
+    monkeypatch.setattr(commands, "load_case_and_model", stop)
+    for argv, method in ((["circuit", "--method", "eap", "--ig-steps", "7"], "eap"),
+                         (["attribute", "--ig-steps", "7"], "gradient")):
+        with pytest.raises(SystemExit):
+            main(argv)
+        assert f"--ig-steps 7 is ignored: --method {method} does not integrate" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["circuit", "--method", "eap-ig-masks", "--ig-steps", "7"])
+    assert "ignored" not in capsys.readouterr().err
+
+
+def test_groups_files_with_repeated_heads_or_identical_groups(tmp_path, capsys):
+    from surgeon.search.subsets import read_groups
+
+    f = tmp_path / "g.json"
+    f.write_text(json.dumps({"mine": ["L1H0", "L1H0", "L1H1"]}))
+    assert read_groups(f) == {"mine": ["L1H0", "L1H1"]}
+    assert "group 'mine' lists L1H0 more than once; each head counts once" in capsys.readouterr().err
+    f.write_text(json.dumps({"a": ["L1H0", "L1H1"], "b": ["L1H1", "L1H0"]}))
+    refused(capsys, ["threshold", INDUCTION, "--layer", "1", "--groups-file", str(f)], "groups 'a' and 'b' hold the same heads",
+            "field '--groups-file['b']'")
+
+
+def test_a_top_k_past_half_the_sae_is_refused(capsys):
+    refused(capsys, ["sae", "overlap", DECIMAL, "--top-k", "255"], "is more than half the SAE's 256 features",
+            "field '--top-k'")
