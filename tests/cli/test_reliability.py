@@ -419,3 +419,20 @@ def test_groups_files_with_repeated_heads_or_identical_groups(tmp_path, capsys):
 def test_a_top_k_past_half_the_sae_is_refused(capsys):
     refused(capsys, ["sae", "overlap", DECIMAL, "--top-k", "255"], "is more than half the SAE's 256 features",
             "field '--top-k'")
+
+
+def test_a_float16_overflow_never_yields_a_plausible_score():
+    """MLP outputs scaled past float16's range (weights still far below the absurd bound): the residual stream
+    turns to inf and NaN, and the run is refused rather than scored."""
+    import torch
+
+    import surgeon
+    from surgeon.models.loading import load_model
+
+    m = load_model("organism:decimal", dtype="float16")
+    with torch.no_grad():
+        for b in m.blocks:
+            b.mlp.W_out.mul_(30000)
+    with pytest.raises(surgeon.SurgeonError) as e:
+        surgeon.diagnose("decimal_organism", m)
+    assert "not finite" in e.value.message and "bfloat16" in e.value.fix
