@@ -22,6 +22,7 @@ from typing import Sequence
 
 from surgeon.analyses.attention import AttentionResult, attention_patterns
 from surgeon.analyses.pipeline import STEPS, run_report
+from surgeon.analyses.attribution import AttributionResult
 from surgeon.analyses.attribution import attribute as attribute_units
 from surgeon.analyses.blend import BlendResult
 from surgeon.analyses.blend import blend as blend_heads
@@ -59,7 +60,7 @@ from surgeon.spec.case import Case, case_metric_of, validate
 
 __all__ = ["diagnose", "dla", "attention", "patch", "patch_positions", "attribute", "threshold", "blend", "circuit",
            "circuit_eval", "sae_overlap", "sae_amplified", "sae_heads", "sae_repair", "report", "render_report",
-           "case_and_model", "read"]
+           "case_and_model", "read", "load"]
 
 
 def read(case, model=None) -> Case:
@@ -334,6 +335,68 @@ def report_key(case: Case, model, source: SAESource | None) -> dict:
 RESULT_TYPES = {cls.__name__: cls for cls in (Diagnosis, LogitAttributionResult, PatchResult, PositionPatchResult,
                                                 ThresholdResult, BlendResult, CircuitResult, AttentionResult,
                                                 OverlapResult, AmplifiedResult, HeadFeatureResult, FeatureRepairResult)}
+
+
+LOADABLE = {cls.__name__: cls for cls in (*RESULT_TYPES.values(), AttributionResult)}
+
+
+def load(path):
+    """A result saved by `r.save(DIR)` or `surgeon COMMAND --out DIR` (DIR/results.json), or a whole report
+    folder (`surgeon report --out DIR`: its `Report`, every step read back from its folder), rebuilt as the
+    analysis returned it: it prints, draws and saves as before."""
+    from surgeon.errors import AnalysisError
+    from surgeon.show import VIEWS, view_of
+
+    path = Path(path)
+    bad = dict(where=str(path), field="load", fix="give a folder written by r.save(DIR), surgeon COMMAND --out DIR "
+                                                  "or surgeon report --out DIR")
+    manifest_file = path / "manifest.json"
+    try:
+        m = json.loads(manifest_file.read_text()) if manifest_file.is_file() else {}
+    except (OSError, ValueError):
+        m = {}
+    if isinstance(m, dict) and isinstance(m.get("report"), dict):
+        return _load_report(path, m["report"], bad)
+    if isinstance(m, dict) and m.get("command") == "report":  # written before the manifest said more
+        steps = [p.name for p in sorted(path.iterdir()) if (p / "step.json").is_file()]
+        order = [*STEPS[:-1], "sae_overlap", "sae_amplified", "sae_heads", "sae_repair"]
+        steps.sort(key=lambda s: order.index(s) if s in order else len(order))
+        case = (m.get("case") or {}).get("name", "?") if isinstance(m.get("case"), dict) else "?"
+        return _load_report(path, {"case": case, "model": (m.get("model") or {}).get("spec", "?")
+                                   if isinstance(m.get("model"), dict) else "?", "steps": steps}, bad)
+    try:
+        saved = json.loads((path / "results.json").read_text())
+    except (OSError, ValueError) as e:
+        raise AnalysisError(f"cannot read {path / 'results.json'} ({type(e).__name__})", **bad) from None
+    view_of(Diagnosis.__new__(Diagnosis))  # the views are registered the first time one is needed
+    by_command = {VIEWS[name].command: cls for name, cls in LOADABLE.items() if name in VIEWS}
+    cls = by_command.get(saved.get("command")) if isinstance(saved, dict) else None
+    if cls is None or not isinstance(saved.get("result"), dict):
+        raise AnalysisError(f"{path / 'results.json'} holds no result surgeon can read back (command "
+                            f"{saved.get('command') if isinstance(saved, dict) else None!r})", **bad)
+    try:
+        return from_jsonable(cls, saved["result"])
+    except (TypeError, ValueError, KeyError) as e:
+        raise AnalysisError(f"{path / 'results.json'} does not hold a {cls.__name__} ({type(e).__name__}: "
+                            f"{str(e)[:120]})", **bad) from None
+
+
+def _load_report(path: Path, meta: dict, bad: dict):
+    from surgeon.analyses.pipeline import Report
+    from surgeon.errors import AnalysisError
+
+    rep = Report(meta.get("case", "?"), meta.get("model", "?"), skipped=meta.get("skipped") or {},
+                 facts=meta.get("facts") or {})
+    for step in meta.get("steps") or []:
+        try:
+            info = json.loads((path / step / "step.json").read_text())
+            rep.steps[step] = from_jsonable(RESULT_TYPES[info["type"]],
+                                            json.loads((path / step / "results.json").read_text())["result"])
+            rep.options[step] = info.get("options") or {}
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            raise AnalysisError(f"the report's step {step!r} cannot be read back ({type(e).__name__})",
+                                **{**bad, "where": str(path / step)}) from None
+    return rep
 
 
 def report(case, model=None, *, out: str | Path | None = None, steps: Sequence[str] = STEPS, layer: int | None = None,

@@ -26,6 +26,8 @@ class View:
     figures: dict[str, Callable] = field(default_factory=dict)  # file name -> draw(result, path or None) -> Figure
     tables: dict[str, Callable] = field(default_factory=dict)  # file name -> rows(result) (CSV)
     save: Callable | None = None  # save(out, command, result, case, options=, device=, figures=, tables=, api=)
+    table: Callable | None = None  # result -> its main table (an object with .html()), for Jupyter
+    headline: Callable | None = None  # result -> one line: what it found (the repr's second part)
 
 
 def register(cls_name: str, view: View) -> None:
@@ -60,6 +62,12 @@ def svg_of(fig) -> str:
 class Shows:
     """Mixed into every analysis result (dataclasses): printing, Jupyter display, figures and saving."""
 
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        # the short repr below, put on each result class before @dataclass runs (which then keeps it instead of
+        # writing its field-by-field dump, kilobytes of arrays)
+        cls.__repr__ = Shows.__repr__
+
     def __str__(self) -> str:
         return view_of(self).text(self)
 
@@ -72,11 +80,25 @@ class Shows:
             raise ValueError(f"no figure {name!r}; this result draws: {', '.join(figs)}")
         return figs[name or next(iter(figs))](self, None)
 
-    def _repr_html_(self) -> str:
+    def __repr__(self) -> str:
+        """One or two lines: the analysis, the case and what it found (`print(r)` gives the whole report)."""
         v = view_of(self)
-        parts = [f"<pre>{html.escape(v.text(self))}</pre>"]
+        case = getattr(self, "case", None)
+        head = f"<{type(self).__name__}: surgeon {v.command}" + (f" on case {case!r}" if case else "") + ">"
+        line = v.headline(self) if v.headline else None
+        return head + (f"\n  {line}" if line else "")
+
+    def _repr_html_(self) -> str:
+        """The headline, the main table (an HTML table whose columns sort on a click), the figures, and the full
+        report folded beneath."""
+        v = view_of(self)
+        parts = [f"<p><b>{html.escape(repr(self).splitlines()[0])}</b>"
+                 + (f"<br>{html.escape(v.headline(self))}" if v.headline else "") + "</p>"]
+        if v.table is not None:
+            parts.append(v.table(self).html())
         for draw in v.figures.values():
             parts.append(f"<div>{svg_of(draw(self, None))}</div>")
+        parts.append(f"<details><summary>the full report</summary><pre>{html.escape(v.text(self))}</pre></details>")
         return "\n".join(parts)
 
     def save(self, out, case=None, *, device: str | None = None) -> Path:

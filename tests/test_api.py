@@ -93,9 +93,15 @@ def test_results_print_render_draw_and_save_what_the_cli_does(results, name, tmp
     r, argv = results[name]
     cli_out = tmp_path / "cli"
     assert str(r) == _cli_text(capsys, [*argv, "--out", str(cli_out)])  # print(r) is the command's report
-    page = r._repr_html_()  # Jupyter: the report, then each figure as inline SVG
-    assert page.startswith("<pre>") and html.unescape(page.split("</pre>")[0][len("<pre>"):]) == str(r)
+    page = r._repr_html_()  # Jupyter: the headline, the main table, each figure as inline SVG, the report folded
+    assert html.unescape(page.split("<pre>")[1].split("</pre>")[0]) == str(r)
     assert page.count("<svg") == len(view_of(r).figures) >= 1
+    if view_of(r).table is not None:
+        assert "<table class='data sortable'" in page and "<td" in page
+    # the plain repr: one or two short lines naming the analysis and the case, not a dump of the fields
+    lines = repr(r).splitlines()
+    assert 1 <= len(lines) <= 2 and all(len(x) < 220 for x in lines), repr(r)
+    assert lines[0].startswith(f"<{type(r).__name__}: surgeon {view_of(r).command}") and repr(r.case) in lines[0]
     fig = r.figure()
     assert fig.axes and any(ax.has_data() for ax in fig.axes)
     saved = r.save(tmp_path / "api")
@@ -112,18 +118,19 @@ def test_results_print_render_draw_and_save_what_the_cli_does(results, name, tmp
     assert man["argv"] == [] and man["api"].endswith(".save") and man["command"] == cli_res["command"]
 
 
-def test_results_reload_from_their_json_as_they_were(results):
-    """What `surgeon report` resumes from: a result rebuilt from its results.json prints and draws as it did."""
-    from surgeon.api import RESULT_TYPES
-    from surgeon.results import from_jsonable, to_jsonable
+def test_results_reload_from_their_json_as_they_were(results, tmp_path):
+    """What `surgeon report` resumes from, and `surgeon.load(DIR)`: a result saved and read back is the same type and
+    prints, draws and shows as it did."""
+    from surgeon.api import LOADABLE
 
+    assert {type(r).__name__ for r, _ in results.values()} <= set(LOADABLE)
     for name, (r, _) in results.items():
-        if type(r).__name__ not in RESULT_TYPES:
-            continue
-        back = from_jsonable(type(r), json.loads(json.dumps(to_jsonable(r))))
-        assert str(back) == str(r), name
+        back = surgeon.load(r.save(tmp_path / name))
+        assert type(back) is type(r) and str(back) == str(r) and repr(back) == repr(r), name
         for draw in view_of(r).figures.values():
             draw(back, None)
+    with pytest.raises(surgeon.SurgeonError, match="cannot read"):
+        surgeon.load(tmp_path / "nowhere")
 
 
 @pytest.mark.slow

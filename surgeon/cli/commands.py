@@ -95,8 +95,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--compare", action="store_true", help="also run exact per-unit patching and correlate")
     p.add_argument("--method", default="gradient", choices=list(ATTRIBUTION_METHODS),
                    help="; ".join(f"{k}: {v}" for k, v in ATTRIBUTION_METHODS.items()) + " (default: gradient)")
-    p.add_argument("--ig-steps", type=cli_types.bounded(1, MAX_IG_STEPS), default=None,
-                   help=f"points of the integral for --method ig (default: {ATTRIBUTION_IG_STEPS})")
+    p.add_argument("--ig-steps", type=cli_types.bounded(1, MAX_IG_STEPS), default=ATTRIBUTION_IG_STEPS,
+                   action=cli_types.Given, help=f"points of the integral for --method ig (default: {ATTRIBUTION_IG_STEPS})")
 
     p = sub.add_parser("threshold", help="search head subsets that repair: fraction repairing per size k, "
                                          "threshold k*, minimal subsets, per-head necessity")
@@ -158,7 +158,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--method", choices=list(METHODS),
                    help="edge scores: " + "; ".join(f"{k}: {v}" for k, v in METHODS.items())
                         + " (default: eap-ig-inputs where the formats' prompts have equal length, else eap-ig-masks)")
-    p.add_argument("--ig-steps", type=cli_types.bounded(1, MAX_IG_STEPS), default=None,
+    p.add_argument("--ig-steps", type=cli_types.bounded(1, MAX_IG_STEPS), default=IG_STEPS, action=cli_types.Given,
                    help=f"integration steps of the eap-ig-* methods, 1..{MAX_IG_STEPS} (default: {IG_STEPS}, MIB's)")
     p.add_argument("--ablation", default=ABLATIONS[0], choices=ABLATIONS,
                    help="what an ablated edge carries: the other format's sender output at the aligned positions "
@@ -290,17 +290,14 @@ def cmd_attention(args) -> int:
     return print_report(args, r, case, device)
 
 
-def _ig_steps(args, uses: bool, default: int) -> None:
-    """--ig-steps: its default where it was not given; a warning (before anything loads) where the method ignores it."""
-    if args.ig_steps is not None and not uses:
+def _ig_steps(args, uses: bool) -> None:
+    """A warning (before anything loads) where --ig-steps was given to a method that ignores it."""
+    if "ig_steps" in getattr(args, "given", ()) and not uses:
         warn(f"--ig-steps {args.ig_steps} is ignored: --method {args.method} does not integrate")
-    args.ig_steps = default if args.ig_steps is None else args.ig_steps
 
 
 def cmd_attribute(args) -> int:
-    from surgeon.circuits.methods import ATTRIBUTION_IG_STEPS
-
-    _ig_steps(args, args.method == "ig", ATTRIBUTION_IG_STEPS)
+    _ig_steps(args, args.method == "ig")
     case, model, device = load_case_and_model(args)
     from surgeon.analyses import attribute
 
@@ -451,10 +448,8 @@ def cmd_organisms(args) -> int:
 def cmd_circuit(args) -> int:
     from surgeon.circuits.export import check_targets
 
-    from surgeon.circuits.methods import IG_STEPS
-
     check_targets(args.export)  # refuse before loading anything
-    _ig_steps(args, args.method is None or "ig" in args.method, IG_STEPS)
+    _ig_steps(args, args.method is None or "ig" in args.method)
     case, model, device = load_case_and_model(args)
     warn_if_no_failure(args, case, model)
     from surgeon.analyses import planning

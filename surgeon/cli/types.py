@@ -71,3 +71,12 @@ def memory_size(text: str) -> int:
         return parse_bytes(text)
     except SurgeonError as e:
         raise argparse.ArgumentTypeError(f"{e.message}: {e.fix}") from None
+
+
+class Given(argparse.Action):
+    """Stores the value, and records in `args.given` that the option was written on the command line (so a
+    command can tell an explicit value from the default)."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        setattr(namespace, self.dest, values)
+        namespace.given = {*getattr(namespace, "given", ()), self.dest}

@@ -229,4 +229,7 @@ def save_report(out, command: str, rep, case, *, options: dict, device: str | No
                      argv=[] if api else None)
         if api:
             m["api"] = api
+        # what `surgeon.load(DIR)` needs to rebuild the Report besides the step folders
+        m["report"] = {"case": rep.case, "model": rep.model, "steps": list(rep.steps), "skipped": rep.skipped,
+                       "facts": rep.facts}
         write_json(tmp / "manifest.json", m)

@@ -3,28 +3,70 @@ writes with `--out`, under the command's name. The CLI prints and saves through 
 `print(r)` and `r.save(dir)` in a notebook are what the command line gives."""
 from __future__ import annotations
 
+import numpy as np
+
 from surgeon.circuits.export import circuit_figure
-from surgeon.reports import figures, html, text
+from surgeon.reports import figures, html, tables, text
 from surgeon.show import View, register
 from surgeon.spec.metrics import describe as describe_metric
 
+
+def _diagnosis_line(d) -> str:
+    said = []
+    for b, yes in d.reproduced.items():
+        on = d.focus or "all"
+        a, g = d.get(b, on).accuracy, d.get(d.good, on).accuracy
+        said.append(f"{b!r} {'fails' if yes else 'does not fail'}: {100 * a.value:.1f}% right vs {100 * g.value:.1f}% "
+                    f"in {d.good!r} ({on} items, n={a.n})")
+    return "; ".join(said)
+
+
+def _patch_line(p) -> str:
+    f = np.nan_to_num(np.asarray(p.fraction, dtype=float), nan=-np.inf)
+    li, u = np.unravel_index(int(np.argmax(f)), f.shape)
+    return (f"best single unit L{p.layers[li]}H{u}: repair fraction {p.fraction[li, u]:+.3f} "
+            f"[{p.fraction_lo[li, u]:+.3f}, {p.fraction_hi[li, u]:+.3f}] over {p.n_items} items")
+
+
+def _threshold_line(r) -> str:
+    t = r.threshold("all")
+    return (f"k* = {t.k_star} of {len(r.units)} heads" if t.k_star is not None else
+            f"no subset size k reaches {100 * t.x:g}% repairing ({len(r.units)} heads)")
+
+
+def _circuit_line(c) -> str:
+    lo, hi = c.circuit_faithfulness_ci
+    return (f"{len(c.circuit)} of {c.n_edges} edges, f = {c.circuit_faithfulness:.3f} [{lo:.3f}, {hi:.3f}] "
+            f"({c.method}, {c.ablation} ablation)")
+
+
+def _report_line(r) -> str:
+    return "steps: " + ", ".join(r.steps) + (f"; not run: {', '.join(r.skipped)}" if r.skipped else "")
+
 VIEWS = {
     "Diagnosis": View("diagnose", text.diagnosis_text, {"accuracy.png": figures.diagnosis_figure},
-                      {"items.csv": text.diagnosis_rows}),
-    "PatchResult": View("patch", text.patch_text, {"heatmap.png": figures.patch_heatmap}),
-    "PositionPatchResult": View("patch-positions", text.position_patch_text, {"positions.png": figures.position_heatmap}),
+                      {"items.csv": text.diagnosis_rows}, table=tables.diagnose_table, headline=_diagnosis_line),
+    "PatchResult": View("patch", text.patch_text, {"heatmap.png": figures.patch_heatmap}, table=tables.patch_table,
+                        headline=_patch_line),
+    "PositionPatchResult": View("patch-positions", text.position_patch_text, {"positions.png": figures.position_heatmap},
+                                table=tables.positions_table),
     "AttentionResult": View("attention", text.attention_text, {"attention.png": figures.attention_figure}),
     "AttributionResult": View("attribute", text.attribution_text, {"attribution.png": figures.attribution_heatmap}),
     "ThresholdResult": View("threshold", text.threshold_text, {"threshold.png": figures.threshold_figure},
-                            {"subsets.csv": text.threshold_rows}),
-    "BlendResult": View("blend", text.blend_text, {"blend.png": figures.blend_figure}),
+                            {"subsets.csv": text.threshold_rows}, table=tables.threshold_table,
+                            headline=_threshold_line),
+    "BlendResult": View("blend", text.blend_text, {"blend.png": figures.blend_figure}, table=tables.blend_table),
     "CircuitResult": View("circuit", text.circuit_text, {"faithfulness.png": figures.faithfulness_figure,
-                                                        "circuit.png": circuit_figure}),
-    "OverlapResult": View("sae-overlap", text.overlap_text, {"overlap.png": figures.overlap_figure}),
-    "AmplifiedResult": View("sae-amplified", text.amplified_text),
-    "HeadFeatureResult": View("sae-heads", text.head_feature_text, {"heads_features.png": figures.head_feature_heatmap}),
-    "FeatureRepairResult": View("sae-repair", text.feature_repair_text),
-    "LogitAttributionResult": View("dla", text.logit_attribution_text, {"dla.png": figures.logit_attribution_figure}),
+                                                        "circuit.png": circuit_figure}, table=tables.circuit_table,
+                          headline=_circuit_line),
+    "OverlapResult": View("sae-overlap", text.overlap_text, {"overlap.png": figures.overlap_figure},
+                          table=tables.overlap_table),
+    "AmplifiedResult": View("sae-amplified", text.amplified_text, table=tables.amplified_table),
+    "HeadFeatureResult": View("sae-heads", text.head_feature_text, {"heads_features.png": figures.head_feature_heatmap},
+                              table=tables.head_feature_table),
+    "FeatureRepairResult": View("sae-repair", text.feature_repair_text, table=tables.feature_repair_table),
+    "LogitAttributionResult": View("dla", text.logit_attribution_text, {"dla.png": figures.logit_attribution_figure},
+                                   table=tables.dla_table),
 }
 
 
@@ -48,4 +90,4 @@ for _name, _view in VIEWS.items():
         _view.text = _saying_the_metric(_view.text)
     register(_name, _view)
 
-register("Report", View("report", html.report_text, save=html.save_report))
+register("Report", View("report", html.report_text, save=html.save_report, headline=_report_line))

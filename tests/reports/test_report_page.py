@@ -68,6 +68,11 @@ def test_a_second_run_reuses_the_finished_steps(report_dir, induction_model, tmp
     # the page is rendered from the results alone: reloaded, they give the same page (but its date line)
     strip = lambda p: re.sub(r"<p class='meta'>.*?</p>", "", p)  # noqa: E731
     assert strip(surgeon.api.render_report(again)) == strip(surgeon.api.render_report(first))
+    # surgeon.load(DIR) reads the whole report back: the same steps, options and page
+    loaded = surgeon.load(out)
+    assert list(loaded.steps) == list(first.steps) and loaded.options == json.loads(json.dumps(first.options))
+    assert strip(surgeon.api.render_report(loaded)) == strip(surgeon.api.render_report(first))
+    assert repr(loaded) == repr(first) and repr(loaded.steps["circuit"]) == repr(first.steps["circuit"])
     # another budget is another threshold search: that step runs again, the others are reused
     shutil.copytree(out, tmp_path / "copy")
     other = surgeon.report(INDUCTION, induction_model, out=tmp_path / "copy", budget=40, verify=10, paths=3,
