@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Sequence
 
 from surgeon.analyses.attention import AttentionResult, attention_patterns
-from surgeon.analyses.pipeline import STEPS, run_report
+from surgeon.analyses.pipeline import STEPS, Report, run_report
 from surgeon.analyses.attribution import AttributionResult
 from surgeon.analyses.attribution import attribute as attribute_units
 from surgeon.analyses.blend import BlendResult
@@ -34,6 +34,8 @@ from surgeon.analyses.circuit import (
     evaluate_circuit,
 )
 from surgeon.analyses.diagnose import Diagnosis
+from surgeon.analyses.encode import Encoding
+from surgeon.analyses.encode import encode as encode_case
 from surgeon.analyses.diagnose import diagnose as diagnose_case
 from surgeon.analyses.logit_attribution import LogitAttributionResult, logit_attribution
 from surgeon.analyses.patching import PatchResult, patch_heads
@@ -54,11 +56,12 @@ from surgeon.results import from_jsonable, to_jsonable, versions, write_json
 from surgeon.sae.load import SAESource, load_sae
 from surgeon.search.subsets import ThresholdResult
 from surgeon.search.threshold import threshold_search
+from surgeon.show import VIEWS, view_of
 from surgeon.sites.ablations import ABLATIONS
-from surgeon.errors import SurgeonError
+from surgeon.errors import AnalysisError, SurgeonError
 from surgeon.spec.case import Case, case_metric_of, validate
 
-__all__ = ["diagnose", "dla", "attention", "patch", "patch_positions", "attribute", "threshold", "blend", "circuit",
+__all__ = ["diagnose", "encode", "dla", "attention", "patch", "patch_positions", "attribute", "threshold", "blend", "circuit",
            "circuit_eval", "sae_overlap", "sae_amplified", "sae_heads", "sae_repair", "report", "render_report",
            "case_and_model", "read", "load"]
 
@@ -120,6 +123,15 @@ def patch(case, model=None, *, layers: Sequence[int] | None = None, component: s
                                     max_memory=max_memory, bad=bad, direction=direction, tag=tag)
     return patch_heads(case, model, layers=layers, component=component, direction=direction, bad=bad,
                        tag=tag, batch_size=batch_size)
+
+
+def encode(case, model=None, *, bad: str | None = None, tag: str | None = "all", items: Sequence[int] | None = None,
+           device: str | None = None, dtype: str = "float32"):
+    """What the model reads (`surgeon encode`): per item and format the token ids and strings, the scored positions
+    and the answer token each scores, and the aligned position pairs patching moves between; `.to_pandas()` gives
+    one row per item x format x position."""
+    case, model = case_and_model(case, model, device=device, dtype=dtype)
+    return encode_case(case, model, bad=bad, tag=tag, items=items)
 
 
 def dla(case, model=None, *, tag: str | None = None, batch_size: int = 256, device: str | None = None,
@@ -337,16 +349,13 @@ RESULT_TYPES = {cls.__name__: cls for cls in (Diagnosis, LogitAttributionResult,
                                                 OverlapResult, AmplifiedResult, HeadFeatureResult, FeatureRepairResult)}
 
 
-LOADABLE = {cls.__name__: cls for cls in (*RESULT_TYPES.values(), AttributionResult)}
+LOADABLE = {cls.__name__: cls for cls in (*RESULT_TYPES.values(), AttributionResult, Encoding)}
 
 
 def load(path):
     """A result saved by `r.save(DIR)` or `surgeon COMMAND --out DIR` (DIR/results.json), or a whole report
     folder (`surgeon report --out DIR`: its `Report`, every step read back from its folder), rebuilt as the
     analysis returned it: it prints, draws and saves as before."""
-    from surgeon.errors import AnalysisError
-    from surgeon.show import VIEWS, view_of
-
     path = Path(path)
     bad = dict(where=str(path), field="load", fix="give a folder written by r.save(DIR), surgeon COMMAND --out DIR "
                                                   "or surgeon report --out DIR")
@@ -382,9 +391,6 @@ def load(path):
 
 
 def _load_report(path: Path, meta: dict, bad: dict):
-    from surgeon.analyses.pipeline import Report
-    from surgeon.errors import AnalysisError
-
     rep = Report(meta.get("case", "?"), meta.get("model", "?"), skipped=meta.get("skipped") or {},
                  facts=meta.get("facts") or {})
     for step in meta.get("steps") or []:

@@ -67,6 +67,13 @@ def build_parser() -> argparse.ArgumentParser:
     add_common(p)
     p.add_argument("--tag", help="only items with this tag ('all' for every item; default: the case's focus)")
 
+    p = sub.add_parser("encode", help="what the model reads: each item's tokens per format, the scored positions "
+                                      "and answer tokens, and the aligned positions patching moves between")
+    add_common(p)
+    p.add_argument("--items", default="0,1,2", help="item indices among the items shown, e.g. 0,3 (default: 0,1,2)")
+    p.add_argument("--tag", default="all", help="only items with this tag (default: all: every item)")
+    p.add_argument("--bad", help="only this failing format (default: every failing format)")
+
     p = sub.add_parser("patch-positions", help="patch each unit of each layer at each aligned position alone "
                                                "(units x positions; --component resid_pre: the residual stream)")
     add_patching(p, COMPONENTS)
@@ -268,6 +275,15 @@ def cmd_dla(args) -> int:
     from surgeon.analyses.logit_attribution import logit_attribution
 
     r = logit_attribution(case, model, tag=args.tag, batch_size=args.batch_size)
+    return print_report(args, r, case, device)
+
+
+def cmd_encode(args) -> int:
+    items = _int_list(args.items, "--items")
+    case, model, device = load_case_and_model(args)
+    from surgeon.analyses.encode import encode
+
+    r = encode(case, model, bad=args.bad, tag=args.tag, items=items)
     return print_report(args, r, case, device)
 
 
@@ -528,7 +544,7 @@ def cmd_sae(args) -> int:
     return run(args)
 
 
-COMMANDS = {"report": cmd_report, "cases": cmd_cases, "sae": cmd_sae, "diagnose": cmd_diagnose, "circuit": cmd_circuit, "circuit-eval": cmd_circuit_eval, "patch": cmd_patch, "attribute": cmd_attribute, "dla": cmd_dla, "attention": cmd_attention, "patch-positions": cmd_patch_positions, "threshold": cmd_threshold,
+COMMANDS = {"report": cmd_report, "cases": cmd_cases, "sae": cmd_sae, "diagnose": cmd_diagnose, "circuit": cmd_circuit, "circuit-eval": cmd_circuit_eval, "patch": cmd_patch, "attribute": cmd_attribute, "dla": cmd_dla, "encode": cmd_encode, "attention": cmd_attention, "patch-positions": cmd_patch_positions, "threshold": cmd_threshold,
             "merge": cmd_merge,
             "blend": cmd_blend, "organisms": cmd_organisms}
 

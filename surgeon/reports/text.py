@@ -538,3 +538,24 @@ def attention_text(r, top: int = 3) -> str:
                 lines.append(f"{head} item {i:<3d} {fmt:8s} " + "  ".join(f"{k}:{p.tokens[k]!r} {row[k]:.2f}"
                                                                          for k in best))
     return "\n".join(lines)
+
+
+def encoding_text(e, shown: int = 3) -> str:
+    """The first `shown` items: each format's tokens (position:token), the scored positions with the answer token
+    each scores, and the aligned pairs patching moves between (failing <- good)."""
+    lines = [f"case {e.case} · what the model reads · {e.n_items} item{'s' * (e.n_items != 1)} ({e.tag or 'all'}) · "
+             f"align {e.align} · good {e.good!r}, failing {', '.join(map(repr, e.bad))}",
+             "tokens as position:text (| ends the prompt); scored: position -> answer token id (+ correct, - incorrect)"]
+    items = sorted({r.item for r in e.rows})
+    for i in items[:shown]:
+        lines.append("")
+        for r in (r for r in e.rows if r.item == i):
+            toks = " ".join(f"{p}:{t!r}" + (" |" if p == r.n_prompt - 1 else "") for p, t in enumerate(r.strings))
+            lines.append(f"item {i} ({r.tag or 'untagged'}) {r.format} ({r.role}), the {r.answer} answer's row, "
+                         f"{len(r.tokens)} tokens: {toks}")
+            lines.append("  scored: " + ", ".join(f"{p} -> {t} ({'+' if s > 0 else '-'})" for p, t, s in r.targets))
+            if r.pairs:
+                lines.append(f"  patched from {e.good!r}: " + ", ".join(f"{b}<-{g}" for b, g in r.pairs))
+    if len(items) > shown:
+        lines.append(f"\n... {len(items) - shown} more items (surgeon.encode(...).to_pandas() holds every row)")
+    return "\n".join(lines)

@@ -65,6 +65,7 @@ VIEWS = {
     "HeadFeatureResult": View("sae-heads", text.head_feature_text, {"heads_features.png": figures.head_feature_heatmap},
                               table=tables.head_feature_table),
     "FeatureRepairResult": View("sae-repair", text.feature_repair_text, table=tables.feature_repair_table),
+    "Encoding": View("encode", text.encoding_text),
     "LogitAttributionResult": View("dla", text.logit_attribution_text, {"dla.png": figures.logit_attribution_figure},
                                    table=tables.dla_table),
 }
