@@ -28,6 +28,7 @@ class View:
     save: Callable | None = None  # save(out, command, result, case, options=, device=, figures=, tables=, api=)
     table: Callable | None = None  # result -> its main table (an object with .html()), for Jupyter
     headline: Callable | None = None  # result -> one line: what it found (the repr's second part)
+    frame: Callable | None = None  # result -> a pandas DataFrame in long format (`to_pandas`)
 
 
 def register(cls_name: str, view: View) -> None:
@@ -100,6 +101,14 @@ class Shows:
             parts.append(f"<div>{svg_of(draw(self, None))}</div>")
         parts.append(f"<details><summary>the full report</summary><pre>{html.escape(v.text(self))}</pre></details>")
         return "\n".join(parts)
+
+    def to_pandas(self):
+        """The result as a pandas DataFrame in long format: one row per unit x item x format where the analysis
+        keeps per-item values, else one row per unit (`surgeon.reports.frames` says what each holds)."""
+        v = view_of(self)
+        if v.frame is None:
+            raise TypeError(f"{type(self).__name__} has no table form")
+        return v.frame(self)
 
     def save(self, out, case=None, *, device: str | None = None) -> Path:
         """Write what `surgeon COMMAND --out DIR` writes: results.json, manifest.json (with the case and its

@@ -228,3 +228,37 @@ def test_the_docs_python_example_runs(tmp_path, monkeypatch):
     scope: dict = {}
     exec(compile(block.group(1), "docs/python.md", "exec"), scope)  # noqa: S102 - the docs' own example
     assert (tmp_path / "out" / "patch" / "results.json").exists()
+
+
+def test_every_result_is_a_long_data_frame_holding_its_numbers(results):
+    """`r.to_pandas()`: long format, named columns; the per-item values reshaped without a permutation (their means
+    are the result's own means)."""
+    import numpy as np
+
+    for name, (r, _) in results.items():
+        df = r.to_pandas()
+        assert len(df.columns) and all(isinstance(c, str) for c in df.columns), name
+        assert len(df) > 0 or (name == "sae_amplified" and not r.ranked), name
+    d = results["diagnose"][0].to_pandas()
+    for s in results["diagnose"][0].stats:
+        if s.tag == "all":
+            assert np.isclose(d[d.format == s.format].score.mean(), s.score.value)
+    p, _ = results["patch"]
+    means = p.to_pandas().groupby(["layer", "unit"]).score.mean()
+    for li, L in enumerate(p.layers):
+        np.testing.assert_allclose([means[(L, u)] for u in range(p.n_units)], p.score[li], rtol=1e-6)
+    q, _ = results["patch_positions"]
+    f = q.to_pandas()
+    slot, unit = q.per_item.shape[1] - 1, q.per_item.shape[2] - 1
+    got = f[(f.layer == q.layers[0]) & (f.slot == slot) & (f.unit == unit)].sort_values("item").score.to_numpy()
+    np.testing.assert_array_equal(got, q.per_item[0, slot, unit])
+    a, _ = results["attention"]
+    fa = a.to_pandas()
+    pat = a.patterns[-1]
+    sub = fa[(fa["head"] == pat.head) & (fa["item"] == pat.item) & (fa["format"] == pat.format)]
+    np.testing.assert_array_equal(sub.pivot(index="query", columns="key", values="weight").to_numpy(), pat.pattern)
+    o, _ = results["sae_overlap"]
+    fo = o.to_pandas()
+    b = o.bad[0]
+    assert np.isclose(fo[(fo.format == b) & (fo.metric == "overlap") & (fo.layer == o.layers[0])].value.mean(),
+                      o.metrics[b]["overlap"][0].value)

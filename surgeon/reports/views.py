@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from surgeon.circuits.export import circuit_figure
-from surgeon.reports import figures, html, tables, text
+from surgeon.reports import figures, frames, html, tables, text
 from surgeon.show import View, register
 from surgeon.spec.metrics import describe as describe_metric
 
@@ -70,6 +70,14 @@ VIEWS = {
                                    table=tables.dla_table),
 }
 
+# each result as a pandas DataFrame (`r.to_pandas()`; Encoding builds its own)
+FRAMES = {"Diagnosis": frames.diagnosis_frame, "PatchResult": frames.patch_frame,
+          "PositionPatchResult": frames.positions_frame, "AttentionResult": frames.attention_frame,
+          "AttributionResult": frames.attribution_frame, "ThresholdResult": frames.threshold_frame,
+          "BlendResult": frames.blend_frame, "CircuitResult": frames.circuit_frame,
+          "OverlapResult": frames.overlap_frame, "AmplifiedResult": frames.amplified_frame,
+          "HeadFeatureResult": frames.head_feature_frame, "FeatureRepairResult": frames.feature_repair_frame,
+          "LogitAttributionResult": frames.dla_frame}
 
 
 def _saying_the_metric(report):
@@ -87,8 +95,10 @@ def _saying_the_metric(report):
 
 for _name, _view in VIEWS.items():
     _view.save = text.save_result
+    _view.frame = FRAMES.get(_name)
     if _name != "Diagnosis":  # which says it anyway
         _view.text = _saying_the_metric(_view.text)
     register(_name, _view)
 
-register("Report", View("report", html.report_text, save=html.save_report, headline=_report_line))
+register("Report", View("report", html.report_text, save=html.save_report, headline=_report_line,
+                        frame=frames.report_frames))
