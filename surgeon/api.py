@@ -134,11 +134,13 @@ def encode(case, model=None, *, bad: str | None = None, tag: str | None = "all",
     return encode_case(case, model, bad=bad, tag=tag, items=items)
 
 
-def dla(case, model=None, *, tag: str | None = None, batch_size: int = 256, device: str | None = None,
-        dtype: str = "float32"):
-    """Direct logit attribution per head and layer, and the logit lens, in every format (`surgeon dla`)."""
+def dla(case, model=None, *, tag: str | None = None, batch_size: int = 256, value_biases: str = "per-head",
+        lens_bias: str = "included", device: str | None = None, dtype: str = "float32"):
+    """Direct logit attribution per head and layer, and the logit lens, in every format (`surgeon dla`);
+    `value_biases="folded"` and `lens_bias="excluded"` give TransformerLens's conventions."""
     case, model = case_and_model(case, model, device=device, dtype=dtype)
-    return logit_attribution(case, model, tag=tag, batch_size=batch_size)
+    return logit_attribution(case, model, tag=tag, batch_size=batch_size, value_biases=value_biases,
+                             lens_bias=lens_bias)
 
 
 def patch_positions(case, model=None, *, layers: Sequence[int] | None = None, component: str = "z",

@@ -12,6 +12,14 @@ unembedding: how the logit difference builds up, layer by layer, in each format.
 
 An item scored at several positions (see `surgeon.Item`) is attributed at each of them, and its parts combined as
 its score is (the mean or the sum over positions: `Case.combine`), so they still sum to the model's own number.
+
+Conventions (recorded in the result and said in its report), each selectable:
+- `value_biases="per-head"` (default, the raw weights): a head's output z @ W_O includes its value bias b_V @ W_O
+  (the attention weights sum to 1). `"folded"` is TransformerLens's default model (`fold_value_biases`): b_V @ W_O is
+  moved into the layer's attention bias, so each head's part is (z - b_V) @ W_O and the bias part grows by their sum.
+- `lens_bias="included"` (default): the logit lens reads logits with the unembedding bias, so its last layer is the
+  model's own logit difference. `"excluded"` is TransformerLens's logit lens (the residual stack through the final
+  norm and W_U, no b_U): every layer's value moves by the constant b_U[correct] - b_U[incorrect].
 """
 from __future__ import annotations
 
@@ -89,8 +97,12 @@ def _combined(parts: dict, rows, weights: np.ndarray, n_items: int) -> dict:
     return out
 
 
+VALUE_BIASES = ("per-head", "folded")
+LENS_BIAS = ("included", "excluded")
+
+
 @torch.no_grad()
-def _parts(model, rows, batch_size: int):
+def _parts(model, rows, batch_size: int, value_biases: str = "per-head", lens_bias: str = "included"):
     """Per scored position (`_pairs`, in row order): the direct parts [positions, layers, heads], attention biases and
     MLPs [positions, layers], embedding and biases [positions], the model's logit difference [positions] and the logit
     lens [positions, layers]."""
@@ -124,9 +136,12 @@ def _parts(model, rows, batch_size: int):
             return ((x / scale.view(-1, *[1] * (x.dim() - 1))) * w * direction.view(n, *[1] * (x.dim() - 2),
                                                                                      -1)).sum(-1)
 
-        heads = torch.stack([read(torch.einsum("nhd,hdm->nhm", at(f"blocks.{x}.attn.hook_z"), model.W_O[x]))
-                             for x in range(L)], 1)  # [n, L, H]
-        attn_bias = torch.stack([read(model.b_O[x].expand(n, -1)) for x in range(L)], 1)
+        folded = value_biases == "folded"
+        b_v = [model.blocks[x].attn.b_V for x in range(L)]  # [H, d_head] (a key/value head's repeated per query head)
+        heads = torch.stack([read(torch.einsum("nhd,hdm->nhm", at(f"blocks.{x}.attn.hook_z") - (b_v[x] if folded else 0),
+                                               model.W_O[x])) for x in range(L)], 1)  # [n, L, H]
+        attn_bias = torch.stack([read((model.b_O[x] + (torch.einsum("hd,hdm->m", b_v[x], model.W_O[x]) if folded else 0)
+                                       ).expand(n, -1)) for x in range(L)], 1)
         mlp = (torch.stack([read(at(f"blocks.{x}.hook_mlp_out")) for x in range(L)], 1) if not cfg.attn_only
                else torch.zeros(n, L))
         embed = read(at("blocks.0.hook_resid_pre"))
@@ -140,7 +155,7 @@ def _parts(model, rows, batch_size: int):
         for x in range(L):
             h = at(f"blocks.{x}.hook_resid_post")[:, None]
             lg = model.unembed(model.ln_final(h) if ln is not None else h)[:, 0]
-            lens.append(lg[idx, good] - lg[idx, bad])
+            lens.append(lg[idx, good] - lg[idx, bad] - (model.b_U[good] - model.b_U[bad] if lens_bias == "excluded" else 0))
         for k, v in (("heads", heads), ("attn_bias", attn_bias), ("mlp", mlp), ("embed", embed), ("bias", bias),
                      ("total", total), ("lens", torch.stack(lens, 1))):
             out[k].append(v.float().cpu())
@@ -154,14 +169,19 @@ def _ci(x: np.ndarray) -> np.ndarray:
     return np.stack([m, lo, hi], -1).reshape(*x.shape[1:], 3)
 
 
-def logit_attribution(case: Case, model, *, tag: str | None = None, batch_size: int = 256) -> LogitAttributionResult:
-    """Direct logit attribution per head and per layer, and the logit lens, in every format of the case."""
+def logit_attribution(case: Case, model, *, tag: str | None = None, batch_size: int = 256,
+                      value_biases: str = "per-head", lens_bias: str = "included") -> LogitAttributionResult:
+    """Direct logit attribution per head and per layer, and the logit lens, in every format of the case, under the
+    conventions named (see the module's docstring)."""
+    for value, name, choices in ((value_biases, "--value-biases", VALUE_BIASES), (lens_bias, "--lens-bias", LENS_BIAS)):
+        if value not in choices:
+            raise AnalysisError(f"unknown convention {value!r}", field=name, fix=f"choose from: {', '.join(choices)}")
     tag, items = pick_items(case, tag)
     cfg = model.cfg
     formats, parts = [], {}
     for fmt in [case.good, *case.bad_formats]:
         rows, weights = _rows(case, model, fmt, items)
-        p = _combined(_parts(model, rows, batch_size), rows, weights, len(items))
+        p = _combined(_parts(model, rows, batch_size, value_biases, lens_bias), rows, weights, len(items))
         parts[fmt] = p
         attn = p["heads"].sum(-1) + p["attn_bias"]
         summed = attn.sum(-1) + p["mlp"].sum(-1) + p["embed"] + p["bias"]
@@ -172,4 +192,5 @@ def logit_attribution(case: Case, model, *, tag: str | None = None, batch_size: 
             _ci(p["lens"]), float(np.abs(summed - p["total"]).max())))
     diff = {b: _ci(parts[b]["heads"] - parts[case.good]["heads"]) for b in case.bad_formats}
     return LogitAttributionResult(case.name, tag, len(items), cfg.n_layers, cfg.n_heads, formats, diff,
-                                  options=dict(tag=tag, batch_size=batch_size))
+                                  options=dict(tag=tag, batch_size=batch_size, value_biases=value_biases,
+                                               lens_bias=lens_bias))

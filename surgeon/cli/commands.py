@@ -66,6 +66,12 @@ def build_parser() -> argparse.ArgumentParser:
                                    "format: the first look before patching")
     add_common(p)
     p.add_argument("--tag", help="only items with this tag ('all' for every item; default: the case's focus)")
+    p.add_argument("--value-biases", default="per-head", choices=["per-head", "folded"],
+                   help="per-head: each head's output includes its value bias (the raw weights); folded: moved into "
+                        "the attention bias, as TransformerLens's default model (default: per-head)")
+    p.add_argument("--lens-bias", default="included", choices=["included", "excluded"],
+                   help="the logit lens with the unembedding bias (its last layer is the model's output) or without "
+                        "it, as TransformerLens's (default: included)")
 
     p = sub.add_parser("encode", help="what the model reads: each item's tokens per format, the scored positions "
                                       "and answer tokens, and the aligned positions patching moves between")
@@ -274,7 +280,8 @@ def cmd_dla(args) -> int:
     case, model, device = load_case_and_model(args)
     from surgeon.analyses.logit_attribution import logit_attribution
 
-    r = logit_attribution(case, model, tag=args.tag, batch_size=args.batch_size)
+    r = logit_attribution(case, model, tag=args.tag, batch_size=args.batch_size, value_biases=args.value_biases,
+                          lens_bias=args.lens_bias)
     return print_report(args, r, case, device)
 
 

@@ -51,12 +51,16 @@ def methods_paragraph(rep, how: str = "text") -> str:
         parts.append("Each attention head's output (before W_O) was patched alone from the good format's run into the "
                      f"failing one at the aligned positions (activation patching {cite('heimersheim2024patching')}); "
                      "repair fraction = (patched - failing) / (good - failing) of the mean score.")
-    if "dla" in o:
+    if "dla" in o and st.get("dla") is not None:
+        do = st["dla"].options
+        vb = ("each head's output including its value bias" if do.get("value_biases", "per-head") == "per-head" else
+              "value biases folded into the attention bias")
+        lb = "with" if do.get("lens_bias", "included") == "included" else "without"
         parts.append("Direct logit attribution split each format's logit difference (correct - incorrect answer) into "
                      "the direct effects of the embeddings, every head, every MLP and the biases, through the final "
-                     f"norm's scale as measured on each item {cite('elhage2021framework')}; the logit lens read the "
-                     f"residual stream after each layer through the final norm and unembedding "
-                     f"{cite('nostalgebraist2020lens')}.")
+                     f"norm's scale as measured on each item ({vb}) {cite('elhage2021framework')}; the logit lens "
+                     f"read the residual stream after each layer through the final norm and unembedding, {lb} the "
+                     f"unembedding bias {cite('nostalgebraist2020lens')}.")
     if "positions" in o:
         parts.append(f"Layer {', '.join(map(str, o['positions']['layers']))}'s heads were also patched one aligned "
                      "position at a time, over the items that have the position.")

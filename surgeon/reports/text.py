@@ -465,6 +465,15 @@ def feature_repair_text(r) -> str:
     return "\n".join(lines)
 
 
+def _dla_conventions(options: dict) -> str:
+    vb, lb = options.get("value_biases", "per-head"), options.get("lens_bias", "included")
+    return ("conventions: value biases " + ("in each head's output (raw weights; TransformerLens's default model folds "
+                                            "them into the attention bias: --value-biases folded)" if vb == "per-head"
+                                            else "folded into the attention bias, as TransformerLens's default model")
+            + "; logit lens " + ("with the unembedding bias (TransformerLens's has none: --lens-bias excluded)"
+                                 if lb == "included" else "without the unembedding bias, as TransformerLens's"))
+
+
 def logit_attribution_text(r, top: int = 10) -> str:
     def ci(v) -> str:
         return f"{v[0]:+.2f} [{v[1]:+.2f}, {v[2]:+.2f}]" if np.isfinite(v[1]) else f"{v[0]:+.2f} (no interval)"
@@ -472,6 +481,7 @@ def logit_attribution_text(r, top: int = 10) -> str:
     names = [f.format for f in r.formats]
     lines = [f"case {r.case} · direct logit attribution and logit lens · {r.n_items} items ({r.tag or 'all'}) · "
              "logit difference correct - incorrect at the first token where the answers differ, 95% CI over items",
+             _dla_conventions(r.options),
              "", f"{'':24s}" + "".join(f"{n + (' (good)' if f.role == 'good' else ''):>26s}"
                                        for n, f in zip(names, r.formats)),
              f"{'logit difference':24s}" + "".join(f"{ci(f.logit_diff):>26s}" for f in r.formats),

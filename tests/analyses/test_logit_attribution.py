@@ -74,3 +74,35 @@ def test_answers_without_a_differing_token_are_refused(threshold_model):
     case = type(case)(**{**case.__dict__, "items": [Item(dict(case.items[0].values), correct=" 1", incorrect=" 12")]})
     with pytest.raises(AnalysisError, match="first token where the answers differ"):
         logit_attribution(case, threshold_model)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name,model", [("decimal_organism", "decimal_model"), ("induction_organism", "induction_model")])
+def test_transformer_lens_conventions_under_each_option(name, model, request):
+    """`value_biases="folded"`: the heads equal TransformerLens's `stack_head_results` on the same weights with its
+    `fold_value_biases` applied; `lens_bias="excluded"`: the lens equals TransformerLens's logit lens
+    (`accumulated_resid(apply_ln=True)` @ the unembedding difference, no b_U). Both conventions move the numbers
+    (the organisms' value and unembedding biases are not zero), and the parts still sum to the logits."""
+    import copy
+
+    model = request.getfixturevalue(model)
+    case = _case(name)
+    raw = logit_attribution(case, model)
+    tl = logit_attribution(case, model, value_biases="folded", lens_bias="excluded")
+    assert tl.options["value_biases"] == "folded" and "folded into the attention bias" in str(tl)
+    folded = copy.deepcopy(model)
+    folded.load_state_dict(folded.fold_value_biases(folded.state_dict()))
+    _, items = pick_items(case, None)
+    for f_raw, f_tl in zip(raw.formats, tl.formats):
+        want = _tl_heads(case, folded, f_tl.format).mean(0)
+        np.testing.assert_allclose(f_tl.heads[..., 0], want, atol=2e-5 * max(1.0, np.abs(want).max()))
+        assert np.abs(f_tl.heads[..., 0] - f_raw.heads[..., 0]).max() > 1e-3  # the convention matters here
+        assert f_tl.max_residual < 1e-4 * max(1.0, abs(f_tl.logit_diff[0]))
+        lens = []
+        for row in _rows(case, model, f_tl.format, items)[0]:
+            pos, good, bad = row.targets[0][0], row.targets[0][1], row.targets[1][1]
+            _, cache = model.run_with_cache(torch.tensor([row.tokens]))
+            stack = cache.accumulated_resid(layer=-1, incl_mid=False, pos_slice=pos, apply_ln=True)[:, 0]
+            lens.append((stack[1:] @ (model.W_U[:, good] - model.W_U[:, bad])).detach().numpy())
+        np.testing.assert_allclose(f_tl.lens[:, 0], np.mean(lens, 0), atol=1e-4)
+        assert np.abs(f_tl.lens[:, 0] - f_raw.lens[:, 0]).max() > 1e-4

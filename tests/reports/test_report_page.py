@@ -42,6 +42,7 @@ def test_the_report_runs_every_step_and_writes_one_page(report_dir):
     # the steps the page adds: DLA and the logit lens, per-position patching of the patched layer, the attention of
     # the circuit's strongest heads (by the summed |score| of their circuit edges, counted here from the edge names)
     assert "Direct logit attribution" in methods and "(Elhage et al., 2021)" in methods
+    assert "including its value bias" in methods and "with the unembedding bias" in methods
     assert rep.options["positions"]["layers"] == [rep.options["threshold"]["layer"]]
     c = rep.steps["circuit"]
     weight = {}
