@@ -29,6 +29,7 @@ class View:
     table: Callable | None = None  # result -> its main table (an object with .html()), for Jupyter
     headline: Callable | None = None  # result -> one line: what it found (the repr's second part)
     frame: Callable | None = None  # result -> a pandas DataFrame in long format (`to_pandas`)
+    widget: Callable | None = None  # result -> an interactive HTML view, shown in Jupyter instead of the figures
 
 
 def register(cls_name: str, view: View) -> None:
@@ -97,8 +98,11 @@ class Shows:
                  + (f"<br>{html.escape(v.headline(self))}" if v.headline else "") + "</p>"]
         if v.table is not None:
             parts.append(v.table(self).html())
-        for draw in v.figures.values():
-            parts.append(f"<div>{svg_of(draw(self, None))}</div>")
+        if v.widget is not None:
+            parts.append(v.widget(self))
+        else:
+            for draw in v.figures.values():
+                parts.append(f"<div>{svg_of(draw(self, None))}</div>")
         parts.append(f"<details><summary>the full report</summary><pre>{html.escape(v.text(self))}</pre></details>")
         return "\n".join(parts)
 

@@ -10,10 +10,10 @@ import torch
 from surgeon.analyses.common import prepend_bos
 from surgeon.spec.select import pick_items
 from surgeon.engine.contrast import cached_batches
-from surgeon.errors import AnalysisError
+from surgeon.errors import AnalysisError, CaseError
 from surgeon.show import Shows
 from surgeon.spec.case import Case
-from surgeon.spec.encoding import prompt_rows
+from surgeon.spec.encoding import encode_rows, prompt_rows
 
 
 @dataclass
@@ -21,8 +21,9 @@ class HeadPattern:
     head: str  # L1H0
     item: int  # index among the items analysed
     format: str
-    tokens: list[str]  # the prompt's tokens (keys and queries)
+    tokens: list[str]  # the tokens read up to the scored position (keys and queries)
     pattern: np.ndarray  # [query, key] attention weights
+    scored: int | None = None  # the position whose logits the metric reads (the last token here)
 
 
 @dataclass
@@ -57,10 +58,21 @@ def parse_heads(text, cfg) -> list[tuple[int, int]]:
     return out
 
 
+def _rows_to_the_scored_position(case: Case, model, fmt: str, items):
+    """One row per item reaching the position whose logits the metric reads first (the prompt, then the answers'
+    common prefix, teacher-forced); the prompt alone where the answers have no first differing token."""
+    tok, bos = model.tokenizer, prepend_bos(case, model)
+    try:
+        return encode_rows(case.formats[fmt], items, tok, bos, "first_token", case.answer_end, case.combine)
+    except CaseError:
+        return prompt_rows(case.formats[fmt], items, tok, bos)
+
+
 @torch.no_grad()
 def attention_patterns(case: Case, model, *, heads, items=(0,), tag: str | None = None,
                        batch_size: int = 256) -> AttentionResult:
-    """The attention pattern of each head on each item's prompt, in the good format and every failing one."""
+    """The attention pattern of each head on each item, up to and including the position whose logits the metric
+    reads, in the good format and every failing one."""
     chosen = parse_heads(heads, model.cfg)
     tag, pool = pick_items(case, tag)
     items = list(items)
@@ -72,16 +84,16 @@ def attention_patterns(case: Case, model, *, heads, items=(0,), tag: str | None 
     layers = sorted({L for L, _ in chosen})
     out = []
     for fmt in formats:
-        rows = prompt_rows(case.formats[fmt], [pool[i] for i in items], model.tokenizer, prepend_bos(case, model))
+        rows = _rows_to_the_scored_position(case, model, fmt, [pool[i] for i in items])
         hooks = [f"blocks.{L}.attn.hook_pattern" for L in layers]
         done = 0
         for chunk, cache in cached_batches(model, rows, hooks, batch_size):  # right-padded: exact when causal
             for b, row in enumerate(chunk):
-                n, i = len(row.tokens), items[done + b]
-                toks = [model.tokenizer.decode([t]) for t in row.tokens]
+                n, i = row.targets[0][0] + 1, items[done + b]  # up to the scored position (the last read here)
+                toks = [model.tokenizer.decode([t]) for t in row.tokens[:n]]
                 for L, h in chosen:
                     pat = cache[f"blocks.{L}.attn.hook_pattern"][b, h, :n, :n].float().cpu().numpy()
-                    out.append(HeadPattern(f"L{L}H{h}", i, fmt, toks, pat))
+                    out.append(HeadPattern(f"L{L}H{h}", i, fmt, toks, pat, n - 1))
             done += len(chunk)
     return AttentionResult(case.name, tag, formats, [f"L{L}H{h}" for L, h in chosen], items, out,
                            options=dict(heads=[f"L{L}H{h}" for L, h in chosen], items=items, tag=tag))

@@ -173,6 +173,8 @@ def render(rep, drawn: dict | None = None) -> str:
             out.append(tables[name].html())
         if name == "diagnose":
             out.append(example_items(result))
+        if v.widget is not None:
+            out.append(v.widget(result))
         out.append(f"<details{'' if name in tables else ' open'}><summary>the step's full report (text)</summary>"
                    f"<pre>{html.escape(v.text(result))}</pre></details>")
         for fname in v.figures:

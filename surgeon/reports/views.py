@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from surgeon.circuits.export import circuit_figure
-from surgeon.reports import figures, frames, html, tables, text
+from surgeon.reports import attention_view, figures, frames, html, tables, text
 from surgeon.show import View, register
 from surgeon.spec.metrics import describe as describe_metric
 
@@ -50,7 +50,8 @@ VIEWS = {
                         headline=_patch_line),
     "PositionPatchResult": View("patch-positions", text.position_patch_text, {"positions.png": figures.position_heatmap},
                                 table=tables.positions_table),
-    "AttentionResult": View("attention", text.attention_text, {"attention.png": figures.attention_figure}),
+    "AttentionResult": View("attention", text.attention_text, {"attention.png": figures.attention_figure},
+                            widget=attention_view.widget),
     "AttributionResult": View("attribute", text.attribution_text, {"attribution.png": figures.attribution_heatmap}),
     "ThresholdResult": View("threshold", text.threshold_text, {"threshold.png": figures.threshold_figure},
                             {"subsets.csv": text.threshold_rows}, table=tables.threshold_table,

@@ -39,3 +39,50 @@ def test_bad_heads_and_items_are_refused(decimal_model, heads, items, words):
     case = load_case(f"{ROOT}/cases/decimal_organism.py")
     with pytest.raises(AnalysisError, match=words):
         attention_patterns(case, decimal_model, heads=heads, items=items)
+
+
+def test_the_patterns_reach_the_scored_position(decimal_model):
+    """The last query is the position whose logits the metric reads (`surgeon.encode`'s first scored position):
+    the prompt, then the answers' common prefix."""
+    import surgeon
+
+    case = load_case(f"{ROOT}/cases/decimal_organism.py")
+    r = attention_patterns(case, decimal_model, heads="L1H2", items=[0, 3])
+    e = surgeon.encode(case, decimal_model, tag=None, items=[0, 3])
+    for p in r.patterns:
+        row = next(x for x in e.rows if x.item == p.item and x.format == p.format and x.answer == "correct")
+        first = min(t[0] for x in e.rows if x.item == p.item and x.format == p.format for t in x.targets)
+        assert p.scored == first == len(p.tokens) - 1 and p.tokens == row.strings[:first + 1]
+        assert p.scored >= row.n_prompt  # past the prompt: the answers share a prefix here (" 13.")
+
+
+def test_the_interactive_view_shades_keys_by_the_hovered_querys_weights(decimal_model, tmp_path):
+    """In a real browser: the view opens on the scored position; hovering a token makes it the query and every key is
+    shaded by that query's weight (as the result holds it), in every cell."""
+    from selenium.webdriver.common.action_chains import ActionChains
+
+    from tests.browser import browser
+
+    case = load_case(f"{ROOT}/cases/decimal_organism.py")
+    r = attention_patterns(case, decimal_model, heads="L0H6,L1H2", items=[0])
+    page = tmp_path / "attn.html"
+    page.write_text("<!DOCTYPE html><html><body>" + r._repr_html_() + "</body></html>")
+    b = browser()
+    try:
+        b.get(page.resolve().as_uri())
+        assert not [x for x in b.get_log("browser") if x["level"] == "SEVERE"]
+        cells = b.find_elements("css selector", "td.attn-cell")
+        assert len(cells) == len(r.patterns)
+        weights = lambda cell: [float(t.get_attribute("data-weight"))  # noqa: E731
+                                for t in cell.find_elements("css selector", ".tok")]
+        for cell in cells:
+            p = r.patterns[int(cell.get_attribute("data-panel"))]
+            np.testing.assert_allclose(weights(cell), p.pattern[p.scored], atol=1e-4)  # opens on the scored query
+        cell = cells[-1]
+        p = r.patterns[int(cell.get_attribute("data-panel"))]
+        q = 20
+        ActionChains(b).move_to_element(cell.find_elements("css selector", ".tok")[q]).perform()
+        np.testing.assert_allclose(weights(cell), np.where(np.arange(len(p.tokens)) <= q, p.pattern[q], 0), atol=1e-4)
+        assert f"query {q}:" in cell.find_element("css selector", ".note").text
+    finally:
+        b.quit()
