@@ -156,7 +156,7 @@ def report_example(cmd: str, page: str, png: str, keep=None, paper_png: str | No
 
 def paper_page(report_dir: Path, png: Path) -> None:
     """Compile a report's paper/main.tex as its README says (pdflatex, bibtex, pdflatex twice) in a copy of the report
-    folder, and render its second page (the first of the results: tables) to `png` (pdftoppm)."""
+    folder, and render the page holding Table 1 (the first of the results) to `png` (pdftoppm)."""
     import shutil
 
     work = _WORK / f"paper-{report_dir.name}"
@@ -168,7 +168,11 @@ def paper_page(report_dir: Path, png: Path) -> None:
         r = subprocess.run(argv, cwd=paper, capture_output=True, text=True)
         if r.returncode:
             raise SystemExit(f"{' '.join(argv)} failed in {paper}:\n{r.stdout[-3000:]}")
-    subprocess.run(["pdftoppm", "-png", "-r", "70", "-f", "2", "-l", "2", "-singlefile", "main.pdf", str(png.with_suffix(""))],
+    pages = int(re.search(r"Pages:\s+(\d+)", subprocess.run(["pdfinfo", "main.pdf"], cwd=paper, capture_output=True,
+                                                             text=True, check=True).stdout).group(1))
+    first = next((k for k in range(1, pages + 1) if "Table 1" in subprocess.run(
+        ["pdftotext", "-f", str(k), "-l", str(k), "main.pdf", "-"], cwd=paper, capture_output=True, text=True).stdout), 2)
+    subprocess.run(["pdftoppm", "-png", "-r", "70", "-f", str(first), "-l", str(first), "-singlefile", "main.pdf", str(png.with_suffix(""))],
                    cwd=paper, check=True)
 
 
