@@ -100,6 +100,14 @@ def test_the_page_shows_example_items_of_each_tag_with_their_scores(tmp_path, de
             assert got == pytest.approx(score, abs=1.5e-3), (tag, fmt, score, row)
 
 
+def _compile(paper):
+    """main.tex as the README says: pdflatex, bibtex, pdflatex twice; each must succeed."""
+    for cmd in (["pdflatex", "-interaction=nonstopmode", "main"], ["bibtex", "main"],
+                ["pdflatex", "-interaction=nonstopmode", "main"], ["pdflatex", "-interaction=nonstopmode", "main"]):
+        r = subprocess.run(cmd, cwd=paper, capture_output=True, text=True, timeout=180)
+        assert r.returncode == 0, r.stdout[-3000:]
+
+
 @pytest.mark.skipif(not (shutil.which("pdflatex") and shutil.which("bibtex") and shutil.which("pdffonts")),
                     reason="needs pdflatex, bibtex (texlive-latex-recommended, lmodern) and pdffonts (poppler-utils)")
 def test_main_tex_compiles_with_the_tables_figures_and_bibliography(run, tmp_path):
@@ -112,10 +120,7 @@ def test_main_tex_compiles_with_the_tables_figures_and_bibliography(run, tmp_pat
     shutil.copytree(out, copy)
     paper = copy / "paper"
     assert {"main.tex", "methods.tex", "patch.tex", "threshold.tex", "circuit.tex"} <= {p.name for p in paper.iterdir()}
-    for cmd in (["pdflatex", "-interaction=nonstopmode", "main"], ["bibtex", "main"],
-                ["pdflatex", "-interaction=nonstopmode", "main"], ["pdflatex", "-interaction=nonstopmode", "main"]):
-        r = subprocess.run(cmd, cwd=paper, capture_output=True, text=True, timeout=180)
-        assert r.returncode == 0, r.stdout[-3000:]
+    _compile(paper)
     log = (paper / "main.log").read_text(errors="replace")
     assert "undefined" not in log.lower() and "File `" not in log
     fonts = subprocess.run(["pdffonts", str(paper / "main.pdf")], capture_output=True, text=True, check=True).stdout
@@ -142,10 +147,7 @@ def test_the_shipped_reports_paper_with_every_steps_table_compiles(tmp_path):
     paper = copy / "paper"
     tables = {p.name for p in paper.glob("*.tex")} - {"main.tex", "methods.tex"}
     assert {"dla.tex", "positions.tex", "blend.tex", "sae_overlap.tex", "sae_repair.tex"} <= tables
-    for cmd in (["pdflatex", "-interaction=nonstopmode", "main"], ["bibtex", "main"],
-                ["pdflatex", "-interaction=nonstopmode", "main"], ["pdflatex", "-interaction=nonstopmode", "main"]):
-        r = subprocess.run(cmd, cwd=paper, capture_output=True, text=True, timeout=180)
-        assert r.returncode == 0, r.stdout[-3000:]
+    _compile(paper)
     log = (paper / "main.log").read_text(errors="replace")
     assert "undefined" not in log.lower() and "Float too large" not in log
     assert all(f"\\input{{{t[:-4]}}}" in (paper / "main.tex").read_text() for t in tables)
