@@ -52,12 +52,11 @@ def main() -> int:
              f"{'step':28s} {'time':>8s} {'environment after':>18s}"]
     for label, dt, nbytes in rows:
         lines.append(f"{label:28s} {dt:7.0f}s {nbytes / 1e9:15.2f} GB")
-    text = "\n".join(lines)
-    print(text)
-    if args.save:
-        out = ROOT / "bench" / "results" / "install.txt"
-        out.write_text(text + "\n")
-        print(f"saved {out}")
+    sys.path.insert(0, str(ROOT / "bench"))
+    from saving import saved
+
+    with saved("install", args.save):
+        print("\n".join(lines))
     return 0
 
 

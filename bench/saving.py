@@ -1,13 +1,44 @@
 """`--save` for the benches: what a bench prints is also written to bench/results/NAME.txt, which the README
-renders verbatim (docs/readme.py), so a number in the README is always one a bench printed."""
+renders verbatim (docs/readme.py), so a number in the README is always one a bench printed. NAME.json records what
+the run ran on: the commit, whether the tree had uncommitted changes, the sha256 of the engine's and the sites'
+sources (surgeon/engine, surgeon/sites) and of the organism weights."""
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import io
+import subprocess
 import sys
+import time
 from pathlib import Path
 
 RESULTS = Path(__file__).resolve().parent / "results"
+ROOT = RESULTS.parent.parent
+ENGINE = ("surgeon/engine", "surgeon/sites")  # a change here makes every saved bench result stale
+
+
+def engine_sha256(root: Path = ROOT) -> str:
+    """sha256 over the paths and bytes of every .py file under ENGINE (the code every bench times)."""
+    h = hashlib.sha256()
+    for folder in ENGINE:
+        for f in sorted((root / folder).rglob("*.py")):
+            h.update(f.relative_to(root).as_posix().encode() + b"\0" + f.read_bytes() + b"\0")
+    return h.hexdigest()
+
+
+def _git(*args: str) -> str:
+    try:
+        return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return ""
+
+
+def run_record() -> dict:
+    """What a saved result ran on (its commit, a dirty tree said as such, the engine's sources)."""
+    return {"commit": _git("rev-parse", "HEAD") or None,
+            "uncommitted_changes": bool(_git("status", "--porcelain", "--untracked-files=no", "--", "surgeon")),
+            "engine_sha256": engine_sha256(),
+            "date": time.strftime("%Y-%m-%d")}
 
 
 class _Tee(io.TextIOBase):
@@ -45,4 +76,5 @@ def saved(name: str, save: bool, organisms=()):
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / f"{name}.txt").write_text(buf.getvalue())
     prov = {o: {"model": f"organism:{o}", "model_sha256": weights_sha256(o)} for o in organisms}
-    (RESULTS / f"{name}.json").write_text(json.dumps({"organisms": prov}, indent=1, sort_keys=True) + "\n")
+    record = {"organisms": prov, "run": run_record()}
+    (RESULTS / f"{name}.json").write_text(json.dumps(record, indent=1, sort_keys=True) + "\n")

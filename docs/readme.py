@@ -260,6 +260,19 @@ def bench(name: str) -> None:
     if not path.exists():
         raise SystemExit(f"{path} is missing: run python bench/{name}.py --save")
     _cog().outl(path.read_text().rstrip("\n"))
+    _cog().outl(ran_on(name))
+
+
+def ran_on(name: str) -> str:
+    """The line under a bench's output: the commit it ran on and whether the engine it timed is still this one."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    from saving import engine_sha256
+
+    run = json.loads((BENCH / f"{name}.json").read_text())["run"]
+    when = f"commit {run['commit'][:7]}{' with uncommitted changes' if run['uncommitted_changes'] else ''}, {run['date']}"
+    same = run["engine_sha256"] == engine_sha256()
+    return (f"[ran on {when}; surgeon/engine and surgeon/sites "
+            f"{'unchanged since' if same else 'changed since: rerun with python bench/all.py'}]")
 
 
 def _collect(*marker: str) -> int:

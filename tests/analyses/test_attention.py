@@ -56,6 +56,7 @@ def test_the_patterns_reach_the_scored_position(decimal_model):
         assert p.scored >= row.n_prompt  # past the prompt: the answers share a prefix here (" 13.")
 
 
+@pytest.mark.slow
 def test_the_interactive_view_shades_keys_by_the_hovered_querys_weights(decimal_model, tmp_path):
     """In a real browser: the view opens on the scored position; hovering a token makes it the query and every key is
     shaded by that query's weight (as the result holds it), in every cell."""

@@ -240,6 +240,7 @@ def test_semantics_are_written_read_back_and_legacy_files_handled(circuits, tmp_
 
 
 # ---------------------------------------------------------------------------------------------- the files
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ORGANISMS)
 def test_every_export_opens_in_its_tool(circuits, name, tmp_path):
     case, model, r, g = circuits[name]

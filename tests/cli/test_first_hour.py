@@ -98,6 +98,7 @@ def test_patch_warns_when_the_format_does_not_fail():
     assert r.returncode == 0 and "warning: the failure is not reproduced" not in r.stderr, r.stderr
 
 
+@pytest.mark.slow
 def test_report_takes_bad_tag_and_metric(tmp_path, decimal_model):
     import surgeon.api as api
 

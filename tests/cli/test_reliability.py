@@ -320,6 +320,7 @@ def test_merge_refuses_bad_chunks_and_folders_given_twice(search_dirs, tmp_path,
     assert _result(tmp_path / "m2") == _result(root / "one")
 
 
+@pytest.mark.slow
 def test_a_full_disk_while_saving_an_sae_leaves_the_old_one_and_says_so(tmp_path, capsys, monkeypatch):
     """safetensors reports a full disk as its own error type: one message, exit 2, the SAE already there kept."""
     from sae_lens import TrainingSAE
@@ -365,6 +366,7 @@ def test_a_model_in_memory_with_nan_or_scaled_weights_is_refused(charset):
         assert "blocks.0.attn.W_Q" in e.value.message and phrase in e.value.message
 
 
+@pytest.mark.slow
 def test_a_checkpoint_that_asks_to_run_its_own_code_is_refused_even_when_answered_yes(tmp_path):
     """A config.json that names custom code (auto_map) would make transformers ask on a terminal whether to run it;
     surgeon never lets a checkpoint run code: refused with exit 2, the code never imported, whatever stdin says."""

@@ -26,6 +26,7 @@ def _points(path):
 
 @pytest.mark.skipif(not (shutil.which("pdffonts") and shutil.which("pdfinfo")),
                     reason="needs poppler-utils (apt-get install poppler-utils) for pdffonts and pdfinfo")
+@pytest.mark.slow
 def test_every_figure_is_a_column_wide_with_truetype_fonts(figures):
     _, folder = figures
     pdfs = sorted(folder.glob("*.pdf"))

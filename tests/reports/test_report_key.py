@@ -23,6 +23,7 @@ def _diagnose(tmp_path, model, case="decimal_organism", **kw):
     return surgeon.report(case, model, out=tmp_path / "rep", steps=["diagnose"], **kw)
 
 
+@pytest.mark.slow
 def test_a_changed_model_reruns_the_step(tmp_path, model_copy):
     first = _diagnose(tmp_path, model_copy)
     assert first.reused == []

@@ -81,6 +81,7 @@ def test_a_second_run_reuses_the_finished_steps(report_dir, induction_model, tmp
     assert list(other.steps) == ["patch", "threshold"] and other.reused == ["patch"]
 
 
+@pytest.mark.slow
 def test_the_page_works_in_a_real_browser(report_dir, tmp_path):
     out, rep = report_dir
     page = out / "report.html"
