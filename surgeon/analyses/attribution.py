@@ -5,7 +5,7 @@ first-order estimate of what patching each unit alone would do (as in attributio
 All layers go through the core in one batch, so one forward and one backward cover every unit.
 `compare=True` also runs the exact per-unit patching and reports how well the estimate ranks it.
 
-Methods (`ATTRIBUTION_METHODS`): `gradient` (the derivative at mask 0, one backward pass), `ig` (integrated
+Methods (registered in `surgeon.analyses.scoring`, described in `ATTRIBUTION_METHODS`): `gradient` (the derivative at mask 0, one backward pass), `ig` (integrated
 gradients over the masks of every unit together, from 0 to 1, midpoint rule with `ig_steps` points: the
 estimates then sum to the effect of patching every unit at once, and a saturated unit is not missed) and `atp*`
 (Kramár et al. 2024): queries and keys through their exact attention patterns (the QK fix,
@@ -21,11 +21,9 @@ import numpy as np
 
 from surgeon.analyses.common import Direction, layer_sites, make_contrast
 from surgeon.analyses.patching import patch_heads
+from surgeon.analyses.scoring import check_unit_method
 from surgeon.circuits.methods import ATTRIBUTION_IG_STEPS as IG_STEPS
-from surgeon.circuits.methods import ATTRIBUTION_METHODS, MAX_IG_STEPS
-from surgeon.errors import AnalysisError
 from surgeon.show import Shows
-from surgeon.sites.qk_fix import QKFixSite
 from surgeon.spec.case import Case
 
 
@@ -59,60 +57,26 @@ def _ranks(x: np.ndarray) -> np.ndarray:
     return r
 
 
-def _atp_star(contrast, sites, component: str, U: int) -> np.ndarray:
-    """[layer, unit] AtP*: QK-fixed gradients (queries and keys) with GradDrop over the model's layers."""
-    import torch
-
-    keys = [QKFixSite(s) for s in sites] if component in ("q", "k") else list(sites)
-    zeros = {k: torch.zeros(1, U) for k in keys}
-    cfg = contrast.cfg
-    L = cfg.n_layers
-    if L == 1:  # no other layer to drop: the QK-fixed estimate's magnitude
-        grads, _ = contrast.gradient(zeros)
-        return np.abs(np.stack([grads[k][0].cpu().numpy() for k in keys]))
-    total = np.zeros((len(keys), U))
-    for layer in range(L):
-        drop = [f"blocks.{layer}.hook_attn_out"] + ([] if cfg.attn_only else [f"blocks.{layer}.hook_mlp_out"])
-        grads, _ = contrast.gradient(zeros, drop=drop)
-        total += np.abs(np.stack([grads[k][0].cpu().numpy() for k in keys]))
-    return total / (L - 1)
-
-
 def attribute(case: Case, model, *, layers=None, component: str = "z", direction: Direction = "denoise",
               bad: str | None = None, tag: str | None = None, batch_size: int = 256,
               compare: bool = False, method: str = "gradient", ig_steps: int = IG_STEPS) -> AttributionResult:
-    import torch
-
-    if method not in ATTRIBUTION_METHODS:
-        raise AnalysisError(f"unknown attribution method {method!r}", field="--method",
-                            fix=f"use one of: {', '.join(ATTRIBUTION_METHODS)}")
-    if method == "ig" and not 1 <= ig_steps <= MAX_IG_STEPS:
-        raise AnalysisError(f"--ig-steps {ig_steps} is not between 1 and {MAX_IG_STEPS}", field="--ig-steps",
-                            fix=f"e.g. {IG_STEPS}")
+    scorer = check_unit_method(method, ig_steps)
     layers, sites = layer_sites(model, layers, component)
     contrast, info = make_contrast(case, model, bad=bad, direction=direction, tag=tag, batch_size=batch_size,
                                    sites=sites)
     U = contrast.units(sites[0])
-    if method == "atp*":
-        grad = _atp_star(contrast, sites, component, U)
-        passes = model.cfg.n_layers
-    else:
-        steps = 1 if method == "gradient" else ig_steps
-        alphas = torch.zeros(1) if method == "gradient" else (torch.arange(steps) + 0.5) / steps
-        grads, _ = contrast.gradient({s: alphas[:, None].repeat(1, U) for s in sites})
-        grad = np.stack([grads[s].mean(0).cpu().numpy() for s in sites])
-        passes = 1  # ig: one backward pass over its points, stacked in the batch dimension
+    grad, passes = scorer.gradient(contrast, sites, component, U, ig_steps)
     gap = float((contrast.clean_source - contrast.clean_base).mean())
-    # atp* estimates magnitudes: as a fraction of the gap's magnitude
-    estimate = (grad / (abs(gap) if method == "atp*" else gap)) if abs(gap) > 1e-12 else grad * np.nan
+    # a method that estimates magnitudes (atp*): as a fraction of the gap's magnitude
+    estimate = (grad / (abs(gap) if scorer.magnitudes else gap)) if abs(gap) > 1e-12 else grad * np.nan
     exact = pearson = spearman = None
     if compare:
         exact = patch_heads(case, model, layers=layers, component=component, direction=direction, bad=bad, tag=tag,
                             batch_size=batch_size).fraction
-        a, b = estimate.ravel(), (np.abs(exact) if method == "atp*" else exact).ravel()
+        a, b = estimate.ravel(), (np.abs(exact) if scorer.magnitudes else exact).ravel()
         if np.std(a) > 0 and np.std(b) > 0:
             pearson = float(np.corrcoef(a, b)[0, 1])
             spearman = float(np.corrcoef(_ranks(a), _ranks(b))[0, 1])
     return AttributionResult(case.name, component, direction, info["base"], info["source"], info["tag"], layers, U,
                              contrast.n_items, gap, grad, estimate, exact, pearson, spearman, execution=contrast.execution,
-                             method=method, ig_steps=ig_steps if method == "ig" else None, backward_passes=passes)
+                             method=method, ig_steps=ig_steps if scorer.ig else None, backward_passes=passes)

@@ -29,6 +29,7 @@ from surgeon.circuits.graph import (
     prune_dangling,
     strongest_paths,
 )
+from surgeon.analyses.scoring import EDGE_METHODS, check_edge_method, score_edges
 from surgeon.circuits.methods import (  # noqa: F401
     IG_METHODS,
     IG_STEPS,
@@ -123,72 +124,15 @@ def _mean_scores(contrast, site, masks):
 
 
 def check_method(method: str, ig_steps: int, contrast=None) -> None:
-    if method == "eap-ig":
-        raise AnalysisError("method 'eap-ig' was split in two", field="--method",
-                            fix="use eap-ig-inputs (EAP-IG as hannamw/EAP-IG and MIB define it) or eap-ig-masks "
-                                "(integrated gradients over the edge masks, what 'eap-ig' computed before)")
-    if method not in METHODS:
-        raise AnalysisError(f"unknown method {method!r}", field="--method", fix=f"use one of: {', '.join(METHODS)}")
-    if method in IG_METHODS and not 1 <= ig_steps <= MAX_IG_STEPS:
-        raise AnalysisError(f"--ig-steps {ig_steps} is not between 1 and {MAX_IG_STEPS}", field="--ig-steps",
-                            fix=f"e.g. {IG_STEPS} (MIB's choice)")
-    if method == "eap-ig-inputs" and contrast is not None and getattr(contrast, "align", None) != "index":
-        raise AnalysisError("eap-ig-inputs interpolates the input embeddings of the two runs, which needs prompts of "
-                            f"equal length (align='index'); this case aligns {contrast.align!r}", field="--method",
-                            fix="use --method eap-ig-masks or exact for formats of different length")
-
-
-def _ig_masks(site, method: str, steps: int):
-    """Mask rows [P, n_edges] at which the gradient is taken, and the edge site they key (fixed differences for
-    hannamw's EAP-IG: the sender differences are the two runs' own, as in its activation-difference buffer)."""
-    import torch
-
-    E = len(site.edges)
-    fixed = site.variant(difference="fixed")
-    if method == "eap":
-        # at the zero mask every sender's current output is this run's, and a live difference's own change
-        # enters multiplied by its edge's mask (zero): the gradient is the fixed differences' (no live capture)
-        return fixed, torch.zeros(1, E)
-    if method == "eap-ig-masks":
-        return site, torch.tensor([(i + 0.5) / steps for i in range(steps)])[:, None].repeat(1, E)
-    senders = torch.tensor([s for s, _ in site.edges])
-    if method == "eap-ig-inputs":
-        # EAP-IG runs the clean (our base) tokens with the input at corrupted + k/steps (clean - corrupted),
-        # k = 0..steps-1: in our terms base + beta (source - base) with beta = 1 - k/steps
-        betas = torch.tensor([1 - k / steps for k in range(steps)])
-        return fixed, betas[:, None] * (senders == 0).float()[None]
-    # eap-ig-activations: group by group (the input, each layer's heads, each MLP), alpha = k/steps, k = 1..steps
-    group_of = []
-    for s in site.senders:
-        group_of.append(("input",) if s.kind == "input" else (s.kind, s.layer))
-    groups = sorted(set(group_of), key=lambda g: (-1, 0) if g == ("input",) else (g[1], g[0] == "mlp"))
-    rows = []
-    for g in groups:
-        on = torch.tensor([group_of[s] == g for s, _ in site.edges]).float()
-        rows += [(1 - k / steps) * on for k in range(1, steps + 1)]
-    return fixed, torch.stack(rows)
+    """Refuse an unknown method, steps out of range, or a method the case's prompts cannot run (one clear error)."""
+    check_edge_method(method, ig_steps, contrast)
 
 
 def edge_scores(contrast, site, method: Method = "eap-ig-inputs", ig_steps: int = IG_STEPS) -> np.ndarray:
     """[n_edges] each edge's (estimated) effect on the mean score when patched alone (the convention of each
-    method in `METHODS`)."""
-    import torch
-
-    check_method(method, ig_steps, contrast)
-    E = len(site.edges)
-    if method == "exact":
-        base = float(contrast.clean_base.mean())
-        out = np.zeros(E)
-        step = 512
-        for lo in range(0, E, step):
-            idx = list(range(lo, min(E, lo + step)))
-            m = torch.zeros(len(idx), E)
-            m[torch.arange(len(idx)), idx] = 1
-            out[idx] = _mean_scores(contrast, site, m).mean(1) - base
-        return out
-    key, rows = _ig_masks(site, method, ig_steps)
-    grads, _ = contrast.gradient({key: rows})
-    return grads[key].mean(0).cpu().numpy().astype(float)
+    method in `METHODS`; the functions are registered in `surgeon.analyses.scoring`)."""
+    check_edge_method(method, ig_steps, contrast)
+    return score_edges(contrast, site, method, ig_steps)
 
 
 def faithfulness(runs: CircuitRuns, edge_sets: Sequence[Sequence[int]]):
@@ -299,9 +243,8 @@ def check_options(method: str, ablation: str, ig_steps: int, target: float | Non
         raise AnalysisError(f"faithfulness target {target} is not in (0, 1.5]", field="--faithfulness", fix="e.g. 0.9")
     if n_edges is not None and n_edges < 1:
         raise AnalysisError(f"--edges {n_edges} must be at least 1", field="--edges", fix="e.g. 50")
-    check_method(method, ig_steps)
-    if method == "eap-ig-inputs" and ablation != "resample":
-        raise AnalysisError(f"eap-ig-inputs interpolates towards the other run's inputs, so it has no {ablation!r} "
+    if check_edge_method(method, ig_steps).equal_length and ablation != "resample":
+        raise AnalysisError(f"{method!r} interpolates towards the other run's inputs, so it has no {ablation!r} "
                             f"ablation", field="--ablation", fix="use --ablation resample, or another --method")
 
 
@@ -312,7 +255,7 @@ def ranked_edges(contrast, site, method: str, ig_steps: int, verify: int):
     scores = edge_scores(contrast, site, method, ig_steps)
     order = np.argsort(-np.abs(scores), kind="stable")
     exact, ci, pearson = _verify(contrast, site, scores, order, verify)
-    if method == "exact":
+    if EDGE_METHODS[method].exact:  # the scores are the measured effects
         return scores, order, {int(e): float(scores[e]) for e in range(len(site.edges))}, ci, None
     return scores, order, exact, ci, pearson
 

@@ -8,15 +8,14 @@ before the work.
 """
 from __future__ import annotations
 
-from dataclasses import replace
-
 from surgeon.analyses.common import Direction, contrast_rows
-from surgeon.spec.select import pick_bad, pick_items
+from surgeon.analyses.scoring import EDGE_METHODS
 from surgeon.engine import memory
 from surgeon.engine.memory import Prediction
 from surgeon.sites.edges import EdgeSite
 from surgeon.sites.nodes import Site
 from surgeon.spec.case import Case
+from surgeon.spec.select import pick_bad, pick_items
 
 
 def graph_size(cfg) -> tuple[int, int]:
@@ -68,13 +67,7 @@ def plan_circuit(case: Case, model, method: str, ig_steps: int = 5, verify: int 
     every position (align="index")."""
     cfg = model.cfg
     graph = graph_size(cfg)
-    edges = graph[1]
-    if method == "exact":  # every edge patched alone, 512 per call
-        first = memory.exact_edges(cfg, graph, min(512, edges))
-        first = replace(first, name=f"exact, all {edges:,} edges",
-                        calls=(memory.Call(first.calls[0].patches, 0, -(-edges // 512)),))
-    else:
-        first = memory.eap(cfg, graph, 1 if method == "eap" else ig_steps)
+    first = EDGE_METHODS[method].job(cfg, graph, ig_steps)  # the method as it runs (fixed or live senders)
     scoring = [j for j in (first, memory.exact_edges(cfg, graph, verify)) if j.calls[0].patches > 0]
     evaluating = [memory.circuits(cfg, graph, 11), memory.circuits(cfg, graph, 16, 5)]
     _, items = pick_items(case, tag)

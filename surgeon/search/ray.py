@@ -46,8 +46,28 @@ class _Worker:
         torch.set_num_threads(max(1, threads))
         self.evaluate = factory()
 
-    def run(self, chunk: int) -> tuple[int, dict]:
-        return chunk, self.evaluate(chunk)
+    def run(self, chunk: int) -> tuple[int, dict, dict]:
+        """The chunk's arrays, and this worker's execution record so far (`Contrast.execution`, where the evaluator
+        keeps one)."""
+        arrays = self.evaluate(chunk)
+        return chunk, arrays, dict(getattr(self.evaluate, "execution", None) or {})
+
+
+def merge_execution(records: Iterable[dict]) -> dict:
+    """Execution records of several contrasts as one: counts summed (forwards, back-offs, recomputed caches, each
+    path's forwards), the rest as the first record says."""
+    out: dict = {}
+    for rec in records:
+        for k, v in rec.items():
+            if k in ("forwards", "backoffs", "caches_recomputed") and isinstance(v, int):
+                out[k] = out.get(k, 0) + v
+            elif k == "paths" and isinstance(v, dict):
+                paths = out.setdefault("paths", {})
+                for name, n in v.items():
+                    paths[name] = paths.get(name, 0) + n
+            else:
+                out.setdefault(k, v)
+    return out
 
 
 def connect(opts: RayOptions):
@@ -89,6 +109,7 @@ def evaluate_on_ray(factory: Callable[[], Callable[[int], dict]], todo: Iterable
     n_chunks = len(queue)
     actors = [Actor.remote(factory, opts.threads) for _ in range(min(n, max(1, n_chunks)))]
     pending: dict = {}  # object ref -> (chunk, actor)
+    seen: dict = {}  # actor -> its latest execution record (cumulative on that worker)
     lost, done = 0, 0
     max_lost = 2 * len(actors) + 2 if max_lost is None else max_lost
     bar = None
@@ -110,7 +131,7 @@ def evaluate_on_ray(factory: Callable[[], Callable[[int], dict]], todo: Iterable
             ready, _ = ray.wait(list(pending), num_returns=1)
             c, actor = pending.pop(ready[0])
             try:
-                _, arrays = ray.get(ready[0])
+                _, arrays, execution = ray.get(ready[0])
             except RayActorError:
                 # the worker died: requeue everything it held, replace it
                 queue.appendleft(c)
@@ -134,6 +155,7 @@ def evaluate_on_ray(factory: Callable[[], Callable[[int], dict]], todo: Iterable
                 raise AnalysisError(f"a Ray worker failed on chunk {c}: {e.cause if hasattr(e, 'cause') else e}",
                                     field="--ray", fix="the same error happens without --ray: run it locally to see it") from None
             store.save(c, **arrays)
+            seen[actor] = execution
             done += 1
             if bar is not None:
                 bar.update(sizes[c])
@@ -145,4 +167,5 @@ def evaluate_on_ray(factory: Callable[[], Callable[[int], dict]], todo: Iterable
             bar.close()
         for a in actors:
             ray.kill(a)
-    return {"chunks": done, "workers_lost": lost, "workers": len(actors)}
+    return {"chunks": done, "workers_lost": lost, "workers": len(actors),
+            "execution": merge_execution(seen.values())}

@@ -14,7 +14,7 @@ from surgeon.analyses.generation import generate_patched
 from surgeon.errors import AnalysisError
 from surgeon.models.loading import load_model
 from surgeon.results import check_out
-from surgeon.search.ray import evaluate_on_ray
+from surgeon.search.ray import evaluate_on_ray, merge_execution
 from surgeon.search.store import ChunkStore, check_chunk, chunk_files, parse_shard, read_plan
 from surgeon.search.subsets import (
     ThresholdResult,
@@ -53,7 +53,24 @@ class ChunkEvaluator:
         plan = plan_from_options(self.plan)
         sites = [Site.of(self.component, L) for L in sorted({u.layer for u in plan.units})]
         contrast, _ = make_contrast(case, model, sites=sites, **self.contrast)
-        return lambda c: chunk_scores(contrast, plan, c, self.chunk, self.component)
+        return _Evaluate(contrast, plan, self.chunk, self.component)
+
+
+@dataclass
+class _Evaluate:
+    """A worker's evaluator: a chunk's scores, and the worker's execution record (`Contrast.execution`)."""
+
+    contrast: object
+    plan: object
+    chunk: int
+    component: str
+
+    def __call__(self, c: int) -> dict:
+        return chunk_scores(self.contrast, self.plan, c, self.chunk, self.component)
+
+    @property
+    def execution(self) -> dict:
+        return self.contrast.execution
 
 
 def threshold_search(case: Case, model, *, layer: int | None = None, heads: str | None = None,
@@ -109,8 +126,8 @@ def threshold_search(case: Case, model, *, layer: int | None = None, heads: str 
                                      dict(bad=bad, direction=direction, tag=tag, batch_size=batch_size),
                                      plan.options, chunk, component)
             todo = todo_chunks(plan, store, chunk, (i_shard, n_shard))
-            evaluate_on_ray(factory, todo, store, todo, ray, progress=progress, desc="subsets", unit="subset",
-                            on_chunk=on_chunk)
+            on_ray = evaluate_on_ray(factory, todo, store, todo, ray, progress=progress, desc="subsets",
+                                     unit="subset", on_chunk=on_chunk)
         else:
             evaluate(contrast, plan, store, component=component, chunk=chunk, shard=(i_shard, n_shard),
                      progress=progress)
@@ -124,9 +141,12 @@ def threshold_search(case: Case, model, *, layer: int | None = None, heads: str 
     result = collect(Path(out))
     if tmp is not None:
         tmp.cleanup()
-    # chunks evaluated here ran on this contrast (Ray workers and earlier runs of a resumed search record
-    # nothing here: their paths are those of the same code on the same plan)
-    result.execution = contrast.execution
+    # chunks evaluated here ran on this contrast; on Ray, the workers' records are added (each worker also ran its
+    # own clean passes); earlier runs of a resumed search record nothing here (the same code on the same plan)
+    result.execution = dict(contrast.execution)
+    if ray is not None:
+        result.execution = merge_execution([result.execution, on_ray["execution"]])
+        result.execution["ray"] = {k: on_ray[k] for k in ("workers", "chunks", "workers_lost")}
     if generate:
         result.generation = generation_check(case, model, result, n_new=generate, component=component, bad=bad,
                                              tag=tag, batch_size=batch_size)

@@ -54,6 +54,9 @@ def test_ray_equals_one_process_and_survives_a_lost_worker(cluster, decimal_mode
                          **KW)
     assert killed and r.complete
     assert same(single, r)
+    # the Ray result records what its workers ran: every chunk's patched forwards once, the lost worker said
+    assert r.execution["paths"] == single.execution["paths"] and r.execution["ray"]["workers_lost"] == 1
+    assert r.execution["forwards"] > single.execution["forwards"]  # each worker's own clean runs besides
     assert chunks(tmp_path / "single") == chunks(tmp_path / "ray")
     for name in chunks(tmp_path / "single"):
         a, b = np.load(tmp_path / "single" / "parts" / name), np.load(tmp_path / "ray" / "parts" / name)

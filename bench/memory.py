@@ -1,0 +1,82 @@
+"""Memory predicted on shapes the predictor was not fitted to.
+
+The predictor's constants (`surgeon.engine.memory`) were fitted on bench/scale.py's two models, GPT-2 small and the
+narrowed Llama-3.1-8B layout; this bench runs each job on three held-out shapes (a deeper, narrower GPT-2;
+grouped-query attention with RMSNorm, rotary and a gated MLP; attention and MLP in parallel) and compares the
+prediction with the measured peak, above the weights (the part the predictor models; the weights are counted
+exactly, so totals flatter it). Each job runs in a fresh process with glibc's mmap threshold fixed, as
+bench/scale.py measures memory.
+
+    python bench/memory.py [--threads 2] [--save]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+
+import scale  # noqa: E402  (bench/ is this script's folder)
+
+
+HELD_OUT_JOBS = ("patch", "eap", "eap-ig", "exact", "curve", "subsets-512")
+
+
+def measure_memory(model: str, job: str, items: int = 2, letters: int = 3, threads: int = 2) -> dict:
+    """`job` on `model` in a fresh process with the mmap threshold fixed: its measured and predicted peaks."""
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads), MALLOC_MMAP_THRESHOLD_=str(scale.MMAP_THRESHOLD))
+    r = subprocess.run([sys.executable, scale.__file__, "measure", model, job, str(items), str(letters), "--threads",
+                        str(threads), "--mode", "memory"], capture_output=True, text=True, env=env)
+    if r.returncode:
+        raise SystemExit(f"{model} {job} {items}x{letters} failed:\n{r.stderr[-3000:]}")
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def above(r: dict) -> float:
+    """Predicted / measured peak, both less the weights (what the predictor models rather than counts)."""
+    return (r["predicted"] - r["weights"]) / (r["measured"] - r["weights"])
+
+
+def held_out(threads: int) -> float:
+    """The predictor on shapes its constants were not fitted to, the memory above the weights compared."""
+    print("\n== memory predicted on held-out shapes (random weights, 2 items x 3 letters, each job in a fresh process)")
+    print("above = (predicted - weights) / (measured - weights): the part the predictor models; total = with the "
+          "weights, counted exactly")
+    worst = 0.0
+    for name in scale.HELD_OUT:
+        model = scale.make_model(name)
+        cfg = model.cfg
+        kind = (f"{cfg.n_layers} layers x {cfg.n_heads} heads"
+                f"{f' ({cfg.n_key_value_heads} key/value)' if cfg.n_key_value_heads else ''}, d_model {cfg.d_model}, "
+                f"{cfg.normalization_type}, {cfg.positional_embedding_type}"
+                f"{', parallel attention and MLP' if cfg.parallel_attn_mlp else ''}")
+        del model
+        cells = []
+        for job in HELD_OUT_JOBS:
+            r = measure_memory(name, job, threads=threads)
+            worst = max(worst, abs(above(r) - 1))
+            cells.append(f"{scale.NAMES[job].strip()} {above(r):.2f}x (total {r['predicted'] / r['measured']:.2f}x, "
+                         f"{scale.mib(r['measured'] - r['weights'])} MiB above {scale.mib(r['weights'])})")
+        print(f"  {name}: {kind}")
+        for c in cells:
+            print(f"    {c}")
+    print(f"  goal: predicted memory above the weights within 30% of the measured on held-out shapes: within "
+          f"{worst:.0%} ({'met' if worst <= 0.3 else 'MISSED'})")
+    return worst
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--save", action="store_true", help="also write bench/results/memory.txt (the README's)")
+    args = ap.parse_args()
+    from saving import saved
+
+    with saved("memory", args.save):
+        held_out(args.threads)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
