@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import random
 import string
@@ -123,6 +124,8 @@ def subset_masks(n: int, H: int, k: int, seed: int = 0) -> torch.Tensor:
     """`n` distinct size-`k` subsets of the first 16 heads (all heads when fewer), as [n, H] masks."""
     rng = random.Random(seed)
     pool = min(16, H)
+    if n > math.comb(pool, k):
+        raise SystemExit(f"{n} distinct subsets of {k} of {pool} heads asked for; there are {math.comb(pool, k)}")
     seen, out = set(), []
     while len(out) < n:
         s = tuple(sorted(rng.sample(range(pool), k)))
