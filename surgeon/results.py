@@ -126,6 +126,27 @@ def from_jsonable(cls, data: Any) -> Any:
     return build(cls, data)
 
 
+# signals the CLI's handler has seen: Python drops the KeyboardInterrupt a handler raises where it cannot raise
+# (inside a finaliser or a callback), so a Ctrl-C that lands there would otherwise be lost and the run go on
+_signals: list[int] = []
+
+
+def on_interrupt(signum, frame) -> None:
+    """The CLI's SIGINT and SIGTERM handler: remember the signal, then raise KeyboardInterrupt."""
+    _signals.append(signum)
+    raise KeyboardInterrupt
+
+
+def reset_interrupts() -> None:
+    """Forget earlier signals (the CLI's `main` starts each run with none)."""
+    _signals.clear()
+
+
+def interrupted() -> bool:
+    """Whether the CLI's handler saw SIGINT or SIGTERM in this process."""
+    return bool(_signals)
+
+
 @contextmanager
 def staging(out_dir: str | Path) -> Iterator[Path]:
     """A temporary folder next to `out_dir`; its files replace those in `out_dir` only if the block succeeds.
@@ -133,12 +154,15 @@ def staging(out_dir: str | Path) -> Iterator[Path]:
     Nothing half-written is ever left in `out_dir`: on error or Ctrl-C the staging folder is removed.
     """
     out = Path(out_dir)
+    created = not out.exists()
     out.mkdir(parents=True, exist_ok=True)
     for old in out.glob(".staging-*"):  # left by a killed run (the CLI holds a lock on out while it writes)
         shutil.rmtree(old, ignore_errors=True)
     tmp = Path(tempfile.mkdtemp(prefix=".staging-", dir=out))
     try:
         yield tmp
+        if interrupted():  # a Ctrl-C whose KeyboardInterrupt was dropped on its way: keep nothing
+            raise KeyboardInterrupt
         files = sorted((f for f in tmp.rglob("*") if f.is_file()), key=lambda f: f.name == "manifest.json")
         names = sorted(str(f.relative_to(tmp)) for f in files)
         if (tmp / "manifest.json").is_file():  # the manifest lists the files of its set
@@ -158,6 +182,8 @@ def staging(out_dir: str | Path) -> Iterator[Path]:
             os.replace(f, dest)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+        if created and not any(out.iterdir()):  # a folder this run made and filled with nothing
+            out.rmdir()
 
 
 def _listed(manifest_path: Path) -> set[str]:

@@ -381,6 +381,9 @@ def cmd_threshold(args) -> int:
                              chunk=args.chunk, seed=args.seed, out=out, shard=args.shard, generate=args.generate,
                              progress=True, ray=ray)
     except Interrupted as e:
+        from surgeon.results import reset_interrupts
+
+        reset_interrupts()  # the signal arrived where it was meant to: the partial results are kept on purpose
         print(report.threshold_text(e.partial))
         if out is None:
             print("\ninterrupted (to continue an interrupted search later, give it --out)", file=sys.stderr)
@@ -556,21 +559,25 @@ COMMANDS = {"report": cmd_report, "cases": cmd_cases, "sae": cmd_sae, "diagnose"
             "blend": cmd_blend, "organisms": cmd_organisms}
 
 
-def _terminate(signum, frame):
-    raise KeyboardInterrupt  # SIGTERM (what schedulers send) ends a run as Ctrl-C does
-
-
 def main(argv: list[str] | None = None) -> int:
     import signal
 
+    from surgeon.results import interrupted, on_interrupt, reset_interrupts
+
     parser = build_parser()
     args = parser.parse_args(argv)
+    reset_interrupts()
+    previous = {}
+    for sig in (signal.SIGINT, signal.SIGTERM):  # SIGTERM (what schedulers send) ends a run as Ctrl-C does
+        try:
+            previous[sig] = signal.signal(sig, on_interrupt)
+        except ValueError:  # not the main thread
+            pass
     try:
-        previous = signal.signal(signal.SIGTERM, _terminate)
-    except ValueError:  # not the main thread
-        previous = None
-    try:
-        return COMMANDS[args.command](args)
+        code = COMMANDS[args.command](args)
+        if interrupted():  # a Ctrl-C whose KeyboardInterrupt was dropped (in a finaliser): the run still ends so
+            raise KeyboardInterrupt
+        return code
     except SurgeonError as e:
         if getattr(args, "debug", False):
             raise
@@ -594,8 +601,8 @@ def main(argv: list[str] | None = None) -> int:
             print("surgeon: interrupted; no results were written", file=sys.stderr)
         return 130
     finally:
-        if previous is not None:
-            signal.signal(signal.SIGTERM, previous)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 def console() -> None:

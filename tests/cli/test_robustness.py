@@ -159,6 +159,33 @@ def test_ctrl_c_during_start_up_exits_130_without_a_traceback(tmp_path):
     assert not (tmp_path / "o").exists()
 
 
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+def test_a_ctrl_c_that_python_drops_still_ends_the_run_and_writes_nothing(tmp_path, capsys, monkeypatch):
+    """Python drops the KeyboardInterrupt a signal handler raises inside a finaliser ("Exception ignored in"): the
+    CLI's handler remembers the signal, so the run still ends with 130 and no results folder is left."""
+    import surgeon.models.loading as loading
+    from surgeon.results import on_interrupt
+
+    class Finaliser:
+        def __del__(self):  # the handler runs here, as Python runs it at the next bytecode in any frame
+            on_interrupt(signal.SIGINT, None)
+
+    real = loading.load_model
+
+    def load_model(*a, **kw):
+        obj = Finaliser()
+        del obj  # the KeyboardInterrupt is raised in __del__ and dropped
+        return real(*a, **kw)
+
+    monkeypatch.setattr(loading, "load_model", load_model)
+    assert main(["diagnose", CASE, "--out", str(tmp_path / "o")]) == 130
+    assert "interrupted; no results were written" in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()
+    # and the next run in the same process starts with no signal remembered
+    monkeypatch.setattr(loading, "load_model", real)
+    assert main(["diagnose", CASE, "--out", str(tmp_path / "o")]) == 0 and (tmp_path / "o" / "manifest.json").exists()
+
+
 def test_cases_list_shows_the_shipped_cases(capsys):
     assert main(["cases", "list"]) == 0
     out = capsys.readouterr().out
