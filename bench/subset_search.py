@@ -118,9 +118,11 @@ def run(case, model, args) -> bool:
     layer_of = torch.tensor([u.layer for u in units])
     head_of = torch.tensor([u.head for u in units])
 
-    def baseline(masks):  # [B] subset bit masks -> [B, n_items] scores
+    def patch_hooks(masks, m, cells_r, cells_p, values):
+        """One hook per candidate layer writing each subset's heads (the batch holds len(masks) copies of m rows)
+        from `values[L]` [cells, H, d_head] at the cells (row, position); the other heads keep their values."""
         B = len(masks)
-        bits = torch.tensor([[(m >> i) & 1 for i in range(len(units))] for m in masks], dtype=torch.bool)
+        bits = torch.tensor([[(x >> i) & 1 for i in range(len(units))] for x in masks], dtype=torch.bool)
         hooks = []
         for L in (1, 2):
             on = torch.zeros(B, model.cfg.n_heads, dtype=torch.bool)
@@ -128,12 +130,16 @@ def run(case, model, args) -> bool:
             on[:, head_of[sel]] = bits[:, sel]
 
             def hook(z, hook, on=on, L=L):
-                zz = z.view(B, rows, *z.shape[1:])
-                cur = zz[:, R, Pb]  # [B, cells, H, d_head]
-                zz[:, R, Pb] = torch.where(on[:, None, :, None], src[L][None], cur)
+                zz = z.view(B, m, *z.shape[1:])
+                zz[:, cells_r, cells_p] = torch.where(on[:, None, :, None], values[L][None], zz[:, cells_r, cells_p])
                 return z
 
             hooks.append((f"blocks.{L}.attn.hook_z", hook))
+        return hooks
+
+    def baseline(masks):  # [B] subset bit masks -> [B, n_items] scores
+        B = len(masks)
+        hooks = patch_hooks(masks, rows, R, Pb, src)
         logp = model.run_with_hooks(toks.repeat(B, 1), fwd_hooks=hooks).log_softmax(-1).view(B, rows, Wb, -1)
         per_row = (logp[:, torch.arange(rows)[:, None], T_pos, T_tok] * T_sgn).sum(-1)  # [B, rows]
         out = torch.zeros(B, n_items)
@@ -172,22 +178,10 @@ def run(case, model, args) -> bool:
 
     def careful(masks):  # the same scores, from the cached prefixes
         B = len(masks)
-        bits = torch.tensor([[(m >> i) & 1 for i in range(len(units))] for m in masks], dtype=torch.bool)
         out = torch.zeros(B, n_items)
         for g, kv, resid, Rg, Pg0, srcg, Tp in prepared:
             m = len(g)
-            hooks = []
-            for L in (1, 2):
-                on = torch.zeros(B, model.cfg.n_heads, dtype=torch.bool)
-                sel = layer_of == L
-                on[:, head_of[sel]] = bits[:, sel]
-
-                def hook(z, hook, on=on, L=L):
-                    zz = z.view(B, m, *z.shape[1:])
-                    zz[:, Rg, Pg0] = torch.where(on[:, None, :, None], srcg[L][None], zz[:, Rg, Pg0])
-                    return z
-
-                hooks.append((f"blocks.{L}.attn.hook_z", hook))
+            hooks = patch_hooks(masks, m, Rg, Pg0, srcg)
             with model.hooks(fwd_hooks=hooks):
                 logits = model(resid.repeat(B, 1, 1), start_at_layer=1, past_kv_cache=repeated(kv, B))
             logp = logits.log_softmax(-1).view(B, m, *logits.shape[1:])
