@@ -51,6 +51,17 @@ def main():
     return 0 if ok else 1
 
 
+def fastest(fn, repeat: int):
+    """(the fastest of `repeat` timed calls of fn under no_grad, its result)."""
+    best, out = float("inf"), None
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        with torch.no_grad():
+            out = fn()
+        best = min(best, time.perf_counter() - t0)
+    return best, out
+
+
 def run(mode: str, args) -> bool:
     from transformer_lens import patching
 
@@ -81,11 +92,7 @@ def run(mode: str, args) -> bool:
             c = Contrast(model, base, source, align, batch_size=512, sites=[Site.of("z", l) for l in range(L)])
             return torch.stack([c.run({Site.of("z", l): torch.eye(H)}).mean(-1) for l in range(L)])
 
-    t_ours = float("inf")
-    for _ in range(args.repeat):
-        t0 = time.perf_counter()
-        ours = surgeon()
-        t_ours = min(t_ours, time.perf_counter() - t0)
+    t_ours, ours = fastest(surgeon, args.repeat)
 
     # rows grouped by length, as TL needs equal-length batches
     groups = defaultdict(list)
@@ -121,12 +128,7 @@ def run(mode: str, args) -> bool:
                     loop[l, h] += metric(model.run_with_hooks(toks, fwd_hooks=[(hook_name, hook)]))
         return loop
 
-    t_loop = float("inf")
-    for _ in range(args.repeat):
-        t0 = time.perf_counter()
-        with torch.no_grad():
-            loop = tl_loop()
-        t_loop = min(t_loop, time.perf_counter() - t0)
+    t_loop, loop = fastest(tl_loop, args.repeat)
     err_loop = (ours - loop).abs().max().item()
 
     # --- (c) the careful TL user: prefix cached, layers below skipped, a layer's heads in the batch dimension
@@ -161,12 +163,7 @@ def run(mode: str, args) -> bool:
                 out[l] += (logp[:, torch.arange(m)[:, None], tp[None], tt] * ts).sum((1, 2)) / n
         return out
 
-    t_careful = float("inf")
-    for _ in range(args.repeat):
-        t0 = time.perf_counter()
-        with torch.no_grad():
-            careful = tl_careful()
-        t_careful = min(t_careful, time.perf_counter() - t0)
+    t_careful, careful = fastest(tl_careful, args.repeat)
     err_careful = (ours - careful).abs().max().item()
 
     # --- (a) TL's generic patcher, indexed to the cells surgeon patches

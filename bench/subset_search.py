@@ -146,14 +146,17 @@ def run(case, model, args) -> bool:
         out.index_add_(1, item, per_row)
         return out.numpy()
 
+    def timed(fn, masks):  # (seconds, {subset: scores}) with `--subsets-per-batch` subsets per call
+        t0 = time.perf_counter()
+        scores = {}
+        with torch.no_grad():
+            for lo in range(0, len(masks), args.subsets_per_batch):
+                chunk = masks[lo: lo + args.subsets_per_batch]
+                scores.update(zip(chunk, fn(chunk)))
+        return time.perf_counter() - t0, scores
+
     naive = subsets[: args.naive_subsets] if args.naive_subsets else subsets
-    t0 = time.perf_counter()
-    base_scores = {}
-    with torch.no_grad():
-        for lo in range(0, len(naive), args.subsets_per_batch):
-            chunk = naive[lo: lo + args.subsets_per_batch]
-            base_scores.update(zip(chunk, baseline(chunk)))
-    t_base = time.perf_counter() - t0
+    t_base, base_scores = timed(baseline, naive)
     err = max(float(np.abs(ours[m] - base_scores[m]).max()) for m in naive)
 
     # --- careful baseline: the prefix before each row's first patched position cached, layer 0 skipped
@@ -189,13 +192,7 @@ def run(case, model, args) -> bool:
             out.index_add_(1, item[g], per_row)
         return out.numpy()
 
-    t0 = time.perf_counter()
-    careful_scores = {}
-    with torch.no_grad():
-        for lo in range(0, len(subsets), args.subsets_per_batch):
-            chunk = subsets[lo: lo + args.subsets_per_batch]
-            careful_scores.update(zip(chunk, careful(chunk)))
-    t_careful = time.perf_counter() - t0
+    t_careful, careful_scores = timed(careful, subsets)
     err_c = max(float(np.abs(ours[m] - careful_scores[m]).max()) for m in subsets)
 
     rate_ours, rate_naive, rate_careful = len(subsets) / t_ours, len(naive) / t_base, len(subsets) / t_careful
