@@ -36,3 +36,38 @@ def suffix_residual(model, suffix: torch.Tensor, kv: TransformerLensKeyValueCach
     name = f"blocks.{layer}.hook_resid_pre"
     _, cache = model.run_with_cache(suffix, past_kv_cache=kv, names_filter=name, stop_at_layer=layer + 1)
     return cache[name]
+
+
+def read_logprobs(model, resid: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+    """log-probabilities [rows, T, vocab] at positions `pos` [rows, T] from the final residual stream [rows, P, d]:
+    the final norm and the unembedding at those positions only (what `stop_at_layer=n_layers` leaves to the user)."""
+    x = resid[torch.arange(len(resid))[:, None], pos]
+    if model.cfg.normalization_type is not None:
+        x = model.ln_final(x)
+    return model.unembed(x).float().log_softmax(-1)
+
+
+def forward_backward(model, tokens: torch.Tensor, pos: torch.Tensor, tok: torch.Tensor) -> None:
+    """The least an attribution needs: one forward of `tokens` and one backward of the log-probability of `tok` at
+    `pos` (both [rows, T]), the weights frozen (gradients w.r.t. the activations only: the embedding's output is the
+    leaf), the same TransformerLens blocks and kernels surgeon runs, logits only at the read positions."""
+    frozen = [(p, p.requires_grad) for p in model.parameters()]
+    for p, _ in frozen:
+        p.requires_grad_(False)
+    try:
+        leaf = lambda x, hook: x.detach().requires_grad_(True)  # noqa: E731
+        with model.hooks(fwd_hooks=[("hook_embed", leaf)]):
+            resid = model(tokens, stop_at_layer=model.cfg.n_layers)
+        if bool((pos == pos[:, :1]).all()):  # every target of a row at one position: its logits once
+            pos = pos[:, :1]
+        logp = read_logprobs(model, resid, pos)
+        logp.expand(-1, tok.shape[1], -1).gather(-1, tok[..., None]).sum().backward()
+    finally:
+        for p, g in frozen:
+            p.requires_grad_(g)
+
+
+def read_at(rows) -> tuple[torch.Tensor, torch.Tensor]:
+    """(positions, tokens) [rows, T] a row's metric reads (its targets; rows of one length and target count)."""
+    return (torch.tensor([[p for p, _, _ in r.targets] for r in rows]),
+            torch.tensor([[t for _, t, _ in r.targets] for r in rows]))

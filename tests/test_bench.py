@@ -1,5 +1,6 @@
-"""The benches' own machinery: the careful TransformerLens baseline computes what a full forward computes, and every
-saved bench output says which commit and which engine sources it ran on."""
+"""The benches' own machinery: the careful TransformerLens baselines compute what a full forward computes (and what
+surgeon computes), the floor's gradient is the full forward's, every saved bench output says which commit and which
+engine sources it ran on, and none predates the engine it timed."""
 import json
 import shutil
 import sys
@@ -11,7 +12,8 @@ import torch
 from tests.conftest import ROOT
 
 sys.path.insert(0, str(Path(ROOT) / "bench"))
-from careful import prefix_cache, repeated, suffix_residual  # noqa: E402
+import scale  # noqa: E402
+from careful import forward_backward, prefix_cache, read_at, repeated, suffix_residual  # noqa: E402
 from saving import ENGINE, RESULTS, engine_sha256  # noqa: E402
 
 
@@ -66,3 +68,73 @@ def test_the_engine_hash_sees_every_engine_and_site_source(tmp_path):
         before = engine_sha256(tmp_path)
         f.write_text(f.read_text() + "\n")
         assert engine_sha256(tmp_path) != before, f
+
+
+def _tiny(kind: str):
+    """A small random model of scale.py's families with the benches' character tokenizer."""
+    from transformer_lens import HookedTransformer, HookedTransformerConfig
+
+    from surgeon.organisms.charset import build_tokenizer
+
+    tok = build_tokenizer("bench-test")
+    extra = dict(normalization_type="LN") if kind == "gpt2" else dict(
+        n_key_value_heads=2, gated_mlp=True, act_fn="silu", normalization_type="RMS", positional_embedding_type="rotary",
+        rotary_dim=8, final_rms=True)
+    cfg = HookedTransformerConfig(**{"n_layers": 3, "d_model": 32, "n_heads": 4, "d_head": 8, "d_mlp": 64, "n_ctx": 64,
+                                     "d_vocab": len(tok), "act_fn": "gelu_new", "seed": 0, "default_prepend_bos": True,
+                                     **extra})
+    model = HookedTransformer(cfg, tokenizer=tok)
+    model.eval()
+    for p in model.parameters():
+        p.requires_grad_(False)
+    return model
+
+
+@pytest.mark.parametrize("kind", ["gpt2", "gqa-rotary"])
+def test_the_careful_per_head_sweep_equals_surgeons(kind):
+    """bench/scale.py's careful sweep (KV cache of the common prefix, start_at_layer, heads in the batch, logits at the
+    read position) gives surgeon's per-head scores on every layer; an unpatched run does not."""
+    from surgeon.engine.contrast import Contrast
+    from surgeon.sites.nodes import Site
+
+    model = _tiny(kind)
+    base, source = scale.make_rows(model, 3, 2)
+    L, H = model.cfg.n_layers, model.cfg.n_heads
+    got = scale.careful_patch(model, base, source)  # [L, H, rows]; one row per item here
+    c = Contrast(model, base, source, "index", sites=[Site.of("z", layer) for layer in range(L)])
+    with torch.no_grad():
+        want = torch.stack([c.run({Site.of("z", layer): torch.eye(H)}) for layer in range(L)])
+    torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
+    assert (want - c.clean_base).abs().max() > 1e-3  # the patches move the scores: the comparison is not vacuous
+
+
+def test_the_floor_takes_the_gradient_a_full_forward_gives():
+    """The EAP floor (logits only at the read positions, weights frozen) back-propagates the same gradient to the
+    embedding as a full forward with every position's logits, and leaves no weight gradient."""
+    model = _tiny("gpt2")
+    base, _ = scale.make_rows(model, 2, 2)
+    tokens = torch.tensor([r.tokens for r in base])
+    pos, tok = read_at(base)
+    grads = []
+
+    def keep(x, hook):  # the first block's input: its gradient is what every later block sends back
+        x.retain_grad()
+        grads.append(x)
+        return x
+
+    with model.hooks(fwd_hooks=[("blocks.0.hook_resid_pre", keep)]):
+        forward_backward(model, tokens, pos, tok)
+    leaf = lambda x, hook: x.detach().requires_grad_(True)  # noqa: E731
+    with model.hooks(fwd_hooks=[("hook_embed", leaf), ("blocks.0.hook_resid_pre", keep)]):
+        logp = model(tokens).log_softmax(-1)
+    logp[torch.arange(len(tokens))[:, None], pos, tok].sum().backward()
+    torch.testing.assert_close(grads[0].grad, grads[1].grad, atol=1e-5, rtol=1e-5)
+    assert grads[0].grad.abs().max() > 0 and all(p.grad is None for p in model.parameters())
+
+
+def test_no_saved_bench_result_predates_the_engine():
+    """Every bench block in the README and its pages ran on today's surgeon/engine and surgeon/sites: a change there
+    makes this fail until `python bench/all.py` reruns them."""
+    now = engine_sha256()
+    stale = sorted(j.stem for j in RESULTS.glob("*.json") if json.loads(j.read_text())["run"]["engine_sha256"] != now)
+    assert not stale, f"bench results older than the engine: rerun python bench/all.py --only {' '.join(stale)}"

@@ -1,0 +1,173 @@
+"""Where the work grows: each job's time and memory over items, positions, layers and width, fitted and extrapolated.
+
+One model family (GPT-2's: LayerNorm, learned positions, 8 heads, d_mlp = 4 x d_model, vocab 50,257, random
+weights), a base point (4 items, 58 positions, 4 layers, d_model 256) and one axis varied at a time over three sizes:
+items 2 / 4 / 8, positions 30 / 58 / 114 (the words in bench/scale.py's template made longer), layers 2 / 4 / 8,
+d_model 128 / 256 / 512 (d_head = d_model / 8); at smaller sizes fixed costs hide the growth. Every job runs as
+bench/scale.py runs it (`scale.py measure`): in a fresh process for its peak memory (above the weights) and, per point,
+all jobs timed one after the other in one process (TransformerLens's import and the model's construction dominate a
+short job's process). Per job and quantity, a power law is fitted by least squares in log space over the nine distinct
+points (intercept and one exponent per axis) and printed with its largest residual.
+
+Then the extrapolation to Llama-3.1-8B on one 80 GB GPU, the assumptions stated with it: the fitted power laws hold
+out to Llama's sizes (d_model 4,096 is 8x the widest model fitted; its 32 layers 4x the deepest), Llama's layout
+(grouped-query attention, gated MLP, RMSNorm) costs what GPT-2's does at the same width, and time moves from this CPU
+to the GPU at the ratio of their matrix-multiply throughputs (this CPU's measured here in float32; the GPU's assumed:
+400 TFLOP/s in bfloat16, about 40% of an H100's dense peak). Memory above the weights is extrapolated for one batch
+of all rows in float32 and halved for bfloat16; surgeon plans smaller batches where that does not fit (bench/scale.py
+prints its plan for the same workload).
+
+    python bench/growth.py [--threads 2] [--save]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import subprocess
+import sys
+import time
+
+import numpy as np
+import torch
+
+import scale  # noqa: E402  (bench/ is this script's folder)
+
+BASE = {"items": 4, "positions": 10, "layers": 4, "width": 256}  # positions as letters per word: 10 -> 58 tokens
+AXES = {"items": (2, 4, 8), "positions": (3, 10, 24), "layers": (2, 4, 8), "width": (128, 256, 512)}
+JOBS = ("floor", "patch", "eap", "eap-ig", "exact", "curve", "subsets-64")
+NAMES = {**scale.NAMES, "subsets-64": "subsets: 64"}
+GPU_FLOPS = 400e12  # assumed: bfloat16 matmuls on an H100 at about 40% of its 989 TFLOP/s dense peak
+LLAMA = {"items": scale.LLAMA_ITEMS, "positions": scale.LLAMA_PROMPT + scale.LLAMA_ANSWER - 1, "layers": 32,
+         "width": 4096}
+
+
+def points() -> list[dict]:
+    """The base point and each axis's other sizes (nine distinct points)."""
+    out = [dict(BASE)]
+    for axis, sizes in AXES.items():
+        out += [{**BASE, axis: v} for v in sizes if v != BASE[axis]]
+    return out
+
+
+def run_point(pt: dict, threads: int) -> dict:
+    """Every job at one point: timed one after the other in one process (glibc's allocator as it comes), then each
+    surgeon job in a fresh process for its peak memory (the mmap threshold fixed, as bench/scale.py measures)."""
+    model = f"gpt2-L{pt['layers']}-d{pt['width']}"
+    args = [str(pt["items"]), str(pt["positions"]), "--threads", str(threads)]
+    timed = _measure([model, ",".join(JOBS), *args, "--mode", "time"], threads, memory=False)
+    out = {}
+    for r in timed:
+        job = r["job"]
+        out[job] = {"seconds": r["seconds"], "positions": r["positions"]}
+        if job != "floor":
+            out[job].update(_measure([model, job, *args, "--mode", "memory"], threads, memory=True)[0])
+    return out
+
+
+def _measure(argv: list[str], threads: int, memory: bool) -> list[dict]:
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads))
+    if memory:
+        env["MALLOC_MMAP_THRESHOLD_"] = str(scale.MMAP_THRESHOLD)
+    r = subprocess.run([sys.executable, scale.__file__, "measure", *argv], capture_output=True, text=True, env=env)
+    if r.returncode:
+        raise SystemExit(f"scale.py measure {' '.join(argv)} failed:\n{r.stderr[-3000:]}")
+    return [json.loads(line) for line in r.stdout.strip().splitlines() if line.startswith("{")]
+
+
+def fit(rows: list[tuple[dict, float]]) -> tuple[np.ndarray, float]:
+    """log y = c + sum_a e_a log x_a by least squares: (c and the exponents in AXES order, largest |residual| as a
+    factor)."""
+    X = np.array([[1.0] + [math.log(x[a]) for a in AXES] for x, _ in rows])
+    y = np.log([v for _, v in rows])
+    coef, *_ = np.linalg.lstsq(X, y, rcond=None)
+    return coef, float(np.exp(np.abs(X @ coef - y).max()))
+
+
+def predict(coef: np.ndarray, x: dict) -> float:
+    return float(np.exp(coef[0] + sum(e * math.log(x[a]) for e, a in zip(coef[1:], AXES))))
+
+
+def law(name: str, coef: np.ndarray) -> str:
+    return f"{name} ~ " + " x ".join(f"{a}^{e:.2f}" for a, e in zip(AXES, coef[1:]))
+
+
+def cpu_flops(threads: int, n: int = 1024, repeat: int = 10) -> float:
+    """This CPU's float32 matrix-multiply throughput (FLOP/s), the best of a few n x n products."""
+    torch.set_num_threads(threads)
+    a, b = torch.randn(n, n), torch.randn(n, n)
+    best = float("inf")
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        a @ b
+        best = min(best, time.perf_counter() - t0)
+    return 2 * n**3 / best
+
+
+def bench(threads: int) -> None:
+    pts = points()
+    res = {}
+    for pt in pts:
+        for job, r in run_point(pt, threads).items():
+            res[(job, *pt.values())] = {**r, "x": {**pt, "positions": r["positions"]}}
+    print(f"== growth on GPT-2's family (random weights; {threads} threads): base {BASE['items']} items x "
+          f"{res[('floor', *BASE.values())]['positions']} positions, {BASE['layers']} layers, d_model {BASE['width']}; "
+          f"one axis at a time: items {', '.join(map(str, AXES['items']))}; positions "
+          f"{', '.join(map(str, sorted({r['x']['positions'] for r in res.values()})))};"
+          f" layers {', '.join(map(str, AXES['layers']))}; d_model {', '.join(map(str, AXES['width']))}")
+    print("fitted over the 9 points (largest residual: the worst point's measured / fitted, as a factor):")
+    fits = {}
+    for job in JOBS:
+        rows = [res[(job, *pt.values())] for pt in pts]
+        t_coef, t_res = fit([(r["x"], r["seconds"]) for r in rows])
+        label = NAMES[job].strip()
+        print(f"  {label:28s} {law('time', t_coef)}  (x{t_res:.2f})")
+        m_coef = None
+        if job != "floor":  # the floor is timed only (the time unit of the extrapolation)
+            m_coef, m_res = fit([(r["x"], max(r["measured"] - r["weights"], 1)) for r in rows])
+            print(f"  {'':28s} {law('memory', m_coef)}  (x{m_res:.2f})")
+        fits[job] = t_coef, m_coef
+
+    flops = cpu_flops(threads)
+    x = {**LLAMA, "items": 2 * LLAMA["items"]}  # the fit's items are rows (one per item here); the case has two
+    print(f"\n== extrapolated to Llama-3.1-8B on one 80 GB GPU ({LLAMA['items']} items x 2 answer rows, {LLAMA['positions']} positions, "
+          f"{LLAMA['layers']} layers, d_model {LLAMA['width']}): a power law far outside its range, read as an order of "
+          f"magnitude")
+    print(f"assumed: the fits hold out to these sizes (width 8x, layers 4x the largest fitted); Llama's layout costs "
+          f"what GPT-2's does at its width; GPU time = CPU time x this CPU's float32 matmul throughput "
+          f"({flops / 1e9:,.0f} GFLOP/s, measured now) / {GPU_FLOPS / 1e12:.0f} TFLOP/s (an H100 in bfloat16 at ~40% "
+          f"of peak); memory above the weights in one batch, float32 halved for bfloat16")
+    from surgeon.engine.memory import weights_bytes
+
+    floor_t = predict(fits["floor"][0], x)
+    params = weights_bytes(scale.llama_8b()[0]) / 2  # bfloat16
+    tokens = x["items"] * x["positions"]
+    print(f"  cross-check, the floor by FLOP count: 4 x {params / 1e9:.2f}e9 parameters x {tokens:,} tokens (a forward, "
+          f"and a backward w.r.t. the activations only) / {GPU_FLOPS / 1e12:.0f} TFLOP/s = "
+          f"{4 * params * tokens / GPU_FLOPS:.2f} s")
+    for job in JOBS:
+        t_coef, m_coef = fits[job]
+        t = predict(t_coef, x)
+        if m_coef is None:
+            print(f"  {NAMES[job].strip():28s} ~{t * flops / GPU_FLOPS:9.2f} s on the GPU")
+            continue
+        mem = predict(m_coef, x) / 2
+        print(f"  {NAMES[job].strip():28s} ~{t * flops / GPU_FLOPS:9.2f} s on the GPU ({t / floor_t:.1f}x the floor); "
+              f"memory above the weights ~{mem / 2**30:7.2f} GiB")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--save", action="store_true", help="also write bench/results/growth.txt (the README's)")
+    args = ap.parse_args()
+    from saving import saved
+
+    with saved("growth", args.save):
+        bench(args.threads)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
