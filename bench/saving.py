@@ -56,9 +56,10 @@ class _Tee(io.TextIOBase):
 
 
 @contextlib.contextmanager
-def saved(name: str, save: bool, organisms=()):
+def saved(name: str, save: bool, organisms=(), data: dict | None = None):
     """Within the block, stdout also goes to bench/results/NAME.txt (written only if the block finishes), and
-    bench/results/NAME.json records the sha256 of the organism weights the run used."""
+    bench/results/NAME.json records the sha256 of the organism weights the run used, what the run ran on, and
+    `data` (filled by the block: the bench's raw measurements, where it keeps them)."""
     if not save:
         yield
         return
@@ -76,5 +77,5 @@ def saved(name: str, save: bool, organisms=()):
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / f"{name}.txt").write_text(buf.getvalue())
     prov = {o: {"model": f"organism:{o}", "model_sha256": weights_sha256(o)} for o in organisms}
-    record = {"organisms": prov, "run": run_record()}
+    record = {"organisms": prov, "run": run_record(), **(data or {})}
     (RESULTS / f"{name}.json").write_text(json.dumps(record, indent=1, sort_keys=True) + "\n")
