@@ -45,7 +45,7 @@ from surgeon.analyses.positions import patch_positions as patch_by_position
 from surgeon.analyses.sae_features import AmplifiedResult, OverlapResult, amplified, overlap
 from surgeon.analyses.sae_heads import HeadFeatureResult, head_feature_effects
 from surgeon.analyses.sae_repair import FeatureRepairResult, feature_repair
-from surgeon.circuits.export import read_circuit
+from surgeon.circuits.export import read_circuit as read_circuit_file
 from surgeon.circuits.methods import ATTRIBUTION_IG_STEPS, IG_STEPS
 from surgeon.models.devices import device_of
 from surgeon.spec.shipped import shipped_case
@@ -63,7 +63,7 @@ from surgeon.spec.case import Case, case_metric_of, validate
 
 __all__ = ["diagnose", "encode", "dla", "attention", "patch", "patch_positions", "attribute", "threshold", "blend", "circuit",
            "circuit_eval", "sae_overlap", "sae_amplified", "sae_heads", "sae_repair", "report", "render_report",
-           "case_and_model", "read", "load"]
+           "read_circuit", "case_and_model", "read", "load"]
 
 
 def read(case, model=None) -> Case:
@@ -226,7 +226,7 @@ def circuit_eval(case, graph, model=None, *, ablation: str = ABLATIONS[0], seman
     """The faithfulness of a circuit file (any JSON export, or a circuit's results.json), with its interval
     (`surgeon circuit-eval`), under `semantics` (default: what the file records, else "kept")."""
 
-    edges = read_circuit(Path(graph))
+    edges = read_circuit_file(Path(graph))
     case, model = case_and_model(case, model, device=device, dtype=dtype, metric=metric)
     return evaluate_circuit(case, model, edges, ablation=ablation, semantics=semantics, direction=direction, bad=bad,
                             tag=tag, batch_size=batch_size, where=str(graph))
@@ -352,6 +352,15 @@ RESULT_TYPES = {cls.__name__: cls for cls in (Diagnosis, LogitAttributionResult,
 
 
 LOADABLE = {cls.__name__: cls for cls in (*RESULT_TYPES.values(), AttributionResult, Encoding)}
+
+
+def read_circuit(path):
+    """A circuit file as a `CircuitGraph` (`surgeon.circuits.graph`): the `.json` or `.mib.json` that `surgeon circuit
+    --export` writes, the results.json of `surgeon circuit --out`, or an EAP-IG / MIB circuit JSON. A networkx
+    `DiGraph` with the scores, exact effects and circuit marks (`.marks()`, `.circuit_names()`), the model's shape
+    (`.cfg`) and semantics; `.to_json()` gives the file's data back, and `circuits.export.write(g, PATH)` writes it in
+    any export format."""
+    return read_circuit_file(Path(path))
 
 
 def load(path):

@@ -210,8 +210,10 @@ def test_a_case_without_a_model_runs_on_the_model_given(decimal_model, tmp_path,
 def test_circuits_export_from_python(induction_model, tmp_path):
     r = surgeon.circuit("induction_organism", induction_model, method="eap", paths=0, verify=5)
     assert "circuit" in str(r) and "<svg" in r._repr_html_()
-    r.export(tmp_path / "c.mib.json", tmp_path / "c.svg")
+    r.export(tmp_path / "c.mib.json", tmp_path / "c.svg", tmp_path / "c.json")
     assert json.loads((tmp_path / "c.mib.json").read_text())["edges"]
+    g = surgeon.read_circuit(tmp_path / "c.json")  # the one graph type, read back as the result holds it
+    assert g.to_json() == r.graph().to_json() and sorted(g.circuit_names()) == sorted(r.names(r.circuit))
     ev = surgeon.circuit_eval("induction_organism", tmp_path / "c.mib.json", induction_model)
     assert ev["faithfulness"] == pytest.approx(r.circuit_faithfulness, abs=1e-6)
 

@@ -24,6 +24,7 @@ from surgeon.analyses.circuit_runs import CircuitRuns, check_semantics, circuit_
 from surgeon.analyses.common import Direction
 from surgeon.circuits.export import check_targets, edges_for_model, write
 from surgeon.circuits.graph import (
+    CircuitGraph,
     build_graph,
     path_nodes,
     prune_dangling,
@@ -99,8 +100,11 @@ class CircuitResult(Shows):
     exact_ci: dict[int, tuple[float, float]] = field(default_factory=dict)
 
     def graph(self):
-        """The circuit as a networkx graph of the model's edges (scores, exact effects, in-circuit marks)."""
-        return build_graph(EdgeSite.of(shape_cfg(self.shape), self.ablation), self.scores, self.exact, self.circuit)
+        """The circuit as a `CircuitGraph` of the model's edges (scores, exact effects, in-circuit marks, the model's
+        shape and the circuit's semantics)."""
+        cfg = shape_cfg(self.shape)
+        return build_graph(EdgeSite.of(cfg, self.ablation), self.scores, self.exact, self.circuit, cfg,
+                           self.options.get("semantics"))
 
     def export(self, *paths) -> None:
         """Write the circuit to each path, in the format its extension names (the formats `--export` takes),
@@ -109,8 +113,7 @@ class CircuitResult(Shows):
         g = self.graph()
         for f in map(Path, paths):
             f.parent.mkdir(parents=True, exist_ok=True)
-            write(g, f, shape_cfg(self.shape), title=f"{self.case}: {self.source} -> {self.base}, "
-                                                     f"{len(self.circuit)} edges", semantics=self.options.get("semantics"))
+            write(g, f, title=f"{self.case}: {self.source} -> {self.base}, {len(self.circuit)} edges")
 
     def names(self, edges: Sequence[int]) -> list[str]:
         return [self.edge_names[e] for e in edges]
@@ -219,7 +222,7 @@ def shape_cfg(shape: dict):
     return SimpleNamespace(**shape, parallel_attn_mlp=False)
 
 
-def check_circuit_file(circuit: dict, model_spec: str, ablation: str = "resample", where: str = "") -> None:
+def check_circuit_file(circuit: CircuitGraph, model_spec: str, ablation: str = "resample", where: str = "") -> None:
     """A circuit file read by `read_circuit` checked against a model's config alone (names, cfg, GQA copies),
     so a file for another model is refused before the weights load."""
     file_semantics(circuit, where)
@@ -345,10 +348,10 @@ def discover(case: Case, model, *, method: Method | None = None, ablation: str =
         search=search, no_paths=why, execution=runs.scoring.execution, shape=model_shape(model.cfg), exact_ci=exact_ci)
 
 
-def file_semantics(circuit: dict, where: str = "") -> str | None:
+def file_semantics(circuit: CircuitGraph, where: str = "") -> str | None:
     """The semantics a circuit file records (legacy names read as today's), or None; a file of the retired
     edge-set reading is refused."""
-    sem = circuit.get("semantics") if isinstance(circuit, dict) else None
+    sem = circuit.semantics if isinstance(circuit, CircuitGraph) else None
     sem = LEGACY_SEMANTICS.get(sem, sem)
     if sem is None or sem in SEMANTICS:
         return sem
@@ -369,7 +372,7 @@ def evaluate_circuit(case: Case, model, edges, *, ablation: str = "resample", se
     removed under "knockout"."""
 
     site = EdgeSite.of(model.cfg, ablation)
-    if isinstance(edges, dict):
+    if isinstance(edges, CircuitGraph):
         recorded = file_semantics(edges, where)
         semantics = semantics or recorded
         idx = edges_for_model(edges, site, model.cfg, where)

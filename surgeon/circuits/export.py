@@ -1,7 +1,8 @@
 """Circuit graphs written for papers and other tools; the format follows the file's suffix.
 
 - `.graphml`, `.gexf`: networkx's writers (Gephi, Cytoscape);
-- `.json`: networkx node-link JSON (our own format, read back by `read_edges`);
+- `.json`: the circuit graph's own JSON (`CircuitGraph.to_json`: EAP-IG's layout with surgeon's fields beside it),
+  read back equal by `read_circuit`;
 - `.mib.json`: EAP-IG / MIB circuit JSON (`cfg`, `nodes`, `edges` with `score` and `in_graph`, EAP-IG's
   names), which MIB's circuit track and EAP-IG's `Graph.from_json` read;
 - `.dot`: Graphviz DOT, nodes ranked by layer; `.svg`, `.pdf`: rendered through the `dot` program;
@@ -18,7 +19,7 @@ from pathlib import Path
 
 import networkx as nx
 
-from surgeon.circuits.graph import circuit_subgraph
+from surgeon.circuits.graph import FORMAT, VERSION, CircuitGraph, cfg_dict, circuit_subgraph
 from surgeon.circuits.methods import SEMANTICS
 from surgeon.errors import AnalysisError
 from surgeon.results import follow_umask
@@ -56,17 +57,16 @@ def check_targets(files) -> None:
 
 def _clean(g: nx.DiGraph) -> nx.DiGraph:
     """A copy whose attribute values GraphML and GEXF accept: None and non-finite values are left out (an
-    edge whose exact effect was not measured has no `exact` attribute), never replaced by a stand-in."""
-    h = g.copy()
-    for *_, d in list(h.nodes(data=True)) + list(h.edges(data=True)):
+    edge whose exact effect was not measured has no `exact` attribute), never replaced by a stand-in; the model's
+    shape becomes graph attributes `cfg_n_layers`, `cfg_n_heads`, ..."""
+    h = nx.DiGraph(g)
+    cfg = h.graph.pop("cfg", None) or {}
+    h.graph.update({f"cfg_{k}": v for k, v in cfg.items()})
+    for d in [h.graph] + [d for *_, d in list(h.nodes(data=True)) + list(h.edges(data=True))]:
         for k, v in list(d.items()):
             if v is None or (isinstance(v, float) and not math.isfinite(v)):
                 del d[k]
     return h
-
-
-def _json_value(v):
-    return None if isinstance(v, float) and not math.isfinite(v) else v
 
 
 # ---------------------------------------------------------------------------------------------- drawing
@@ -212,12 +212,18 @@ def figure(g: nx.DiGraph, path: Path | None, title: str = ""):
 png = figure
 
 
-def mib_json(g: nx.DiGraph, cfg, semantics: str | None = None) -> dict:
+def mib_json(g: CircuitGraph, cfg=None, semantics: str | None = None) -> dict:
     """EAP-IG / MIB's circuit JSON, named as EAP-IG's `Graph.from_model` names the model's graph. EAP-IG
     ungroups grouped-query attention (one key and value input per query head), so a key/value head's edge
-    is written once per query head of its group, each copy with the group's score and membership."""
-    H = cfg.n_heads
-    G = getattr(cfg, "n_key_value_heads", None) or H
+    is written once per query head of its group, each copy with the group's score and membership. `cfg` and
+    `semantics` default to the graph's."""
+    cfg = cfg_dict(cfg) if cfg is not None else g.cfg
+    semantics = semantics or g.semantics
+    if not cfg:
+        raise AnalysisError("the circuit records no model shape (cfg), which an EAP-IG file needs",
+                            fix="export a circuit surgeon found, or one read from a file that records its cfg")
+    H = cfg["n_heads"]
+    G = cfg.get("n_key_value_heads") or H
     nodes = {}
     for n, d in g.nodes(data=True):
         if d["kind"] != "port":
@@ -241,8 +247,8 @@ def mib_json(g: nx.DiGraph, cfg, semantics: str | None = None) -> dict:
                 head = t.split("<")[0]
                 if head in nodes:
                     nodes[head]["in_graph"] = True
-    out_cfg = {"n_layers": cfg.n_layers, "n_heads": H,
-               "parallel_attn_mlp": bool(getattr(cfg, "parallel_attn_mlp", False)), "d_model": cfg.d_model}
+    out_cfg = {"n_layers": cfg["n_layers"], "n_heads": H, "parallel_attn_mlp": bool(cfg.get("parallel_attn_mlp")),
+               "d_model": cfg["d_model"]}
     if G != H:
         out_cfg["n_key_value_heads"] = G
     out = {"cfg": out_cfg, "nodes": nodes, "edges": edges}
@@ -312,8 +318,9 @@ def tikz(g: nx.DiGraph, title: str = "") -> str:
     return "\n".join(lines + [r"\end{tikzpicture}", r"\end{document}"]) + "\n"
 
 
-def write(g: nx.DiGraph, path: Path, cfg, title: str = "", semantics: str | None = None) -> None:
-    """Write `g` to `path` in the format its suffix names, atomically (a temporary file renamed into place)."""
+def write(g: CircuitGraph, path: Path, cfg=None, title: str = "", semantics: str | None = None) -> None:
+    """Write `g` to `path` in the format its suffix names, atomically (a temporary file renamed into place);
+    `cfg` and `semantics` default to the graph's."""
     import os
     import tempfile
 
@@ -333,11 +340,10 @@ def write(g: nx.DiGraph, path: Path, cfg, title: str = "", semantics: str | None
         elif kind == ".mib.json":
             Path(tmp).write_text(json.dumps(mib_json(g, cfg, semantics), indent=1) + "\n")
         elif kind == ".json":
-            data = nx.node_link_data(g, edges="edges")
-            for part in ("nodes", "edges"):
-                data[part] = [{k: _json_value(v) for k, v in d.items()} for d in data[part]]
-            if semantics:
-                data["graph"]["semantics"] = semantics
+            data = g.to_json()
+            if cfg is not None:
+                data["cfg"] = cfg_dict(cfg)
+            data["semantics"] = semantics or g.semantics
             Path(tmp).write_text(json.dumps(data, indent=1, allow_nan=False) + "\n")
         elif kind == ".dot":
             Path(tmp).write_text(dot(g, title))
@@ -355,9 +361,10 @@ def write(g: nx.DiGraph, path: Path, cfg, title: str = "", semantics: str | None
 MAX_SCORE = 1e30  # no effect on a log-probability score comes near this: a larger one is a corrupt file
 
 
-def read_circuit(path: Path) -> dict:
-    """A circuit file as {"edges": {name: in_graph}, "semantics": str | None, "cfg": dict | None}: any of our
-    JSON exports, the results.json of `surgeon circuit --out`, or an EAP-IG / MIB circuit JSON."""
+def read_circuit(path: Path) -> CircuitGraph:
+    """A circuit file as a `CircuitGraph`: any of our JSON exports (`.json`, `.mib.json`), the results.json of
+    `surgeon circuit --out`, an EAP-IG / MIB circuit JSON, or the node-link `.json` of surgeon 0.1. A file that
+    carries only edge names and marks gives a graph of those edges, nodes read from the names."""
     path = Path(path)
     bad = dict(where=str(path), fix="give a .json or .mib.json export, or the results.json of surgeon circuit --out")
     try:
@@ -377,10 +384,9 @@ def read_circuit(path: Path) -> dict:
             raise AnalysisError(f"field 'options' is a {type(options).__name__}, not an object", field="result.options",
                                 **bad)
         sem = _semantics_field(options.get("semantics"), "result.options.semantics", bad)
-        return {"edges": {n: i in set(chosen) for i, n in enumerate(names)}, "semantics": sem, "cfg": None}
+        return CircuitGraph.from_marks({n: i in set(chosen) for i, n in enumerate(names)}, semantics=sem)
     edges = data.get("edges")
-    if isinstance(edges, dict):  # MIB / EAP-IG
-        out = {}
+    if isinstance(edges, dict):  # ours, MIB / EAP-IG
         for n, d in edges.items():
             if not isinstance(d, dict) or not isinstance(d.get("in_graph"), bool):
                 raise AnalysisError(f"edge {str(n)[:60]!r} has no boolean 'in_graph'", field="edges", **bad)
@@ -391,14 +397,26 @@ def read_circuit(path: Path) -> dict:
             if abs(score) > MAX_SCORE:
                 raise AnalysisError(f"edge {str(n)[:60]!r} has score {score!r}: an edge's effect is a difference of "
                                     f"log-probabilities, never past {MAX_SCORE:g}", field="edges", **bad)
-            out[n] = d["in_graph"]
+            if "->" not in str(n):
+                raise AnalysisError(f"edge {str(n)[:60]!r} is not named sender->receiver", field="edges", **bad)
         cfg = data.get("cfg")
         if cfg is not None and not isinstance(cfg, dict):
             raise AnalysisError(f"field 'cfg' is a {type(cfg).__name__}, not an object of the model's shape",
                                 field="cfg", **bad)
-        sem = _semantics_field(data.get("semantics", "kept"), "semantics", bad)  # MIB's circuits are kept sets
-        return {"edges": out, "semantics": sem, "cfg": cfg}
-    if isinstance(edges, list):  # node-link
+        ours = data.get("format") == FORMAT
+        # MIB's circuits are kept sets; ours say what they are (or nothing)
+        sem = _semantics_field(data.get("semantics") if ours else data.get("semantics", "kept"), "semantics", bad)
+        if not ours:
+            return CircuitGraph.from_marks({n: d["in_graph"] for n, d in edges.items()},
+                                           {n: float(d.get("score", 0.0)) for n, d in edges.items()}, cfg, sem)
+        if data.get("version") != VERSION:
+            raise AnalysisError(f"the file is {FORMAT} version {data.get('version')!r}; this surgeon reads version "
+                                f"{VERSION}", field="version", where=str(path), fix="upgrade surgeon to read it")
+        try:
+            return CircuitGraph.from_json({**data, "semantics": sem})
+        except (KeyError, TypeError, ValueError, AttributeError) as e:
+            raise AnalysisError(f"malformed {FORMAT} file ({type(e).__name__}: {str(e)[:120]})", **bad) from None
+    if isinstance(edges, list):  # node-link (surgeon 0.1)
         out = {}
         for d in edges:
             if not isinstance(d, dict) or not isinstance(d.get("name"), str):
@@ -408,8 +426,7 @@ def read_circuit(path: Path) -> dict:
         graph = data.get("graph") or {}
         if not isinstance(graph, dict):
             raise AnalysisError(f"field 'graph' is a {type(graph).__name__}, not an object", field="graph", **bad)
-        return {"edges": out, "semantics": _semantics_field(graph.get("semantics"), "graph.semantics", bad),
-                "cfg": None}
+        return CircuitGraph.from_marks(out, semantics=_semantics_field(graph.get("semantics"), "graph.semantics", bad))
     raise AnalysisError("the file holds no circuit edges", **bad)
 
 
@@ -423,16 +440,16 @@ def _semantics_field(value, field: str, bad: dict):
 
 def read_edges(path: Path) -> list[str]:
     """The names of the circuit's edges in a circuit file (see `read_circuit`)."""
-    return [n for n, inside in read_circuit(path)["edges"].items() if inside]
+    return read_circuit(path).circuit_names()
 
 
-def edges_for_model(circuit: dict, site, cfg, where: str = "") -> list[int]:
+def edges_for_model(circuit: CircuitGraph, site, cfg, where: str = "") -> list[int]:
     """Indices into `site`'s edges of a circuit read by `read_circuit`, checked against the model: the file's
     cfg must describe it, every name must be one of its edges, and under grouped-query attention the per-query-
     head key/value edges EAP-IG writes must agree within each group (they are one edge here)."""
     H = cfg.n_heads
     G = getattr(cfg, "n_key_value_heads", None) or H
-    fc = circuit.get("cfg")
+    fc = circuit.cfg
     if fc:
         want = {"n_layers": cfg.n_layers, "n_heads": H}
         if G != H or "n_key_value_heads" in fc:
@@ -443,7 +460,7 @@ def edges_for_model(circuit: dict, site, cfg, where: str = "") -> list[int]:
                                     field=f"cfg.{k}", fix="evaluate the circuit on the model it was found for")
     index = {n: i for i, n in enumerate(site.names)}
     groups: dict[int, dict[str, bool]] = {}
-    for name, inside in circuit["edges"].items():
+    for name, inside in circuit.marks().items():
         target = name
         m = re.fullmatch(r"(?P<snd>[^<>]+)->a(?P<layer>\d+)\.h(?P<h>\d+)<(?P<port>[kv])>", name)
         if name not in index and G != H and m:  # EAP-IG's per-query-head name of a key/value edge

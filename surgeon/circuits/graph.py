@@ -1,21 +1,42 @@
-"""The circuit graph as data: a `networkx.DiGraph`, and plain functions over it.
+"""The circuit graph: one type (`CircuitGraph`, a `networkx.DiGraph`) for every circuit surgeon finds, writes and
+reads back, with symmetric JSON (`to_json` / `from_json`, as EAP-IG's `Graph`), and plain functions over it.
 
 Nodes: `input`, every head `a{l}.h{h}`, every MLP `m{l}`, `logits` (kind input | head | mlp | logits,
 with layer and head), and the heads' input ports `a{l}.h{h}<q>`, `<k>`, `<v>` (kind port; under
 grouped-query attention the key/value ports are the key/value heads' `a{l}.g{g}<k>`), joined to their
 head(s) by internal edges. Scored edges run from a sender to a port, an MLP or the logits, named as
 EAP-IG names them (`a0.h1->a1.h2<k>`), and carry `score` (attribution), `exact` (measured effect, where
-measured) and `in_circuit`. Display labels follow `L{l}H{h}`.
+measured) and `in_circuit`. Display labels follow `L{l}H{h}`. The graph's attributes: `n_layers`, `cfg` (the
+model's shape: n_layers, n_heads, n_key_value_heads, d_model, parallel_attn_mlp) and `semantics` (how the circuit
+runs: kept or knockout), each None where a file did not say.
+
+The JSON (`to_json`; the `.json` export) is EAP-IG's layout with surgeon's fields beside EAP-IG's:
+
+    {"format": "surgeon-circuit", "version": 1, "semantics": "kept", "n_layers": 3,
+     "cfg":   {"n_layers": 3, "n_heads": 8, "n_key_value_heads": 2, "d_model": 64, "parallel_attn_mlp": false},
+     "nodes": {"a0.h1": {"in_graph": true, "kind": "head", "layer": 0, "head": 1, "label": "L0H1"}, ...},
+     "ports": {"a1.h2<k>": {"kind": "port", "port": "k", "layer": 1, "head": 2, "label": "L1H2<k", "feeds": ["a1.h2"]}},
+     "edges": {"a0.h1->a1.h2<k>": {"score": 0.12, "in_graph": true, "exact": 0.1, "index": 57}, ...}}
+
+`in_graph` is EAP-IG's name for circuit membership (a node is in the graph when a circuit edge touches it);
+`exact` is null where not measured; `index` is the edge's position in the model's edge order. Without grouped-query
+attention the file is one EAP-IG's `Graph.from_json` reads (it ignores the fields it does not know); the `.mib.json`
+export is EAP-IG's own layout for every model.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Iterable, Sequence
+import math
+import re
+from typing import TYPE_CHECKING, Iterable, Mapping, Sequence
 
 import networkx as nx
 import numpy as np
 
 if TYPE_CHECKING:  # a type only: reading and writing circuit files needs no torch
     from surgeon.sites.edges import EdgeSite
+
+FORMAT, VERSION = "surgeon-circuit", 1
+CFG_KEYS = ("n_layers", "n_heads", "n_key_value_heads", "d_model", "parallel_attn_mlp")
 
 
 def _label(name: str) -> str:
@@ -32,10 +53,145 @@ def _label(name: str) -> str:
     return name
 
 
+_NODE = re.compile(r"a(?P<layer>\d+)\.(?P<hg>[hg])(?P<unit>\d+)(?:<(?P<port>[qkv])>)?|m(?P<mlp>\d+)")
+
+
+def node_attrs(name: str, n_layers: int | None = None) -> dict:
+    """A node's attributes from its EAP-IG name alone (kind unknown for a name of no known form)."""
+    if name == "input":
+        return {"kind": "input", "layer": -1, "head": -1, "label": "input"}
+    if name == "logits":
+        return {"kind": "logits", "layer": n_layers if n_layers is not None else -1, "head": -1, "label": "logits"}
+    m = _NODE.fullmatch(name)
+    if m is None or (m["hg"] == "g" and not m["port"]):
+        return {"kind": "unknown", "layer": -1, "head": -1, "label": name}
+    if m["mlp"] is not None:
+        return {"kind": "mlp", "layer": int(m["mlp"]), "head": -1, "label": _label(name)}
+    d = {"layer": int(m["layer"]), "head": int(m["unit"]), "label": _label(name)}
+    return {"kind": "port", "port": m["port"], **d} if m["port"] else {"kind": "head", **d}
+
+
+def cfg_dict(cfg) -> dict | None:
+    """The model shape a circuit file records (EAP-IG's cfg keys, and n_key_value_heads under grouped-query
+    attention), from a TransformerLens config, a stand-in or a dict."""
+    if cfg is None:
+        return None
+    get = cfg.get if isinstance(cfg, Mapping) else (lambda k, default=None: getattr(cfg, k, default))
+    out = {"n_layers": get("n_layers"), "n_heads": get("n_heads"), "d_model": get("d_model"),
+           "parallel_attn_mlp": bool(get("parallel_attn_mlp", False))}
+    G = get("n_key_value_heads", None)
+    if G and G != out["n_heads"]:
+        out["n_key_value_heads"] = G
+    return out
+
+
+def _finite(v):
+    return None if isinstance(v, float) and not math.isfinite(v) else v
+
+
+class CircuitGraph(nx.DiGraph):
+    """A model's edge graph with each edge's score, measured effect and circuit membership: what `surgeon circuit`
+    finds, every export writes, the report's circuit view draws and `surgeon circuit-eval` reads back (from any of
+    the JSON files). A `networkx.DiGraph`, so networkx's algorithms and writers take it as it is."""
+
+    @property
+    def cfg(self) -> dict | None:
+        return self.graph.get("cfg")
+
+    @property
+    def semantics(self) -> str | None:
+        return self.graph.get("semantics")
+
+    def scored(self):
+        """(sender, receiver, attributes) of every scored (not internal) edge."""
+        return ((u, v, d) for u, v, d in self.edges(data=True) if not d["internal"])
+
+    def marks(self) -> dict[str, bool]:
+        """{edge name: in the circuit} over the scored edges."""
+        return {d["name"]: bool(d["in_circuit"]) for *_, d in self.scored()}
+
+    def circuit_names(self) -> list[str]:
+        return [n for n, inside in self.marks().items() if inside]
+
+    def to_json(self) -> dict:
+        """The graph as JSON data (the module's docstring shows the layout); `from_json` reads it back equal."""
+        inside = {x for u, v, d in self.scored() if d["in_circuit"] for x in (u, v)}
+        inside |= {h for p in list(inside) if self.nodes[p]["kind"] == "port" for h in self.successors(p)}
+        nodes, ports = {}, {}
+        for n, d in self.nodes(data=True):
+            attrs = {k: _finite(v) for k, v in d.items()}
+            if d["kind"] == "port":
+                ports[n] = {**attrs, "feeds": sorted(self.successors(n), key=lambda h: self.nodes[h].get("head", 0))}
+            else:
+                nodes[n] = {"in_graph": n in inside, **attrs}
+        edges = {}
+        for *_, d in self.scored():
+            e = {"score": float(d["score"]), "in_graph": bool(d["in_circuit"]), "exact": _finite(d["exact"])}
+            if d.get("index") is not None:
+                e["index"] = int(d["index"])
+            edges[d["name"]] = e
+        return {"format": FORMAT, "version": VERSION, "semantics": self.semantics, "n_layers": self.graph["n_layers"],
+                "cfg": self.cfg, "nodes": nodes, "ports": ports, "edges": edges}
+
+    @classmethod
+    def from_json(cls, data: dict) -> CircuitGraph:
+        """A graph from `to_json`'s data, or from an EAP-IG / MIB circuit JSON (`cfg`, `nodes`, `edges` with `score`
+        and `in_graph`: nodes and ports follow from the edge names). Checks nothing: `circuits.export.read_circuit`
+        checks a file before it gets here."""
+        cfg = data.get("cfg")
+        if data.get("format") != FORMAT:
+            scores = {n: float(e.get("score", 0.0)) for n, e in data["edges"].items()}
+            return cls.from_marks({n: bool(e["in_graph"]) for n, e in data["edges"].items()}, scores, cfg,
+                                  data.get("semantics"))
+        g = cls(n_layers=data["n_layers"], cfg=cfg, semantics=data.get("semantics"))
+        for n, d in data["nodes"].items():
+            g.add_node(n, **{k: v for k, v in d.items() if k != "in_graph"})
+        for n, d in data["ports"].items():
+            g.add_node(n, **{k: v for k, v in d.items() if k != "feeds"})
+            for h in d["feeds"]:
+                g.add_edge(n, h, **_INTERNAL)
+        for name, e in data["edges"].items():
+            u, v = name.split("->", 1)
+            ex = e.get("exact")
+            g.add_edge(u, v, internal=False, name=name, index=e.get("index"), score=float(e["score"]),
+                       exact=float("nan") if ex is None else float(ex), in_circuit=bool(e["in_graph"]))
+        return g
+
+    @classmethod
+    def from_marks(cls, marks: Mapping[str, bool], scores: Mapping[str, float] | None = None, cfg: dict | None = None,
+                   semantics: str | None = None) -> CircuitGraph:
+        """A graph of the named edges alone ({name: in the circuit}), nodes and ports read from the names (what a
+        file that carries no more, an EAP-IG file or a circuit's results.json, gives)."""
+        n_layers = (cfg or {}).get("n_layers") if isinstance(cfg, dict) else None
+        parsed = [node_attrs(x) for name in marks for x in name.split("->", 1)]
+        if not isinstance(n_layers, int):
+            n_layers = max([d["layer"] + 1 for d in parsed if d["kind"] in ("head", "mlp", "port")] or [0])
+        g = cls(n_layers=n_layers, cfg=cfg, semantics=semantics)
+        scores = scores or {}
+        for name, inside in marks.items():
+            u, _, v = name.partition("->")
+            for x in (u, v):
+                if x not in g:
+                    g.add_node(x, **node_attrs(x, n_layers))
+                    d = g.nodes[x]
+                    if d["kind"] == "port" and ".h" in x:
+                        head = x.split("<")[0]
+                        if head not in g:
+                            g.add_node(head, **node_attrs(head, n_layers))
+                        g.add_edge(x, head, **_INTERNAL)
+            g.add_edge(u, v, internal=False, name=name, index=None, score=float(scores.get(name, 0.0)),
+                       exact=float("nan"), in_circuit=bool(inside))
+        return g
+
+
+_INTERNAL = dict(internal=True, name="", score=0.0, exact=float("nan"), in_circuit=False)
+
+
 def build_graph(site: EdgeSite, scores: Sequence[float] | None = None, exact: dict[int, float] | None = None,
-                in_circuit: Iterable[int] = ()) -> nx.DiGraph:
-    """The model's computation graph with each edge's score, measured effect and circuit membership."""
-    g = nx.DiGraph(n_layers=site.n_layers)
+                in_circuit: Iterable[int] = (), cfg=None, semantics: str | None = None) -> CircuitGraph:
+    """The model's computation graph with each edge's score, measured effect and circuit membership (`cfg`: the
+    model's config or shape, recorded for the files; `semantics`: how the circuit runs)."""
+    g = CircuitGraph(n_layers=site.n_layers, cfg=cfg_dict(cfg), semantics=semantics)
     for s in site.senders:
         kind = s.kind
         g.add_node(s.name, kind=kind, layer=s.layer, head=s.unit if kind == "head" else -1, label=_label(s.name))
@@ -50,8 +206,7 @@ def build_graph(site: EdgeSite, scores: Sequence[float] | None = None, exact: di
                 G = sum(1 for x in site.receivers if x.kind == "k" and x.layer == r.layer)
                 heads = [h for h in range(n_heads) if h // (n_heads // G) == r.unit]
             for h in heads:
-                g.add_edge(r.name, f"a{r.layer}.h{h}", internal=True, name="", score=0.0, exact=float("nan"),
-                           in_circuit=False)
+                g.add_edge(r.name, f"a{r.layer}.h{h}", **_INTERNAL)
     scores = np.zeros(len(site.edges)) if scores is None else np.asarray(scores, dtype=float)
     chosen = set(in_circuit)
     exact = exact or {}

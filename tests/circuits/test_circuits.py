@@ -361,12 +361,11 @@ def test_shipped_circuits_are_current(tmp_path, name):
     for fmt in regen["FORMATS"]:
         assert (shipped / f"{name}.{fmt}").exists(), f"circuits/{name}.{fmt} is missing: run python circuits/regenerate.py"
         opens_in_its_tool(shipped / f"{name}.{fmt}", tmp_path)
-    new, cur = ([e for e in json.loads((d / f"{name}.json").read_text())["edges"] if not e["internal"]]
-                for d in (tmp_path, shipped))
-    assert [e["name"] for e in new] == [e["name"] for e in cur], stale
-    assert [e["in_circuit"] for e in new] == [e["in_circuit"] for e in cur], stale
-    assert np.allclose([e["score"] for e in new], [e["score"] for e in cur], atol=1e-4), stale
-    inside = {e["name"] for e in cur if e["in_circuit"]}
+    new, cur = (json.loads((d / f"{name}.json").read_text())["edges"] for d in (tmp_path, shipped))
+    assert list(new) == list(cur), stale
+    assert [e["in_graph"] for e in new.values()] == [e["in_graph"] for e in cur.values()], stale
+    assert np.allclose([e["score"] for e in new.values()], [e["score"] for e in cur.values()], atol=1e-4), stale
+    inside = {n for n, e in cur.items() if e["in_graph"]}
     mib = json.loads((shipped / f"{name}.mib.json").read_text())
     assert {n for n, d in mib["edges"].items() if d["in_graph"]} == inside
     g = nx.read_graphml(shipped / f"{name}.graphml")

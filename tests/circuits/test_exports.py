@@ -26,7 +26,7 @@ from surgeon.circuits.export import (
     read_circuit,
     write,
 )
-from surgeon.circuits.graph import build_graph
+from surgeon.circuits.graph import CircuitGraph, build_graph
 from surgeon.errors import AnalysisError
 from surgeon.sites.edges import EdgeSite
 from tests.conftest import ROOT
@@ -84,7 +84,7 @@ def _random_graph(cfg, seed=0):
     rng = np.random.default_rng(seed)
     scores = rng.normal(size=len(site.edges))
     chosen = rng.choice(len(site.edges), size=max(3, len(site.edges) // 7), replace=False)
-    return site, build_graph(site, scores, {int(chosen[0]): 0.5}, chosen), scores, sorted(int(c) for c in chosen)
+    return site, build_graph(site, scores, {int(chosen[0]): 0.5}, chosen, cfg), scores, sorted(int(c) for c in chosen)
 
 
 def _models(random_model):
@@ -126,6 +126,45 @@ def test_mib_export_loads_in_eap_ig(random_model, tmp_path):
         assert edges_for_model(read_circuit(path), site, cfg) == chosen
 
 
+def _same_graph(a, b) -> None:
+    """Equal nodes, edges, attributes (NaN equal to NaN) and graph attributes."""
+    def norm(d):
+        return {k: ("nan" if isinstance(v, float) and v != v else v) for k, v in d.items()}
+
+    assert a.graph == b.graph
+    assert {n: norm(d) for n, d in a.nodes(data=True)} == {n: norm(d) for n, d in b.nodes(data=True)}
+    assert {(u, v): norm(d) for u, v, d in a.edges(data=True)} == {(u, v): norm(d) for u, v, d in b.edges(data=True)}
+
+
+def test_one_graph_type_reads_back_what_it_writes(random_model, tmp_path):
+    """`CircuitGraph.to_json` / `from_json` are symmetric (graph -> JSON -> graph and JSON -> graph -> JSON), the
+    `.json` export read by `read_circuit` is the graph written (as `discover`'s circuits are: the fixture), and without
+    grouped-query attention the file is one EAP-IG's `Graph.from_json` reads, with the circuit's edges."""
+    for model in _models(random_model):
+        site, g, scores, chosen = _random_graph(model.cfg)
+        assert isinstance(g, CircuitGraph) and g.cfg["n_layers"] == model.cfg.n_layers
+        g.graph["semantics"] = "kept"
+        d = g.to_json()
+        back = CircuitGraph.from_json(json.loads(json.dumps(d)))
+        _same_graph(back, g)
+        assert back.to_json() == d
+        path = tmp_path / "c.json"
+        write(g, path)
+        _same_graph(read_circuit(path), g)
+        assert edges_for_model(read_circuit(path), site, model.cfg) == chosen
+        if not model.cfg.n_key_value_heads or model.cfg.n_key_value_heads == model.cfg.n_heads:
+            inside, file_scores = eap_ig_from_json(json.loads(path.read_text()))
+            assert inside == {site.names[e] for e in chosen}
+            assert file_scores == pytest.approx({n: scores[e] for e, n in enumerate(site.names)})
+        # a circuit file that names edges only gives a graph of those edges, nodes read from the names
+        mib = tmp_path / "c.mib.json"
+        write(g, mib)
+        h = read_circuit(mib)
+        assert edges_for_model(h, site, model.cfg) == chosen and h.semantics == "kept"
+        if ".g" not in "".join(site.names):  # (EAP-IG's file ungroups key/value heads into per-head ports)
+            assert {n: d["kind"] for n, d in h.nodes(data=True)} == {n: g.nodes[n]["kind"] for n in h.nodes}
+
+
 def test_circuit_files_are_checked_against_the_model(decimal_model, tmp_path):
     cfg = decimal_model.cfg
     site, g, _, chosen = _random_graph(cfg)
@@ -162,7 +201,9 @@ def circuits():
         case = load_case(f"{ROOT}/cases/{name}.py")
         model = load_model(case.model)
         r = discover(case, model, n_paths=0, verify=5)
-        out[name] = (case, model, r, build_graph(EdgeSite.of(model.cfg), r.scores, r.exact, r.circuit))
+        g = r.graph()
+        assert isinstance(g, CircuitGraph) and g.semantics == r.options["semantics"]  # what discover finds is one
+        out[name] = (case, model, r, g)
     return out
 
 
@@ -213,7 +254,7 @@ def test_semantics_are_written_read_back_and_legacy_files_handled(circuits, tmp_
         for ext in (".mib.json", ".json"):
             p = tmp_path / f"c{ext}"
             write(g, p, model.cfg, semantics=r.options["semantics"])
-            assert read_circuit(p)["semantics"] == "kept"
+            assert read_circuit(p).semantics == "kept"
         assert evaluate_circuit(case_e if model is model_e else case_c, model, read_circuit(p))["faithfulness"] \
             == pytest.approx(r.circuit_faithfulness, abs=1e-5)
     ko = discover(case_c, model_c, semantics="knockout", n_paths=0, verify=0)
@@ -256,8 +297,8 @@ def test_every_export_opens_in_its_tool(circuits, name, tmp_path):
         measured = [d for d in scored if "exact" in d]
         assert len(measured) == len(r.exact) and all(d["exact"] != -1.0 for d in measured)  # missing, not -1
     data = json.loads(files[".json"].read_text())  # strict JSON: no NaN
-    assert {e["name"] for e in data["edges"] if e.get("in_circuit") and not e["internal"]} == inside
-    assert all(e["exact"] is None for e in data["edges"] if not e["internal"] and e["index"] not in r.exact)
+    assert {n for n, e in data["edges"].items() if e["in_graph"]} == inside
+    assert all(e["exact"] is None for e in data["edges"].values() if e["index"] not in r.exact)
     assert files[".png"].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert files[".pdf"].read_bytes()[:5] == b"%PDF-"
     assert b"<svg" in files[".svg"].read_bytes()[:2000]
