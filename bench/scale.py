@@ -59,7 +59,7 @@ SIZES = ((2, 3), (4, 3), (2, 10))  # (items, letters per word): 30 positions, th
 JOBS = ("patch", "careful-patch", "tl-patch", "floor", "eap", "eap-ig", "exact", "edge-loop", "curve", "smallest", "subsets-128",
         "subsets-512")
 FIRST_SIZE_ONLY = ("smallest", "subsets-128")  # the slowest job, and the second subset count (memory flat in it)
-NAMES = {"patch": "per-head sweep", "careful-patch": "  careful TL: KV cache, heads batched",
+NAMES = {"patch": "per-head sweep", "careful-patch": "  careful TL (KV cache, batched)",
          "tl-patch": "  TL generic_activation_patch", "floor": "forward + backward (floor)",
          "eap": "EAP", "eap-ig": "EAP-IG (5 steps)", "exact": "exact top-200", "edge-loop": "  loop, one forward per edge",
          "curve": "faithfulness curve (11)", "smallest": "smallest circuit (f >= 0.9)",
