@@ -384,7 +384,8 @@ def read_circuit(path: Path) -> CircuitGraph:
             raise AnalysisError(f"field 'options' is a {type(options).__name__}, not an object", field="result.options",
                                 **bad)
         sem = _semantics_field(options.get("semantics"), "result.options.semantics", bad)
-        return CircuitGraph.from_marks({n: i in set(chosen) for i, n in enumerate(names)}, semantics=sem)
+        inside = set(chosen)
+        return CircuitGraph.from_marks({n: i in inside for i, n in enumerate(names)}, semantics=sem)
     edges = data.get("edges")
     if isinstance(edges, dict):  # ours, MIB / EAP-IG
         for n, d in edges.items():
