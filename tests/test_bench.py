@@ -108,6 +108,31 @@ def test_the_careful_per_head_sweep_equals_surgeons(kind):
     assert (want - c.clean_base).abs().max() > 1e-3  # the patches move the scores: the comparison is not vacuous
 
 
+@pytest.mark.parametrize("kind", ["gpt2", "gqa-rotary"])
+def test_the_careful_per_edge_loop_equals_surgeons_exact_edges(kind):
+    """bench/scale.py's careful per-edge loop (KV cache of the common prefix, each edge from its receiver's layer, a
+    layer's edges in the batch, logits at the read position) gives surgeon's exact edge scores, for edges into
+    queries, keys, values, MLPs and the logits; an unpatched run does not."""
+    from surgeon.engine.contrast import Contrast
+    from surgeon.sites.edges import EdgeSite
+
+    model = _tiny(kind)
+    base, source = scale.make_rows(model, 3, 2)
+    site = EdgeSite.of(model.cfg)
+    kinds = {}
+    for e, (_, r) in enumerate(site.edges):  # a few edges of every receiver kind, at several layers
+        kinds.setdefault((site.receivers[r].kind, site.receivers[r].layer), []).append(e)
+    top = [e for es in kinds.values() for e in es[:2]]
+    got = scale.careful_edge_loop(model, site, base, source, top, batch_size=8)  # chunks of 2 edges
+    c = Contrast(model, base, source, "index", sites=site.node_sites())
+    onehot = torch.zeros(len(top), len(site.edges))
+    onehot[torch.arange(len(top)), torch.tensor(top)] = 1
+    with torch.no_grad():
+        want = c.run({site: onehot})
+    torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
+    assert (want - c.clean_base).abs().max() > 1e-3
+
+
 def test_the_floor_takes_the_gradient_a_full_forward_gives():
     """The EAP floor (logits only at the read positions, weights frozen) back-propagates the same gradient to the
     embedding as a full forward with every position's logits, and leaves no weight gradient."""

@@ -14,6 +14,14 @@ as it was (the two decodes are of the same tensor); a full mask on an SAE with a
 the reconstruction to the other run's and keeps this run's error. `FeatureSite` is the mask key
 `Contrast.run` accepts beside node and edge sites: masks [P, d_sae] put P feature sets in the batch
 dimension, and masks that require grad give d(score)/d(mask) for every feature from one backward pass.
+
+With `error=True` the site has one more unit, the SAE's error term (Marks et al. 2024's error node): its
+mask value e moves this run's error toward the other run's,
+
+    act <- act + decode(f + m * (f_source - f)) - decode(f) + e * (err_source - err),
+
+so masks are [P, d_sae + 1]; a full mask (every feature and the error) gives the other run's activation
+exactly, whatever the SAE reconstructs.
 """
 from __future__ import annotations
 
@@ -34,15 +42,16 @@ class FeatureSite(SiteKind):
 
     sae: object  # a sae-lens SAE (encode, decode, cfg.d_sae)
     hook: str
+    error: bool = False  # one more unit, the last: the SAE's error term
 
     @staticmethod
-    def of(sae, hook: str | None = None) -> "FeatureSite":
+    def of(sae, hook: str | None = None, error: bool = False) -> "FeatureSite":
         hook = hook or sae_hook(sae)
         comp = hook_component(hook)
         if comp.units != "whole":
             raise AnalysisError(f"SAEs on {hook} are not supported as a patching site", field="--sae-id",
                                 fix="use SAEs that read the residual stream, the MLP output or the attention output")
-        return FeatureSite(sae, hook)
+        return FeatureSite(sae, hook, error)
 
     @property
     def layer(self) -> int:
@@ -54,10 +63,10 @@ class FeatureSite(SiteKind):
 
     @property
     def name(self) -> str:
-        return f"{self.hook} (SAE features)"
+        return f"{self.hook} (SAE features{' and error' if self.error else ''})"
 
     def n_units(self, cfg=None) -> int:
-        return int(self.sae.cfg.d_sae)
+        return int(self.sae.cfg.d_sae) + int(self.error)
 
     def keeps_head_outputs(self, layer: int) -> bool:
         return self.layer > layer or self.hook in after_z(layer)
@@ -89,13 +98,18 @@ def sae_hook(sae) -> str:
 
 def feature_hooks(site: FeatureSite, mask: Tensor, source_act: Tensor, copies: int, n: int, rel: Tensor,
                   valid: Tensor) -> list:
-    """The hook that patches features of mask [copies, d_sae] (or [copies, S, d_sae]) at the aligned positions.
+    """The hook that patches features of mask [copies, units] (or [copies, S, units]) at the aligned positions
+    (units: d_sae, and the error term last when the site has one).
 
     `source_act`: the other run's activation there [n, S, 1, d]; `rel` [n, S] the positions relative to
     the first position the pass computes; `valid` [n, S] 1 for real (not padded) slots."""
-    f_src = site.encode(source_act[:, :, 0])  # [n, S, F]
-    m = mask[:, None, None, :] if mask.dim() == 2 else mask[:, None]  # [c, 1, S|1, F]
+    src = source_act[:, :, 0]
+    f_src = site.encode(src)  # [n, S, F]
+    m = mask[:, None, None, :] if mask.dim() == 2 else mask[:, None]  # [c, 1, S|1, units]
     m = m.to(f_src.device, f_src.dtype) * valid.to(f_src.device, f_src.dtype)[None, :, :, None]
+    F = f_src.shape[-1]
+    m, e = m[..., :F], (m[..., F:] if site.error else None)  # e: [c, 1, S|1, 1], the error term's
+    err_src = (src.to(f_src.device, f_src.dtype) - site.decode(f_src)) if site.error else None
     idx = torch.arange(n)[:, None]
 
     def hook(act, hook):
@@ -104,7 +118,11 @@ def feature_hooks(site: FeatureSite, mask: Tensor, source_act: Tensor, copies: i
         i, r = idx.to(x.device), rel.to(x.device)
         cur = x[:, i, r]  # [c, n, S, d]
         f = site.encode(cur)
-        moved = site.decode(f + m.to(f.device) * (f_src.to(f.device) - f)) - site.decode(f)
+        rec = site.decode(f)
+        moved = site.decode(f + m.to(f.device) * (f_src.to(f.device) - f)) - rec
+        if e is not None:  # the error term toward the other run's: err = act - decode(encode(act))
+            err = cur.to(rec.device, rec.dtype) - rec
+            moved = moved + e.to(f.device) * (err_src.to(f.device) - err)
         x[:, i, r] = cur + moved.to(x.device, x.dtype)
         return out
 

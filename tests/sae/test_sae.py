@@ -114,6 +114,64 @@ def test_feature_patch_equals_independent_hooks(decimal_case, decimal_model):
     assert torch.allclose(core, per_item, atol=1e-4)
 
 
+@pytest.mark.parametrize("which", ["error", "features and error"])
+def test_error_node_patch_equals_independent_hooks(decimal_case, decimal_model, which):
+    """The SAE's error term as a unit (Marks et al.'s error node), written with plain hooks: the error alone moves
+    act -> decode(encode(act)) + (src - decode(encode(src))); every feature and the error moves act -> src, the
+    whole activation (so it equals patching the hook point itself)."""
+    from surgeon.analyses.common import format_rows, make_contrast
+    from surgeon.engine.contrast import score_rows
+    from surgeon.sites.features import FeatureSite
+    from surgeon.sites.nodes import Site
+    from surgeon.spec.encoding import align
+
+    sae = shipped("decimal", 2)
+    fs = FeatureSite.of(sae, error=True)
+    F = int(sae.cfg.d_sae)
+    assert fs.n_units() == F + 1
+    items = decimal_case.items_for("trap")[:6]
+    case = type(decimal_case)(**{**decimal_case.__dict__, "items": items, "focus": None})
+    node = Site.coerce(fs.hook)
+    c, _ = make_contrast(case, decimal_model, sites=[node], tag="all")
+    mask = torch.zeros(1, F + 1)
+    mask[0, F] = 1
+    if which != "error":
+        mask[:] = 1
+    with torch.no_grad():
+        core = c.run({fs: mask})[0]
+        if which != "error":  # every unit moved: the hook point's activation is the other run's
+            whole = c.run({node: torch.ones(1, c.units(node))})[0]
+            assert torch.allclose(core, whole, atol=1e-4)
+    rows_b = format_rows(case, decimal_model, "qa", items)
+    rows_g = format_rows(case, decimal_model, "plain", items)
+    per_item = torch.zeros(len(items))
+    for rb, rg in zip(rows_b, rows_g):
+        pb, pg = align(rb, rg, "last")
+        _, cache = decimal_model.run_with_cache(torch.tensor([rg.tokens]), names_filter=[fs.hook])
+        src = cache[fs.hook][0, pg]
+        err_src = src - sae.decode(sae.encode(src))
+
+        def hook(act, hook, pb=pb, src=src, err_src=err_src):
+            act = act.clone()
+            a = act[0, pb]
+            act[0, pb] = sae.decode(sae.encode(a)) + err_src if which == "error" else src
+            return act
+        with decimal_model.hooks(fwd_hooks=[(fs.hook, hook)]), torch.no_grad():
+            per_item[rb.item] += score_rows(decimal_model, [type(rb)(**{**rb.__dict__, "item": 0})])[0]
+    assert torch.allclose(core, per_item, atol=1e-4)
+    assert (core - c.clean_base).abs().max() > 1e-3  # the patch moves the scores: the comparison is not vacuous
+    # and the error unit's gradient is its finite difference
+    m = torch.zeros(1, F + 1, requires_grad=True)
+    with torch.enable_grad():
+        c.run({fs: m}).mean().backward()
+    eps = 1e-3
+    with torch.no_grad():
+        step = torch.zeros(1, F + 1)
+        step[0, F] = eps
+        fd = (c.run({fs: step}).mean() - c.clean_base.mean()) / eps
+    assert torch.allclose(fd, m.grad[0, F], rtol=0.05, atol=1e-4)
+
+
 # ----------------------------------------------------------------------------- head -> feature effects
 @pytest.mark.slow
 def test_head_feature_effects_match_hand_written_hooks(threshold_case, threshold_model):
