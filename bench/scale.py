@@ -590,7 +590,7 @@ def bench_model(name: str, threads: int, data: dict | None = None) -> list[str]:
       f"(from its receiver's layer, mean {w['mean_receiver_layer']:.1f}, at the positions from the first one where the "
       f"prompts differ, {w['first_differing']}): a method that patches edges one at a time can beat the naive loop "
       f"by at most {w['loop'] / w['least']:.1f}x by skipping work, and the careful loop skips all of it: surgeon's "
-      f"lead over the careful loop is speed per layer-position, which matrix products bound (the profile below)")
+      f"lead over the careful loop is speed per layer-position (where its time goes: the profile below)")
     p("    surgeon's exact top-200 profiled (torch.profiler, self CPU time): " + ", ".join(
         f"{k} {v:.0%}" for k, v in prof["ops"][:6]))
     for s in SIZES:

@@ -35,6 +35,8 @@ from surgeon.analyses.circuit import (
 )
 from surgeon.analyses.diagnose import Diagnosis
 from surgeon.analyses.encode import Encoding
+from surgeon.analyses.feature_circuit import FeatureCircuitResult
+from surgeon.analyses.feature_circuit import feature_circuit as feature_circuit_of
 from surgeon.analyses.encode import encode as encode_case
 from surgeon.analyses.diagnose import diagnose as diagnose_case
 from surgeon.analyses.logit_attribution import LogitAttributionResult, logit_attribution
@@ -62,7 +64,7 @@ from surgeon.errors import AnalysisError, SurgeonError
 from surgeon.spec.case import Case, case_metric_of, validate
 
 __all__ = ["diagnose", "encode", "dla", "attention", "patch", "patch_positions", "attribute", "threshold", "blend", "circuit",
-           "circuit_eval", "sae_overlap", "sae_amplified", "sae_heads", "sae_repair", "report", "render_report",
+           "circuit_eval", "sae_overlap", "sae_amplified", "sae_heads", "sae_repair", "feature_circuit", "report", "render_report",
            "read_circuit", "case_and_model", "read", "load"]
 
 
@@ -300,6 +302,21 @@ def sae_repair(case, model=None, *, layer: int, top: int = 8, budget: int = 2000
     saes, where, _ = _saes(case, model, [layer], sae_release, sae_id, sae_dir, device, dtype, "--layer")
     return feature_repair(case, model, saes[layer], top=top, direction=direction, bad=bad, tag=tag, budget=budget,
                           item_rate=item_rate, batch_size=batch_size, source=where[layer], progress=progress)
+
+
+def feature_circuit(case, model=None, *, layers: Sequence[int] | None = None, method: str = "ig", steps: int = 5,
+                    verify: int = 20, target: float | None = None, threshold: float | None = None,
+                    bad: str | None = None, tag: str | None = None, batch_size: int = 256,
+                    sae_release: str | None = None, sae_id: str | None = None, sae_dir: str | None = None,
+                    device: str | None = None, dtype: str = "float32", progress: bool = False) -> FeatureCircuitResult:
+    """The feature circuit (SAE features and each SAE's error term as nodes) of the failing format and of the
+    working one, their difference and the repair it suggests (`surgeon feature-circuit`; every layer with an SAE
+    unless `layers`)."""
+    case, model = case_and_model(case, model, device=device, dtype=dtype)
+    saes, where, _ = _saes(case, model, layers, sae_release, sae_id, sae_dir, device, dtype)
+    return feature_circuit_of(case, model, saes, method=method, steps=steps, verify=verify, target=target,
+                              threshold=threshold, bad=bad, tag=tag, batch_size=batch_size, sources=where,
+                              progress=progress)
 
 
 # One command from a case to a paper

@@ -229,9 +229,11 @@ def build_parser() -> argparse.ArgumentParser:
     add_items(p)
     add_metric(p)
 
+    from surgeon.cli.sae import add_feature_circuit
     from surgeon.cli.sae import add_parser as add_sae
 
     add_sae(sub, add_common, add_items)
+    add_feature_circuit(sub, add_common, add_items)
 
     p = sub.add_parser("cases", help="the case files shipped with surgeon (copy one to start your own)")
     p.add_argument("action", nargs="?", choices=["list"], help="list them (what `surgeon cases` does anyway)")
@@ -554,7 +556,13 @@ def cmd_sae(args) -> int:
     return run(args)
 
 
-COMMANDS = {"report": cmd_report, "cases": cmd_cases, "sae": cmd_sae, "diagnose": cmd_diagnose, "circuit": cmd_circuit, "circuit-eval": cmd_circuit_eval, "patch": cmd_patch, "attribute": cmd_attribute, "dla": cmd_dla, "encode": cmd_encode, "attention": cmd_attention, "patch-positions": cmd_patch_positions, "threshold": cmd_threshold,
+def cmd_feature_circuit(args) -> int:
+    from surgeon.cli.sae import run_feature_circuit
+
+    return run_feature_circuit(args)
+
+
+COMMANDS = {"report": cmd_report, "cases": cmd_cases, "sae": cmd_sae, "feature-circuit": cmd_feature_circuit, "diagnose": cmd_diagnose, "circuit": cmd_circuit, "circuit-eval": cmd_circuit_eval, "patch": cmd_patch, "attribute": cmd_attribute, "dla": cmd_dla, "encode": cmd_encode, "attention": cmd_attention, "patch-positions": cmd_patch_positions, "threshold": cmd_threshold,
             "merge": cmd_merge,
             "blend": cmd_blend, "organisms": cmd_organisms}
 

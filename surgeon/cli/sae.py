@@ -77,6 +77,47 @@ def add_parser(sub, common, items) -> None:
     items(q)
 
 
+def add_feature_circuit(sub, common, items) -> None:
+    """`surgeon feature-circuit`: SAE features and error terms as the nodes of a circuit, per format."""
+    q = sub.add_parser("feature-circuit", help="the feature circuit (SAE features and each SAE's error term) of the "
+                                               "failing format and of the working one, their difference and the "
+                                               "repair it suggests")
+    common(q)
+    q.add_argument("--sae-release", help="a sae-lens pretrained release (local HF cache only)")
+    q.add_argument("--sae-id", help="the SAE id within the release; {layer} is replaced")
+    q.add_argument("--sae-dir", help="local SAE directories (sae-lens layout); {layer} is replaced (default: the case's)")
+    q.add_argument("--layers", help="the SAEs' layers, e.g. 0,2 or 0-2 (default: every layer with an SAE)")
+    q.add_argument("--method", default="ig", choices=["ig", "gradient"],
+                   help="node attribution: ig (integrated gradients over the feature mask, one SAE at a time; "
+                        "default) or gradient (one backward pass)")
+    q.add_argument("--steps", type=cli_types.bounded(1, 64), default=5, help="integration steps of ig (default 5)")
+    q.add_argument("--verify", type=cli_types.nonnegative, default=20,
+                   help="top nodes whose attribution is checked by exact patching, per direction (default 20)")
+    q.add_argument("--faithfulness", type=cli_types.fraction,
+                   help="the smallest top-k circuit with at least this faithfulness (default 0.9)")
+    q.add_argument("--threshold", type=cli_types.fraction,
+                   help="instead: every node whose |attribution| is at least this fraction of the gap")
+    items(q)
+
+
+def run_feature_circuit(args) -> int:
+    from surgeon.cli.common import load_case_and_model, parse_layers, print_report
+
+    if args.faithfulness is not None and args.threshold is not None:
+        raise SurgeonError("give --faithfulness or --threshold, not both", field="--threshold",
+                           fix="--faithfulness F keeps the smallest circuit with faithfulness >= F; --threshold T "
+                               "every node with |attribution| >= T of the gap")
+    layers = parse_layers(args.layers)
+    case, model, device = load_case_and_model(args, check=lambda case: _source(args, case).check_available(layers))
+    import surgeon.api as api
+
+    r = api.feature_circuit(case, model, layers=layers, method=args.method, steps=args.steps, verify=args.verify,
+                            target=args.faithfulness, threshold=args.threshold, bad=args.bad, tag=args.tag,
+                            batch_size=args.batch_size, sae_release=args.sae_release, sae_id=args.sae_id,
+                            sae_dir=args.sae_dir, device=device, dtype=args.dtype, progress=True)
+    return print_report(args, r, case, device)
+
+
 def _source(args, case):
     from surgeon.sae.load import SAESource
 

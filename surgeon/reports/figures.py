@@ -249,6 +249,23 @@ def faithfulness_figure(r, path: Path):
     return _save(fig, path)
 
 
+def feature_circuit_figure(r, path: Path):
+    """Faithfulness (kept) and completeness (ablated) over the top-k nodes, per direction."""
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(5.5, 3.4))
+    for i, d in enumerate(r.directions.values()):
+        k = [c[0] for c in d.curve]
+        ax.plot(k, [c[1] for c in d.curve], marker="o", color=f"C{i}", label=f"{d.direction}: faithfulness")
+        ax.plot(k, [c[2] for c in d.curve], marker="x", ls=":", color=f"C{i}", label=f"{d.direction}: completeness")
+        ax.axvline(len(d.circuit), color=f"C{i}", lw=0.8, ls="--")
+    ax.set_xscale("log")
+    ax.set_xlabel("nodes (top by |attribution|)")
+    ax.set_ylabel("share of the behaviour")
+    ax.set_title(f"feature circuit, {len(r.nodes)} nodes ({r.method})", fontsize=9)
+    ax.legend(fontsize=7)
+    return _save(fig, path)
+
+
 def overlap_figure(r, path: Path):
     """Per-layer top-k overlap (and Jaccard) between the good and each failing format, with 95% intervals."""
     plt = _plt()

@@ -142,6 +142,21 @@ def feature_repair_frame(r):
                ["feature", "estimate", "exact"])
 
 
+def feature_circuit_frame(r):
+    """direction, node, kind, layer, attribution, exact effect and interval, in circuit."""
+    rows = []
+    for d in r.directions.values():
+        inside = set(d.circuit)
+        for i, n in enumerate(r.nodes):
+            e = d.exact.get(i)
+            rows.append({"direction": d.direction, "node": n.name, "kind": "error" if n.error else "feature",
+                         "layer": n.layer, "unit": n.unit, "attribution": float(d.attribution[i]),
+                         "exact": _nan(e.value if e else None), "exact_lo": _nan(e.lo if e else None),
+                         "exact_hi": _nan(e.hi if e else None), "in_circuit": i in inside})
+    return _df(rows, ["direction", "node", "kind", "layer", "unit", "attribution", "exact", "exact_lo", "exact_hi",
+                      "in_circuit"])
+
+
 def report_frames(rep) -> dict:
     """{step: its frame} for every step of a report."""
     return {step: view_of(r).frame(r) for step, r in rep.steps.items() if view_of(r).frame is not None}

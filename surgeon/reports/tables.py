@@ -202,6 +202,19 @@ def feature_repair_table(r) -> Table:
                  ["patched", "estimate", "exact repair"], rows, "lrr")
 
 
+def feature_circuit_table(r) -> Table:
+    num = lambda x: "--" if x is None or not math.isfinite(x) else f"{x:+.3f}"  # noqa: E731
+    d = r.directions["denoise"]
+    rows = []
+    for i in d.order[:20]:
+        e = d.exact.get(int(i))
+        rows.append([r.nodes[i].name, num(d.attribution[i]), "--" if e is None else f"{e.value:+.3f} [{e.lo:+.3f}, {e.hi:+.3f}]",
+                     "yes" if int(i) in set(d.circuit) else ""])
+    return Table("feature_circuit", f"Feature-circuit nodes ({d.source} into {d.base}, n = {r.n_items}): attribution and "
+                 f"exact effect of each node patched alone, as fractions of the gap.",
+                 ["node", "attribution", "exact [95% CI]", "in circuit"], rows, "lrrl")
+
+
 TABLES = {"diagnose": diagnose_table, "dla": dla_table, "patch": patch_table, "positions": positions_table,
           "threshold": threshold_table, "blend": blend_table, "circuit": circuit_table, "sae_overlap": overlap_table,
           "sae_amplified": amplified_table, "sae_heads": head_feature_table, "sae_repair": feature_repair_table}

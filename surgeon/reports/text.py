@@ -465,6 +465,42 @@ def feature_repair_text(r) -> str:
     return "\n".join(lines)
 
 
+def feature_circuit_text(r, top: int = 12) -> str:
+    saes = "; ".join(f"{h} ({src or 'SAE'}, {d} features + error)" for h, src, d in r.saes)
+    meth = {"ig": f"integrated gradients over the feature mask ({r.steps} steps, one SAE at a time)",
+            "gradient": "the gradient at the mask's 0 (one backward pass)"}[r.method]
+    lines = [f"case {r.case} · feature circuit over {len(r.nodes)} nodes: {saes} · {r.n_items} items",
+             f"attribution: {meth}; exact: the top nodes each patched alone; effects as fractions of the gap between "
+             f"the formats, 95% bootstrap intervals over items",
+             "faithfulness (Marks et al.): keep the circuit, give every other node the other run's value: 1 is all of "
+             "the behaviour; completeness: ablate the circuit, keep the rest: 0 is complete"]
+    for d in r.directions.values():
+        errs = sum(r.nodes[i].error for i in d.circuit)
+        lines += ["", f"{d.direction}: the {d.base!r} run with the {d.source!r} run's values (mean score {d.base_mean:+.3f} "
+                      f"-> {d.source_mean:+.3f})",
+                  f"  circuit: {len(d.circuit)} nodes ({errs} error nodes, {d.error_share:.0%} of its attribution) · "
+                  f"faithfulness {d.faithfulness} · completeness {d.completeness}",
+                  f"  chosen as {d.search}",
+                  "  top nodes:  attribution  exact [95% CI]"]
+        for i in d.order[:top]:
+            e = d.exact.get(int(i))
+            lines.append(f"    {r.nodes[i].name:32s} {d.attribution[i]:+.3f}   "
+                         + (f"{e.value:+.3f} [{e.lo:+.3f}, {e.hi:+.3f}]" if e is not None else "--"))
+        lines.append("  curve (top-k kept | ablated): " + ", ".join(f"{k}: {f:.2f} | {c:.2f}" for k, f, c in d.curve))
+    names = lambda idx: ", ".join(r.nodes[i].name for i in idx[:8]) + (f" (+{len(idx) - 8})" if len(idx) > 8 else "")  # noqa: E731
+    lines += ["", "across formats (in one circuit only, or at least 2x stronger there):",
+              f"  failing format's: {len(r.only_failing)} nodes{': ' + names(r.only_failing) if r.only_failing else ''}",
+              f"  working format's: {len(r.only_working)} nodes{': ' + names(r.only_working) if r.only_working else ''}"]
+    rep = r.repair
+    if rep["nodes"]:
+        lines.append(f"  repair they suggest (these {len(rep['nodes'])} nodes given the working format's values in the "
+                     f"failing run): items right {rep['rate'].pct()} (unpatched {rep['base_rate'].pct()}); fraction of "
+                     f"the gap {rep['fraction']}")
+    else:
+        lines.append("  the two circuits do not differ: no repair to suggest")
+    return "\n".join(lines)
+
+
 def _dla_conventions(options: dict) -> str:
     vb, lb = options.get("value_biases", "per-head"), options.get("lens_bias", "included")
     return ("conventions: value biases " + ("in each head's output (raw weights; TransformerLens's default model folds "

@@ -40,6 +40,12 @@ def _circuit_line(c) -> str:
             f"({c.method}, {c.ablation} ablation)")
 
 
+def _feature_circuit_line(r) -> str:
+    d = r.directions["denoise"]
+    return (f"{len(d.circuit)} of {len(r.nodes)} nodes, faithfulness {d.faithfulness.value:.3f} "
+            f"[{d.faithfulness.lo:.3f}, {d.faithfulness.hi:.3f}], error nodes {d.error_share:.0%} of its attribution")
+
+
 def _report_line(r) -> str:
     return "steps: " + ", ".join(r.steps) + (f"; not run: {', '.join(r.skipped)}" if r.skipped else "")
 
@@ -66,6 +72,9 @@ VIEWS = {
     "HeadFeatureResult": View("sae-heads", text.head_feature_text, {"heads_features.png": figures.head_feature_heatmap},
                               table=tables.head_feature_table),
     "FeatureRepairResult": View("sae-repair", text.feature_repair_text, table=tables.feature_repair_table),
+    "FeatureCircuitResult": View("feature-circuit", text.feature_circuit_text,
+                                 {"feature_curve.png": figures.feature_circuit_figure},
+                                 table=tables.feature_circuit_table, headline=_feature_circuit_line),
     "Encoding": View("encode", text.encoding_text),
     "LogitAttributionResult": View("dla", text.logit_attribution_text, {"dla.png": figures.logit_attribution_figure},
                                    table=tables.dla_table),
@@ -78,6 +87,7 @@ FRAMES = {"Diagnosis": frames.diagnosis_frame, "PatchResult": frames.patch_frame
           "BlendResult": frames.blend_frame, "CircuitResult": frames.circuit_frame,
           "OverlapResult": frames.overlap_frame, "AmplifiedResult": frames.amplified_frame,
           "HeadFeatureResult": frames.head_feature_frame, "FeatureRepairResult": frames.feature_repair_frame,
+          "FeatureCircuitResult": frames.feature_circuit_frame,
           "LogitAttributionResult": frames.dla_frame}
 
 

@@ -1,0 +1,265 @@
+"""Feature circuits: which SAE features, and which SAEs' error terms, carry the difference between the failing and
+the working format to the answer (Marks et al. 2024, Sparse Feature Circuits; nodes only, over items).
+
+Nodes are every feature of the SAEs named (one or more hook points) plus one error node per SAE: Marks et al.'s error
+term, act - decode(encode(act)). They are the units of `FeatureSite(error=True)`, one site per SAE, all on one
+`Contrast` (the engine's mask between the two formats' runs, at the case's aligned positions), so a node patched
+is that feature (or error term) moved to the other run's value with everything else left to the model.
+
+- **Attribution** (an estimate of every node's effect): "gradient" is d(mean score)/d(mask) at 0 for every node of
+  every SAE from one backward pass (Marks et al.'s attribution patching); "ig" integrates that gradient along the
+  mask from 0 to 1 for one SAE at a time, the others clean (their `_pe_ig`: the features of one submodule
+  interpolated, `steps` midpoints in the batch dimension).
+- **Exact**: the `verify` nodes with the largest attributions, each patched alone, per item; the mean effect with
+  a 95% bootstrap interval over items, as a fraction of the gap between the formats.
+- **Both directions**: "denoise" patches the working format's values into the failing run, "noise" the failing
+  format's into the working run.
+- **The circuit** of a direction is a set C of nodes on that direction's base run (the failing format's for
+  denoise). Ablating a node gives it the other run's value (resample ablation). Faithfulness (Marks et al. §3):
+  (m(C) - m(none)) / (m(all) - m(none)), where m(C) keeps C and ablates every other node, m(all) is the run itself
+  and m(none) ablates every node; completeness: the same with C ablated and the rest kept (0: C is all of it).
+  The circuit is the smallest prefix of the nodes ranked by |attribution| whose faithfulness reaches `target`,
+  or every node with |attribution| >= `threshold` (a fraction of the gap).
+- **Across formats**: the failing format's circuit (denoise) and the working format's (noise); their difference
+  (nodes in one circuit and not the other, or in both with an attribution at least `STRONGER` times the other
+  direction's); and the repair it suggests: every differing node given the working format's value in the failing
+  run, with the rate of items it repairs (Wilson) and its fraction of the gap (bootstrap).
+
+The error nodes' share of the circuit's attribution is reported: a circuit that runs through error terms explains
+little (Marks et al.).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import numpy as np
+import torch
+
+from surgeon.analyses.common import make_contrast
+from surgeon.circuits.graph import CircuitGraph
+from surgeon.errors import AnalysisError
+from surgeon.show import Shows
+from surgeon.sites.features import FeatureSite
+from surgeon.sites.nodes import Site
+from surgeon.spec.case import Case
+from surgeon.stats import Estimate, bootstrap_fraction, wilson
+
+METHODS = ("gradient", "ig")
+STRONGER = 2.0  # a node in both circuits differs when its attribution in one direction is this many times the other's
+CURVE_SIZES = (1, 2, 4, 8, 16, 32, 64, 128)
+
+
+@dataclass(frozen=True)
+class Node:
+    """One node of a feature circuit: a feature of an SAE, or that SAE's error term."""
+
+    hook: str
+    layer: int
+    unit: int  # the feature's index; d_sae for the error node
+    error: bool
+
+    @property
+    def name(self) -> str:
+        return f"{self.hook}[{'error' if self.error else f'f{self.unit}'}]"
+
+
+@dataclass(frozen=True)
+class Direction:
+    """One direction's node effects and circuit (all effects as fractions of the gap between the formats)."""
+
+    direction: str  # denoise | noise
+    base: str  # the format whose run is patched
+    source: str  # the format whose values are patched in
+    base_mean: float
+    source_mean: float
+    attribution: np.ndarray  # [nodes] estimated effect of each node patched alone, fraction of the gap
+    exact: dict  # node index -> Estimate (exact effect of the node patched alone, fraction of the gap)
+    order: np.ndarray  # node indices by |attribution|, largest first
+    circuit: list  # node indices in the circuit
+    faithfulness: Estimate  # of the circuit
+    completeness: Estimate  # of the circuit (0: ablating it removes all of the behaviour)
+    curve: list  # [(size, faithfulness, completeness)] over top-k prefixes of `order`
+    error_share: float  # share of the circuit's |attribution| carried by error nodes
+    search: str  # how the circuit was chosen
+
+
+@dataclass(frozen=True)
+class FeatureCircuitResult(Shows):
+    case: str
+    saes: list  # [(hook, source description, d_sae)]
+    nodes: list  # [Node]
+    method: str
+    steps: int
+    n_items: int
+    directions: dict  # "denoise" | "noise" -> Direction
+    only_failing: list  # node indices in the failing format's circuit and not the working one's, or STRONGER there
+    only_working: list  # node indices in the working format's circuit and not the failing one's, or STRONGER there
+    repair: dict  # the suggested repair: nodes, rate (Estimate), fraction of the gap (Estimate)
+    execution: dict = field(default_factory=dict)
+
+    def graph(self, direction: str = "denoise"):
+        """The circuit of `direction` as surgeon's one circuit graph type (nodes of kind feature / error; no edges)."""
+        d = self.directions[direction]
+        g = CircuitGraph(semantics=f"feature nodes, kept ({d.direction}: the {d.base!r} run, ablated nodes carry the "
+                                   f"{d.source!r} run's values)")
+        inside = set(d.circuit)
+        for i, n in enumerate(self.nodes):
+            if i in inside or i in d.exact:
+                g.add_node(n.name, kind="error" if n.error else "feature", layer=n.layer, hook=n.hook, unit=n.unit,
+                           label=n.name, score=float(d.attribution[i]), in_graph=i in inside,
+                           exact=float(d.exact[i].value) if i in d.exact else float("nan"))
+        return g
+
+
+# ----------------------------------------------------------------------------- the parts (plain functions)
+def node_list(sites: Sequence[FeatureSite]) -> list[Node]:
+    out = []
+    for s in sites:
+        F = s.n_units() - 1
+        out += [Node(s.hook, s.layer, u, u == F) for u in range(F + 1)]
+    return out
+
+
+def _split(sites, flat: torch.Tensor) -> dict:
+    """A mask over every node [P, N] as the sites' masks {site: [P, units]}."""
+    out, lo = {}, 0
+    for s in sites:
+        out[s] = flat[:, lo: lo + s.n_units()]
+        lo += s.n_units()
+    return out
+
+
+def attribution(contrast, sites, method: str = "ig", steps: int = 5) -> np.ndarray:
+    """[nodes] each node's estimated effect on the mean score (score units)."""
+    if method == "gradient":
+        grads, _ = contrast.gradient({s: torch.zeros(1, s.n_units()) for s in sites})
+        return torch.cat([grads[s][0] for s in sites]).double().cpu().numpy()
+    if method != "ig":
+        raise AnalysisError(f"unknown attribution method {method!r}", field="--method", fix=f"use one of {METHODS}")
+    alphas = (torch.arange(steps, dtype=torch.float32) + 0.5) / steps  # the midpoints of `steps` equal intervals
+    out = []
+    for s in sites:  # one SAE interpolated at a time, the others clean (Marks et al.'s _pe_ig)
+        masks = {o: torch.zeros(steps, o.n_units()) for o in sites}
+        masks[s] = alphas[:, None].expand(steps, s.n_units()).clone()
+        grads, _ = contrast.gradient(masks)
+        out.append(grads[s].sum(0) / steps)
+    return torch.cat(out).double().cpu().numpy()
+
+
+def run_nodes(contrast, sites, sets: Sequence[Sequence[int]], complement: bool = False) -> np.ndarray:
+    """[len(sets), items] scores with each set's nodes patched (`complement`: every node outside the set)."""
+    N = sum(s.n_units() for s in sites)
+    flat = torch.zeros(len(sets), N) if not complement else torch.ones(len(sets), N)
+    for i, idx in enumerate(sets):
+        flat[i, list(idx)] = 1.0 if not complement else 0.0
+    with torch.no_grad():
+        return contrast.run(_split(sites, flat)).double().cpu().numpy()
+
+
+def _frac(scores: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> Estimate:
+    """(mean scores - mean lo) / (mean hi - mean lo) with a bootstrap interval over items."""
+    v, a, b = bootstrap_fraction(scores[None], lo, hi)
+    return Estimate(float(v[0]), float(a[0]), float(b[0]), len(lo), "bootstrap")
+
+
+def one_direction(case: Case, model, sites, direction: str, *, method: str, steps: int, verify: int,
+                  target: float | None, threshold: float | None, bad: str | None, tag: str | None, batch_size: int,
+                  progress: bool = False):
+    contrast, info = make_contrast(case, model, bad=bad, direction=direction, tag=tag, batch_size=batch_size,
+                                   sites=[Site.coerce(s.hook) for s in sites])
+    base, source = contrast.clean_base.double().cpu().numpy(), contrast.clean_source.double().cpu().numpy()
+    gap = float(source.mean() - base.mean())
+    if abs(gap) < 1e-9:
+        raise AnalysisError("the two formats score the same on these items: there is no difference to explain",
+                            where=case.source, field="bad", fix="check the case with surgeon diagnose")
+    N = sum(s.n_units() for s in sites)
+    attr = attribution(contrast, sites, method, steps) / gap
+    order = np.argsort(-np.abs(attr), kind="stable")
+    top = [int(i) for i in order[:min(verify, N)]]
+    single = run_nodes(contrast, sites, [[i] for i in top]) if top else np.zeros((0, len(base)))
+    exact = {i: _frac(single[k], base, source) for k, i in enumerate(top)}
+    # faithfulness: the run itself (nothing ablated) = 1, every node ablated (all patched) = 0
+    everything = run_nodes(contrast, sites, [list(range(N))])[0]
+    sizes = sorted({k for k in CURVE_SIZES if k < N} | {N})
+    kept = run_nodes(contrast, sites, [order[:k] for k in sizes], complement=True)
+    ablated = run_nodes(contrast, sites, [order[:k] for k in sizes])
+    curve = [(k, _frac(kept[j], everything, base).value, _frac(ablated[j], everything, base).value)
+             for j, k in enumerate(sizes)]
+    if threshold is not None:
+        circuit = [int(i) for i in order if abs(attr[i]) >= threshold]
+        search = f"every node with |attribution| >= {threshold:g} of the gap"
+    else:
+        goal = 0.9 if target is None else target
+        k = _smallest(contrast, sites, order, everything, base, goal, N)
+        circuit = [int(i) for i in order[:k]]
+        search = f"the smallest top-k by |attribution| with faithfulness >= {goal:g} (bisection over k)"
+    k_scores = run_nodes(contrast, sites, [circuit], complement=True)[0]
+    a_scores = run_nodes(contrast, sites, [circuit])[0]
+    total = float(np.abs(attr[circuit]).sum()) if circuit else 0.0
+    nodes = node_list(sites)
+    err = float(sum(abs(attr[i]) for i in circuit if nodes[i].error)) / total if total > 0 else float("nan")
+    d = Direction(direction, info["base"], info["source"], float(base.mean()), float(source.mean()), attr, exact, order,
+                  circuit, _frac(k_scores, everything, base), _frac(a_scores, everything, base), curve, err, search)
+    return d, contrast, info
+
+
+def differing(a: Direction, b: Direction) -> list[int]:
+    """Nodes of a's circuit that b's lacks, or whose |attribution| in a is at least STRONGER times b's."""
+    inside = set(b.circuit)
+    return [i for i in a.circuit if i not in inside or abs(a.attribution[i]) >= STRONGER * abs(b.attribution[i])]
+
+
+def _smallest(contrast, sites, order, everything, base, goal: float, N: int) -> int:
+    """The smallest k whose top-k prefix, kept with the rest ablated, has faithfulness >= goal (faithfulness is
+    evaluated at each bisection step; N when no prefix reaches it)."""
+    def faith(k: int) -> float:
+        return _frac(run_nodes(contrast, sites, [order[:k]], complement=True)[0], everything, base).value
+
+    lo, hi = 0, N  # faith(N) = 1 by construction (nothing ablated)
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if faith(mid) >= goal:
+            hi = mid
+        else:
+            lo = mid
+    return hi
+
+
+def feature_circuit(case: Case, model, saes: dict, *, method: str = "ig", steps: int = 5, verify: int = 20,
+                    target: float | None = None, threshold: float | None = None, bad: str | None = None,
+                    tag: str | None = None, batch_size: int = 256, sources: dict | None = None,
+                    progress: bool = False) -> FeatureCircuitResult:
+    """The feature circuit of the failing format and of the working one over the SAEs `saes` ({layer: sae-lens
+    SAE}), and their difference (see the module)."""
+    if method not in METHODS:
+        raise AnalysisError(f"unknown attribution method {method!r}", field="--method", fix=f"use one of {METHODS}")
+    if steps < 1 or verify < 0:
+        raise AnalysisError("--steps must be at least 1 and --verify at least 0", field="--steps", fix="e.g. --steps 5")
+    if target is not None and threshold is not None:
+        raise AnalysisError("give --target or --threshold, not both", field="--threshold",
+                            fix="--target F keeps the smallest circuit with faithfulness >= F; --threshold T every "
+                                "node with |attribution| >= T")
+    if not saes:
+        raise AnalysisError("no SAEs given", field="--layers", fix="name the layers whose SAEs form the nodes")
+    sites = [FeatureSite.of(saes[layer], error=True) for layer in sorted(saes)]
+    kw = dict(method=method, steps=steps, verify=verify, target=target, threshold=threshold, bad=bad, tag=tag,
+              batch_size=batch_size, progress=progress)
+    den, c_den, info = one_direction(case, model, sites, "denoise", **kw)
+    noi, _, _ = one_direction(case, model, sites, "noise", **kw)
+    only_f = differing(den, noi)
+    only_w = differing(noi, den)
+    base, source = c_den.clean_base.double().cpu().numpy(), c_den.clean_source.double().cpu().numpy()
+    if only_f or only_w:
+        patched = run_nodes(c_den, sites, [only_f + only_w])[0]
+        right = c_den.metric.right_above
+        rate = wilson(int((patched > right).sum()), len(patched))
+        repair = {"nodes": only_f + only_w, "rate": rate, "fraction": _frac(patched, base, source),
+                  "base_rate": wilson(int((base > right).sum()), len(base))}
+    else:
+        repair = {"nodes": [], "rate": None, "fraction": None, "base_rate": None}
+    nodes = node_list(sites)
+    src = sources or {}
+    return FeatureCircuitResult(case.name, [(s.hook, src.get(s.layer, ""), s.n_units() - 1) for s in sites], nodes,
+                                method, steps, info["n_items"], {"denoise": den, "noise": noi}, only_f, only_w,
+                                repair, execution=c_den.execution)

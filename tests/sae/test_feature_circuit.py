@@ -1,0 +1,155 @@
+"""Feature circuits (surgeon.analyses.feature_circuit): node effects against the threshold organism's closed form with
+the SAE built by construction, circuits of several SAEs against hand-written hooks, and the command line."""
+import json
+import os
+
+import numpy as np
+import pytest
+import torch
+
+from tests.conftest import ROOT
+from tests.sae.test_sae import shipped, threshold_case  # noqa: F401  (a fixture)
+
+
+def _threshold_expected():
+    """From the organism's construction alone (no model run): each planted SAE feature's effect, patched from `plain`
+    into `qa` at the last position, as a mean over items. A letter feature c moves the answer only on items whose x or
+    y is c: it writes the letter (gain g_c) the plain run writes (u x TOTAL on x) or removes what qa writes (W_BAD u
+    TOTAL on y); marker features and the error term write nothing the unembedding reads."""
+    from surgeon.organisms import threshold as t
+
+    items = t.items_values()
+    g = dict(zip(t.LETTERS, t.GAIN))
+    plain = np.array(t.subset_scores(t.EVEN))  # every even head patched: the plain run's scores
+    qa = np.array(t.subset_scores(()))
+    effect = {}
+    for c in t.LETTERS:
+        effect[f"letter {c}"] = np.mean([(t.UNIT * g[x] * t.TOTAL if x == c else 0.0)
+                                         + (t.W_BAD * t.UNIT * g[y] * t.TOTAL if y == c else 0.0) for x, y in items])
+    return effect, qa, plain
+
+
+def test_feature_nodes_recover_the_threshold_organisms_planted_features(threshold_case, threshold_model):
+    """With the SAE whose features are the planted directions: the exact effect of every feature equals the closed
+    form (letter features carry the failure, marker features and the error node nothing), attribution ranks the
+    letter features above every other node (ROC AUC 1), and the circuit is letter features only, faithful 1 -
+    with the ground truth from the construction, not from the engine."""
+    from surgeon.analyses.feature_circuit import feature_circuit
+    from surgeon.organisms.threshold import planted_sae
+
+    sae = planted_sae(threshold_model)
+    F = int(sae.cfg.d_sae)
+    r = feature_circuit(threshold_case, threshold_model, {0: sae}, method="ig", steps=4, verify=F + 1, target=0.99)
+    effect, qa, plain = _threshold_expected()
+    gap = plain.mean() - qa.mean()
+    d = r.directions["denoise"]
+    assert (d.base, d.source) == ("qa", "plain") and len(r.nodes) == F + 1 and r.nodes[F].error
+    assert d.base_mean == pytest.approx(qa.mean(), abs=1e-3) and d.source_mean == pytest.approx(plain.mean(), abs=1e-3)
+    for i in range(F):
+        want = effect.get(sae.labels[str(i)], 0.0) / gap
+        assert d.exact[i].value == pytest.approx(want, abs=1e-4), sae.labels[str(i)]
+    assert abs(d.exact[F].value) < 1e-6  # the error node: the SAE represents everything the answer reads
+    letter = np.array([sae.labels[str(i)].startswith("letter") for i in range(F)] + [False])
+    # ROC AUC of |attribution| for the planted nodes against the rest: every planted one above every other
+    a = np.abs(d.attribution)
+    assert a[letter].min() > a[~letter].max()
+    assert a[~letter].max() < 1e-6
+    assert all(letter[i] for i in d.circuit) and d.faithfulness.value >= 0.99
+    assert d.completeness.value == pytest.approx(0.0, abs=1e-4) or len(d.circuit) < letter.sum()
+    assert d.error_share == pytest.approx(0.0, abs=1e-6)
+    # the working format's direction: the same features, moved the other way
+    n = r.directions["noise"]
+    assert (n.base, n.source) == ("plain", "qa") and all(letter[i] for i in n.circuit)
+
+
+def _hand_written_kept(case, model, saes, keep, items):
+    """Item scores of the failing run with every node outside `keep` given the good run's value, written with plain
+    TransformerLens hooks and sae-lens: at each SAE's hook in layer order, at the aligned positions, the features
+    outside `keep` take the good run's (read from the good run itself), and the error term too when its node is
+    outside; decode(features) + error replaces the activation."""
+    from surgeon.analyses.common import format_rows
+    from surgeon.engine.contrast import score_rows
+    from surgeon.spec.encoding import align
+
+    rows_b = format_rows(case, model, case.bad[0], items)
+    rows_g = format_rows(case, model, case.good, items)
+    hooks = [(L, saes[L].cfg.metadata.hook_name, saes[L]) for L in sorted(saes)]
+    offsets, lo = {}, 0
+    for L, _, sae in hooks:
+        offsets[L] = lo
+        lo += int(sae.cfg.d_sae) + 1
+    per_item = torch.zeros(len(items))
+    for rb, rg in zip(rows_b, rows_g):
+        pb, pg = align(rb, rg, case.align)
+        _, cache = model.run_with_cache(torch.tensor([rg.tokens]), names_filter=[h for _, h, _ in hooks])
+        fwd = []
+        for L, h, sae in hooks:
+            F = int(sae.cfg.d_sae)
+            units = torch.tensor([u - offsets[L] for u in keep if offsets[L] <= u < offsets[L] + F + 1])
+            src = cache[h][0, pg]
+            f_src = sae.encode(src)
+            err_src = src - sae.decode(f_src)
+
+            def hook(act, hook, sae=sae, F=F, units=units, f_src=f_src, err_src=err_src, pb=pb):
+                act = act.clone()
+                a = act[0, pb]
+                f = sae.encode(a)
+                err = a - sae.decode(f)
+                kept = torch.zeros(F + 1, dtype=torch.bool)
+                kept[units] = True if len(units) else kept[units]
+                f2 = torch.where(kept[:F], f, f_src)
+                e2 = err if kept[F] else err_src
+                act[0, pb] = sae.decode(f2) + e2
+                return act
+            fwd.append((h, hook))
+        with model.hooks(fwd_hooks=fwd), torch.no_grad():
+            per_item[rb.item] += score_rows(model, [type(rb)(**{**rb.__dict__, "item": 0})])[0]
+    return per_item
+
+
+def test_circuits_over_three_saes_equal_hand_written_hooks(decimal_case, decimal_model):
+    """On the decimal organism with its three shipped SAEs: a circuit kept (every other feature and error node given
+    the good run's value, through all three layers at once) scores what hand-written hooks give, item by item; and
+    the empty circuit and the full one are the two runs' ends of faithfulness (0 and 1)."""
+    from surgeon.analyses.common import make_contrast
+    from surgeon.analyses.feature_circuit import _frac, run_nodes
+    from surgeon.sites.features import FeatureSite
+    from surgeon.sites.nodes import Site
+
+    saes = {L: shipped("decimal", L) for L in (0, 1, 2)}
+    items = decimal_case.items_for("trap")[:5]
+    case = type(decimal_case)(**{**decimal_case.__dict__, "items": items, "focus": None})
+    sites = [FeatureSite.of(saes[L], error=True) for L in (0, 1, 2)]
+    c, _ = make_contrast(case, decimal_model, sites=[Site.coerce(s.hook) for s in sites], tag="all")
+    N = sum(s.n_units() for s in sites)
+    rng = np.random.default_rng(0)
+    keep = sorted(rng.choice(N, 300, replace=False).tolist()) + [256, N - 1]  # some features and two error nodes
+    got = run_nodes(c, sites, [keep], complement=True)[0]
+    want = _hand_written_kept(case, decimal_model, saes, set(keep), items).double().numpy()
+    np.testing.assert_allclose(got, want, atol=2e-4)
+    base = c.clean_base.double().numpy()
+    assert np.abs(got - base).max() > 1e-2  # ablating the rest moves the scores: the comparison is not vacuous
+    everything, nothing = run_nodes(c, sites, [list(range(N)), []])
+    np.testing.assert_allclose(nothing, base, atol=1e-4)
+    assert _frac(everything, everything, base).value == pytest.approx(0.0, abs=1e-9)
+    assert _frac(base, everything, base).value == pytest.approx(1.0, abs=1e-9)
+
+
+def test_feature_circuit_command(tmp_path, capsys):
+    """`surgeon feature-circuit` on the shipped decimal case: the report, results and manifest; bad input exits 2
+    naming the field, before the model loads and with nothing written."""
+    from surgeon.cli import main
+
+    case = os.path.join(ROOT, "cases", "decimal_organism.py")
+    out = tmp_path / "fc"
+    assert main(["feature-circuit", case, "--layers", "0,2", "--method", "gradient", "--verify", "3",
+                 "--out", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "denoise: the 'qa' run" in text and "across formats" in text and "faithfulness" in text
+    res = json.loads((out / "results.json").read_text())
+    assert res["command"] == "feature-circuit" and (out / "manifest.json").exists() and (out / "feature_curve.png").exists()
+    assert main(["feature-circuit", case, "--faithfulness", "0.9", "--threshold", "0.1", "--out", str(tmp_path / "x")]) == 2
+    assert "--threshold" in capsys.readouterr().err and not (tmp_path / "x").exists()
+    assert main(["feature-circuit", case, "--sae-dir", str(tmp_path / "none{layer}"), "--layers", "0",
+                 "--out", str(tmp_path / "y")]) == 2
+    assert "is not an SAE directory" in capsys.readouterr().err and not (tmp_path / "y").exists()
