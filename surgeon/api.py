@@ -368,7 +368,7 @@ RESULT_TYPES = {cls.__name__: cls for cls in (Diagnosis, LogitAttributionResult,
                                                 OverlapResult, AmplifiedResult, HeadFeatureResult, FeatureRepairResult)}
 
 
-LOADABLE = {cls.__name__: cls for cls in (*RESULT_TYPES.values(), AttributionResult, Encoding)}
+LOADABLE = {cls.__name__: cls for cls in (*RESULT_TYPES.values(), AttributionResult, Encoding, FeatureCircuitResult)}
 
 
 def read_circuit(path):

@@ -74,28 +74,39 @@ class Direction:
     base_mean: float
     source_mean: float
     attribution: np.ndarray  # [nodes] estimated effect of each node patched alone, fraction of the gap
-    exact: dict  # node index -> Estimate (exact effect of the node patched alone, fraction of the gap)
-    order: np.ndarray  # node indices by |attribution|, largest first
-    circuit: list  # node indices in the circuit
+    exact: dict[int, Estimate]  # node index -> exact effect of the node patched alone, fraction of the gap
+    order: list[int]  # node indices by |attribution|, largest first
+    circuit: list[int]  # node indices in the circuit
     faithfulness: Estimate  # of the circuit
     completeness: Estimate  # of the circuit (0: ablating it removes all of the behaviour)
-    curve: list  # [(size, faithfulness, completeness)] over top-k prefixes of `order`
+    curve: list[tuple[int, float, float]]  # (size, faithfulness, completeness) over top-k prefixes of `order`
     error_share: float  # share of the circuit's |attribution| carried by error nodes
     search: str  # how the circuit was chosen
 
 
 @dataclass(frozen=True)
+class Repair:
+    """The repair the two circuits' difference suggests: its nodes given the working format's values in the failing
+    run."""
+
+    nodes: list[int]
+    rate: Estimate | None  # items right when patched (Wilson)
+    fraction: Estimate | None  # of the gap between the formats (bootstrap)
+    base_rate: Estimate | None  # items right unpatched
+
+
+@dataclass(frozen=True)
 class FeatureCircuitResult(Shows):
     case: str
-    saes: list  # [(hook, source description, d_sae)]
-    nodes: list  # [Node]
+    saes: list[tuple[str, str, int]]  # (hook, where the SAE came from, d_sae)
+    nodes: list[Node]
     method: str
     steps: int
     n_items: int
-    directions: dict  # "denoise" | "noise" -> Direction
-    only_failing: list  # node indices in the failing format's circuit and not the working one's, or STRONGER there
-    only_working: list  # node indices in the working format's circuit and not the failing one's, or STRONGER there
-    repair: dict  # the suggested repair: nodes, rate (Estimate), fraction of the gap (Estimate)
+    directions: dict[str, Direction]  # "denoise" | "noise"
+    only_failing: list[int]  # node indices in the failing format's circuit and not the working one's, or STRONGER there
+    only_working: list[int]  # node indices in the working format's circuit and not the failing one's, or STRONGER there
+    repair: Repair
     execution: dict = field(default_factory=dict)
 
     def graph(self, direction: str = "denoise"):
@@ -175,7 +186,7 @@ def one_direction(case: Case, model, sites, direction: str, *, method: str, step
                             where=case.source, field="bad", fix="check the case with surgeon diagnose")
     N = sum(s.n_units() for s in sites)
     attr = attribution(contrast, sites, method, steps) / gap
-    order = np.argsort(-np.abs(attr), kind="stable")
+    order = [int(i) for i in np.argsort(-np.abs(attr), kind="stable")]
     top = [int(i) for i in order[:min(verify, N)]]
     single = run_nodes(contrast, sites, [[i] for i in top]) if top else np.zeros((0, len(base)))
     exact = {i: _frac(single[k], base, source) for k, i in enumerate(top)}
@@ -253,11 +264,10 @@ def feature_circuit(case: Case, model, saes: dict, *, method: str = "ig", steps:
     if only_f or only_w:
         patched = run_nodes(c_den, sites, [only_f + only_w])[0]
         right = c_den.metric.right_above
-        rate = wilson(int((patched > right).sum()), len(patched))
-        repair = {"nodes": only_f + only_w, "rate": rate, "fraction": _frac(patched, base, source),
-                  "base_rate": wilson(int((base > right).sum()), len(base))}
+        repair = Repair(only_f + only_w, wilson(int((patched > right).sum()), len(patched)),
+                        _frac(patched, base, source), wilson(int((base > right).sum()), len(base)))
     else:
-        repair = {"nodes": [], "rate": None, "fraction": None, "base_rate": None}
+        repair = Repair([], None, None, None)
     nodes = node_list(sites)
     src = sources or {}
     return FeatureCircuitResult(case.name, [(s.hook, src.get(s.layer, ""), s.n_units() - 1) for s in sites], nodes,

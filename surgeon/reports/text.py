@@ -466,10 +466,12 @@ def feature_repair_text(r) -> str:
 
 
 def feature_circuit_text(r, top: int = 12) -> str:
-    saes = "; ".join(f"{h} ({src or 'SAE'}, {d} features + error)" for h, src, d in r.saes)
+    saes = ", ".join(f"{h} ({d})" for h, _, d in r.saes)
     meth = {"ig": f"integrated gradients over the feature mask ({r.steps} steps, one SAE at a time)",
             "gradient": "the gradient at the mask's 0 (one backward pass)"}[r.method]
-    lines = [f"case {r.case} · feature circuit over {len(r.nodes)} nodes: {saes} · {r.n_items} items",
+    lines = [f"case {r.case} · feature circuit over {len(r.nodes)} nodes (every feature, and an error node per SAE) · "
+             f"{r.n_items} items",
+             f"SAEs (features): {saes}",
              f"attribution: {meth}; exact: the top nodes each patched alone; effects as fractions of the gap between "
              f"the formats, 95% bootstrap intervals over items",
              "faithfulness (Marks et al.): keep the circuit, give every other node the other run's value: 1 is all of "
@@ -492,10 +494,10 @@ def feature_circuit_text(r, top: int = 12) -> str:
               f"  failing format's: {len(r.only_failing)} nodes{': ' + names(r.only_failing) if r.only_failing else ''}",
               f"  working format's: {len(r.only_working)} nodes{': ' + names(r.only_working) if r.only_working else ''}"]
     rep = r.repair
-    if rep["nodes"]:
-        lines.append(f"  repair they suggest (these {len(rep['nodes'])} nodes given the working format's values in the "
-                     f"failing run): items right {rep['rate'].pct()} (unpatched {rep['base_rate'].pct()}); fraction of "
-                     f"the gap {rep['fraction']}")
+    if rep.nodes:
+        lines.append(f"  repair they suggest (these {len(rep.nodes)} nodes given the working format's values in the "
+                     f"failing run): items right {rep.rate.pct()} (unpatched {rep.base_rate.pct()}); fraction of "
+                     f"the gap {rep.fraction}")
     else:
         lines.append("  the two circuits do not differ: no repair to suggest")
     return "\n".join(lines)

@@ -148,6 +148,10 @@ def test_feature_circuit_command(tmp_path, capsys):
     assert "denoise: the 'qa' run" in text and "across formats" in text and "faithfulness" in text
     res = json.loads((out / "results.json").read_text())
     assert res["command"] == "feature-circuit" and (out / "manifest.json").exists() and (out / "feature_curve.png").exists()
+    import surgeon
+
+    back = surgeon.load(out)  # read back as the analysis returned it: it prints the same report
+    assert str(back) == text.split("\nwrote ")[0].rstrip("\n") and back.repair.rate.n == back.n_items
     assert main(["feature-circuit", case, "--faithfulness", "0.9", "--threshold", "0.1", "--out", str(tmp_path / "x")]) == 2
     assert "--threshold" in capsys.readouterr().err and not (tmp_path / "x").exists()
     assert main(["feature-circuit", case, "--sae-dir", str(tmp_path / "none{layer}"), "--layers", "0",
