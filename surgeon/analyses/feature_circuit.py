@@ -112,15 +112,29 @@ class FeatureCircuitResult(Shows):
     def graph(self, direction: str = "denoise"):
         """The circuit of `direction` as surgeon's one circuit graph type (nodes of kind feature / error; no edges)."""
         d = self.directions[direction]
-        g = CircuitGraph(semantics=f"feature nodes, kept ({d.direction}: the {d.base!r} run, ablated nodes carry the "
-                                   f"{d.source!r} run's values)")
+        g = CircuitGraph(n_layers=max(n.layer for n in self.nodes) + 1, cfg=None,
+                         semantics=f"feature nodes, kept ({d.direction}: on the {d.base!r} run every node outside the "
+                                   f"circuit carries the {d.source!r} run's value)")
         inside = set(d.circuit)
         for i, n in enumerate(self.nodes):
             if i in inside or i in d.exact:
                 g.add_node(n.name, kind="error" if n.error else "feature", layer=n.layer, hook=n.hook, unit=n.unit,
-                           label=n.name, score=float(d.attribution[i]), in_graph=i in inside,
+                           label=f"L{n.layer} {'error' if n.error else f'f{n.unit}'}",
+                           score=float(d.attribution[i]), in_circuit=i in inside,
                            exact=float(d.exact[i].value) if i in d.exact else float("nan"))
         return g
+
+    def export(self, *paths, direction: str = "denoise") -> None:
+        """Write the circuit of `direction` to each path, in the format its suffix names (.json .graphml .gexf .dot
+        .tex .svg .pdf .png; a circuit of nodes has no EAP-IG / MIB form)."""
+        from surgeon.circuits.export import write
+
+        g = self.graph(direction)
+        for p in paths:
+            if str(p).endswith(".mib.json"):
+                raise AnalysisError("a feature circuit has no EAP-IG / MIB form (MIB's circuits are edges between "
+                                    "heads and MLPs)", field="--export", fix="export .json, .graphml, .dot or .tex")
+            write(g, p, title=f"{self.case}: feature circuit ({direction})")
 
 
 # ----------------------------------------------------------------------------- the parts (plain functions)

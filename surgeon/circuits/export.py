@@ -74,6 +74,15 @@ def drawn(g: nx.DiGraph) -> nx.DiGraph:
     """What a figure of the circuit shows: its heads, MLPs, key/value heads (grouped-query attention) and
     always `input` and `logits`; one edge per scored circuit edge, from its sender to the head (or KV head,
     MLP, logits) whose input it is, labelled with the port (q, k, v)."""
+    if "input" not in g:  # a circuit of feature nodes (surgeon feature-circuit): its nodes, and edges among them
+        keep = [n for n, d in g.nodes(data=True) if d.get("in_circuit")]
+        h = nx.DiGraph()
+        for n in sorted(keep, key=lambda n: (g.nodes[n].get("layer", 0), g.nodes[n].get("unit", 0), n)):
+            h.add_node(n, **g.nodes[n])
+        for u, v, d in g.edges(data=True):
+            if u in h and v in h and d.get("in_circuit"):
+                h.add_edge(u, v, score=d.get("score", 0.0), port="", name=d.get("name", ""))
+        return h
     c = circuit_subgraph(g)
     h = nx.DiGraph()
     for n in ("input", "logits"):
@@ -113,6 +122,8 @@ def _row(d: dict, n_layers: int) -> int:
         return 0
     if kind == "logits":
         return 2 * n_layers + 1
+    if kind in ("feature", "error"):  # an SAE's nodes: the row of what its hook point reads after
+        return 2 * layer + (2 if any(k in d.get("hook", "") for k in ("mlp", "resid_post")) else 1)
     return 2 * layer + (2 if kind == "mlp" else 1)
 
 
@@ -176,7 +187,8 @@ def _figure(g: nx.DiGraph, title: str = ""):
             ax.text(pts[-2][0] + 0.04, pts[-2][1] - 0.05, d["port"], fontsize=6, color="#444444", ha="left", va="top")
     for n, (x, y) in pos.items():
         d = h.nodes[n]
-        color = {"input": "#fee8c8", "logits": "#fee8c8", "mlp": "#e5f5e0", "kv": "#efedf5"}.get(d["kind"], "#f7f7f7")
+        color = {"input": "#fee8c8", "logits": "#fee8c8", "mlp": "#e5f5e0", "kv": "#efedf5",
+                 "error": "#fde0dd"}.get(d["kind"], "#f7f7f7")
         ax.add_patch(FancyBboxPatch((x - NODE_W / 2, y - NODE_H / 2), NODE_W, NODE_H, zorder=2,
                                     boxstyle="round,pad=0,rounding_size=0.12", fc=color, ec="#333333", lw=0.8))
         ax.text(x, y, d.get("label", n), ha="center", va="center", fontsize=7, zorder=3)

@@ -116,6 +116,7 @@ class CircuitGraph(nx.DiGraph):
     def to_json(self) -> dict:
         """The graph as JSON data (the module's docstring shows the layout); `from_json` reads it back equal."""
         inside = {x for u, v, d in self.scored() if d["in_circuit"] for x in (u, v)}
+        inside |= {n for n, d in self.nodes(data=True) if d.get("in_circuit")}  # a circuit of nodes (feature circuits)
         inside |= {h for p in list(inside) if self.nodes[p]["kind"] == "port" for h in self.successors(p)}
         nodes, ports = {}, {}
         for n, d in self.nodes(data=True):

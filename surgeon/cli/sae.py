@@ -97,6 +97,9 @@ def add_feature_circuit(sub, common, items) -> None:
                    help="the smallest top-k circuit with at least this faithfulness (default 0.9)")
     q.add_argument("--threshold", type=cli_types.fraction,
                    help="instead: every node whose |attribution| is at least this fraction of the gap")
+    q.add_argument("--export", nargs="+", type=Path, default=[], metavar="FILE",
+                   help="write the failing format's circuit; format from the suffix: .json .graphml .gexf .dot .tex "
+                        ".svg .pdf .png")
     items(q)
 
 
@@ -107,6 +110,13 @@ def run_feature_circuit(args) -> int:
         raise SurgeonError("give --faithfulness or --threshold, not both", field="--threshold",
                            fix="--faithfulness F keeps the smallest circuit with faithfulness >= F; --threshold T "
                                "every node with |attribution| >= T of the gap")
+    from surgeon.circuits.export import check_targets
+
+    check_targets(args.export)  # refuse before loading anything
+    mib = [f for f in args.export if str(f).endswith(".mib.json")]
+    if mib:
+        raise SurgeonError(f"{mib[0]}: a feature circuit has no EAP-IG / MIB form", field="--export",
+                           fix="export .json, .graphml, .gexf, .dot, .tex, .svg, .pdf or .png")
     layers = parse_layers(args.layers)
     case, model, device = load_case_and_model(args, check=lambda case: _source(args, case).check_available(layers))
     import surgeon.api as api
@@ -115,7 +125,11 @@ def run_feature_circuit(args) -> int:
                             target=args.faithfulness, threshold=args.threshold, bad=args.bad, tag=args.tag,
                             batch_size=args.batch_size, sae_release=args.sae_release, sae_id=args.sae_id,
                             sae_dir=args.sae_dir, device=device, dtype=args.dtype, progress=True)
-    return print_report(args, r, case, device)
+    code = print_report(args, r, case, device)
+    if args.export:
+        r.export(*args.export)
+        print("exported " + ", ".join(str(f) for f in args.export))
+    return code
 
 
 def _source(args, case):

@@ -136,15 +136,39 @@ def test_circuits_over_three_saes_equal_hand_written_hooks(decimal_case, decimal
 
 
 def test_feature_circuit_command(tmp_path, capsys):
-    """`surgeon feature-circuit` on the shipped decimal case: the report, results and manifest; bad input exits 2
-    naming the field, before the model loads and with nothing written."""
+    """`surgeon feature-circuit` on the shipped decimal case: the report, results and manifest, and the circuit's
+    exports opened by the tools they are named for (our JSON read back equal, GraphML by networkx, DOT by Graphviz,
+    TikZ by pdflatex); bad input exits 2 naming the field, before the model loads and with nothing written."""
+    import shutil
+    import subprocess
+
+    import networkx as nx
+
+    from surgeon.circuits.export import read_circuit
     from surgeon.cli import main
 
     case = os.path.join(ROOT, "cases", "decimal_organism.py")
     out = tmp_path / "fc"
+    ex = {k: tmp_path / f"c{k}" for k in (".json", ".graphml", ".dot", ".tex")}
     assert main(["feature-circuit", case, "--layers", "0,2", "--method", "gradient", "--verify", "3",
-                 "--out", str(out)]) == 0
+                 "--out", str(out), "--export", *map(str, ex.values())]) == 0
     text = capsys.readouterr().out
+    back = read_circuit(ex[".json"])
+    circuit = {n for n, d in back.nodes(data=True) if d["in_circuit"]}
+    assert circuit == {n for n, d in json.loads(ex[".json"].read_text())["nodes"].items() if d["in_graph"]}
+    assert circuit and {back.nodes[n]["kind"] for n in circuit} <= {"feature", "error"}
+    assert all(n.startswith(("blocks.0.hook_mlp_out[", "blocks.2.hook_mlp_out[")) for n in circuit)
+    gm = nx.read_graphml(ex[".graphml"])
+    assert {n for n, d in gm.nodes(data=True) if d["in_circuit"]} == circuit
+    if shutil.which("dot"):
+        r = subprocess.run(["dot", "-Tsvg", str(ex[".dot"])], capture_output=True, text=True)
+        assert r.returncode == 0 and r.stdout.count("<g id=\"node") == len(circuit), r.stderr
+    if shutil.which("pdflatex"):
+        r = subprocess.run(["pdflatex", "-interaction=nonstopmode", "-halt-on-error", ex[".tex"].name], cwd=tmp_path,
+                           capture_output=True, text=True)
+        assert r.returncode == 0 and (tmp_path / "c.pdf").stat().st_size > 1000, r.stdout[-2000:]
+    assert main(["feature-circuit", case, "--export", str(tmp_path / "c.mib.json"), "--out", str(tmp_path / "z")]) == 2
+    assert "no EAP-IG / MIB form" in capsys.readouterr().err and not (tmp_path / "z").exists()
     assert "denoise: the 'qa' run" in text and "across formats" in text and "faithfulness" in text
     res = json.loads((out / "results.json").read_text())
     assert res["command"] == "feature-circuit" and (out / "manifest.json").exists() and (out / "feature_curve.png").exists()
