@@ -263,6 +263,45 @@ def bench(name: str) -> None:
     _cog().outl(ran_on(name))
 
 
+BASELINES = {"patch": ("careful-patch", "careful TL sweep"), "eap": ("floor", "floor"), "eap-ig": ("floor", "floor"),
+             "exact": ("careful-edge-loop", "careful TL loop"), "curve": (None, ""), "subsets-512": (None, "")}
+JOB_NAMES = {"patch": "per-head sweep", "eap": "EAP", "eap-ig": "EAP-IG (5 steps)", "exact": "exact top-200 edges",
+             "curve": "faithfulness curve (11)", "subsets-512": "subset search (512)"}
+
+
+def bench_summary(items: int = 2, positions_letters: int = 10) -> None:
+    """A table per job from bench/scale.json's raw measurements (bench/scale.py --save): surgeon's time, the careful
+    baseline's (or the floor's), their ratio, and surgeon's predicted memory above the weights over the measured, on
+    GPT-2 small and the Llama-shaped model, at one size; then the line saying which commit it ran on."""
+    data = json.loads((BENCH / "scale.json").read_text())
+    models = [m for m in ("gpt2", "llama") if m in data]
+    titles = {"gpt2": "GPT-2 small", "llama": "Llama-3.1-8B-shaped"}
+    cog = _cog()
+    by = {m: {r["job"]: r for r in data[m]["jobs"] if r["items"] == items and r["letters"] == positions_letters}
+          for m in models}
+    pos = next(iter(by[models[0]].values()))["positions"]
+    head = "| job | baseline | " + " | ".join(f"{titles[m]}: surgeon | baseline | x | memory pred / meas"
+                                             for m in models) + " |"
+    cog.outl(f"{items} items x {pos} positions, 2 CPU threads; x = baseline / surgeon; memory: surgeon's predicted "
+             f"peak above the weights over the measured one")
+    cog.outl("")
+    cog.outl(head)
+    cog.outl("|" + "---|" * (2 + 4 * len(models)))
+    for job, name in JOB_NAMES.items():
+        base, label = BASELINES[job]
+        row = [name, label or "--"]
+        for m in models:
+            r = by[m][job]
+            b = by[m].get(base) if base else None
+            mem = ((r["predicted"] - r["weights"]) / (r["measured"] - r["weights"])
+                   if "predicted" in r and r["measured"] > r["weights"] else float("nan"))
+            row += [f"{r['seconds']:.2f} s", f"{b['seconds']:.2f} s" if b else "--",
+                    f"{b['seconds'] / r['seconds']:.1f}" if b else "--", f"{mem:.2f}" if mem == mem else "--"]
+        cog.outl("| " + " | ".join(row) + " |")
+    cog.outl("")
+    cog.outl(ran_on("scale"))
+
+
 def ran_on(name: str) -> str:
     """The line under a bench's output: the commit it ran on and whether the engine it timed is still this one."""
     sys.path.insert(0, str(ROOT / "bench"))

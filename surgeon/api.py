@@ -308,15 +308,16 @@ def feature_circuit(case, model=None, *, layers: Sequence[int] | None = None, me
                     verify: int = 20, target: float | None = None, threshold: float | None = None,
                     bad: str | None = None, tag: str | None = None, batch_size: int = 256,
                     sae_release: str | None = None, sae_id: str | None = None, sae_dir: str | None = None,
-                    device: str | None = None, dtype: str = "float32", progress: bool = False) -> FeatureCircuitResult:
+                    by_position: bool = False, device: str | None = None, dtype: str = "float32",
+                    progress: bool = False) -> FeatureCircuitResult:
     """The feature circuit (SAE features and each SAE's error term as nodes) of the failing format and of the
     working one, their difference and the repair it suggests (`surgeon feature-circuit`; every layer with an SAE
-    unless `layers`)."""
+    unless `layers`; `by_position`: a node per feature and error term at each aligned position)."""
     case, model = case_and_model(case, model, device=device, dtype=dtype)
     saes, where, _ = _saes(case, model, layers, sae_release, sae_id, sae_dir, device, dtype)
     return feature_circuit_of(case, model, saes, method=method, steps=steps, verify=verify, target=target,
                               threshold=threshold, bad=bad, tag=tag, batch_size=batch_size, sources=where,
-                              progress=progress)
+                              by_position=by_position, progress=progress)
 
 
 # One command from a case to a paper

@@ -37,6 +37,7 @@ import numpy as np
 import torch
 
 from surgeon.analyses.common import make_contrast
+from surgeon.analyses.positions import slot_labels
 from surgeon.circuits.graph import CircuitGraph
 from surgeon.errors import AnalysisError
 from surgeon.show import Shows
@@ -58,10 +59,13 @@ class Node:
     layer: int
     unit: int  # the feature's index; d_sae for the error node
     error: bool
+    slot: int | None = None  # the aligned position (patch slot) it is at; None: at every aligned position at once
+    position: str = ""  # the slot's label (its most common token in the base format)
 
     @property
     def name(self) -> str:
-        return f"{self.hook}[{'error' if self.error else f'f{self.unit}'}]"
+        return f"{self.hook}[{'error' if self.error else f'f{self.unit}'}]" + (
+            "" if self.slot is None else f"@{self.slot}")
 
 
 @dataclass(frozen=True)
@@ -119,7 +123,8 @@ class FeatureCircuitResult(Shows):
         for i, n in enumerate(self.nodes):
             if i in inside or i in d.exact:
                 g.add_node(n.name, kind="error" if n.error else "feature", layer=n.layer, hook=n.hook, unit=n.unit,
-                           label=f"L{n.layer} {'error' if n.error else f'f{n.unit}'}",
+                           label=f"L{n.layer} {'error' if n.error else f'f{n.unit}'}"
+                                 + ("" if n.slot is None else f" @{n.slot}"), position=n.position,
                            score=float(d.attribution[i]), in_circuit=i in inside,
                            exact=float(d.exact[i].value) if i in d.exact else float("nan"))
         return g
@@ -138,48 +143,65 @@ class FeatureCircuitResult(Shows):
 
 
 # ----------------------------------------------------------------------------- the parts (plain functions)
-def node_list(sites: Sequence[FeatureSite]) -> list[Node]:
-    out = []
+def node_list(sites: Sequence[FeatureSite], slots: Sequence[str] | None = None) -> list[Node]:
+    """Every site's features and error term; with `slots` (the aligned positions' labels) one node of each per slot,
+    slot-major (node index = slot x units + unit), the order of the flat masks below."""
+    per = []
     for s in sites:
         F = s.n_units() - 1
-        out += [Node(s.hook, s.layer, u, u == F) for u in range(F + 1)]
-    return out
+        per += [(s, u, u == F) for u in range(F + 1)]
+    if slots is None:
+        return [Node(s.hook, s.layer, u, e) for s, u, e in per]
+    return [Node(s.hook, s.layer, u, e, j, label) for j, label in enumerate(slots) for s, u, e in per]
 
 
-def _split(sites, flat: torch.Tensor) -> dict:
-    """A mask over every node [P, N] as the sites' masks {site: [P, units]}."""
+def _split(sites, flat: torch.Tensor, S: int | None = None) -> dict:
+    """A mask over every node [P, nodes] as the sites' masks: {site: [P, units]}, or with S slots {site: [P, S,
+    units]} (nodes slot-major)."""
     out, lo = {}, 0
+    v = flat if S is None else flat.view(flat.shape[0], S, -1)
     for s in sites:
-        out[s] = flat[:, lo: lo + s.n_units()]
+        out[s] = v[..., lo: lo + s.n_units()]
         lo += s.n_units()
     return out
 
 
-def attribution(contrast, sites, method: str = "ig", steps: int = 5) -> np.ndarray:
-    """[nodes] each node's estimated effect on the mean score (score units)."""
+def _zeros(sites, P: int, S: int | None) -> dict:
+    return {s: torch.zeros(P, s.n_units()) if S is None else torch.zeros(P, S, s.n_units()) for s in sites}
+
+
+def attribution(contrast, sites, method: str = "ig", steps: int = 5, S: int | None = None) -> np.ndarray:
+    """[nodes] each node's estimated effect on the mean score (score units); S: one node per slot."""
+    def flat(grads, k=None):
+        g = torch.cat([grads[s].sum(0) if k is None else grads[s][0] for s in sites], dim=-1)
+        return g.reshape(-1)
+
     if method == "gradient":
-        grads, _ = contrast.gradient({s: torch.zeros(1, s.n_units()) for s in sites})
-        return torch.cat([grads[s][0] for s in sites]).double().cpu().numpy()
+        grads, _ = contrast.gradient(_zeros(sites, 1, S))
+        return flat(grads, 0).double().cpu().numpy()
     if method != "ig":
         raise AnalysisError(f"unknown attribution method {method!r}", field="--method", fix=f"use one of {METHODS}")
     alphas = (torch.arange(steps, dtype=torch.float32) + 0.5) / steps  # the midpoints of `steps` equal intervals
-    out = []
+    total = None
     for s in sites:  # one SAE interpolated at a time, the others clean (Marks et al.'s _pe_ig)
-        masks = {o: torch.zeros(steps, o.n_units()) for o in sites}
-        masks[s] = alphas[:, None].expand(steps, s.n_units()).clone()
+        masks = _zeros(sites, steps, S)
+        masks[s] = masks[s] + alphas.view(steps, *[1] * (masks[s].dim() - 1))
         grads, _ = contrast.gradient(masks)
-        out.append(grads[s].sum(0) / steps)
-    return torch.cat(out).double().cpu().numpy()
+        grads = {o: (g if o is s else torch.zeros_like(g)) for o, g in grads.items()}  # this SAE's share only
+        part = flat(grads) / steps
+        total = part if total is None else total + part
+    return total.double().cpu().numpy()
 
 
-def run_nodes(contrast, sites, sets: Sequence[Sequence[int]], complement: bool = False) -> np.ndarray:
+def run_nodes(contrast, sites, sets: Sequence[Sequence[int]], complement: bool = False, S: int | None = None
+              ) -> np.ndarray:
     """[len(sets), items] scores with each set's nodes patched (`complement`: every node outside the set)."""
-    N = sum(s.n_units() for s in sites)
+    N = sum(s.n_units() for s in sites) * (1 if S is None else S)
     flat = torch.zeros(len(sets), N) if not complement else torch.ones(len(sets), N)
     for i, idx in enumerate(sets):
         flat[i, list(idx)] = 1.0 if not complement else 0.0
     with torch.no_grad():
-        return contrast.run(_split(sites, flat)).double().cpu().numpy()
+        return contrast.run(_split(sites, flat, S)).double().cpu().numpy()
 
 
 def _frac(scores: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> Estimate:
@@ -190,7 +212,7 @@ def _frac(scores: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> Estimate:
 
 def one_direction(case: Case, model, sites, direction: str, *, method: str, steps: int, verify: int,
                   target: float | None, threshold: float | None, bad: str | None, tag: str | None, batch_size: int,
-                  progress: bool = False):
+                  by_position: bool = False, progress: bool = False):
     contrast, info = make_contrast(case, model, bad=bad, direction=direction, tag=tag, batch_size=batch_size,
                                    sites=[Site.coerce(s.hook) for s in sites])
     base, source = contrast.clean_base.double().cpu().numpy(), contrast.clean_source.double().cpu().numpy()
@@ -198,17 +220,25 @@ def one_direction(case: Case, model, sites, direction: str, *, method: str, step
     if abs(gap) < 1e-9:
         raise AnalysisError("the two formats score the same on these items: there is no difference to explain",
                             where=case.source, field="bad", fix="check the case with surgeon diagnose")
-    N = sum(s.n_units() for s in sites)
-    attr = attribution(contrast, sites, method, steps) / gap
+    S = contrast.n_slots if by_position else None
+    if S is not None and not bool(contrast.slot_items().all()):
+        raise AnalysisError("--by-position needs every item to align the same positions, and these items align "
+                            "different numbers of them (answers of different lengths)", where=case.source,
+                            field="--by-position", fix="leave out --by-position, or pick items whose answers have "
+                                                       "one length (--tag)")
+    labels = slot_labels(getattr(model, "tokenizer", None), contrast.slot_tokens(), contrast.align) if S else None
+    nodes = node_list(sites, labels)
+    N = len(nodes)
+    attr = attribution(contrast, sites, method, steps, S) / gap
     order = [int(i) for i in np.argsort(-np.abs(attr), kind="stable")]
     top = [int(i) for i in order[:min(verify, N)]]
-    single = run_nodes(contrast, sites, [[i] for i in top]) if top else np.zeros((0, len(base)))
+    single = run_nodes(contrast, sites, [[i] for i in top], S=S) if top else np.zeros((0, len(base)))
     exact = {i: _frac(single[k], base, source) for k, i in enumerate(top)}
     # faithfulness: the run itself (nothing ablated) = 1, every node ablated (all patched) = 0
-    everything = run_nodes(contrast, sites, [list(range(N))])[0]
+    everything = run_nodes(contrast, sites, [list(range(N))], S=S)[0]
     sizes = sorted({k for k in CURVE_SIZES if k < N} | {N})
-    kept = run_nodes(contrast, sites, [order[:k] for k in sizes], complement=True)
-    ablated = run_nodes(contrast, sites, [order[:k] for k in sizes])
+    kept = run_nodes(contrast, sites, [order[:k] for k in sizes], complement=True, S=S)
+    ablated = run_nodes(contrast, sites, [order[:k] for k in sizes], S=S)
     curve = [(k, _frac(kept[j], everything, base).value, _frac(ablated[j], everything, base).value)
              for j, k in enumerate(sizes)]
     if threshold is not None:
@@ -216,17 +246,16 @@ def one_direction(case: Case, model, sites, direction: str, *, method: str, step
         search = f"every node with |attribution| >= {threshold:g} of the gap"
     else:
         goal = 0.9 if target is None else target
-        k = _smallest(contrast, sites, order, everything, base, goal, N)
+        k = _smallest(contrast, sites, order, everything, base, goal, N, S)
         circuit = [int(i) for i in order[:k]]
         search = f"the smallest top-k by |attribution| with faithfulness >= {goal:g} (bisection over k)"
-    k_scores = run_nodes(contrast, sites, [circuit], complement=True)[0]
-    a_scores = run_nodes(contrast, sites, [circuit])[0]
+    k_scores = run_nodes(contrast, sites, [circuit], complement=True, S=S)[0]
+    a_scores = run_nodes(contrast, sites, [circuit], S=S)[0]
     total = float(np.abs(attr[circuit]).sum()) if circuit else 0.0
-    nodes = node_list(sites)
     err = float(sum(abs(attr[i]) for i in circuit if nodes[i].error)) / total if total > 0 else float("nan")
     d = Direction(direction, info["base"], info["source"], float(base.mean()), float(source.mean()), attr, exact, order,
                   circuit, _frac(k_scores, everything, base), _frac(a_scores, everything, base), curve, err, search)
-    return d, contrast, info
+    return d, contrast, info, nodes, S
 
 
 def differing(a: Direction, b: Direction) -> list[int]:
@@ -235,11 +264,11 @@ def differing(a: Direction, b: Direction) -> list[int]:
     return [i for i in a.circuit if i not in inside or abs(a.attribution[i]) >= STRONGER * abs(b.attribution[i])]
 
 
-def _smallest(contrast, sites, order, everything, base, goal: float, N: int) -> int:
+def _smallest(contrast, sites, order, everything, base, goal: float, N: int, S: int | None = None) -> int:
     """The smallest k whose top-k prefix, kept with the rest ablated, has faithfulness >= goal (faithfulness is
     evaluated at each bisection step; N when no prefix reaches it)."""
     def faith(k: int) -> float:
-        return _frac(run_nodes(contrast, sites, [order[:k]], complement=True)[0], everything, base).value
+        return _frac(run_nodes(contrast, sites, [order[:k]], complement=True, S=S)[0], everything, base).value
 
     lo, hi = 0, N  # faith(N) = 1 by construction (nothing ablated)
     while hi - lo > 1:
@@ -254,7 +283,7 @@ def _smallest(contrast, sites, order, everything, base, goal: float, N: int) -> 
 def feature_circuit(case: Case, model, saes: dict, *, method: str = "ig", steps: int = 5, verify: int = 20,
                     target: float | None = None, threshold: float | None = None, bad: str | None = None,
                     tag: str | None = None, batch_size: int = 256, sources: dict | None = None,
-                    progress: bool = False) -> FeatureCircuitResult:
+                    by_position: bool = False, progress: bool = False) -> FeatureCircuitResult:
     """The feature circuit of the failing format and of the working one over the SAEs `saes` ({layer: sae-lens
     SAE}), and their difference (see the module)."""
     if method not in METHODS:
@@ -269,20 +298,23 @@ def feature_circuit(case: Case, model, saes: dict, *, method: str = "ig", steps:
         raise AnalysisError("no SAEs given", field="--layers", fix="name the layers whose SAEs form the nodes")
     sites = [FeatureSite.of(saes[layer], error=True) for layer in sorted(saes)]
     kw = dict(method=method, steps=steps, verify=verify, target=target, threshold=threshold, bad=bad, tag=tag,
-              batch_size=batch_size, progress=progress)
-    den, c_den, info = one_direction(case, model, sites, "denoise", **kw)
-    noi, _, _ = one_direction(case, model, sites, "noise", **kw)
+              batch_size=batch_size, by_position=by_position, progress=progress)
+    den, c_den, info, nodes, S = one_direction(case, model, sites, "denoise", **kw)
+    noi, _, _, nodes_n, _ = one_direction(case, model, sites, "noise", **kw)
+    if len(nodes_n) != len(nodes):
+        raise AnalysisError("the two formats align a different number of positions, so their nodes per position do "
+                            "not correspond", where=case.source, field="--by-position",
+                            fix="leave out --by-position (one node per feature at every aligned position)")
     only_f = differing(den, noi)
     only_w = differing(noi, den)
     base, source = c_den.clean_base.double().cpu().numpy(), c_den.clean_source.double().cpu().numpy()
     if only_f or only_w:
-        patched = run_nodes(c_den, sites, [only_f + only_w])[0]
+        patched = run_nodes(c_den, sites, [only_f + only_w], S=S)[0]
         right = c_den.metric.right_above
         repair = Repair(only_f + only_w, wilson(int((patched > right).sum()), len(patched)),
                         _frac(patched, base, source), wilson(int((base > right).sum()), len(base)))
     else:
         repair = Repair([], None, None, None)
-    nodes = node_list(sites)
     src = sources or {}
     return FeatureCircuitResult(case.name, [(s.hook, src.get(s.layer, ""), s.n_units() - 1) for s in sites], nodes,
                                 method, steps, info["n_items"], {"denoise": den, "noise": noi}, only_f, only_w,

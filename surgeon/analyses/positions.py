@@ -51,7 +51,7 @@ class PositionPatchResult(Shows):
         return out
 
 
-def _labels(tokenizer, tokens: list[list[int]], align: str) -> list[str]:
+def slot_labels(tokenizer, tokens: list[list[int]], align: str) -> list[str]:
     out = []
     for j, toks in enumerate(tokens):
         if not toks:
@@ -97,7 +97,7 @@ def patch_positions(case: Case, model, *, layers=None, component: str = "z", dir
     return PositionPatchResult(
         case=case.name, component=component, direction=direction, base=info["base"], source=info["source"],
         tag=info["tag"], align=contrast.align, layers=tuple(layers), n_units=U, n_items=contrast.n_items,
-        slots=_labels(getattr(model, "tokenizer", None), contrast.slot_tokens(), contrast.align),
+        slots=slot_labels(getattr(model, "tokenizer", None), contrast.slot_tokens(), contrast.align),
         slot_items=[int(x) for x in has.sum(1)], fraction=frac[..., 0], fraction_lo=frac[..., 1],
         fraction_hi=frac[..., 2], per_item=per_item, execution=contrast.execution,
         options=dict(layers=list(layers), component=component, direction=direction, bad=bad, tag=tag,

@@ -97,6 +97,9 @@ def add_feature_circuit(sub, common, items) -> None:
                    help="the smallest top-k circuit with at least this faithfulness (default 0.9)")
     q.add_argument("--threshold", type=cli_types.fraction,
                    help="instead: every node whose |attribution| is at least this fraction of the gap")
+    q.add_argument("--by-position", action="store_true",
+                   help="a node per feature and per error term at each aligned position (default: one node patched at "
+                        "every aligned position at once)")
     q.add_argument("--export", nargs="+", type=Path, default=[], metavar="FILE",
                    help="write the failing format's circuit; format from the suffix: .json .graphml .gexf .dot .tex "
                         ".svg .pdf .png")
@@ -124,7 +127,8 @@ def run_feature_circuit(args) -> int:
     r = api.feature_circuit(case, model, layers=layers, method=args.method, steps=args.steps, verify=args.verify,
                             target=args.faithfulness, threshold=args.threshold, bad=args.bad, tag=args.tag,
                             batch_size=args.batch_size, sae_release=args.sae_release, sae_id=args.sae_id,
-                            sae_dir=args.sae_dir, device=device, dtype=args.dtype, progress=True)
+                            sae_dir=args.sae_dir, by_position=args.by_position, device=device, dtype=args.dtype,
+                            progress=True)
     code = print_report(args, r, case, device)
     if args.export:
         r.export(*args.export)

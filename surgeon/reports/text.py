@@ -476,6 +476,9 @@ def feature_circuit_text(r, top: int = 12) -> str:
              f"the formats, 95% bootstrap intervals over items",
              "faithfulness (Marks et al.): keep the circuit, give every other node the other run's value: 1 is all of "
              "the behaviour; completeness: ablate the circuit, keep the rest: 0 is complete"]
+    slots = sorted({(n.slot, n.position) for n in r.nodes if n.slot is not None})
+    if slots:
+        lines.insert(2, "a node per aligned position: " + ", ".join(f"@{j} = {label}" for j, label in slots))
     for d in r.directions.values():
         errs = sum(r.nodes[i].error for i in d.circuit)
         lines += ["", f"{d.direction}: the {d.base!r} run with the {d.source!r} run's values (mean score {d.base_mean:+.3f} "

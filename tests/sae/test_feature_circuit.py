@@ -181,3 +181,57 @@ def test_feature_circuit_command(tmp_path, capsys):
     assert main(["feature-circuit", case, "--sae-dir", str(tmp_path / "none{layer}"), "--layers", "0",
                  "--out", str(tmp_path / "y")]) == 2
     assert "is not an SAE directory" in capsys.readouterr().err and not (tmp_path / "y").exists()
+
+
+def test_nodes_per_position_sum_to_the_nodes_at_every_position_and_equal_hooks_at_one(decimal_case, decimal_model):
+    """--by-position on decimal items that align the same positions: each node's gradient attribution summed over the
+    positions is the attribution of the node patched at every position at once (nodes slot-major: a mixed-up layout
+    breaks it), and a node at one position, patched exactly, scores what a hand-written hook at that position alone
+    gives (the layer-1 error term at the answer's first position)."""
+    from surgeon.analyses.common import format_rows, make_contrast
+    from surgeon.analyses.feature_circuit import _frac, attribution, node_list, run_nodes
+    from surgeon.engine.contrast import score_rows
+    from surgeon.sites.features import FeatureSite
+    from surgeon.sites.nodes import Site
+    from surgeon.spec.encoding import align
+
+    saes = {L: shipped("decimal", L) for L in (1, 2)}
+    sites = [FeatureSite.of(saes[L], error=True) for L in (1, 2)]
+    items = decimal_case.items_for("trap")[:24]
+    case = type(decimal_case)(**{**decimal_case.__dict__, "items": items, "focus": None})
+    c, _ = make_contrast(case, decimal_model, sites=[Site.coerce(s.hook) for s in sites], tag="all")
+    has = c.slot_items()
+    keep = [items[i] for i in range(len(items)) if bool(has[:, i].all())][:8]
+    case = type(decimal_case)(**{**decimal_case.__dict__, "items": keep, "focus": None})
+    c, _ = make_contrast(case, decimal_model, sites=[Site.coerce(s.hook) for s in sites], tag="all")
+    S = c.n_slots
+    assert S >= 2 and bool(c.slot_items().all())
+    per = attribution(c, sites, "gradient", S=S).reshape(S, -1)
+    together = attribution(c, sites, "gradient")
+    np.testing.assert_allclose(per.sum(0), together, rtol=1e-4, atol=1e-5)
+    assert np.abs(per).max() > 1e-3
+    nodes = node_list(sites, [str(j) for j in range(S)])
+    F1 = int(saes[1].cfg.d_sae)
+    i = next(k for k, n in enumerate(nodes) if n.slot == 1 and n.layer == 1 and n.error)
+    assert nodes[i].unit == F1
+    got = run_nodes(c, sites, [[i]], S=S)[0]
+    rows_b, rows_g = format_rows(case, decimal_model, "qa", keep), format_rows(case, decimal_model, "plain", keep)
+    hook = saes[1].cfg.metadata.hook_name
+    sae = saes[1]
+    want = torch.zeros(len(keep))
+    for rb, rg in zip(rows_b, rows_g):
+        pb, pg = align(rb, rg, case.align)
+        _, cache = decimal_model.run_with_cache(torch.tensor([rg.tokens]), names_filter=[hook])
+        src = cache[hook][0, pg[1]]
+        err_src = src - sae.decode(sae.encode(src))
+
+        def fn(act, hook, p=pb[1], err_src=err_src):
+            act = act.clone()
+            a = act[0, p]
+            act[0, p] = sae.decode(sae.encode(a)) + err_src
+            return act
+        with decimal_model.hooks(fwd_hooks=[(hook, fn)]), torch.no_grad():
+            want[rb.item] += score_rows(decimal_model, [type(rb)(**{**rb.__dict__, "item": 0})])[0]
+    np.testing.assert_allclose(got, want.double().numpy(), atol=1e-4)
+    assert np.abs(got - c.clean_base.double().numpy()).max() > 1e-4
+    assert _frac(got, c.clean_base.double().numpy(), c.clean_source.double().numpy()).n == len(keep)
