@@ -300,6 +300,11 @@ def bench_summary(items: int = 2, positions_letters: int = 10) -> None:
         cog.outl("| " + " | ".join(row) + " |")
     cog.outl("")
     cog.outl(ran_on("scale"))
+    goal = [ln.strip() for ln in (BENCH / "memory.txt").read_text().splitlines() if ln.strip().startswith("goal:")]
+    if goal:
+        cog.outl("")
+        cog.outl(f"On shapes the memory predictor was not fitted to (`bench/memory.py`), {goal[0][len('goal: '):]}.")
+        cog.outl(ran_on("memory"))
 
 
 def ran_on(name: str) -> str:

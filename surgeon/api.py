@@ -305,7 +305,7 @@ def sae_repair(case, model=None, *, layer: int, top: int = 8, budget: int = 2000
 
 
 def feature_circuit(case, model=None, *, layers: Sequence[int] | None = None, method: str = "ig", steps: int = 5,
-                    verify: int = 20, target: float | None = None, threshold: float | None = None,
+                    verify: int = 20, faithfulness: float | None = None, threshold: float | None = None,
                     bad: str | None = None, tag: str | None = None, batch_size: int = 256,
                     sae_release: str | None = None, sae_id: str | None = None, sae_dir: str | None = None,
                     by_position: bool = False, device: str | None = None, dtype: str = "float32",
@@ -315,7 +315,7 @@ def feature_circuit(case, model=None, *, layers: Sequence[int] | None = None, me
     unless `layers`; `by_position`: a node per feature and error term at each aligned position)."""
     case, model = case_and_model(case, model, device=device, dtype=dtype)
     saes, where, _ = _saes(case, model, layers, sae_release, sae_id, sae_dir, device, dtype)
-    return feature_circuit_of(case, model, saes, method=method, steps=steps, verify=verify, target=target,
+    return feature_circuit_of(case, model, saes, method=method, steps=steps, verify=verify, target=faithfulness,
                               threshold=threshold, bad=bad, tag=tag, batch_size=batch_size, sources=where,
                               by_position=by_position, progress=progress)
 
@@ -366,10 +366,11 @@ def report_key(case: Case, model, source: SAESource | None) -> dict:
 
 RESULT_TYPES = {cls.__name__: cls for cls in (Diagnosis, LogitAttributionResult, PatchResult, PositionPatchResult,
                                                 ThresholdResult, BlendResult, CircuitResult, AttentionResult,
-                                                OverlapResult, AmplifiedResult, HeadFeatureResult, FeatureRepairResult)}
+                                                OverlapResult, AmplifiedResult, HeadFeatureResult, FeatureRepairResult,
+                                                FeatureCircuitResult)}
 
 
-LOADABLE = {cls.__name__: cls for cls in (*RESULT_TYPES.values(), AttributionResult, Encoding, FeatureCircuitResult)}
+LOADABLE = {cls.__name__: cls for cls in (*RESULT_TYPES.values(), AttributionResult, Encoding)}
 
 
 def read_circuit(path):
@@ -397,7 +398,7 @@ def load(path):
         return _load_report(path, m["report"], bad)
     if isinstance(m, dict) and m.get("command") == "report":  # written before the manifest said more
         steps = [p.name for p in sorted(path.iterdir()) if (p / "step.json").is_file()]
-        order = [*STEPS[:-1], "sae_overlap", "sae_amplified", "sae_heads", "sae_repair"]
+        order = [*STEPS[:-1], "sae_overlap", "sae_amplified", "sae_heads", "sae_repair", "sae_feature_circuit"]
         steps.sort(key=lambda s: order.index(s) if s in order else len(order))
         case = (m.get("case") or {}).get("name", "?") if isinstance(m.get("case"), dict) else "?"
         return _load_report(path, {"case": case, "model": (m.get("model") or {}).get("spec", "?")

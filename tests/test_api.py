@@ -29,7 +29,8 @@ def _subparsers(parser) -> dict:
 
 COMMANDS = {"diagnose": "diagnose", "dla": "dla", "attention": "attention", "patch": "patch", "patch_positions": "patch-positions", "attribute": "attribute", "threshold": "threshold",
             "blend": "blend", "circuit": "circuit", "circuit_eval": "circuit-eval", "sae_overlap": "sae overlap",
-            "sae_amplified": "sae amplified", "sae_heads": "sae heads", "sae_repair": "sae repair"}
+            "sae_amplified": "sae amplified", "sae_heads": "sae heads", "sae_repair": "sae repair",
+            "feature_circuit": "feature-circuit"}
 # options whose command-line form is text the command parses into the value the function takes
 CLI_ONLY = {"n_devices", "threads", "export", "resume", "shard", "ray", "ray_workers", "groups_file", "seed", "model"}
 PARSED = {"groups": lambda v: tuple(g.strip() for g in v.split(",")), "items": lambda v: tuple(int(x) for x in v.split(",")), "layers": lambda v: v, "heads": lambda v: v}

@@ -38,6 +38,7 @@ import torch
 
 from surgeon.analyses.common import make_contrast
 from surgeon.analyses.positions import slot_labels
+from surgeon.spec.select import pick_items
 from surgeon.circuits.graph import CircuitGraph
 from surgeon.errors import AnalysisError
 from surgeon.show import Shows
@@ -47,6 +48,7 @@ from surgeon.spec.case import Case
 from surgeon.stats import Estimate, bootstrap_fraction, wilson
 
 METHODS = ("gradient", "ig")
+PROFILED = 24  # the first nodes of each circuit whose activations the result keeps (the report's hover)
 STRONGER = 2.0  # a node in both circuits differs when its attribution in one direction is this many times the other's
 CURVE_SIZES = (1, 2, 4, 8, 16, 32, 64, 128)
 
@@ -100,6 +102,18 @@ class Repair:
 
 
 @dataclass(frozen=True)
+class Profile:
+    """What a feature node reads in the two formats at the positions patching moves (the case's aligned ones, each
+    item's mean over them): its mean activation over items in the working and the failing format, and the items it
+    is most active on in the failing one (their values)."""
+
+    good_mean: float
+    bad_mean: float
+    top_items: list[str]
+    top_acts: list[float]
+
+
+@dataclass(frozen=True)
 class FeatureCircuitResult(Shows):
     case: str
     saes: list[tuple[str, str, int]]  # (hook, where the SAE came from, d_sae)
@@ -111,6 +125,9 @@ class FeatureCircuitResult(Shows):
     only_failing: list[int]  # node indices in the failing format's circuit and not the working one's, or STRONGER there
     only_working: list[int]  # node indices in the working format's circuit and not the failing one's, or STRONGER there
     repair: Repair
+    profiles: dict[int, Profile] = field(default_factory=dict)  # node index -> profile, for the circuits' features
+    good: str = ""  # the working format
+    bad: str = ""  # the failing format
     execution: dict = field(default_factory=dict)
 
     def graph(self, direction: str = "denoise"):
@@ -316,6 +333,34 @@ def feature_circuit(case: Case, model, saes: dict, *, method: str = "ig", steps:
     else:
         repair = Repair([], None, None, None)
     src = sources or {}
+    shown = [i for i in dict.fromkeys(den.circuit[:PROFILED] + noi.circuit[:PROFILED]) if not nodes[i].error]
     return FeatureCircuitResult(case.name, [(s.hook, src.get(s.layer, ""), s.n_units() - 1) for s in sites], nodes,
                                 method, steps, info["n_items"], {"denoise": den, "noise": noi}, only_f, only_w,
-                                repair, execution=c_den.execution)
+                                repair, profiles(c_den, case, sites, nodes, shown, tag),
+                                case.good, info["bad"], execution=c_den.execution)
+
+
+def profiles(contrast, case: Case, sites, nodes: Sequence[Node], shown: Sequence[int], tag: str | None = None,
+             top: int = 3) -> dict[int, Profile]:
+    """The `shown` feature nodes' activations in both runs of `contrast` (base: the failing format) at every item's
+    aligned positions (the engine's cached activations: an item scored by several answer rows shows one of them)."""
+    if not shown:
+        return {}
+    _, items = pick_items(case, tag)
+    has = contrast.slot_items().T.double()  # [items, S]
+    count = has.sum(1).clamp(min=1)
+    by_hook = {s.hook: s for s in sites}
+    acts = {}
+    for h in {nodes[i].hook for i in shown}:
+        site = by_hook[h]
+        with torch.no_grad():
+            acts[h] = tuple(site.encode(contrast.activations(h, run)[:, :, 0]).double().cpu() for run in ("source", "base"))
+    out = {}
+    for i in shown:
+        n = nodes[i]
+        g, b = ((x[..., n.unit] * has).sum(1) / count for x in acts[n.hook])  # [items] means over valid slots
+        order = torch.argsort(-b, stable=True)[:top]
+        out[i] = Profile(float(g.mean()), float(b.mean()),
+                         [", ".join(f"{k}={v}" for k, v in items[int(j)].values.items()) for j in order],
+                         [float(b[j]) for j in order])
+    return out

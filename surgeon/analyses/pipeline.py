@@ -6,7 +6,8 @@
     (edges scored, the top ones verified exactly, the smallest faithful prefix, its strongest paths) -> attention
     (the patterns of the circuit's strongest heads on the first item, every format) -> sae (where the case has SAEs:
     overlap per layer; amplified features and feature repair at the layer whose features overlap least; the
-    patched layer's heads against those features), each step under one progress bar over the steps
+    patched layer's heads against those features; the feature circuit over every SAE), each step under one progress
+    bar over the steps
 
 Each step's result is handed to `store.put` and asked of `store.get` first (the API keeps them in the report's
 folder, so an interrupted report resumes); what the steps did and with which options is the `Report`.
@@ -23,6 +24,7 @@ from surgeon.analyses.attention import attention_patterns
 from surgeon.analyses.blend import blend
 from surgeon.analyses.circuit import default_method, discover
 from surgeon.analyses.diagnose import diagnose
+from surgeon.analyses.feature_circuit import feature_circuit
 from surgeon.analyses.logit_attribution import logit_attribution
 from surgeon.analyses.patching import patch_heads
 from surgeon.analyses.positions import patch_positions
@@ -105,7 +107,7 @@ def run_report(case: Case, model, *, steps=STEPS, layer: int | None = None, budg
             got = run()
             store.put(name, got, options)
         rep.steps[name], rep.options[name] = got, options
-        if bar is not None and (name in steps or name == "sae_repair"):  # the SAE steps count as one
+        if bar is not None and (name in steps or name == "sae_feature_circuit"):  # the SAE steps count as one
             bar.update(1)
         return got
 
@@ -196,6 +198,9 @@ def _sae_steps(rep: Report, step, case: Case, model, layer: int, source, batch_s
                                       source=where[lowest], **sel))
     step("sae_repair", {"layer": lowest, **sel},
          lambda: feature_repair(case, model, saes[lowest], batch_size=batch_size, source=where[lowest], **sel))
+    step("sae_feature_circuit", {"layers": layers, "method": "ig", "steps": 5, "verify": 20, **sel},
+         lambda: feature_circuit(case, model, saes, method="ig", steps=5, verify=20, batch_size=batch_size,
+                                 sources=where, **sel))
 
 
 def _mean_overlap(ov, layer: int) -> float:

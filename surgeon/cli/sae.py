@@ -125,7 +125,7 @@ def run_feature_circuit(args) -> int:
     import surgeon.api as api
 
     r = api.feature_circuit(case, model, layers=layers, method=args.method, steps=args.steps, verify=args.verify,
-                            target=args.faithfulness, threshold=args.threshold, bad=args.bad, tag=args.tag,
+                            faithfulness=args.faithfulness, threshold=args.threshold, bad=args.bad, tag=args.tag,
                             batch_size=args.batch_size, sae_release=args.sae_release, sae_id=args.sae_id,
                             sae_dir=args.sae_dir, by_position=args.by_position, device=device, dtype=args.dtype,
                             progress=True)

@@ -22,6 +22,12 @@ REFERENCES: dict[str, tuple[str, str]] = {
   year = {2024},
   howpublished = {https://github.com/jbloomAus/SAELens}
 }"""),
+    "marks2024sparse": ("Marks et al., 2024", """@misc{marks2024sparse,
+  title = {Sparse Feature Circuits: Discovering and Editing Interpretable Causal Graphs in Language Models},
+  author = {Marks, Samuel and Rager, Can and Michaud, Eric J. and Belinkov, Yonatan and Bau, David and Mueller, Aaron},
+  year = {2024},
+  note = {arXiv:2403.19647}
+}"""),
     "heimersheim2024patching": ("Heimersheim and Nanda, 2024", """@misc{heimersheim2024patching,
   title = {How to use and interpret activation patching},
   author = {Heimersheim, Stefan and Nanda, Neel},

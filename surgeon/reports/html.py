@@ -25,7 +25,8 @@ TITLES = {"diagnose": "Is the failure there?", "dla": "Direct logit attribution"
           "positions": "Patching by position", "attention": "Attention of the circuit's heads", "threshold": "Head subsets that repair",
           "blend": "Blending the layer's heads", "circuit": "The circuit", "sae_overlap": "SAE features: overlap",
           "sae_amplified": "SAE features: amplified in the failing format",
-          "sae_heads": "Heads against SAE features", "sae_repair": "Feature-level repair"}
+          "sae_heads": "Heads against SAE features", "sae_repair": "Feature-level repair",
+          "sae_feature_circuit": "Feature circuit"}
 
 
 def methods_paragraph(rep, how: str = "text") -> str:
@@ -109,14 +110,17 @@ def methods_paragraph(rep, how: str = "text") -> str:
                         else "")
                      + f"{meaning}. The circuit is {target}: {len(c.circuit)} edges, f = "
                        f"{c.circuit_faithfulness:.3f}.{paths}")
-    sae = [k for k in ("sae_overlap", "sae_amplified", "sae_heads", "sae_repair") if k in o]
+    sae = [k for k in ("sae_overlap", "sae_amplified", "sae_heads", "sae_repair", "sae_feature_circuit") if k in o]
     if sae:
         what = {"sae_overlap": f"the overlap of the formats' top {o.get('sae_overlap', {}).get('k', 20)} features per "
                                f"layer ({', '.join(map(str, o.get('sae_overlap', {}).get('layers', [])))})",
                 "sae_amplified": f"the features amplified in the failing format at layer "
                                  f"{o.get('sae_amplified', {}).get('layer')}",
                 "sae_heads": f"the effect of layer {o.get('sae_heads', {}).get('layer')}'s heads on those features",
-                "sae_repair": f"repair by patching features at layer {o.get('sae_repair', {}).get('layer')}"}
+                "sae_repair": f"repair by patching features at layer {o.get('sae_repair', {}).get('layer')}",
+                "sae_feature_circuit": "the feature circuit of each format (features and each SAE's error term as nodes, "
+                                       f"attributed by {o.get('sae_feature_circuit', {}).get('method', 'ig')} and "
+                                       f"verified by exact patching {cite('marks2024sparse')})"}
         parts.append(f"Sparse autoencoder features, read with SAELens {cite('bloom2024saelens')}, gave "
                      + "; ".join(what[k] for k in sae) + ".")
     v = f["versions"]

@@ -217,7 +217,8 @@ def feature_circuit_table(r) -> Table:
 
 TABLES = {"diagnose": diagnose_table, "dla": dla_table, "patch": patch_table, "positions": positions_table,
           "threshold": threshold_table, "blend": blend_table, "circuit": circuit_table, "sae_overlap": overlap_table,
-          "sae_amplified": amplified_table, "sae_heads": head_feature_table, "sae_repair": feature_repair_table}
+          "sae_amplified": amplified_table, "sae_heads": head_feature_table, "sae_repair": feature_repair_table,
+          "sae_feature_circuit": feature_circuit_table}
 
 
 def step_tables(rep) -> dict[str, Table]:

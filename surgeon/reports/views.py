@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from surgeon.circuits.export import circuit_figure
-from surgeon.reports import attention_view, figures, frames, html, tables, text
+from surgeon.reports import attention_view, feature_view, figures, frames, html, tables, text
 from surgeon.show import View, register
 from surgeon.spec.metrics import describe as describe_metric
 
@@ -74,7 +74,8 @@ VIEWS = {
     "FeatureRepairResult": View("sae-repair", text.feature_repair_text, table=tables.feature_repair_table),
     "FeatureCircuitResult": View("feature-circuit", text.feature_circuit_text,
                                  {"feature_curve.png": figures.feature_circuit_figure},
-                                 table=tables.feature_circuit_table, headline=_feature_circuit_line),
+                                 table=tables.feature_circuit_table, headline=_feature_circuit_line,
+                                 widget=feature_view.widget),
     "Encoding": View("encode", text.encoding_text),
     "LogitAttributionResult": View("dla", text.logit_attribution_text, {"dla.png": figures.logit_attribution_figure},
                                    table=tables.dla_table),

@@ -235,3 +235,44 @@ def test_nodes_per_position_sum_to_the_nodes_at_every_position_and_equal_hooks_a
     np.testing.assert_allclose(got, want.double().numpy(), atol=1e-4)
     assert np.abs(got - c.clean_base.double().numpy()).max() > 1e-4
     assert _frac(got, c.clean_base.double().numpy(), c.clean_source.double().numpy()).n == len(keep)
+
+
+def test_the_feature_circuit_view_in_a_browser(threshold_case, threshold_model, tmp_path):
+    """The report's feature-circuit view in headless Chromium, on the threshold organism with its built SAE: no
+    script error, one node drawn per circuit node in each direction, and hovering a node shows that node's numbers as
+    the result holds them (its attribution, its exact effect, its activation in both formats)."""
+    import time
+
+    from surgeon.analyses.feature_circuit import feature_circuit
+    from surgeon.organisms.threshold import planted_sae
+    from surgeon.reports.feature_view import widget
+    from tests.browser import browser
+
+    sae = planted_sae(threshold_model)
+    r = feature_circuit(threshold_case, threshold_model, {0: sae}, method="gradient", verify=15, target=0.99)
+    page = tmp_path / "fc.html"
+    page.write_text(f"<!DOCTYPE html><html><head><meta charset='utf-8'></head><body>{widget(r)}</body></html>")
+    b = browser()
+    try:
+        from selenium.webdriver.common.action_chains import ActionChains
+
+        b.get(page.resolve().as_uri())
+        time.sleep(0.3)
+        assert not [e for e in b.get_log("browser") if e["level"] in ("SEVERE", "WARNING")]
+        nodes = b.find_elements("css selector", ".fc-node")
+        assert len(nodes) == sum(len(d.circuit) for d in r.directions.values())
+        d = r.directions["denoise"]
+        for el in nodes[:3] + nodes[-2:]:
+            key, i = el.get_attribute("data-node").split(":")
+            i = int(i)
+            ActionChains(b).move_to_element(el).perform()
+            note = b.find_element("css selector", ".fc-note").text
+            dd = r.directions[key]
+            assert r.nodes[i].name in note and f"attribution {dd.attribution[i]:+.3f}" in note
+            e = dd.exact[i]
+            assert f"exact {e.value:+.3f} [{e.lo:+.3f}, {e.hi:+.3f}]" in note
+            p = r.profiles[i]
+            assert f"mean activation: plain {p.good_mean:.3f}, qa {p.bad_mean:.3f}" in note
+        assert set(d.circuit) <= set(r.profiles)
+    finally:
+        b.quit()
