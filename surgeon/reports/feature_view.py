@@ -9,7 +9,7 @@ import hashlib
 import html
 import json
 
-BOX_W, BOX_H, GAP, PER_LINE = 58, 22, 6, 16
+BOX_W, BOX_H, GAP, PER_LINE = 58, 22, 6, 14
 
 CSS = """
 .fc-view{font-family:system-ui,sans-serif;margin:.5em 0}
