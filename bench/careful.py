@@ -67,6 +67,20 @@ def forward_backward(model, tokens: torch.Tensor, pos: torch.Tensor, tok: torch.
             p.requires_grad_(g)
 
 
+def shared_prefix(base, source) -> tuple[torch.Tensor, int]:
+    """The base rows' tokens [rows, T] (rows of one length, aligned index by index with `source`'s) and the first
+    position where any row's two prompts differ: every position before it is the same in both runs (T - 1 when none
+    differs, so the last position is always computed)."""
+    toks = torch.tensor([r.tokens for r in base])
+    differ = (toks != torch.tensor([r.tokens for r in source])).any(0).nonzero()
+    return toks, int(differ[0]) if len(differ) else toks.shape[1] - 1
+
+
+def read_signs(rows) -> torch.Tensor:
+    """[rows, T] the sign each target's log-probability counts with in a row's score."""
+    return torch.tensor([[sg for _, _, sg in r.targets] for r in rows], dtype=torch.float32)
+
+
 def read_at(rows) -> tuple[torch.Tensor, torch.Tensor]:
     """(positions, tokens) [rows, T] a row's metric reads (its targets; rows of one length and target count)."""
     return (torch.tensor([[p for p, _, _ in r.targets] for r in rows]),

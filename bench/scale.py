@@ -316,16 +316,14 @@ def careful_patch(model, base, source, layers=None) -> torch.Tensor:
     first one where the two prompts differ run once into a frozen KV cache, each layer's patched runs start at that
     layer from the clean residual stream, the layer's heads go in the batch dimension, and only the read positions are
     unembedded. Returns the scores [layers, heads, rows] (sum of sign x log P over each row's targets)."""
-    from careful import prefix_cache, read_at, read_logprobs, repeated, suffix_residual
+    from careful import prefix_cache, read_at, read_logprobs, read_signs, repeated, shared_prefix, suffix_residual
 
     cfg = model.cfg
     H = cfg.n_heads
-    toks = torch.tensor([r.tokens for r in base])
+    toks, p0 = shared_prefix(base, source)
     src = torch.tensor([r.tokens for r in source])
-    differ = (toks != src).any(0).nonzero()
-    p0 = int(differ[0]) if len(differ) else toks.shape[1] - 1  # every position before it is the same in both runs
     pos, tok = read_at(base)
-    sign = torch.tensor([[sg for _, _, sg in r.targets] for r in base], dtype=torch.float32)
+    sign = read_signs(base)
     R, heads = len(base), torch.arange(H)
     layers = range(cfg.n_layers) if layers is None else layers
     out = torch.zeros(len(layers), H, R)
@@ -374,18 +372,15 @@ def careful_edge_loop(model, site, base, source, top, batch_size: int = 256) -> 
     over each row's targets), which tests/test_bench.py checks equal to surgeon's."""
     from collections import defaultdict
 
-    from careful import prefix_cache, read_at, read_logprobs, repeated, suffix_residual
+    from careful import prefix_cache, read_at, read_logprobs, read_signs, repeated, shared_prefix, suffix_residual
     from edges import Reference
 
     from surgeon.sites.edges import split_inputs
 
     L = model.cfg.n_layers
-    toks = torch.tensor([r.tokens for r in base])
-    src = torch.tensor([r.tokens for r in source])
-    differ = (toks != src).any(0).nonzero()
-    p0 = int(differ[0]) if len(differ) else toks.shape[1] - 1  # every position before it is the same in both runs
+    toks, p0 = shared_prefix(base, source)
     pos, tok = read_at(base)
-    sign = torch.tensor([[sg for _, _, sg in r.targets] for r in base], dtype=torch.float32)
+    sign = read_signs(base)
     R = len(base)
     chunk = max(1, batch_size // R)
     groups = defaultdict(list)  # receiver layer (L: the logits) -> [(index in top, sender, receiver)]
@@ -439,12 +434,11 @@ def exact_work(model, site, base, source, top) -> dict:
     the loop runs every block at every position per edge; the least any method needs that patches each edge alone is
     the blocks from the receiver's layer on (none for an edge into the logits: its readout only) at the positions
     from the first one where the prompts differ. Their ratio bounds what skipping work can buy over the loop."""
+    from careful import shared_prefix
+
     L = model.cfg.n_layers
-    toks = torch.tensor([r.tokens for r in base])
-    src = torch.tensor([r.tokens for r in source])
-    differ = (toks != src).any(0).nonzero()
+    toks, p0 = shared_prefix(base, source)
     T = toks.shape[1]
-    p0 = int(differ[0]) if len(differ) else T - 1
     layers = [L if site.receivers[site.edges[int(e)][1]].kind == "logits" else site.receivers[site.edges[int(e)][1]].layer
               for e in top]
     R = len(base)
