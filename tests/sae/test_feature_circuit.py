@@ -135,6 +135,7 @@ def test_circuits_over_three_saes_equal_hand_written_hooks(decimal_case, decimal
     assert _frac(base, everything, base).value == pytest.approx(1.0, abs=1e-9)
 
 
+@pytest.mark.slow
 def test_feature_circuit_command(tmp_path, capsys):
     """`surgeon feature-circuit` on the shipped decimal case: the report, results and manifest, and the circuit's
     exports opened by the tools they are named for (our JSON read back equal, GraphML by networkx, DOT by Graphviz,
@@ -237,6 +238,7 @@ def test_nodes_per_position_sum_to_the_nodes_at_every_position_and_equal_hooks_a
     assert _frac(got, c.clean_base.double().numpy(), c.clean_source.double().numpy()).n == len(keep)
 
 
+@pytest.mark.slow
 def test_the_feature_circuit_view_in_a_browser(threshold_case, threshold_model, tmp_path):
     """The report's feature-circuit view in headless Chromium, on the threshold organism with its built SAE: no
     script error, one node drawn per circuit node in each direction, and hovering a node shows that node's numbers as
