@@ -39,6 +39,7 @@ import torch
 from surgeon.analyses.common import make_contrast
 from surgeon.analyses.positions import slot_labels
 from surgeon.spec.select import pick_items
+from surgeon.circuits.export import write
 from surgeon.circuits.graph import CircuitGraph
 from surgeon.errors import AnalysisError
 from surgeon.show import Shows
@@ -149,8 +150,6 @@ class FeatureCircuitResult(Shows):
     def export(self, *paths, direction: str = "denoise") -> None:
         """Write the circuit of `direction` to each path, in the format its suffix names (.json .graphml .gexf .dot
         .tex .svg .pdf .png; a circuit of nodes has no EAP-IG / MIB form)."""
-        from surgeon.circuits.export import write
-
         g = self.graph(direction)
         for p in paths:
             if str(p).endswith(".mib.json"):
