@@ -37,7 +37,9 @@ import numpy as np
 import torch
 
 from surgeon.analyses.common import make_contrast
+from surgeon.analyses.feature_edges import Edge, edge_attribution, verify_edges
 from surgeon.analyses.positions import slot_labels
+from surgeon.analyses.scoring import check_feature_method
 from surgeon.spec.select import pick_items
 from surgeon.circuits.export import write
 from surgeon.circuits.graph import CircuitGraph
@@ -48,10 +50,12 @@ from surgeon.sites.nodes import Site
 from surgeon.spec.case import Case
 from surgeon.stats import Estimate, bootstrap_fraction, wilson
 
-METHODS = ("gradient", "ig")
 PROFILED = 24  # the first nodes of each circuit whose activations the result keeps (the report's hover)
 STRONGER = 2.0  # a node in both circuits differs when its attribution in one direction is this many times the other's
 CURVE_SIZES = (1, 2, 4, 8, 16, 32, 64, 128)
+EDGES_KEPT = 500  # edges among a circuit's nodes the result keeps (the strongest; the rest are left out)
+EDGE_MIN = 0.01  # an edge is drawn in the circuit's graph when |attribution| >= this fraction of the gap ...
+EDGES_PER_NODE = 3  # ... and is among the strongest EDGES_PER_NODE x (circuit nodes)
 
 
 @dataclass(frozen=True)
@@ -89,6 +93,12 @@ class Direction:
     curve: list[tuple[int, float, float]]  # (size, faithfulness, completeness) over top-k prefixes of `order`
     error_share: float  # share of the circuit's |attribution| carried by error nodes
     search: str  # how the circuit was chosen
+    edges: list[Edge] = field(default_factory=list)  # among the circuit's nodes, strongest first (feature_edges)
+    edges_nonzero: int = 0  # how many edges among the circuit's nodes are nonzero (`edges` keeps EDGES_KEPT of them)
+
+    def drawn_edges(self) -> list[Edge]:
+        """The edges the circuit's graph shows: |attribution| >= EDGE_MIN of the gap, at most EDGES_PER_NODE per node."""
+        return [e for e in self.edges if abs(e.attribution) >= EDGE_MIN][: EDGES_PER_NODE * len(self.circuit)]
 
 
 @dataclass(frozen=True)
@@ -130,6 +140,9 @@ class FeatureCircuitResult(Shows):
     good: str = ""  # the working format
     bad: str = ""  # the failing format
     execution: dict = field(default_factory=dict)
+    edges_only_failing: list[tuple[int, int]] = field(default_factory=list)  # drawn edges of the failing format's
+    # circuit absent from the working one's (or STRONGER there); and the other way round:
+    edges_only_working: list[tuple[int, int]] = field(default_factory=list)
 
     def graph(self, direction: str = "denoise"):
         """The circuit of `direction` as surgeon's one circuit graph type (nodes of kind feature / error; no edges)."""
@@ -145,6 +158,10 @@ class FeatureCircuitResult(Shows):
                                  + ("" if n.slot is None else f" @{n.slot}"), position=n.position,
                            score=float(d.attribution[i]), in_circuit=i in inside,
                            exact=float(d.exact[i].value) if i in d.exact else float("nan"))
+        for e in d.drawn_edges():
+            u, v = self.nodes[e.up].name, self.nodes[e.down].name
+            g.add_edge(u, v, internal=False, name=f"{u}->{v}", index=None, score=float(e.attribution),
+                       exact=float(e.exact.value) if e.exact is not None else float("nan"), in_circuit=True)
         return g
 
     def export(self, *paths, direction: str = "denoise") -> None:
@@ -182,31 +199,10 @@ def _split(sites, flat: torch.Tensor, S: int | None = None) -> dict:
     return out
 
 
-def _zeros(sites, P: int, S: int | None) -> dict:
-    return {s: torch.zeros(P, s.n_units()) if S is None else torch.zeros(P, S, s.n_units()) for s in sites}
-
-
 def attribution(contrast, sites, method: str = "ig", steps: int = 5, S: int | None = None) -> np.ndarray:
-    """[nodes] each node's estimated effect on the mean score (score units); S: one node per slot."""
-    def flat(grads, k=None):
-        g = torch.cat([grads[s].sum(0) if k is None else grads[s][0] for s in sites], dim=-1)
-        return g.reshape(-1)
-
-    if method == "gradient":
-        grads, _ = contrast.gradient(_zeros(sites, 1, S))
-        return flat(grads, 0).double().cpu().numpy()
-    if method != "ig":
-        raise AnalysisError(f"unknown attribution method {method!r}", field="--method", fix=f"use one of {METHODS}")
-    alphas = (torch.arange(steps, dtype=torch.float32) + 0.5) / steps  # the midpoints of `steps` equal intervals
-    total = None
-    for s in sites:  # one SAE interpolated at a time, the others clean (Marks et al.'s _pe_ig)
-        masks = _zeros(sites, steps, S)
-        masks[s] = masks[s] + alphas.view(steps, *[1] * (masks[s].dim() - 1))
-        grads, _ = contrast.gradient(masks)
-        grads = {o: (g if o is s else torch.zeros_like(g)) for o, g in grads.items()}  # this SAE's share only
-        part = flat(grads) / steps
-        total = part if total is None else total + part
-    return total.double().cpu().numpy()
+    """[nodes] each node's estimated effect on the mean score (score units) by a registered feature method
+    (`surgeon.analyses.scoring.FEATURE_METHODS`); S: one node per slot."""
+    return check_feature_method(method).score(contrast, sites, steps, S)
 
 
 def run_nodes(contrast, sites, sets: Sequence[Sequence[int]], complement: bool = False, S: int | None = None
@@ -237,11 +233,6 @@ def one_direction(case: Case, model, sites, direction: str, *, method: str, step
         raise AnalysisError("the two formats score the same on these items: there is no difference to explain",
                             where=case.source, field="bad", fix="check the case with surgeon diagnose")
     S = contrast.n_slots if by_position else None
-    if S is not None and not bool(contrast.slot_items().all()):
-        raise AnalysisError("--by-position needs every item to align the same positions, and these items align "
-                            "different numbers of them (answers of different lengths)", where=case.source,
-                            field="--by-position", fix="leave out --by-position, or pick items whose answers have "
-                                                       "one length (--tag)")
     labels = slot_labels(getattr(model, "tokenizer", None), contrast.slot_tokens(), contrast.align) if S else None
     nodes = node_list(sites, labels)
     N = len(nodes)
@@ -265,13 +256,34 @@ def one_direction(case: Case, model, sites, direction: str, *, method: str, step
         k = _smallest(contrast, sites, order, everything, base, goal, N, S)
         circuit = [int(i) for i in order[:k]]
         search = f"the smallest top-k by |attribution| with faithfulness >= {goal:g} (bisection over k)"
+    edges, nonzero = circuit_edges(contrast, sites, nodes, circuit, S, gap, base, source, verify)
     k_scores = run_nodes(contrast, sites, [circuit], complement=True, S=S)[0]
     a_scores = run_nodes(contrast, sites, [circuit], S=S)[0]
     total = float(np.abs(attr[circuit]).sum()) if circuit else 0.0
     err = float(sum(abs(attr[i]) for i in circuit if nodes[i].error)) / total if total > 0 else float("nan")
     d = Direction(direction, info["base"], info["source"], float(base.mean()), float(source.mean()), attr, exact, order,
-                  circuit, _frac(k_scores, everything, base), _frac(a_scores, everything, base), curve, err, search)
+                  circuit, _frac(k_scores, everything, base), _frac(a_scores, everything, base), curve, err, search,
+                  edges, nonzero)
     return d, contrast, info, nodes, S
+
+
+def circuit_edges(contrast, sites, nodes, circuit: Sequence[int], S: int | None, gap: float, base: np.ndarray,
+                  source: np.ndarray, verify: int) -> tuple[list[Edge], int]:
+    """The edges among the circuit's nodes (feature_edges): attribution for all, the `verify` strongest patched
+    exactly (through the downstream node only), as fractions of the gap; the strongest EDGES_KEPT nonzero ones, and
+    how many are nonzero."""
+    att = edge_attribution(contrast, sites, nodes, down=circuit, up=circuit, S=S)
+    ranked = [e for e in sorted(att, key=lambda e: -abs(att[e])) if att[e] != 0.0]
+    exact = verify_edges(contrast, sites, nodes, ranked[:verify], S) if verify else {}
+    return [Edge(u, d, att[(u, d)] / gap, _frac(exact[(u, d)], base, source) if (u, d) in exact else None)
+            for u, d in ranked[:EDGES_KEPT]], len(ranked)
+
+
+def differing_edges(a: Direction, b: Direction) -> list[tuple[int, int]]:
+    """Edges a's graph draws that b's lacks, or whose |attribution| in a is at least STRONGER times b's."""
+    other = {(e.up, e.down): abs(e.attribution) for e in b.edges}
+    return [(e.up, e.down) for e in a.drawn_edges()
+            if abs(e.attribution) >= STRONGER * other.get((e.up, e.down), 0.0)]
 
 
 def differing(a: Direction, b: Direction) -> list[int]:
@@ -302,8 +314,7 @@ def feature_circuit(case: Case, model, saes: dict, *, method: str = "ig", steps:
                     by_position: bool = False, progress: bool = False) -> FeatureCircuitResult:
     """The feature circuit of the failing format and of the working one over the SAEs `saes` ({layer: sae-lens
     SAE}), and their difference (see the module)."""
-    if method not in METHODS:
-        raise AnalysisError(f"unknown attribution method {method!r}", field="--method", fix=f"use one of {METHODS}")
+    check_feature_method(method)
     if steps < 1 or verify < 0:
         raise AnalysisError("--steps must be at least 1 and --verify at least 0", field="--steps", fix="e.g. --steps 5")
     if target is not None and threshold is not None:
@@ -336,7 +347,8 @@ def feature_circuit(case: Case, model, saes: dict, *, method: str = "ig", steps:
     return FeatureCircuitResult(case.name, [(s.hook, src.get(s.layer, ""), s.n_units() - 1) for s in sites], nodes,
                                 method, steps, info["n_items"], {"denoise": den, "noise": noi}, only_f, only_w,
                                 repair, profiles(c_den, case, sites, nodes, shown, tag),
-                                case.good, info["bad"], execution=c_den.execution)
+                                case.good, info["bad"], execution=c_den.execution,
+                                edges_only_failing=differing_edges(den, noi), edges_only_working=differing_edges(noi, den))
 
 
 def profiles(contrast, case: Case, sites, nodes: Sequence[Node], shown: Sequence[int], tag: str | None = None,

@@ -28,7 +28,7 @@ import functools
 from collections import Counter, defaultdict
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
-from typing import Mapping, Sequence
+from typing import Callable, Mapping, Sequence
 
 import torch
 from torch import Tensor
@@ -251,6 +251,8 @@ class Contrast:
                      "sites": Counter()}
         self._grad_leaves: list[Tensor] = []  # set while `gradient` runs: the masks whose .grad it accumulates
         self._drop: list[str] = []  # set while `gradient` runs: hook points whose outputs pass no gradient back
+        self._read: At | None = None  # set while `run(read=...)` runs: scores read at a hook point, not the logits
+        self._catch = None  # set while `activation_gradient` runs: (hook, where its gradients go)
         self.device = next(model.parameters()).device
         self.cache_bytes = default_cache_bytes(self.device) if cache_bytes is None else int(cache_bytes)
         self.n_items = max(r.item for r in base_rows) + 1
@@ -474,12 +476,22 @@ class Contrast:
                 "cache_bytes": self.cache_bytes, "caches_recomputed": self._log["recomputed"],
                 "forwards": self._log["forwards"], "sites": dict(self._log["sites"])}
 
-    def run(self, masks: Mapping[Site | str, Tensor], progress: bool | str = False, _start: int | None = None) -> Tensor:
+    def run(self, masks: Mapping[Site | str, Tensor], progress: bool | str = False, _start: int | None = None,
+            read: "At | None" = None) -> Tensor:
         """Item scores [P, n_items] with each of P patches applied.
 
         `masks[site]` is [P, units] (the same mask at every patched position) or [P, slots, units]. Masks
-        may require grad: the scores are differentiable w.r.t. them (attribution).
+        may require grad: the scores are differentiable w.r.t. them (attribution). With `read` (an `At`), the
+        scores are what it reads at its hook point (the pass stops after that layer), not the metric.
         """
+        if read is not None:
+            if self._read is not None:
+                raise AnalysisError("internal: a read at a hook point is already under way")
+            self._read = read
+            try:
+                return self.run(masks, progress, _start)
+            finally:
+                self._read = None
         masks = {coerce(k): v for k, v in masks.items()}
         if not masks:
             raise AnalysisError("no masks given")
@@ -491,7 +503,10 @@ class Contrast:
             if m.shape[-1] != s.n_units(self.cfg):
                 raise AnalysisError(f"mask for {s.name} has {m.shape[-1]} units, the site has {s.n_units(self.cfg)}")
         start = min(s.layer for s in masks)
-        split = self._by_first_layer(masks, P, start)
+        if self._read is not None and start > hook_layer(self._read.hook):
+            raise AnalysisError(f"{self._read.hook} is computed before the patched sites (layer {start}): no patch "
+                                "can change it", fix=f"read at layer {start} or later")
+        split = None if self._read is not None else self._by_first_layer(masks, P, start)
         if split is not None:  # patches that act only at later layers start there
             self._log["paths"]["split by first layer"] += 1
             out = None
@@ -508,7 +523,7 @@ class Contrast:
 
             bar = tqdm(total=P * sum(b.n for b in self.buckets), unit="run", leave=False,
                        desc=progress if isinstance(progress, str) else "patching")
-        groups, why = self._groups(masks, start, P)
+        groups, why = (None, "read at a hook point") if self._read is not None else self._groups(masks, start, P)
         self._log["paths"]["grouped" if groups is not None else "plain"] += 1
         if why:
             self._log["why"][why] += 1
@@ -524,21 +539,56 @@ class Contrast:
             bar.close()
         return self._to_items(per_bucket)
 
-    def gradient(self, masks: Mapping[Site | str, Tensor], progress: bool | str = False, drop: Sequence[str] = ()
-                 ) -> tuple[dict[SiteKind, Tensor], Tensor]:
+    def gradient(self, masks: Mapping[Site | str, Tensor], progress: bool | str = False, drop: Sequence[str] = (),
+                 read: "At | None" = None) -> tuple[dict[SiteKind, Tensor], Tensor]:
         """d/d(mask) of the sum over patches of the mean score over items, at the given masks; and the scores
         [P, n_items]. Each chunk of rows is back-propagated as soon as it is scored, so memory holds one chunk's
         graph, not every item's (what `run(masks).mean(1).sum().backward()` would keep). `drop`: hook points whose
-        output passes no gradient back (its value is unchanged): AtP*'s GradDrop drops a layer's outputs."""
+        output passes no gradient back (its value is unchanged): AtP*'s GradDrop drops a layer's outputs, a feature
+        edge the SAEs' hook points between its ends. `read`: the scores read at a hook point (see `run`)."""
         leaves = {coerce(k): v.detach().clone().requires_grad_(True) for k, v in masks.items()}
         self._grad_leaves = list(leaves.values())
         self._drop = list(drop)
         try:
             with torch.enable_grad():
-                scores = self.run(leaves, progress)
+                scores = self.run(leaves, progress, read=read)
         finally:
             self._grad_leaves, self._drop = [], []
         return {s: (m.grad if m.grad is not None else torch.zeros_like(m)) for s, m in leaves.items()}, scores
+
+    def activation_gradient(self, masks: Mapping[Site | str, Tensor], hook: str, progress: bool | str = False
+                            ) -> Tensor:
+        """[n_items, S, ...] d(item score)/d(activation at `hook`) at the aligned positions (the base run's), under
+        one patch (masks [1, units]; zeros: the run as it is). What an edge's downstream end needs: the metric's
+        gradient at a node, item by item (Marks et al.'s left vector), from one backward pass per chunk."""
+        masks = {coerce(k): v for k, v in masks.items()}
+        if any(m.shape[0] != 1 for m in masks.values()):
+            raise AnalysisError("internal: activation_gradient takes one patch (masks [1, units])")
+        S = max(b.base_pos.shape[1] for b in self.buckets)
+        out: dict[str, Tensor] = {}
+
+        def store(b: Bucket, g: Tensor):
+            rel, idx = (b.base_pos - b.p0).to(g.device), torch.arange(b.n, device=g.device)[:, None]
+            x = g.view(-1, b.n, *g.shape[1:]).sum(0)[idx, rel].float().cpu() * self.n_items  # [n, S', ...]
+            if "g" not in out:
+                out["g"] = torch.zeros(self.n_items, S, *x.shape[2:])
+            out["g"].index_add_(0, b.items.cpu(), torch.nn.functional.pad(
+                x, [0, 0] * (x.dim() - 2) + [0, S - x.shape[1]]))
+
+        self._catch = (hook, store)
+        try:
+            self.gradient(masks, progress)
+        finally:
+            self._catch = None
+        return out["g"]
+
+    def _catch_hook(self, b: Bucket, copies: int):
+        def catch(act, hook):
+            if not act.requires_grad:
+                act = act.detach().requires_grad_(True)
+            act.register_hook(lambda g: self._catch[1](b, g))
+            return act
+        return catch
 
     def _backward_now(self, scores: Tensor) -> Tensor:
         """Within `gradient`: back-propagate one chunk's share of the mean score and keep only the values."""
@@ -581,7 +631,7 @@ class Contrast:
                 if c not in kv:
                     kv = {c: prefix_attention.prefix_cache(self.model, sb.p0, start) if self.shared_prefix
                           else self._kv_cache(sb, start, c)}
-                outs.append(self._backward_now(self._run_chunk(sb, start, sub, c, kv[c])))
+                outs.append(self._backward_now(self._run_chunk(sb, start, sub, c, kv[c], lo=lo)))
                 if bar is not None:
                     bar.update(c * sb.n)
             cols.append(torch.cat(outs))
@@ -682,8 +732,20 @@ class Contrast:
         return [h for site, m in masks.items() for h in site.hooks(ctx, m, copies, offset, start)]
 
     def _run_chunk(self, b: Bucket, start: int, masks: Mapping[Site, Tensor], copies: int, kv_cache,
-                   resid: Tensor | None = None, z: Tensor | None = None) -> Tensor:
-        """[copies, n] scores under `copies` patches."""
+                   resid: Tensor | None = None, z: Tensor | None = None, lo: int = 0) -> Tensor:
+        """[copies, n] scores under `copies` patches (patches lo.. of the call)."""
+        if self._read is not None:
+            kept = {}
+
+            def keep(act, hook):
+                kept["x"] = act
+
+            self._forward(b, start, masks, copies, kv_cache, resid=resid, z=z, stop=hook_layer(self._read.hook) + 1,
+                          extra_hooks=[(self._read.hook, keep)])
+            x = kept["x"].view(copies, b.n, *kept["x"].shape[1:])
+            rel, idx = (b.base_pos - b.p0).to(x.device), torch.arange(b.n, device=x.device)[:, None]
+            with torch.set_grad_enabled(bool(self._grad_leaves)):  # SAE parameters may require grad
+                return self._read.fn(x[:, idx, rel], b.items, b.slot_valid, lo)
         final = self._forward(b, start, masks, copies, kv_cache, resid=resid, z=z, read=b.tgt_pos - b.p0)
         return self._readout(b, final, b.tgt_pos - b.p0)
 
@@ -703,6 +765,8 @@ class Contrast:
         [n, T]: the only positions the caller reads of the last layer's output (its MLP runs there alone)."""
         hooks = self._mix_hooks(b, masks, copies, offset=b.p0, start=start) + list(extra_hooks)
         hooks += [(name, _detached) for name in self._drop]
+        if self._catch is not None:
+            hooks.append((self._catch[0], self._catch_hook(b, copies)))
         if resid is None:
             resid = b.resid[start].repeat(copies, 1, 1)
         self._log["forwards"] += 1
@@ -1028,6 +1092,17 @@ def _row_slice(b: Bucket, r0: int, r1: int) -> Bucket:
         resid={L: x[rows] for L, x in b.resid.items()}, kv={L: (k[rows], v[rows]) for L, (k, v) in b.kv.items()},
         z={L: x[rows] for L, x in b.z.items()},
         source_acts={s: x[rows] for s, x in b.source_acts.items()}, base_acts={s: x[rows] for s, x in b.base_acts.items()})
+
+
+@dataclass(frozen=True)
+class At:
+    """Scores read at a hook point instead of the logits (`Contrast.run(masks, read=At(...))`): `fn(x, items, valid,
+    lo)` turns the activation there at the base run's aligned positions, x [c, n, S, ...] under patches lo..lo+c of
+    the call, into [c, n] scores (items [n]: each row's item; valid [n, S]: 1 for real slots). The pass stops after
+    the hook's layer; grouping and splitting by first layer are not taken (why: "read at a hook point")."""
+
+    hook: str
+    fn: Callable
 
 
 def final_logits(model, h: Tensor) -> Tensor:

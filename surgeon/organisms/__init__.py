@@ -29,13 +29,22 @@ class OrganismSpec:
     texts: TextStream | None = None  # trained organisms: their training data
     train: TrainConfig | None = None
     construct: Callable | None = None  # built organisms: set_weights(model), no training
+    saes: Callable | None = None  # built organisms' SAEs, built by construction: model -> {layer: SAE}, shipped
     shrink: dict[str, Any] = field(default_factory=dict)  # overrides for the fast smoke-test version
 
 
 def _specs() -> dict[str, OrganismSpec]:
-    from surgeon.organisms import decimal, induction, threshold
+    from surgeon.organisms import chain, decimal, induction, threshold
 
     return {
+        "chain": OrganismSpec(
+            name="chain",
+            description=chain.SUMMARY,
+            module=chain,
+            config=chain.CONFIG,
+            construct=chain.set_weights,
+            saes=chain.planted_saes,
+        ),
         "decimal": OrganismSpec(
             name="decimal",
             description="compares decimals; says 9.11 > 9.8 in the qa and chat formats, not in plain",
@@ -163,7 +172,32 @@ def train_organism(name: str, out_root: Path | None = None, shrink: bool = False
     if dest.exists():
         shutil.rmtree(dest)
     os.replace(tmp, dest)
+    if s.saes is not None:
+        save_built_saes(name, s.saes(model), out_root.parent / "saes" / name, weights_sha256(name, out_root))
     return dest
+
+
+def save_built_saes(name: str, saes: dict, root: Path, model_sha256: str) -> None:
+    """A built organism's SAEs in sae-lens's layout (cfg.json, sae_weights.safetensors), one folder per hook point
+    under `root`, each with provenance.json naming the weights it was built for (written atomically)."""
+    import os
+    import shutil
+    import tempfile
+
+    root.mkdir(parents=True, exist_ok=True)
+    for layer, sae in saes.items():
+        hook = sae.cfg.metadata.hook_name
+        tmp = Path(tempfile.mkdtemp(prefix=f".{hook}-", dir=root))
+        sae.save_model(str(tmp))
+        prov = {"model": f"organism:{name}", "model_sha256": model_sha256, "built": "by construction (no training)",
+                "labels": getattr(sae, "labels", {})}
+        (tmp / "provenance.json").write_text(json.dumps(prov, indent=1, sort_keys=True) + "\n")
+        for f in [tmp, *tmp.iterdir()]:
+            f.chmod(0o755 if f.is_dir() else 0o644)
+        dest = root / hook
+        if dest.exists():
+            shutil.rmtree(dest)
+        os.replace(tmp, dest)
 
 
 def load_organism(name: str, device: str = "cpu", dtype: str = "float32", root: Path | None = None):

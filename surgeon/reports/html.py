@@ -120,7 +120,9 @@ def methods_paragraph(rep, how: str = "text") -> str:
                 "sae_repair": f"repair by patching features at layer {o.get('sae_repair', {}).get('layer')}",
                 "sae_feature_circuit": "the feature circuit of each format (features and each SAE's error term as nodes, "
                                        f"attributed by {o.get('sae_feature_circuit', {}).get('method', 'ig')} and "
-                                       f"verified by exact patching {cite('marks2024sparse')})"}
+                                       "verified by exact patching; edges between nodes of different SAEs as direct "
+                                       "effects, the SAE hook points between held, the strongest verified by path "
+                                       f"patching {cite('marks2024sparse')})"}
         parts.append(f"Sparse autoencoder features, read with SAELens {cite('bloom2024saelens')}, gave "
                      + "; ".join(what[k] for k in sae) + ".")
     v = f["versions"]

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import numpy as np
 
+from surgeon.analyses.feature_circuit import EDGE_MIN
 from surgeon.models.loading import resolve, shape
 from surgeon.reports import figures
 from surgeon.results import manifest, shown_path, staging, write_json
@@ -468,9 +469,12 @@ def feature_repair_text(r) -> str:
 def feature_circuit_text(r, top: int = 12) -> str:
     saes = ", ".join(f"{h} ({d})" for h, _, d in r.saes)
     meth = {"ig": f"integrated gradients over the feature mask ({r.steps} steps, one SAE at a time)",
-            "gradient": "the gradient at the mask's 0 (one backward pass)"}[r.method]
+            "gradient": "the gradient at the mask's 0 (one backward pass)"}.get(r.method, r.method)
     lines = [f"case {r.case} · feature circuit over {len(r.nodes)} nodes (every feature, and an error node per SAE) · "
              f"{r.n_items} items",
+             "edges (Marks et al.): u -> d, the effect of u that reaches the answer through d alone; attribution: d's "
+             "gradient . the Jacobian . u's change, the SAE hook points between held (direct edges); exact: u patched, "
+             "then d alone set to the value it took",
              f"SAEs (features): {saes}",
              f"attribution: {meth}; exact: the top nodes each patched alone; effects as fractions of the gap between "
              f"the formats, 95% bootstrap intervals over items",
@@ -492,10 +496,21 @@ def feature_circuit_text(r, top: int = 12) -> str:
             lines.append(f"    {r.nodes[i].name:32s} {d.attribution[i]:+.3f}   "
                          + (f"{e.value:+.3f} [{e.lo:+.3f}, {e.hi:+.3f}]" if e is not None else "--"))
         lines.append("  curve (top-k kept | ablated): " + ", ".join(f"{k}: {f:.2f} | {c:.2f}" for k, f, c in d.curve))
+        if d.edges:
+            kept = f" ({len(d.edges)} kept)" if len(d.edges) < d.edges_nonzero else ""
+            lines.append(f"  edges among its nodes: {d.edges_nonzero} nonzero{kept}, {len(d.drawn_edges())} drawn "
+                         f"(|attribution| >= {EDGE_MIN:g} of the gap); strongest:  attribution  exact [95% CI]")
+            for e in d.edges[: top // 2]:
+                x = e.exact
+                lines.append(f"    {r.nodes[e.up].name} -> {r.nodes[e.down].name}  {e.attribution:+.3f}   "
+                             + (f"{x.value:+.3f} [{x.lo:+.3f}, {x.hi:+.3f}]" if x is not None else "--"))
     names = lambda idx: ", ".join(r.nodes[i].name for i in idx[:8]) + (f" (+{len(idx) - 8})" if len(idx) > 8 else "")  # noqa: E731
     lines += ["", "across formats (in one circuit only, or at least 2x stronger there):",
               f"  failing format's: {len(r.only_failing)} nodes{': ' + names(r.only_failing) if r.only_failing else ''}",
               f"  working format's: {len(r.only_working)} nodes{': ' + names(r.only_working) if r.only_working else ''}"]
+    if r.edges_only_failing or r.edges_only_working:
+        lines.append(f"  edges: {len(r.edges_only_failing)} drawn in the failing format's circuit only (or 2x stronger), "
+                     f"{len(r.edges_only_working)} in the working format's")
     rep = r.repair
     if rep.nodes:
         lines.append(f"  repair they suggest (these {len(rep.nodes)} nodes given the working format's values in the "

@@ -22,6 +22,10 @@ mask value e moves this run's error toward the other run's,
 
 so masks are [P, d_sae + 1]; a full mask (every feature and the error) gives the other run's activation
 exactly, whatever the SAE reconstructs.
+
+With `source` (an activation per item [n_items, S, d] at the aligned positions, e.g. read under another patch)
+the features move toward that activation's features instead of the other run's: a feature edge's exact path
+patching sets one downstream feature to the value an upstream patch gave it, and nothing else.
 """
 from __future__ import annotations
 
@@ -43,15 +47,16 @@ class FeatureSite(SiteKind):
     sae: object  # a sae-lens SAE (encode, decode, cfg.d_sae)
     hook: str
     error: bool = False  # one more unit, the last: the SAE's error term
+    source: Tensor | None = None  # [n_items, S, d] what the features move toward (default: the other run's)
 
     @staticmethod
-    def of(sae, hook: str | None = None, error: bool = False) -> "FeatureSite":
+    def of(sae, hook: str | None = None, error: bool = False, source: Tensor | None = None) -> "FeatureSite":
         hook = hook or sae_hook(sae)
         comp = hook_component(hook)
         if comp.units != "whole":
             raise AnalysisError(f"SAEs on {hook} are not supported as a patching site", field="--sae-id",
                                 fix="use SAEs that read the residual stream, the MLP output or the attention output")
-        return FeatureSite(sae, hook, error)
+        return FeatureSite(sae, hook, error, source)
 
     @property
     def layer(self) -> int:
@@ -74,7 +79,11 @@ class FeatureSite(SiteKind):
     def hooks(self, ctx, mask: Tensor, copies: int, offset: int, start: int) -> list:
         b = ctx.bucket
         rel = (b.base_pos - offset).to(ctx.device)
-        return feature_hooks(self, mask, b.source_acts[self.node_sites()[0]], copies, b.n, rel, b.slot_valid)
+        if self.source is None:
+            src = b.source_acts[self.node_sites()[0]]
+        else:  # [n_items, S, d] -> this bucket's rows [n, S, 1, d]
+            src = self.source[b.items.to(self.source.device), : rel.shape[1]][:, :, None].to(ctx.device)
+        return feature_hooks(self, mask, src, copies, b.n, rel, b.slot_valid)
 
     def node_sites(self) -> list[Site]:
         """The node site whose activations (base and source, at the aligned positions) the features read."""
@@ -105,7 +114,8 @@ def feature_hooks(site: FeatureSite, mask: Tensor, source_act: Tensor, copies: i
     the first position the pass computes; `valid` [n, S] 1 for real (not padded) slots."""
     src = source_act[:, :, 0]
     f_src = site.encode(src)  # [n, S, F]
-    m = mask[:, None, None, :] if mask.dim() == 2 else mask[:, None]  # [c, 1, S|1, units]
+    # [c, 1, S|1, units]; a per-slot mask may name more slots than these rows have (other rows' later slots)
+    m = mask[:, None, None, :] if mask.dim() == 2 else mask[:, None, : rel.shape[1]]
     m = m.to(f_src.device, f_src.dtype) * valid.to(f_src.device, f_src.dtype)[None, :, :, None]
     F = f_src.shape[-1]
     m, e = m[..., :F], (m[..., F:] if site.error else None)  # e: [c, 1, S|1, 1], the error term's

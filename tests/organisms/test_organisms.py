@@ -90,6 +90,34 @@ def test_threshold_organism_rebuilds_exactly(tmp_path):
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
+def test_chain_organism_measured_and_rebuilt_with_its_saes(tmp_path):
+    """The chain organism's built weights do what its closed form says, measured with plain TransformerLens hooks (no
+    engine): plain right and qa wrong on every item, scores equal to the formula, its planted SAEs reconstruct exactly,
+    and d B / d A is G1 on the diagonal and 0 off it. Rebuilt, the weights and the shipped SAEs come out identical, and
+    the shipped SAEs load through sae-lens as the case names them."""
+    from safetensors.torch import load_file
+
+    from surgeon.organisms import chain, sae_dir
+    from surgeon.sae.load import SAESource, load_sae
+
+    model = organisms.load_organism("chain")
+    f = measure.chain.measure(model)
+    assert chain.check(f) == [], f
+    assert f["accuracy"] == {"plain": 1.0, "qa": 0.0} and f["closed_form_max_error"] < 1e-5
+    assert f["jacobian_max_error"] < 1e-5 and f["c_to_d"] == pytest.approx(1.0)
+    assert sum(chain.planted_edges().values()) == pytest.approx(1.0)  # the planted edges carry the whole gap
+    d = organisms.train_organism("chain", out_root=tmp_path / "weights", progress=False)
+    a = load_file(str(d / "model.safetensors"))
+    b = load_file(str(organisms.weights_dir("chain") / "model.safetensors"))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    for layer, hook in enumerate(chain.HOOKS):
+        built = load_file(str(tmp_path / "saes" / "chain" / hook / "sae_weights.safetensors"))
+        shipped = load_file(str(sae_dir("chain") / hook / "sae_weights.safetensors"))
+        assert built.keys() == shipped.keys() and all(torch.equal(built[k], shipped[k]) for k in built)
+        sae = load_sae(SAESource(path=str(sae_dir("chain") / hook)), layer)
+        assert sae.cfg.metadata.hook_name == hook and int(sae.cfg.d_sae) == len(chain.feature_names(layer))
+
+
 def closed_form_mismatches(per: dict, units, relabel=None) -> int:
     """Evaluated subsets whose measured item rate differs from the closed form's (optionally with the heads
     relabelled, as an engine that permuted head indices would)."""

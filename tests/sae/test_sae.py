@@ -23,7 +23,7 @@ def shipped(name, layer):
     from surgeon.organisms import sae_dir
     from surgeon.sae.load import SAESource, load_sae
 
-    hook = {"decimal": "mlp_out", "threshold": "attn_out"}[name]
+    hook = {"decimal": "mlp_out", "threshold": "attn_out", "chain": "mlp_out"}[name]
     return load_sae(SAESource(path=str(sae_dir(name)) + "/blocks.{layer}.hook_" + hook), layer)
 
 
