@@ -41,7 +41,7 @@ from surgeon.analyses.encode import encode as encode_case
 from surgeon.analyses.diagnose import diagnose as diagnose_case
 from surgeon.analyses.logit_attribution import LogitAttributionResult, logit_attribution
 from surgeon.analyses.patching import PatchResult, patch_heads
-from surgeon.analyses.planning import plan_circuit, plan_patch, plan_threshold, planned_batch_size
+from surgeon.analyses.planning import plan_circuit, plan_feature_circuit, plan_patch, plan_threshold, planned_batch_size
 from surgeon.analyses.positions import PositionPatchResult
 from surgeon.analyses.positions import patch_positions as patch_by_position
 from surgeon.analyses.sae_features import AmplifiedResult, OverlapResult, amplified, overlap
@@ -308,13 +308,16 @@ def feature_circuit(case, model=None, *, layers: Sequence[int] | None = None, me
                     verify: int = 20, faithfulness: float | None = None, threshold: float | None = None,
                     bad: str | None = None, tag: str | None = None, batch_size: int = 256,
                     sae_release: str | None = None, sae_id: str | None = None, sae_dir: str | None = None,
-                    by_position: bool = False, device: str | None = None, dtype: str = "float32",
-                    progress: bool = False) -> FeatureCircuitResult:
+                    by_position: bool = False, max_memory: int | str | None = None, device: str | None = None,
+                    dtype: str = "float32", progress: bool = False) -> FeatureCircuitResult:
     """The feature circuit (SAE features and each SAE's error term as nodes) of the failing format and of the
     working one, their difference and the repair it suggests (`surgeon feature-circuit`; every layer with an SAE
-    unless `layers`; `by_position`: a node per feature and error term at each aligned position)."""
+    unless `layers`; `by_position`: a node per feature and error term at each aligned position). The batch size is
+    lowered to fit `max_memory` (default: the device's free memory): the plan counts the SAEs' feature tensors."""
     case, model = case_and_model(case, model, device=device, dtype=dtype)
     saes, where, _ = _saes(case, model, layers, sae_release, sae_id, sae_dir, device, dtype)
+    batch_size = planned_batch_size(plan_feature_circuit, case, model, saes, method, steps, verify, by_position,
+                                    batch_size=batch_size, max_memory=max_memory, bad=bad, tag=tag)
     return feature_circuit_of(case, model, saes, method=method, steps=steps, verify=verify, target=faithfulness,
                               threshold=threshold, bad=bad, tag=tag, batch_size=batch_size, sources=where,
                               by_position=by_position, progress=progress)

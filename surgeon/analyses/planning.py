@@ -1,17 +1,23 @@
 """Memory plans for the analyses: a case's rows and an analysis's engine calls, planned before the work starts.
 
-`plan_patch`, `plan_threshold` and `plan_circuit` predict the peak memory of `patch_heads`, `threshold_search` and
-`discover` on this model and case (`surgeon.engine.memory`), pick the largest batch size (at most the one asked for)
+`plan_patch`, `plan_threshold`, `plan_circuit` and `plan_feature_circuit` predict the peak memory of `patch_heads`,
+`threshold_search`, `discover` and `feature_circuit` on this model and case (`surgeon.engine.memory`), pick the largest batch size (at most the one asked for)
 that fits `max_memory` (default: the device's free memory, plus what the model's weights already take there), and
 refuse with an AnalysisError naming the fix when batch size 1 does not fit. The CLI prints the plan in one line
 before the work.
 """
 from __future__ import annotations
 
+import math
+from dataclasses import dataclass
+from typing import Sequence
+
 from surgeon.analyses.common import Direction, contrast_rows
-from surgeon.analyses.scoring import EDGE_METHODS
+from surgeon.analyses.feature_circuit import CURVE_SIZES
+from surgeon.analyses.scoring import EDGE_METHODS, check_feature_method
 from surgeon.engine import memory
-from surgeon.engine.memory import Prediction
+from surgeon.engine.memory import Call, Job, Prediction
+from surgeon.errors import AnalysisError
 from surgeon.sites.edges import EdgeSite
 from surgeon.sites.nodes import Site
 from surgeon.spec.case import Case
@@ -81,6 +87,163 @@ def plan_circuit(case: Case, model, method: str, ig_steps: int = 5, verify: int 
     else:
         p = memory.plan(cfg, rows_s, rows_s, "index", scoring + evaluating, **kw)
     return p, budget
+
+
+# A feature site's hook (surgeon.sites.features) works on [rows, slots, d_sae] tensors the engine's plan does not
+# know: per SAE, the other run's features at the bucket's aligned positions (held through a call); without
+# gradients, FEATURE_COPIES of them alive at once in one hook (the current activation's pre-activations and features,
+# their difference to the source's, the moved features); under gradients, what autograd keeps for the backward
+# pass: FEATURE_COPIES_GRAD_FIRST for the first SAE hook (no gradient flows into its input) and FEATURE_COPIES_GRAD
+# for each one after it. Fitted by the peaks measured at two SAE widths (the slope is the feature tensors) on a
+# 24-layer d_model-128 model with one, two and three SAEs; checked on shapes held out (bench/features.py,
+# tests/sae/test_feature_memory.py).
+FEATURE_COPIES = 6
+FEATURE_COPIES_GRAD_FIRST = 1.0
+FEATURE_COPIES_GRAD = 1.8
+EDGE_NODES_PLANNED = 256  # downstream nodes per SAE the edge step is planned for (a circuit's nodes in one SAE)
+
+
+@dataclass(frozen=True)
+class SAEShape:
+    """What the plan needs of an SAE: its width, the bytes of one feature value, and of its weights."""
+
+    d_sae: int
+    element: int
+    weights: int
+
+    @staticmethod
+    def of(sae) -> "SAEShape":
+        tensors = [*sae.parameters(), *sae.buffers()]
+        return SAEShape(int(sae.cfg.d_sae), tensors[0].element_size(), sum(t.numel() * t.element_size() for t in tensors))
+
+
+def feature_jobs(cfg, layers, d_sae: int, nodes: int, method: str = "ig", steps: int = 5, verify: int = 20,
+                 down: int = EDGE_NODES_PLANNED) -> dict[str, Job]:
+    """The engine calls of one direction of `feature_circuit` over SAEs at `layers` (`d_sae` the largest width,
+    `nodes` every node): "attribution" (`method`), "exact" (the `verify` nodes patched alone, the faithfulness
+    curve kept and ablated, the bisection for the smallest circuit), "edge left vectors" (the metric's gradient at
+    each SAE's hook point) and "edges" (one gradient per pair of SAEs with up to `down` downstream nodes in the batch
+    dimension, read at the downstream SAE's hook point: its pass stops there, `FEATURE_STOPS`)."""
+    layers = sorted(layers)
+    sites = tuple((L, 1, cfg.d_model) for L in layers)
+    start, k = layers[0], len(layers)
+    attr = Job(f"feature {method} ({steps} steps)" if method == "ig" else f"feature {method}",
+               check_feature_method(method).calls(steps, k, start), sites, nodes, grad=True)
+    curve = len({c for c in CURVE_SIZES if c < nodes} | {nodes})
+    exact = Job(f"exact top-{verify} nodes, curves", (Call(max(1, verify), start), Call(curve, start, 2),
+                                                      Call(1, start, math.ceil(math.log2(max(2, nodes))) + 3)),
+                sites, nodes)
+    left = Job("edge left vectors", (Call(1, start, k),), sites, d_sae + 1, grad=True)
+    edges = Job("feature edges", (Call(max(1, min(down, d_sae + 1)), start, max(1, k * (k - 1) // 2)),), sites,
+                d_sae + 1, grad=True)
+    return {"attribution": attr, "exact": exact, "edge left vectors": left, "edges": edges}
+
+
+FEATURE_STOPS = {"edges": "last"}  # jobs whose passes stop at an SAE's hook point: the last SAE's layer computed last
+
+
+def _stopped(cfg, layer: int):
+    """`cfg` cut after `layer`: what a pass read at that layer's hook point computes (Contrast.run(read=At(...)))."""
+    import copy
+
+    cut = copy.copy(cfg)
+    cut.n_layers = layer + 1
+    return cut
+
+
+# SAE hooks a job's passes run through when not every SAE's: the left vectors patch one SAE; an edge's pass patches
+# the upstream SAE and encodes the downstream one where it reads (its features under gradients, and the left vectors
+# through the decoder held)
+FEATURE_HOOKS = {"edge left vectors": 1, "edges": 2}
+
+
+def feature_bytes(buckets, jobs: dict, saes, batch_size: int) -> dict:
+    """The SAEs' weights and the largest chunk's feature tensors (bytes) over `buckets` at `batch_size` for `jobs`
+    ({name: Job}, named as `feature_jobs` names them), `saes` as `SAEShape`s (a chunk of a bucket holds as many
+    patches as the engine puts in one: batch_size x width / (rows x recomputed positions))."""
+    if not saes:
+        return {}
+    F, e = max(s.d_sae for s in saes), max(s.element for s in saes)
+    most = 0
+    for b in buckets:
+        chunk = max(1, batch_size * b.base_width // (b.n * (b.base_width - b.p0)))
+        for key, job in jobs.items():
+            k = FEATURE_HOOKS.get(key, len(saes))
+            held = k * b.n * b.slots * F * e  # the source features (or left vectors) of this bucket, per SAE hook
+            per_hook = FEATURE_COPIES_GRAD_FIRST + FEATURE_COPIES_GRAD * (k - 1) if job.grad else FEATURE_COPIES
+            for call in job.calls:
+                most = max(most, int(held + min(chunk, call.patches) * b.n * b.slots * F * e * per_hook))
+    return {"SAEs": sum(s.weights for s in saes), "features": most}
+
+
+def plan_feature_circuit(case: Case, model, saes: dict, method: str = "ig", steps: int = 5, verify: int = 20,
+                         by_position: bool = False, *, batch_size: int = 256, max_memory: int | str | None = None,
+                         bad: str | None = None, direction: Direction = "denoise", tag: str | None = None
+                         ) -> tuple[Prediction, int]:
+    """The plan of `feature_circuit` over `saes` ({layer: SAE}) on the case's rows (`plan_features`); `direction` is
+    ignored (both run)."""
+    _, items = pick_items(case, tag)
+    *_, rows_b, rows_s = contrast_rows(case, model, pick_bad(case, bad), "denoise", items)
+    budget = budget_of(model, max_memory)
+    shapes = {L: SAEShape.of(sae) for L, sae in saes.items()}
+    p = plan_features(model.cfg, rows_b, rows_s, case.align, shapes, method, steps, verify, by_position,
+                      batch_size=batch_size, budget=budget, weights=memory.model_bytes(model),
+                      device=str(next(model.parameters()).device))
+    return p, budget
+
+
+def plan_features(cfg, rows_b, rows_s, align: str, saes: dict, method: str = "ig", steps: int = 5, verify: int = 20,
+                  by_position: bool = False, *, batch_size: int = 256, budget: int, weights: int | None = None,
+                  device: str = "cpu", jobs: dict[str, Job] | None = None, both: bool = True) -> Prediction:
+    """The engine's plan of a feature circuit's calls (every `feature_jobs` job, or `jobs` named as it names them)
+    over these rows with SAEs `saes` ({layer: SAEShape}), both directions' (`both`: the failing format's contrast held
+    while the working format's runs), each job on the layers its passes run through, with the SAEs' weights and
+    feature tensors (`feature_bytes`) added: the largest job's peak at the largest batch size (at most `batch_size`)
+    whose peak fits `budget`; AnalysisError naming the fix when batch size 1 does not."""
+    b, s, aligned = memory.merged_rows(rows_b, rows_s, align)
+    slots = max(x.slots for x in memory.layout(b, s, aligned, batch_size))
+    nodes = sum(x.d_sae + 1 for x in saes.values()) * (slots if by_position else 1)
+    if jobs is None:
+        jobs = feature_jobs(cfg, list(saes), max(x.d_sae for x in saes.values()), nodes, method, steps, verify)
+    last = max(saes)
+    weights = memory.weights_bytes(cfg) if weights is None else weights  # the whole model's, on a job's cut layers too
+    bs = max(1, int(batch_size))
+    def engine_plans(bs: int, budget: int) -> list:
+        out = []
+        for key, job in jobs.items():
+            c = _stopped(cfg, last) if key in FEATURE_STOPS else cfg
+            also = [(rows_s, rows_b, align, [job])] if both else []
+            out.append((memory.plan(c, rows_b, rows_s, align, [job], also=also, batch_size=bs, budget=budget,
+                                    weights=weights, device=device), job))
+        return out
+
+    while True:  # each job planned on the layers its passes run through; the largest peak
+        try:
+            preds = engine_plans(bs, budget)
+        except AnalysisError:  # the engine's part alone does not fit at batch size 1: the whole of it, refused below
+            bs, preds = 1, engine_plans(1, 1 << 62)
+        if min(p.batch_size for p, _ in preds) < bs:  # the engine's part alone does not fit at bs
+            bs = min(p.batch_size for p, _ in preds)
+            continue
+        tops = []
+        for (p, job), key in zip(preds, jobs):
+            extra = feature_bytes(memory.layout(b, s, aligned, bs), {key: job}, list(saes.values()), bs)
+            tops.append((p.peak + sum(extra.values()), {**p.parts, **extra}, p))
+        peak, parts, _ = max(tops, key=lambda t: t[0])
+        clean = 2 * len(memory.layout(b, s, aligned, bs)) * (2 if both else 1)  # one set of clean passes
+        forwards = sum(p.forwards for p, _ in preds) - clean * (len(preds) - 1)
+        name = f"feature circuit ({len(saes)} SAEs, {nodes:,} nodes)" if both or len(jobs) > 1 else preds[0][1].name
+        total = Prediction(name, bs, int(peak), parts, forwards, any(p.forwards_bound for p, _ in preds))
+        if total.peak <= budget:
+            return total
+        if bs == 1:
+            parts = ", ".join(f"{k} {memory.human(v)}" for k, v in total.parts.items())
+            raise AnalysisError(
+                f"{total.job} needs about {memory.human(total.peak)} even with batch size 1 ({parts}), more than the "
+                f"{memory.human(budget)} available", field="--max-memory",
+                fix="use fewer or smaller SAEs (--layers), --dtype bfloat16, fewer items, a device with more memory, "
+                    "or a larger --max-memory if more is free")
+        bs = 2 ** (math.ceil(math.log2(bs)) - 1)
 
 
 def planned_batch_size(plan, case: Case, model, *a, batch_size: int = 256, max_memory: int | str | None = None,

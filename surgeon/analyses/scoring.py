@@ -1,5 +1,6 @@
 """The scoring methods as registered functions, as sites, metrics and views are: edge scores for `surgeon circuit`
-(`EDGE_METHODS`) and unit scores for `surgeon attribute` (`UNIT_METHODS`).
+(`EDGE_METHODS`), unit scores for `surgeon attribute` (`UNIT_METHODS`) and feature-node scores for `surgeon
+feature-circuit` (`FEATURE_METHODS`).
 
 A new method is one function and a registration, `@edge_method("name")` or `@unit_method("name")`, beside its
 one-line description in `surgeon.circuits.methods` (plain data, so that the CLI lists the methods and checks
@@ -10,7 +11,8 @@ needs, its backward passes) is a field of its registration.
 
 Edge methods take (contrast, edge site, steps) and return [n_edges] estimated effects on the mean score of patching
 each edge alone. Unit methods take (contrast, sites, component, units, steps) and return ([layer, unit] gradients of
-the mean score, backward passes run).
+the mean score, backward passes run). Feature methods take (contrast, feature sites, steps, slots) and return
+[nodes] estimated effects of each node (every site's features and error term, slot-major with slots) patched alone.
 """
 from __future__ import annotations
 
@@ -22,6 +24,7 @@ import numpy as np
 from surgeon.circuits.methods import (
     ATTRIBUTION_IG_STEPS,
     ATTRIBUTION_METHODS,
+    FEATURE_METHODS as FEATURE_DESCRIPTIONS,
     IG_METHODS,
     IG_STEPS,
     MAX_IG_STEPS,
@@ -58,8 +61,20 @@ class UnitMethod:
         return ATTRIBUTION_METHODS[self.name]
 
 
+@dataclass(frozen=True)
+class FeatureMethod:
+    name: str
+    score: Callable  # (contrast, sites, steps, S) -> [nodes]
+    calls: Callable  # (steps, n_saes, first layer) -> the memory.Call's its gradients run (what the plan counts)
+
+    @property
+    def describe(self) -> str:
+        return FEATURE_DESCRIPTIONS[self.name]
+
+
 EDGE_METHODS: dict[str, EdgeMethod] = {}
 UNIT_METHODS: dict[str, UnitMethod] = {}
+FEATURE_METHODS: dict[str, FeatureMethod] = {}
 
 
 def edge_method(name: str, *, job: Callable, equal_length: bool = False, exact: bool = False):
@@ -81,6 +96,20 @@ def unit_method(name: str, *, ig: bool = False, magnitudes: bool = False):
 
     def register(fn):
         UNIT_METHODS[name] = UnitMethod(name, fn, ig, magnitudes)
+        return fn
+
+    return register
+
+
+def feature_method(name: str, *, calls: Callable):
+    """Register a feature-node scoring function under `name` (which must have its description in
+    surgeon.circuits.methods.FEATURE_METHODS); `calls`: (steps, n_saes, first layer) -> its gradient calls, each
+    under gradients (`memory.Call`s, for the memory plan)."""
+    if name not in FEATURE_DESCRIPTIONS:
+        raise ValueError(f"feature method {name!r} has no description in surgeon.circuits.methods.FEATURE_METHODS")
+
+    def register(fn):
+        FEATURE_METHODS[name] = FeatureMethod(name, fn, calls)
         return fn
 
     return register
@@ -247,3 +276,49 @@ def check_unit_method(method: str, ig_steps: int) -> UnitMethod:
     if m.ig:
         check_steps(ig_steps, f"e.g. {ATTRIBUTION_IG_STEPS}")
     return m
+
+
+# ---- feature nodes (SAE features and error terms) ------------------------------------------------------------------
+
+def feature_masks(sites, P: int, S: int | None) -> dict:
+    """Zero masks over every feature site: {site: [P, units]}, or [P, S, units] with a node per slot."""
+    import torch
+
+    return {s: torch.zeros(P, s.n_units()) if S is None else torch.zeros(P, S, s.n_units()) for s in sites}
+
+
+def _feature_flat(sites, grads, row=None):
+    """The sites' gradients as one vector over the nodes (slot-major): summed over rows, or row `row`'s."""
+    import torch
+
+    g = torch.cat([grads[s].sum(0) if row is None else grads[s][row] for s in sites], dim=-1)
+    return g.reshape(-1)
+
+
+@feature_method("ig", calls=lambda steps, k, start: (memory.Call(steps, start, k),))
+def _feature_ig(contrast, sites, steps, S):
+    import torch
+
+    alphas = (torch.arange(steps, dtype=torch.float32) + 0.5) / steps  # the midpoints of `steps` equal intervals
+    total = None
+    for s in sites:  # one SAE interpolated at a time, the others clean (Marks et al.'s _pe_ig)
+        masks = feature_masks(sites, steps, S)
+        masks[s] = masks[s] + alphas.view(steps, *[1] * (masks[s].dim() - 1))
+        grads, _ = contrast.gradient(masks)
+        grads = {o: (g if o is s else torch.zeros_like(g)) for o, g in grads.items()}  # this SAE's share only
+        part = _feature_flat(sites, grads) / steps
+        total = part if total is None else total + part
+    return total.double().cpu().numpy()
+
+
+@feature_method("gradient", calls=lambda steps, k, start: (memory.Call(1, start),))
+def _feature_gradient(contrast, sites, steps, S):
+    grads, _ = contrast.gradient(feature_masks(sites, 1, S))
+    return _feature_flat(sites, grads, 0).double().cpu().numpy()
+
+
+def check_feature_method(method: str) -> FeatureMethod:
+    if method not in FEATURE_METHODS:
+        raise AnalysisError(f"unknown attribution method {method!r}", field="--method",
+                            fix=f"use one of: {', '.join(FEATURE_METHODS)}")
+    return FEATURE_METHODS[method]

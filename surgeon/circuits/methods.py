@@ -1,4 +1,5 @@
-"""The scoring methods (edges for `surgeon circuit`, units for `surgeon attribute`) and the circuit semantics, each
+"""The scoring methods (edges for `surgeon circuit`, units for `surgeon attribute`, feature nodes for `surgeon
+feature-circuit`) and the circuit semantics, each
 one list shared by the code, the CLI and the README (plain data: importing it costs nothing)."""
 
 # every edge-scoring method, with the convention it follows (shared by the code, the CLI help and the README)
@@ -32,6 +33,14 @@ ATTRIBUTION_METHODS: dict[str, str] = {
             "backward pass per layer",
 }
 ATTRIBUTION_IG_STEPS = 10
+
+# estimating every feature node's patching effect (`surgeon feature-circuit --method`): features and error terms
+FEATURE_METHODS: dict[str, str] = {
+    "ig": "integrated gradients over the feature mask (--steps midpoints), one SAE at a time with the others clean "
+          "(Marks et al.'s `_pe_ig`)",
+    "gradient": "the gradient at the mask's 0: every node of every SAE from one backward pass (Marks et al.'s "
+                "attribution patching)",
+}
 
 # what a circuit means (`surgeon circuit --semantics`), recorded in every result, exported file and circuit-eval output
 # (see surgeon.analyses.circuit_runs for the runs behind each)

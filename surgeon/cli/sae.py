@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from surgeon.circuits.methods import FEATURE_METHODS
 from surgeon.cli import types as cli_types
 from surgeon.errors import SurgeonError
 
@@ -83,13 +84,15 @@ def add_feature_circuit(sub, common, items) -> None:
                                                "failing format and of the working one, their difference and the "
                                                "repair it suggests")
     common(q)
+    from surgeon.cli.common import add_memory
+
+    add_memory(q)
     q.add_argument("--sae-release", help="a sae-lens pretrained release (local HF cache only)")
     q.add_argument("--sae-id", help="the SAE id within the release; {layer} is replaced")
     q.add_argument("--sae-dir", help="local SAE directories (sae-lens layout); {layer} is replaced (default: the case's)")
     q.add_argument("--layers", help="the SAEs' layers, e.g. 0,2 or 0-2 (default: every layer with an SAE)")
-    q.add_argument("--method", default="ig", choices=["ig", "gradient"],
-                   help="node attribution: ig (integrated gradients over the feature mask, one SAE at a time; "
-                        "default) or gradient (one backward pass)")
+    q.add_argument("--method", default="ig", choices=list(FEATURE_METHODS),
+                   help="node attribution (default ig): " + "; ".join(f"{k}: {v}" for k, v in FEATURE_METHODS.items()))
     q.add_argument("--steps", type=cli_types.bounded(1, 64), default=5, help="integration steps of ig (default 5)")
     q.add_argument("--verify", type=cli_types.nonnegative, default=20,
                    help="top nodes whose attribution is checked by exact patching, per direction (default 20)")
@@ -127,8 +130,8 @@ def run_feature_circuit(args) -> int:
     r = api.feature_circuit(case, model, layers=layers, method=args.method, steps=args.steps, verify=args.verify,
                             faithfulness=args.faithfulness, threshold=args.threshold, bad=args.bad, tag=args.tag,
                             batch_size=args.batch_size, sae_release=args.sae_release, sae_id=args.sae_id,
-                            sae_dir=args.sae_dir, by_position=args.by_position, device=device, dtype=args.dtype,
-                            progress=True)
+                            sae_dir=args.sae_dir, by_position=args.by_position, max_memory=args.max_memory,
+                            device=device, dtype=args.dtype, progress=True)
     code = print_report(args, r, case, device)
     if args.export:
         r.export(*args.export)

@@ -58,3 +58,39 @@ def test_bad_methods_are_refused_with_the_registered_names():
     with pytest.raises(AnalysisError, match="between 1 and"):
         scoring.check_unit_method("ig", 0)
     assert scoring.check_unit_method("ig", 0 + 3).ig and scoring.check_unit_method("atp*", 0).magnitudes
+
+
+def test_feature_methods_are_registered_and_a_new_one_needs_no_branch(monkeypatch):
+    """Feature-node methods (surgeon feature-circuit --method) are registered like edge and unit methods: the registry
+    equals the described list, and a method no code names ('halved-gradient': the gradient's scores halved) runs
+    through feature_circuit, which finds the gradient method's circuit order and records halved attributions."""
+    import os
+
+    from surgeon import load_case
+    from surgeon.analyses.feature_circuit import feature_circuit
+    from surgeon.circuits.methods import FEATURE_METHODS
+    from surgeon.models.loading import load_model
+    from tests.conftest import ROOT
+    from tests.sae.test_sae import shipped
+
+    assert list(scoring.FEATURE_METHODS) == list(FEATURE_METHODS)
+    with pytest.raises(ValueError, match="no description"):
+        scoring.feature_method("undescribed", calls=lambda steps, k, start: ())
+    case = load_case(os.path.join(ROOT, "cases", "chain_organism.py"))
+    model = load_model("organism:chain")
+    saes = {L: shipped("chain", L) for L in (0, 1)}
+    monkeypatch.setitem(FEATURE_METHODS, "halved-gradient", "the gradient's scores halved (a test's method)")
+    try:
+        @scoring.feature_method("halved-gradient", calls=scoring.FEATURE_METHODS["gradient"].calls)
+        def halved(contrast, sites, steps, S):
+            return scoring.FEATURE_METHODS["gradient"].score(contrast, sites, steps, S) / 2
+
+        ours = feature_circuit(case, model, saes, method="halved-gradient", verify=2)
+    finally:
+        scoring.FEATURE_METHODS.pop("halved-gradient", None)
+    ref = feature_circuit(case, model, saes, method="gradient", verify=2)
+    a, b = ours.directions["denoise"], ref.directions["denoise"]
+    np.testing.assert_allclose(a.attribution, b.attribution / 2, atol=1e-9)
+    assert a.order == b.order and ours.method == "halved-gradient"
+    with pytest.raises(AnalysisError, match="unknown attribution method"):
+        feature_circuit(case, model, saes, method="nope")
