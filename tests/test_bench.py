@@ -163,3 +163,44 @@ def test_no_saved_bench_result_predates_the_engine():
     now = engine_sha256()
     stale = sorted(j.stem for j in RESULTS.glob("*.json") if json.loads(j.read_text())["run"]["engine_sha256"] != now)
     assert not stale, f"bench results older than the engine: rerun python bench/all.py --only {' '.join(stale)}"
+
+
+def test_the_feature_loop_equals_surgeons_feature_circuit():
+    """bench/features.py's TransformerLens + sae-lens loop (Marks et al.'s IG, each node patched alone, their jvp edges
+    with the SAE hook points between held) computes what surgeon's feature methods, node patches and edges do, on a
+    small model with random TopK SAEs at every layer; the patches and edges are not vacuous."""
+    import features
+
+    from surgeon.analyses.feature_circuit import node_list, run_nodes
+    from surgeon.analyses.feature_edges import edge_attribution
+    from surgeon.analyses.scoring import FEATURE_METHODS
+    from surgeon.engine.contrast import Contrast
+    from surgeon.sites.features import FeatureSite
+
+    model = _tiny("gpt2")
+    layers = (0, 1, 2)
+    saes = features.make_saes(model, layers, k=8)
+    base, source = scale.make_rows(model, 3, 2)
+    sites = [FeatureSite.of(saes[L], error=True) for L in layers]
+    nodes = node_list(sites)
+    F = int(saes[0].cfg.d_sae)
+    loop = features.Loop(model, saes, base, source)
+    c = Contrast(model, base, source, "index", sites=[s.node_sites()[0] for s in sites])
+    ours = FEATURE_METHODS["ig"].score(c, sites, 3, None)
+    theirs = loop.ig(3)
+    for k, L in enumerate(layers):
+        torch.testing.assert_close(torch.tensor(ours[k * (F + 1): k * (F + 1) + F]), theirs[L].double(), atol=1e-5,
+                                   rtol=1e-3)
+    assert max(float(v.abs().max()) for v in theirs.values()) > 1e-4
+    top = [int(i) for i in torch.tensor(ours).abs().argsort(descending=True) if not nodes[int(i)].error][:4]
+    with torch.no_grad():
+        want = torch.tensor(run_nodes(c, sites, [[i] for i in top]))
+    got = loop.exact([(nodes[i].layer, nodes[i].unit) for i in top]).double()
+    torch.testing.assert_close(got, want.double(), atol=1e-4, rtol=1e-4)
+    assert (want - c.clean_base.double()).abs().max() > 1e-4
+    down = [i for i in top if nodes[i].layer == 2] or [2 * (F + 1) + 1]
+    att = edge_attribution(c, sites, nodes, down=down, up=None)
+    got = loop.edges(2, 0, [nodes[i].unit for i in down]).double()  # layer 1's hook point held between
+    mine = torch.tensor([[att[(u, d)] for u in range(F)] for d in down], dtype=torch.float64)
+    torch.testing.assert_close(mine, got, atol=1e-5, rtol=1e-3)
+    assert float(got.abs().max()) > 1e-5

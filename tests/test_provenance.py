@@ -34,6 +34,6 @@ def test_derived_files_were_made_from_the_shipped_organism(where, rec):
 
 def test_every_shipped_sae_and_circuit_is_covered():
     saes = Path(sae_dir("decimal")).parent
-    assert len([p for p in saes.glob("*/*") if p.is_dir()]) == 5
+    assert len([p for p in saes.glob("*/*") if p.is_dir()]) == 7
     circuits = {p.name.split(".")[0] for p in (Path(ROOT) / "circuits").glob("*_organism.*")}
     assert circuits == set(json.loads((Path(ROOT) / "circuits" / "provenance.json").read_text()))
