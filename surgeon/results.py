@@ -137,6 +137,19 @@ def on_interrupt(signum, frame) -> None:
     raise KeyboardInterrupt
 
 
+def quiet_dropped_interrupts(report):
+    """A `sys.unraisablehook` for the CLI: a KeyboardInterrupt that `on_interrupt` raised where Python drops it (a
+    finaliser, a weakref callback) is remembered already, so it is not reported ("Exception ignored in ...",
+    a traceback on the user's terminal); every other unraisable exception goes to `report`, the hook before."""
+
+    def hook(unraisable) -> None:
+        if isinstance(unraisable.exc_value, KeyboardInterrupt) and _signals:
+            return
+        report(unraisable)
+
+    return hook
+
+
 def reset_interrupts() -> None:
     """Forget earlier signals (the CLI's `main` starts each run with none)."""
     _signals.clear()

@@ -570,12 +570,14 @@ COMMANDS = {"report": cmd_report, "cases": cmd_cases, "sae": cmd_sae, "feature-c
 def main(argv: list[str] | None = None) -> int:
     import signal
 
-    from surgeon.results import interrupted, on_interrupt, reset_interrupts
+    from surgeon.results import interrupted, on_interrupt, quiet_dropped_interrupts, reset_interrupts
 
     parser = build_parser()
     args = parser.parse_args(argv)
     reset_interrupts()
     previous = {}
+    unraisable = sys.unraisablehook
+    sys.unraisablehook = quiet_dropped_interrupts(unraisable)
     for sig in (signal.SIGINT, signal.SIGTERM):  # SIGTERM (what schedulers send) ends a run as Ctrl-C does
         try:
             previous[sig] = signal.signal(sig, on_interrupt)
@@ -611,6 +613,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+        sys.unraisablehook = unraisable
 
 
 def console() -> None:

@@ -186,6 +186,38 @@ def test_a_ctrl_c_that_python_drops_still_ends_the_run_and_writes_nothing(tmp_pa
     assert main(["diagnose", CASE, "--out", str(tmp_path / "o")]) == 0 and (tmp_path / "o" / "manifest.json").exists()
 
 
+DROPPED = """
+import signal, sys
+import surgeon.models.loading as loading
+from surgeon.cli.commands import console
+
+class Finaliser:
+    def __del__(self):  # the signal lands while a finaliser runs (in CI: regex's, as transformer-lens imported)
+        signal.raise_signal(signal.SIGINT)
+
+real = loading.load_model
+
+def load_model(*a, **kw):
+    obj = Finaliser()
+    del obj
+    return real(*a, **kw)
+
+loading.load_model = load_model
+sys.argv = ["surgeon", "diagnose", sys.argv[1], "--out", sys.argv[2]]
+console()
+"""
+
+
+def test_a_ctrl_c_dropped_in_a_finaliser_prints_no_traceback(tmp_path):
+    """The signal as a user sends it, landing in a finaliser: Python would report the dropped KeyboardInterrupt
+    ("Exception ignored in ... Traceback") on the terminal; the CLI ends with 130, its one line and nothing else."""
+    r = subprocess.run([sys.executable, "-c", DROPPED, CASE, str(tmp_path / "o")], capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 130, r.stderr[-2000:]
+    assert r.stderr.strip() == "surgeon: interrupted; no results were written", r.stderr[-2000:]
+    assert not (tmp_path / "o").exists()
+
+
 def test_cases_list_shows_the_shipped_cases(capsys):
     assert main(["cases", "list"]) == 0
     out = capsys.readouterr().out
