@@ -359,8 +359,7 @@ def memory_held_out(threads: int) -> float:
               f"features at layers {', '.join(map(str, layers))}; {items} items")
         for c in cells:
             print(f"    {c}")
-    print(f"  goal: predicted memory above the weights within 30% of the measured on held-out shapes: within "
-          f"{worst:.0%} ({'met' if worst <= 0.3 else 'MISSED'})")
+    print(scale.memory_goal(worst))
     return worst
 
 

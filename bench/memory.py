@@ -69,8 +69,7 @@ def held_out(threads: int) -> float:
         print(f"  {name}: {kind}")
         for c in cells:
             print(f"    {c}")
-    print(f"  goal: predicted memory above the weights within 30% of the measured on held-out shapes: within "
-          f"{worst:.0%} ({'met' if worst <= 0.3 else 'MISSED'})")
+    print(scale.memory_goal(worst))
     return worst
 
 

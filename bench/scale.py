@@ -488,6 +488,12 @@ def mib(x: float) -> str:
     return f"{x / 2**20:,.0f}"
 
 
+def memory_goal(worst: float) -> str:
+    """The memory benches' verdict line (bench/memory.py, bench/features.py): the goal and the worst miss."""
+    return (f"  goal: predicted memory above the weights within 30% of the measured on held-out shapes: within "
+            f"{worst:.0%} ({'met' if worst <= 0.3 else 'MISSED'})")
+
+
 def growth(a: dict, b: dict, key: str, minus: str | None = None) -> float:
     va, vb = a[key] - (a[minus] if minus else 0), b[key] - (b[minus] if minus else 0)
     return vb / va if va > 0 else float("nan")
