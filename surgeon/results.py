@@ -132,9 +132,33 @@ _signals: list[int] = []
 
 
 def on_interrupt(signum, frame) -> None:
-    """The CLI's SIGINT and SIGTERM handler: remember the signal, then raise KeyboardInterrupt."""
+    """The CLI's SIGINT and SIGTERM handler: remember the signal, then raise KeyboardInterrupt.
+
+    Not inside an import: importing torch runs C++ that calls back into Python, and an exception raised there ends
+    the process with "terminate called after throwing an instance of 'pybind11::error_already_set'" (SIGABRT, a
+    C++ stack on the terminal). There the signal is delivered again a moment later, until the import is done."""
     _signals.append(signum)
+    if _importing(frame):
+        _deliver_later(signum)
+        return
     raise KeyboardInterrupt
+
+
+def _importing(frame) -> bool:
+    while frame is not None:
+        if frame.f_code.co_filename.startswith("<frozen importlib"):
+            return True
+        frame = frame.f_back
+    return False
+
+
+def _deliver_later(signum: int, seconds: float = 0.05) -> None:
+    import _thread
+    import threading
+
+    t = threading.Timer(seconds, _thread.interrupt_main, args=(signum,))
+    t.daemon = True
+    t.start()
 
 
 def quiet_dropped_interrupts(report):

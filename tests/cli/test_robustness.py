@@ -186,6 +186,27 @@ def test_a_ctrl_c_that_python_drops_still_ends_the_run_and_writes_nothing(tmp_pa
     assert main(["diagnose", CASE, "--out", str(tmp_path / "o")]) == 0 and (tmp_path / "o" / "manifest.json").exists()
 
 
+def test_a_signal_during_an_import_arrives_when_the_import_is_done(tmp_path, monkeypatch):
+    """Importing torch runs C++ that calls back into Python, and a KeyboardInterrupt raised there aborts the process
+    (SIGABRT, "terminate called after throwing ... pybind11::error_already_set"): the CLI's handler holds a signal
+    that lands inside an import and delivers it again once the import is done."""
+    from surgeon.results import on_interrupt, reset_interrupts
+
+    (tmp_path / "interrupted_import.py").write_text(
+        "import signal, time\nsignal.raise_signal(signal.SIGINT)\nfor _ in range(20):\n    time.sleep(0.01)\nDONE = True\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    previous = signal.signal(signal.SIGINT, on_interrupt)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            import interrupted_import  # noqa: F401
+            time.sleep(10)  # the signal, delivered again after the import, ends this
+        assert sys.modules["interrupted_import"].DONE
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        reset_interrupts()
+        sys.modules.pop("interrupted_import", None)
+
+
 DROPPED = """
 import signal, sys
 import surgeon.models.loading as loading
