@@ -220,6 +220,7 @@ def _train(args, case, model, device, report_fn) -> int:
     from surgeon.sae.train import (
         TrainOptions,
         collect_activations,
+        float_environment,
         install,
         save,
         train_sae,
@@ -255,6 +256,7 @@ def _train(args, case, model, device, report_fn) -> int:
             save(sae, staged / hooks[L], dict(case=case.name, model=case.model, model_sha256=model_sha,
                                               hook=hooks[L], component=args.component,
                                               n_activations=int(acts[hooks[L]].shape[0]), **opts.__dict__,
+                                              float_environment=float_environment(),
                                               command=f"surgeon sae train {args.case} --layers {L} --component "
                                                       f"{args.component} --k {opts.k} --expansion {opts.expansion} "
                                                       f"--steps {opts.steps} --seed {opts.seed}"))

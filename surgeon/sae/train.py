@@ -43,6 +43,13 @@ def collect_activations(case, model, hooks: Sequence[str], batch_size: int = 64)
     return {h: torch.cat(v) for h, v in out.items()}
 
 
+def float_environment() -> dict:
+    """What decides the training's float arithmetic besides its inputs: torch's version and the CPU kernels it runs
+    (AVX2, AVX512, ...). Training is deterministic where these are equal; elsewhere the same seed rounds differently
+    and a TopK SAE's training, chaotic over thousands of steps, ends elsewhere."""
+    return {"torch": torch.__version__, "cpu_capability": torch.backends.cpu.get_cpu_capability()}
+
+
 def train_sae(acts: Tensor, hook: str, opts: TrainOptions = TrainOptions(), model_name: str = "", progress: bool = False):
     """A TopK SAE trained with sae-lens's SAETrainer on `acts` [tokens, d]; returned in training form."""
     from sae_lens.config import SAETrainerConfig

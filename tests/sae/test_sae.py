@@ -277,22 +277,46 @@ def test_quality_flags_a_poor_sae_and_passes_the_shipped_ones(decimal_case, deci
     assert bad.warnings and bad.explained_variance < 0.7
 
 
+def unexplained(w: dict, x: torch.Tensor, k: int) -> float:
+    """A TopK SAE's unexplained variance on `x`, written from its definition (sae-lens's TopK: the k largest
+    pre-activations, ReLU'd, decoded), not with the SAE classes under test."""
+    pre = (x - w["b_dec"]) @ w["W_enc"] + w["b_enc"]
+    top = torch.topk(pre, k, dim=-1)
+    f = torch.zeros_like(pre).scatter(-1, top.indices, torch.relu(top.values))
+    return float(((f @ w["W_dec"] + w["b_dec"] - x) ** 2).sum() / ((x - x.mean(0)) ** 2).sum())
+
+
 @pytest.mark.slow
-def test_training_is_deterministic_and_reproduces_the_shipped_sae(threshold_case, threshold_model, tmp_path):
+def test_training_is_deterministic_and_the_shipped_sae_fits_what_its_record_names(threshold_case, threshold_model,
+                                                                                   tmp_path):
+    """The shipped SAE is reproduced bit for bit only where torch and the CPU's kernels are those it was trained with
+    (its record's float_environment): elsewhere the same seed rounds differently and 4,000 TopK steps end elsewhere
+    (seeds 0-4 of the recorded command leave 0.8% to 12.7% of the variance unexplained on one CPU). What holds on
+    every machine: training is deterministic, and the shipped SAE fits the activations its record names."""
     from safetensors.torch import load_file
 
     from surgeon.organisms import sae_dir
-    from surgeon.sae.train import TrainOptions, collect_activations, save, train_sae
+    from surgeon.sae.train import TrainOptions, collect_activations, float_environment, save, train_sae
 
     hook = "blocks.0.hook_attn_out"
     rec = json.loads((sae_dir("threshold") / hook / "training.json").read_text())
     acts = collect_activations(threshold_case, threshold_model, [hook])[hook]
     assert len(acts) == rec["n_activations"]
-    sae = train_sae(acts, hook, TrainOptions(k=rec["k"], expansion=rec["expansion"], steps=rec["steps"], seed=rec["seed"]))
-    save(sae, tmp_path / hook)
+    opts = TrainOptions(k=rec["k"], expansion=rec["expansion"], steps=300, seed=rec["seed"])
+    a, b = (train_sae(acts, hook, opts).state_dict() for _ in range(2))
+    c = train_sae(acts, hook, TrainOptions(k=rec["k"], expansion=rec["expansion"], steps=300, seed=rec["seed"] + 1))
+    assert set(a) == set(b) and all(torch.equal(a[k], b[k]) for k in a)
+    assert not torch.equal(a["W_dec"], c.state_dict()["W_dec"])  # the seed is what decides it
     ref = load_file(str(sae_dir("threshold") / hook / "sae_weights.safetensors"))
-    new = load_file(str(tmp_path / hook / "sae_weights.safetensors"))
-    assert set(new) == set(ref) and all(torch.allclose(new[k], ref[k], atol=1e-4) for k in ref)
+    assert unexplained(ref, acts, rec["k"]) < 0.02  # 0.9%: it was trained on these activations, with this k
+    shuffled = dict(ref, W_dec=ref["W_dec"][torch.randperm(len(ref["W_dec"]), generator=torch.Generator().manual_seed(0))])
+    assert unexplained(shuffled, acts, rec["k"]) > 0.5  # the check tells a dictionary from its permutation
+    if rec.get("float_environment") == float_environment():
+        sae = train_sae(acts, hook, TrainOptions(k=rec["k"], expansion=rec["expansion"], steps=rec["steps"],
+                                                 seed=rec["seed"]))
+        save(sae, tmp_path / hook)
+        new = load_file(str(tmp_path / hook / "sae_weights.safetensors"))
+        assert set(new) == set(ref) and all(torch.allclose(new[k], ref[k], atol=1e-4) for k in ref)
 
 
 # ----------------------------------------------------------------------------- where SAEs come from
@@ -415,3 +439,20 @@ def test_sae_train_writes_results_and_a_manifest_to_out(tmp_path):
     assert res["command"] == "sae-train" and res["result"]["layers"] == [0]
     assert res["result"]["sae_out"] == str(saes) and (saes / "blocks.0.hook_attn_out" / "cfg.json").exists()
     assert res["result"]["quality"][0]["d_sae"] > 0 and man["options"]["steps"] == 20 and man["model"]["n_heads"] == 32
+    # its record reproduces it here, bit for bit: same machine, same float environment
+    from safetensors.torch import load_file
+
+    from surgeon import load_case
+    from surgeon.models.loading import load_model
+    from surgeon.sae.train import TrainOptions, collect_activations, float_environment, save, train_sae
+
+    rec = json.loads((saes / "blocks.0.hook_attn_out" / "training.json").read_text())
+    assert rec["float_environment"] == float_environment()
+    case = load_case(f"{ROOT}/cases/threshold_organism.py")
+    acts = collect_activations(case, load_model(case.model), [rec["hook"]])[rec["hook"]]
+    again = train_sae(acts, rec["hook"], TrainOptions(k=rec["k"], expansion=rec["expansion"], steps=rec["steps"],
+                                                      seed=rec["seed"], batch=rec["batch"], lr=rec["lr"]))
+    save(again, tmp_path / "again")
+    shipped = load_file(str(saes / "blocks.0.hook_attn_out" / "sae_weights.safetensors"))
+    new = load_file(str(tmp_path / "again" / "sae_weights.safetensors"))
+    assert set(new) == set(shipped) and all(torch.equal(new[k], shipped[k]) for k in shipped)
