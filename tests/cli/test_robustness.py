@@ -208,9 +208,8 @@ def test_a_signal_during_an_import_arrives_when_the_import_is_done(tmp_path, mon
 
 
 DROPPED = """
-import signal, sys
+import runpy, signal, sys
 import surgeon.models.loading as loading
-from surgeon.cli.commands import console
 
 class Finaliser:
     def __del__(self):  # the signal lands while a finaliser runs (in CI: regex's, as transformer-lens imported)
@@ -225,7 +224,7 @@ def load_model(*a, **kw):
 
 loading.load_model = load_model
 sys.argv = ["surgeon", "diagnose", sys.argv[1], "--out", sys.argv[2]]
-console()
+runpy.run_module("surgeon", run_name="__main__")  # python -m surgeon
 """
 
 
