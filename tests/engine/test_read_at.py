@@ -83,7 +83,7 @@ def test_read_at_a_hook_equals_hooks_written_by_hand(decimal_case, decimal_model
                 kept["x"] = act[0, pb]
             with torch.no_grad():
                 decimal_model.run_with_hooks(torch.tensor([rb.tokens]), fwd_hooks=[(h1, patch), (h2, keep)])
-            want[a, rb.item] += float(((s2.encode(kept["x"]) @ w) * torch.arange(1, len(pb) + 1)).sum())
+                want[a, rb.item] += float(((s2.encode(kept["x"]) @ w) * torch.arange(1, len(pb) + 1)).sum())
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-4)
     clean = c.run({up: torch.zeros(1, F1)}, read=At(h2, read)).double().numpy()
     assert np.abs(want - clean).max() > 1e-3  # the patches move the read
