@@ -152,12 +152,16 @@ def _importing(frame) -> bool:
     return False
 
 
+_later: list = []  # the timers of signals to deliver again (cancelled when the CLI's handler is removed)
+
+
 def _deliver_later(signum: int, seconds: float = 0.05) -> None:
     import _thread
     import threading
 
     t = threading.Timer(seconds, _thread.interrupt_main, args=(signum,))
     t.daemon = True
+    _later.append(t)
     t.start()
 
 
@@ -174,9 +178,17 @@ def quiet_dropped_interrupts(report):
     return hook
 
 
+def cancel_redelivery() -> None:
+    """Cancel the signals held during an import and not yet delivered again (the CLI's `main`, before it puts the
+    previous handlers back: its run has answered them)."""
+    while _later:
+        _later.pop().cancel()
+
+
 def reset_interrupts() -> None:
     """Forget earlier signals (the CLI's `main` starts each run with none)."""
     _signals.clear()
+    cancel_redelivery()
 
 
 def interrupted() -> bool:

@@ -570,7 +570,13 @@ COMMANDS = {"report": cmd_report, "cases": cmd_cases, "sae": cmd_sae, "feature-c
 def main(argv: list[str] | None = None) -> int:
     import signal
 
-    from surgeon.results import interrupted, on_interrupt, quiet_dropped_interrupts, reset_interrupts
+    from surgeon.results import (
+        cancel_redelivery,
+        interrupted,
+        on_interrupt,
+        quiet_dropped_interrupts,
+        reset_interrupts,
+    )
 
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -611,6 +617,7 @@ def main(argv: list[str] | None = None) -> int:
             print("surgeon: interrupted; no results were written", file=sys.stderr)
         return 130
     finally:
+        cancel_redelivery()  # a signal held during an import, not yet delivered again: this run has answered it
         for sig, handler in previous.items():
             signal.signal(sig, handler)
         sys.unraisablehook = unraisable

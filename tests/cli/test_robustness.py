@@ -207,6 +207,28 @@ def test_a_signal_during_an_import_arrives_when_the_import_is_done(tmp_path, mon
         sys.modules.pop("interrupted_import", None)
 
 
+def test_a_held_signal_is_not_delivered_after_the_run_answered_it(tmp_path, monkeypatch):
+    """The CLI's main cancels a signal held during an import before it puts the previous handler back: the handler
+    it restores never sees the signal this run already ended on."""
+    from surgeon.results import cancel_redelivery, on_interrupt, reset_interrupts
+
+    (tmp_path / "quick_interrupted_import.py").write_text("import signal\nsignal.raise_signal(signal.SIGINT)\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    seen = []
+    previous = signal.signal(signal.SIGINT, on_interrupt)
+    try:
+        import quick_interrupted_import  # noqa: F401  (held: it lands inside the import)
+
+        cancel_redelivery()
+        signal.signal(signal.SIGINT, lambda *a: seen.append(a))
+        time.sleep(0.3)
+        assert seen == []
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        reset_interrupts()
+        sys.modules.pop("quick_interrupted_import", None)
+
+
 DROPPED = """
 import runpy, signal, sys
 import surgeon.models.loading as loading
