@@ -20,3 +20,20 @@ def browser(javascript: bool = True, width: int = 1200, height: int = 900):
         opts.add_experimental_option("prefs", {"profile.managed_default_content_settings.javascript": 2})
     opts.set_capability("goog:loggingPrefs", {"browser": "ALL", "performance": "ALL"})
     return webdriver.Chrome(service=Service(driver), options=opts)
+
+
+def open_widget(path, body: str):
+    """`body` (a report widget's HTML) written to `path` as a page and opened in headless Chromium, its console
+    checked for errors and warnings; the browser is returned open (the caller quits it)."""
+    import time
+
+    path.write_text(f"<!DOCTYPE html><html><head><meta charset='utf-8'></head><body>{body}</body></html>")
+    b = browser()
+    try:
+        b.get(path.resolve().as_uri())
+        time.sleep(0.3)
+        assert not [e for e in b.get_log("browser") if e["level"] in ("SEVERE", "WARNING")]
+    except BaseException:
+        b.quit()
+        raise
+    return b

@@ -243,24 +243,18 @@ def test_the_feature_circuit_view_in_a_browser(threshold_case, threshold_model, 
     """The report's feature-circuit view in headless Chromium, on the threshold organism with its built SAE: no
     script error, one node drawn per circuit node in each direction, and hovering a node shows that node's numbers as
     the result holds them (its attribution, its exact effect, its activation in both formats)."""
-    import time
 
     from surgeon.analyses.feature_circuit import feature_circuit
     from surgeon.organisms.threshold import planted_sae
     from surgeon.reports.feature_view import widget
-    from tests.browser import browser
+    from tests.browser import open_widget
 
     sae = planted_sae(threshold_model)
     r = feature_circuit(threshold_case, threshold_model, {0: sae}, method="gradient", verify=15, target=0.99)
-    page = tmp_path / "fc.html"
-    page.write_text(f"<!DOCTYPE html><html><head><meta charset='utf-8'></head><body>{widget(r)}</body></html>")
-    b = browser()
+    b = open_widget(tmp_path / "fc.html", widget(r))
     try:
         from selenium.webdriver.common.action_chains import ActionChains
 
-        b.get(page.resolve().as_uri())
-        time.sleep(0.3)
-        assert not [e for e in b.get_log("browser") if e["level"] in ("SEVERE", "WARNING")]
         nodes = b.find_elements("css selector", ".fc-node")
         assert len(nodes) == sum(len(d.circuit) for d in r.directions.values())
         d = r.directions["denoise"]

@@ -230,7 +230,6 @@ def test_the_chain_circuit_with_its_edges_in_every_tool_and_a_browser(tmp_path, 
     import os
     import shutil
     import subprocess
-    import time
 
     import networkx as nx
 
@@ -238,7 +237,7 @@ def test_the_chain_circuit_with_its_edges_in_every_tool_and_a_browser(tmp_path, 
     from surgeon.circuits.export import read_circuit
     from surgeon.cli import main
     from surgeon.reports.feature_view import widget
-    from tests.browser import browser
+    from tests.browser import open_widget
     from tests.conftest import ROOT
 
     case = os.path.join(ROOT, "cases", "chain_organism.py")
@@ -262,15 +261,10 @@ def test_the_chain_circuit_with_its_edges_in_every_tool_and_a_browser(tmp_path, 
         assert r.returncode == 0 and (tmp_path / "c.pdf").stat().st_size > 1000, r.stdout[-2000:]
     res = surgeon.load(tmp_path / "fc")
     assert [(e.up, e.down) for e in res.directions["denoise"].edges] and str(res) in text
-    page = tmp_path / "fc.html"
-    page.write_text(f"<!DOCTYPE html><html><head><meta charset='utf-8'></head><body>{widget(res)}</body></html>")
-    b = browser()
+    b = open_widget(tmp_path / "fc.html", widget(res))
     try:
         from selenium.webdriver.common.action_chains import ActionChains
 
-        b.get(page.resolve().as_uri())
-        time.sleep(0.3)
-        assert not [e for e in b.get_log("browser") if e["level"] in ("SEVERE", "WARNING")]
         assert len(b.find_elements("css selector", ".fc-edge")) == 12
         node = next(el for el in b.find_elements("css selector", ".fc-node")
                     if res.nodes[int(el.get_attribute("data-node").split(":")[1])].name == "blocks.1.hook_mlp_out[f5]")
