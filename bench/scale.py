@@ -10,10 +10,10 @@ Items are random three-letter words in a Q&A template, and the same template wit
 other run (equal lengths, so every position is aligned: align="index", the setting of MIB and of EAP-IG).
 Each job runs at three sizes, items x prompt positions = 2 x 30, 4 x 30 and 2 x 58 (small: this is a 2-core CPU;
 the costs' growth is the point), measured side by side in one run, twice, each time in a fresh process: once timed
-(wall time, glibc's allocator as it comes), once for peak memory (resident set above the process after its imports,
-before the model was built: the weights are included; glibc's mmap threshold fixed at 128 KiB so freed tensors
-leave the resident set, as a GPU's allocator would not count them; that costs page faults, hence the separate timed
-run):
+(wall time, glibc's allocator as it comes), once for peak memory (the weights plus the peak the job adds to the
+resident set, after one warm-up forward and backward has done the libraries' one-time set-up, as a GPU's allocator
+counts a job; glibc's mmap threshold fixed at 128 KiB so freed tensors leave the resident set, as a GPU's allocator
+would not count them; that costs page faults, hence the separate timed run):
 
   per-head sweep   every head of every layer patched alone (surgeon) vs the careful TransformerLens sweep (the
                    positions before the first differing one in a frozen KV cache, start_at_layer, a layer's heads in
@@ -194,8 +194,7 @@ def measure(model_name: str, job: str, n_items: int, letters: int, batch_size: i
         pre["order"] = np.argsort(-np.abs(scores), kind="stable")
         pre["scores"] = scores
         del c
-        if job == "smallest":  # the run discover evaluates circuits on (the source rows, the base run's values)
-            pre["contrast"] = reversed_contrast(model, site, base, source, batch_size)
+    warm_up(model, base)
     gc.collect()
     counted = None
     mem_job = None
@@ -239,7 +238,7 @@ def measure(model_name: str, job: str, n_items: int, letters: int, batch_size: i
                 [order[: max(1, round(f * E))] for f in (0.0,) + CURVE])
             counted, mem_job = rev.execution["forwards"], memory.circuits(cfg, graph, 11)
         elif job == "smallest":
-            c = pre.pop("contrast")
+            c = reversed_contrast(model, site, base, source, batch_size)  # the run discover evaluates circuits on
             runs = CircuitRuns(c, site, c, site, "kept", "resample", {})
             runs.empty  # noqa: B018  (m(empty), as discover computes it before the search)
             g = build_graph(site, pre["scores"], {})
@@ -264,13 +263,24 @@ def measure(model_name: str, job: str, n_items: int, letters: int, batch_size: i
         else:
             raise SystemExit(f"unknown job {job!r}")
         out["seconds"] = out["projected"] if "projected" in out else time.perf_counter() - t0
-    out["measured"] = m["before"] + m["peak"] - rss0
-    out["held"] = m["before"] - rss0  # the model, rows and what a ranking computed before kept
+    # the job's memory: what it added to the resident set at its peak (as a GPU's allocator counts it), on top of the
+    # weights; what was resident before it began (the rows, a ranking computed before, the libraries' set-up and the
+    # Python objects of the model beyond its tensors) is kept apart
+    out["measured"] = weights + m["peak"]
+    out["held"] = m["before"] - rss0
     if mem_job is not None:
         p = memory.predict_rows(cfg, *plan_rows, "index", mem_job, batch_size, weights=weights)
         out.update(predicted=p.peak, parts=p.parts, forwards_predicted=p.forwards, forwards_bound=p.forwards_bound,
                    forwards=counted)
     return out
+
+
+def warm_up(model, rows) -> None:
+    """One forward and backward of `model` on `rows` (the floor's), dropped: the libraries' one-time set-up (thread
+    pools, oneDNN/MKL kernels and their scratch space, autograd's engine) happens here, outside the measured peak."""
+    from careful import forward_backward, read_at
+
+    forward_backward(model, torch.tensor([r.tokens for r in rows]), *read_at(rows))
 
 
 def reversed_contrast(model, site, base, source, batch_size: int):
@@ -484,6 +494,11 @@ def run_one(model: str, job: str, items: int, letters: int, threads: int) -> dic
     return out
 
 
+def above(r: dict) -> float:
+    """Predicted / measured peak, both less the weights (what the predictor models rather than counts)."""
+    return (r["predicted"] - r["weights"]) / (r["measured"] - r["weights"])
+
+
 def mib(x: float) -> str:
     return f"{x / 2**20:,.0f}"
 
@@ -534,8 +549,8 @@ def bench_model(name: str, threads: int, data: dict | None = None) -> list[str]:
                       "config": {"layers": cfg.n_layers, "heads": cfg.n_heads, "d_model": cfg.d_model, "edges": E}}
     pos = {s: res[("patch", *s)]["positions"] for s in SIZES}
     weights = res[("patch", *SIZES[0])]["weights"]
-    p(f"weights {mib(weights)} MiB; MiB = peak resident memory above the process after its imports (weights included); "
-      f"pred = surgeon's predicted peak / the measured one")
+    p(f"weights {mib(weights)} MiB; MiB = the weights + the peak the job adds to the resident set (after a warm-up pass); "
+      f"pred = surgeon's predicted peak / the measured one, both above the weights")
     header = f"{'job':32s}" + "".join(f"{f'{i} x {pos[(i, w)]}':>26s}" for i, w in SIZES)
     p(header)
     p(f"{'':32s}" + "".join(f"{'s':>9s}{'MiB':>8s}{'pred':>9s}" for _ in SIZES))
@@ -546,7 +561,7 @@ def bench_model(name: str, threads: int, data: dict | None = None) -> list[str]:
             if r is None:
                 row += f"{'':>26s}"
                 continue
-            pred = f"{r['predicted'] / r['measured']:.2f}x" if "predicted" in r else ""
+            pred = f"{above(r):.2f}x" if "predicted" in r else ""
             row += f"{r['seconds']:9.2f}{mib(r['measured']):>8s}{pred:>9s}"
         p(row)
     first = SIZES[0]
@@ -603,9 +618,9 @@ def bench_model(name: str, threads: int, data: dict | None = None) -> list[str]:
     flat = growth(s5, s20, "measured", "weights")
     p(f"  subset search, 128 -> 512 subsets: time x{growth(s5, s20, 'seconds'):.2f}, memory above weights "
       f"x{flat:.2f} (target: flat: {'met' if flat <= 1.15 else 'MISSED'})")
-    worst = max(abs(r["predicted"] / r["measured"] - 1) for r in res.values() if "predicted" in r)
-    p(f"  predicted peak within {worst:.0%} of the measured one on every surgeon job (target <= 30%: "
-      f"{'met' if worst <= 0.3 else 'MISSED'})")
+    worst = max(abs(above(r) - 1) for r in res.values() if "predicted" in r)
+    p(f"  predicted memory above the weights within {worst:.0%} of the measured on every surgeon job (the shapes the "
+      f"predictor's constants were fitted to; the goal is on held-out shapes: bench/memory.py)")
     return lines
 
 

@@ -152,25 +152,29 @@ def _elem(cfg) -> int:
     return torch.empty((), dtype=getattr(cfg, "dtype", torch.float32)).element_size()
 
 
-# How many tensors of each size are alive at once: counted from TransformerLens's forward and the engine's hooks,
-# checked against `peak_memory` on CPU (bench/scale.py). A block's MLP holds its input, the normalised copy and
-# four hidden-size tensors (pre-activation and three temporaries of gelu_new; gate, up, act(gate), product of a
-# gated MLP); attention holds four residual-size tensors, q/k/v, the scores and the pattern.
-MLP_HIDDEN = 4
-RESID_COPIES = 4
+# How many tensors of each size are alive at once. The terms are counted tensor by tensor from TransformerLens's
+# forward and the engine's hooks; how many copies of each are alive at the peak is fitted, on bench/scale.py's two
+# models only (GPT-2 small and the narrowed Llama-3.1-8B layout, at 2 x 30, 4 x 30 and 2 x 58 positions, every job),
+# to the peak a job adds to the resident set on CPU after one warm-up pass (the libraries' one-time set-up done, as a
+# GPU's allocator counts it): the least largest error over those 36 runs, each constant a multiple of 0.5 within
+# what the forward can hold (e.g. 1-3 copies of the logits). bench/memory.py checks them on three shapes held out
+# of that fit. No gradients: a block's attention holds residual-size tensors, q/k/v, two score-size tensors (the
+# scores and the pattern) and the head outputs; its MLP residual-size tensors and hidden-size ones.
+MLP_HIDDEN = {False: 3, True: 4}  # gelu_new's pre-activation and temporaries; gate, up, act(gate), product
+RESID_COPIES = 6
 SCORE_COPIES = 2
-# under gradients, per layer: what autograd saves. The weights are frozen, so a projection saves nothing of its
-# input; the norms save theirs, the attention its q/k/v (and rotations), pattern and head outputs, and the sites
-# their leaves and differences: six residual-size tensors (calibrated against bench/scale.py's measured peaks, which
-# the fused norms of `engine.contrast.fused_activations` bring below TransformerLens's unfused count of eight)
-GRAD_RESID = 6
-# many-edge patches (circuits) without gradients: the per-head inputs and each edge site's patched copy and its
-# difference (calibrated on bench/scale.py's curves: 2 + 2 per mask)
-SPLIT_COPIES, SPLIT_COPIES_PER_MASK = 2, 2
-EDGE_GRAD_COPIES = 5  # the backward pass's float32 tensors per unit chunk (projected gradient, the norm's Jacobian)
-# the MLP's hidden-size tensors autograd saves: GELU its input (1); a gated MLP the activation's input and the
-# product's two factors (3); the output projection saves nothing (frozen weights)
-GRAD_MLP_HIDDEN = {False: 1, True: 3}
+# under gradients, per layer: what autograd keeps for the backward pass. The weights are frozen, so a projection
+# keeps nothing of its input; the fused norms and activations (`engine.contrast.fused_activations`) keep less than
+# TransformerLens's unfused ops would.
+GRAD_RESID = 2
+GRAD_MLP_HIDDEN = {False: 0, True: 1}
+EDGE_GRAD_COPIES = 1  # the backward pass's float32 tensors per unit chunk of a layer's q/k/v edges
+# many-edge patches (circuits) without gradients: copies of the per-head query/key/value inputs alive (and per mask)
+SPLIT_COPIES, SPLIT_COPIES_PER_MASK = 2, 0
+LIVE_COPIES = 0.5  # senders read live: copies of their differences kept, per mask
+MASK_COPIES_SPLIT = 1  # single edges (exact patching) run from the masks as given, a layer's group at a time
+READOUT_COPIES = 2.5  # float32 copies of the logits at the read positions alive at once (logits, log-softmax)
+HOST_BYTES = 5 << 20  # on the CPU: the job's own small allocations (below glibc's mmap threshold, Python objects)
 SPLIT_LAYERS = 5  # exact edge patching groups single edges by the layer they enter: top edges taken as entering 5
 EDGE_GRAPH_HOST = 106  # bytes per edge of the edge graph's Python objects (host memory)
 
@@ -195,7 +199,7 @@ def _layer_bytes(cfg, rows: int, q: int, keys: int, prefix_rows: int, grad: bool
     split_in = rq * (H + 2 * Hkv) * d  # per-head query/key/value inputs
     if not grad:
         attn = RESID_COPIES * rq * d + qkv + kv_rep + SCORE_COPIES * scores + z + split * split_in
-        mlp = RESID_COPIES * rq * d + MLP_HIDDEN * rq * mlp_hidden
+        mlp = RESID_COPIES * rq * d + MLP_HIDDEN[bool(getattr(cfg, "gated_mlp", False))] * rq * mlp_hidden
         return e * (max(attn, mlp) + prefix)
     saved = (GRAD_RESID * rq * d + qkv + kv_rep + SCORE_COPIES * scores + 2 * z
              + (split_in if split else 0) + GRAD_MLP_HIDDEN[bool(getattr(cfg, "gated_mlp", False))] * rq * mlp_hidden)
@@ -207,7 +211,7 @@ def _readout_bytes(cfg, rows: int, positions: int) -> int:
     float16 logits first, in those dtypes)."""
     *_, V, _ = _dims(cfg)
     e = _elem(cfg)
-    return rows * positions * V * (8 + (e if e != 4 else 0))
+    return rows * positions * V * (4 * READOUT_COPIES + (e if e != 4 else 0))
 
 
 def _bucket_cache(cfg, b: BucketShape, job: Job, start: int) -> int:
@@ -270,7 +274,8 @@ def predict(cfg, buckets: Sequence[BucketShape], job: Job, batch_size: int, *, w
         else:
             kept += c
     P = max(c.patches for c in job.calls)
-    masks = job.masks * P * job.units * 4 * (3 if job.grad else 2)  # the masks, a chunk's copy (and gradients)
+    # the masks, a chunk's copy (and their gradients); single edges run from the masks as given, grouped by layer
+    masks = job.masks * P * job.units * 4 * (MASK_COPIES_SPLIT if job.split else 3 if job.grad else 2)
     clean = max(_clean_pass(cfg, b, job, start, batch_size) for b in buckets)
     working, forwards, bound = 0.0, 0, False
     for b in buckets:
@@ -292,7 +297,7 @@ def predict(cfg, buckets: Sequence[BucketShape], job: Job, batch_size: int, *, w
                 live += 2 * b.n * b.slots * job.senders * cfg.d_model * e
             if job.edges and job.live and not job.split:  # senders read live: their differences are kept (per mask:
                 # a circuit's own edges and the frozen rest each capture them)
-                live += job.masks * rows * b.slots * job.senders * cfg.d_model * e
+                live += LIVE_COPIES * job.masks * rows * b.slots * job.senders * cfg.d_model * e
             if job.grad:  # the backward pass through the unembedding reads it transposed
                 live += cfg.d_model * cfg.d_vocab_out * e
             if job.grad and job.edges:  # a layer's q/k/v edges' input gradients, a chunk of units at a time (float32)
@@ -311,6 +316,8 @@ def predict(cfg, buckets: Sequence[BucketShape], job: Job, batch_size: int, *, w
     parts = {"weights": weights, "caches": held, "masks": masks, "working": max(clean, working)}
     if job.edges and host:
         parts["edge graph"] = job.edges * EDGE_GRAPH_HOST
+    if host:
+        parts["host"] = HOST_BYTES
     return Prediction(job.name, batch_size, int(sum(parts.values())), {k: int(v) for k, v in parts.items()},
                       forwards, bound)
 

@@ -1,6 +1,7 @@
 """Memory plans: the predicted weights equal the tensors a model holds, the predicted forward passes equal the
-engine's count, a tight budget lowers the batch size or refuses before the work, and the predicted peak is within
-30% of the peak measured on the bench's shapes, and never more than 15% under it (GPT-2 small and the Llama-3.1-8B-shaped model of bench/scale.py)."""
+engine's count, a tight budget lowers the batch size or refuses before the work, and above the
+weights the predicted peak is within 30% of the measured one, and never more than 15% under it, on shapes held out of
+the fit of its constants."""
 import json
 import os
 import subprocess
@@ -112,27 +113,27 @@ def test_the_llama_workload_fits_one_80gb_gpu_by_prediction():
         assert p.peak <= 80 * 10**9 and p.batch_size >= 1
 
 
-# (model, job): the bench's shapes, two items of 30 positions, each job in a fresh process
-MEASURED = [("gpt2", "patch"), ("gpt2", "eap"), ("gpt2", "exact"), ("gpt2", "subsets-512"), ("llama", "eap"),
-            ("llama", "exact")]
+# (model, job): shapes held out of the fit of the predictor's constants (bench/memory.py's: a deeper, narrower GPT-2;
+# grouped-query attention with RMSNorm and rotary; parallel attention and MLP), 8 items of 58 positions, each job in
+# a fresh process
+MEASURED = [("deep", "patch"), ("gqa", "eap"), ("gqa", "exact"), ("parallel", "subsets-70")]
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("model,job", MEASURED)
-def test_predicted_peak_within_30_percent_of_the_measured_one(model, job):
+def test_predicted_memory_above_the_weights_within_30_percent_on_held_out_shapes(model, job):
     sys.path.insert(0, os.path.join(ROOT, "bench"))
     from scale import MMAP_THRESHOLD
 
     env = dict(os.environ, MALLOC_MMAP_THRESHOLD_=str(MMAP_THRESHOLD), OMP_NUM_THREADS="2")
-    r = subprocess.run([sys.executable, os.path.join(ROOT, "bench", "scale.py"), "measure", model, job, "2", "3"],
+    r = subprocess.run([sys.executable, os.path.join(ROOT, "bench", "scale.py"), "measure", model, job, "8", "10"],
                        capture_output=True, text=True, env=env, timeout=900)
     assert r.returncode == 0, r.stderr[-3000:]
     res = json.loads(r.stdout.strip().splitlines()[-1])
-    assert res["measured"] > res["weights"]
-    assert abs(res["predicted"] / res["measured"] - 1) <= 0.30, res
-    # a plan that predicts too little runs out of memory: never more than 15% under (with the working memory halved,
-    # the Llama-shaped EAP prediction reads 0.80 of the measured peak and this fails)
-    assert res["predicted"] >= 0.85 * res["measured"], res
+    above = (res["predicted"] - res["weights"]) / (res["measured"] - res["weights"])
+    assert res["measured"] - res["weights"] > 16 << 20, res  # the job's own memory, not the process's noise
+    # a plan that predicts too little runs out of memory: never more than 15% under
+    assert 0.85 <= above <= 1.30, (above, res)
     if not res["forwards_bound"]:
         assert res["forwards"] == res["forwards_predicted"], res
     else:
