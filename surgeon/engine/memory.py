@@ -16,8 +16,10 @@ over which sites, with or without gradients), `predict` adds up what the engine 
 
 The per-layer temporaries are counted tensor by tensor from TransformerLens's forward and the engine's
 shared-prefix attention (see `_layer_bytes`); the only constants are how many copies of a tensor are alive at
-once, measured on CPU with `peak_memory` (bench/scale.py prints prediction against measurement, and
-tests/engine/test_memory.py holds the prediction to within 30% of the measured peak on the bench's shapes).
+once, fitted on bench/scale.py's two models to the peak a job adds on CPU (`peak_memory`, after a warm-up pass), and
+checked on shapes held out of that fit (bench/memory.py; tests/engine/test_memory.py holds the memory above the
+weights within 30% of the measured there, and never more than 15% under it). On the CPU the plan adds the host's
+part: the job's small allocations and the edge graph's Python objects.
 
 `plan` picks the largest batch size (a power of two, at most the one asked for) whose predicted peak fits the
 budget (`--max-memory`, else the device's free memory) and refuses, naming the fix, when batch size 1 does not.
@@ -154,9 +156,9 @@ def _elem(cfg) -> int:
 
 # How many tensors of each size are alive at once. The terms are counted tensor by tensor from TransformerLens's
 # forward and the engine's hooks; how many copies of each are alive at the peak is fitted, on bench/scale.py's two
-# models only (GPT-2 small and the narrowed Llama-3.1-8B layout, at 2 x 30, 4 x 30 and 2 x 58 positions, every job),
-# to the peak a job adds to the resident set on CPU after one warm-up pass (the libraries' one-time set-up done, as a
-# GPU's allocator counts it): the least largest error over those 36 runs, each constant a multiple of 0.5 within
+# models only (GPT-2 small at 2 x 30, 4 x 30 and 2 x 58 positions, the narrowed Llama-3.1-8B layout at 2 x 30 and
+# 4 x 30; six jobs each), to the peak a job adds to the resident set on CPU after one warm-up pass (the libraries'
+# one-time set-up done, as a GPU's allocator counts it): the least largest error over those 30 runs, each constant a multiple of 0.5 within
 # what the forward can hold (e.g. 1-3 copies of the logits). bench/memory.py checks them on three shapes held out
 # of that fit. No gradients: a block's attention holds residual-size tensors, q/k/v, two score-size tensors (the
 # scores and the pattern) and the head outputs; its MLP residual-size tensors and hidden-size ones.
