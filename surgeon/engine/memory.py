@@ -158,9 +158,9 @@ def _elem(cfg) -> int:
 # forward and the engine's hooks; how many copies of each are alive at the peak is fitted, on bench/scale.py's two
 # models only (GPT-2 small at 2 x 30, 4 x 30 and 2 x 58 positions, the narrowed Llama-3.1-8B layout at 2 x 30 and
 # 4 x 30; six jobs each), to the peak a job adds to the resident set on CPU after one warm-up pass (the libraries'
-# one-time set-up done, as a GPU's allocator counts it): the least largest error over those 30 runs, each constant a multiple of 0.5 within
-# what the forward can hold (e.g. 1-3 copies of the logits). bench/memory.py checks them on three shapes held out
-# of that fit. No gradients: a block's attention holds residual-size tensors, q/k/v, two score-size tensors (the
+# one-time set-up done, as a GPU's allocator counts it): the least largest error over those 30 runs, each constant
+# a multiple of 0.5 within what the forward can hold (e.g. 1-3 copies of the logits). bench/memory.py checks them on
+# three shapes held out of that fit. No gradients: a block's attention holds residual-size tensors, q/k/v, two score-size tensors (the
 # scores and the pattern) and the head outputs; its MLP residual-size tensors and hidden-size ones.
 MLP_HIDDEN = {False: 3, True: 4}  # gelu_new's pre-activation and temporaries; gate, up, act(gate), product
 RESID_COPIES = 6
