@@ -36,8 +36,9 @@ def measure_memory(model: str, job: str, items: int = 8, letters: int = 10, thre
     return json.loads(r.stdout.strip().splitlines()[-1])
 
 
-def held_out(threads: int) -> float:
-    """The predictor on shapes its constants were not fitted to, the memory above the weights compared."""
+def held_out(threads: int, data: dict | None = None) -> float:
+    """The predictor on shapes its constants were not fitted to, the memory above the weights compared; each
+    measurement kept in `data` (shape -> job -> the measure's result)."""
     print("\n== memory predicted on held-out shapes (random weights, 8 items x 10 letters: 58 positions; each job in a fresh "
           "process, after a warm-up pass)")
     print("above = (predicted - weights) / (measured - weights): the part the predictor models; total = with the "
@@ -60,6 +61,8 @@ def held_out(threads: int) -> float:
             cells.append("edge jobs: none (surgeon's edge graphs refuse parallel attention/MLP blocks)")
         for job in jobs:
             r = measure_memory(name, job, threads=threads)
+            if data is not None:
+                data.setdefault("held_out", {}).setdefault(name, {})[job] = r
             worst = max(worst, abs(scale.above(r) - 1))
             label = scale.NAMES[job].strip() if job in scale.NAMES else f"subsets: {job.split('-')[1]}"
             cells.append(f"{label} {scale.above(r):.2f}x (total {r['predicted'] / r['measured']:.2f}x, "
@@ -78,8 +81,9 @@ def main() -> int:
     args = ap.parse_args()
     from saving import saved
 
-    with saved("memory", args.save):
-        held_out(args.threads)
+    data = {}
+    with saved("memory", args.save, data=data):
+        held_out(args.threads, data)
     return 0
 
 

@@ -301,6 +301,25 @@ def bench_summary(items: int = 2, positions_letters: int = 10) -> None:
     cog.outl("")
     cog.outl(ran_on("scale"))
     goal = [ln.strip() for ln in (BENCH / "memory.txt").read_text().splitlines() if ln.strip().startswith("goal:")]
+    held = json.loads((BENCH / "memory.json").read_text()).get("held_out", {})
+    if held:
+        shapes = list(held)
+        first = next(iter(held[shapes[0]].values()))
+        cog.outl("")
+        cog.outl(f"Memory on shapes the predictor was not fitted to (`bench/memory.py`: {', '.join(shapes)}; "
+                 f"{first['items']} items x {first['positions']} positions): surgeon's predicted peak above the "
+                 f"weights over the measured one")
+        cog.outl("")
+        cog.outl("| job | " + " | ".join(shapes) + " |")
+        cog.outl("|" + "---|" * (1 + len(shapes)))
+        for job, name in JOB_NAMES.items():
+            cells = []
+            for sh in shapes:
+                r = next((r for j, r in held[sh].items() if j == job or (job.startswith("subsets")
+                                                                         and j.startswith("subsets"))), None)
+                cells.append(f"{(r['predicted'] - r['weights']) / (r['measured'] - r['weights']):.2f}" if r else "--")
+            cog.outl(f"| {'subset search (half the heads)' if job.startswith('subsets') else name} | "
+                     + " | ".join(cells) + " |")
     if goal:
         cog.outl("")
         cog.outl(f"On shapes the memory predictor was not fitted to (`bench/memory.py`), {goal[0][len('goal: '):]}.")
