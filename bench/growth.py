@@ -5,8 +5,9 @@ weights), a base point (4 items, 58 positions, 4 layers, d_model 256) and one ax
 items 2 / 4 / 8, positions 30 / 58 / 114 (the words in bench/scale.py's template made longer), layers 2 / 4 / 8,
 d_model 128 / 256 / 512 (d_head = d_model / 8); at smaller sizes fixed costs hide the growth. Every job runs as
 bench/scale.py runs it (`scale.py measure`): in a fresh process for its peak memory (above the weights) and, per point,
-all jobs timed one after the other in one process (TransformerLens's import and the model's construction dominate a
-short job's process). Per job and quantity, a power law is fitted by least squares in log space over the nine distinct
+all jobs timed one after the other in one process, each the fastest of three runs after a warm-up pass
+(TransformerLens's import and the model's construction dominate a short job's process, and one run of a job that takes
+a tenth of a second is mostly noise). The measurements are printed as a table before the fits. Per job and quantity, a power law is fitted by least squares in log space over the nine distinct
 points (intercept and one exponent per axis) and printed with its largest residual.
 
 Then the extrapolation to Llama-3.1-8B on one 80 GB GPU, the assumptions stated with it: the fitted power laws hold
@@ -41,6 +42,7 @@ BASE = {"items": 4, "positions": 10, "layers": 4, "width": 256}  # positions as 
 AXES = {"items": (2, 4, 8), "positions": (3, 10, 24), "layers": (2, 4, 8), "width": (128, 256, 512)}
 JOBS = ("floor", "patch", "eap", "eap-ig", "exact", "curve", "subsets-64")
 NAMES = {**scale.NAMES, "subsets-64": "subsets: 64"}
+REPEAT = 3  # each job's time: the fastest of this many runs in its process (one run of a 0.1-s job is mostly noise)
 GPU_FLOPS = 400e12  # assumed: bfloat16 matmuls on an H100 at about 40% of its 989 TFLOP/s dense peak
 LLAMA = {"items": scale.LLAMA_ITEMS, "positions": scale.LLAMA_PROMPT + scale.LLAMA_ANSWER - 1, "layers": 32,
          "width": 4096}
@@ -59,7 +61,7 @@ def run_point(pt: dict, threads: int) -> dict:
     surgeon job in a fresh process for its peak memory (the mmap threshold fixed, as bench/scale.py measures)."""
     model = f"gpt2-L{pt['layers']}-d{pt['width']}"
     args = [str(pt["items"]), str(pt["positions"]), "--threads", str(threads)]
-    timed = _measure([model, ",".join(JOBS), *args, "--mode", "time"], threads, memory=False)
+    timed = _measure([model, ",".join(JOBS), *args, "--mode", "time", "--repeat", str(REPEAT)], threads, memory=False)
     out = {}
     for r in timed:
         job = r["job"]
@@ -120,6 +122,14 @@ def bench(threads: int) -> list[dict]:
           f"one axis at a time: items {', '.join(map(str, AXES['items']))}; positions "
           f"{', '.join(map(str, sorted({r['x']['positions'] for r in res.values()})))};"
           f" layers {', '.join(map(str, AXES['layers']))}; d_model {', '.join(map(str, AXES['width']))}")
+    print(f"measured (seconds, the fastest of {REPEAT} runs; memory above the weights in MiB, each job in a fresh process):")
+    print(f"  {'items':>5s} {'pos':>4s} {'layers':>6s} {'width':>5s}  " + " ".join(f"{j:>15s}" for j in JOBS))
+    for pt in pts:
+        rows = [res[(job, *pt.values())] for job in JOBS]
+        x = rows[0]["x"]
+        cells = [f"{r['seconds']:7.3f}" + (f" {max(r['measured'] - r['weights'], 0) / 2**20:6.0f}M" if "measured" in r
+                                          else " " * 8) for r in rows]
+        print(f"  {x['items']:5d} {x['positions']:4d} {x['layers']:6d} {x['width']:5d}  " + " ".join(cells))
     print("fitted over the 9 points (largest residual: the worst point's measured / fitted, as a factor):")
     fits = {}
     for job in JOBS:

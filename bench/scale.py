@@ -10,7 +10,8 @@ Items are random three-letter words in a Q&A template, and the same template wit
 other run (equal lengths, so every position is aligned: align="index", the setting of MIB and of EAP-IG).
 Each job runs at three sizes, items x prompt positions = 2 x 30, 4 x 30 and 2 x 58 (small: this is a 2-core CPU;
 the costs' growth is the point), measured side by side in one run, twice, each time in a fresh process: once timed
-(wall time, glibc's allocator as it comes), once for peak memory (the weights plus the peak the job adds to the
+(wall time, glibc's allocator as it comes; the floor, EAP and EAP-IG, a second or so each, the fastest of three
+runs in that process), once for peak memory (the weights plus the peak the job adds to the
 resident set, after one warm-up forward and backward has done the libraries' one-time set-up, as a GPU's allocator
 counts a job; glibc's mmap threshold fixed at 128 KiB so freed tensors leave the resident set, as a GPU's allocator
 would not count them; that costs page faults, hence the separate timed run):
@@ -20,7 +21,8 @@ would not count them; that costs page faults, hence the separate timed run):
                    the batch dimension, logits at the read position only: bench/careful.py; checked equal to
                    surgeon's scores by tests/test_bench.py) and, at the first size, vs TransformerLens's
                    generic_activation_patch with layer_head_vector_patch_setter over the same (layer, head) index (one
-                   forward per head; timed on a sample of the index, scaled to all of it);
+                   forward per head; timed on a sample of the index, scaled to all of it); then the work each way
+                   computes (layer-positions): what skipping work can buy over each baseline;
   EAP              every edge's attribution, everything surgeon runs (the clean runs of both formats included) vs the
                    floor: one forward + backward of the failing run with the same TransformerLens blocks, weights
                    frozen, logits only at the read position;
@@ -43,7 +45,8 @@ Every surgeon job also prints surgeon's predicted peak (`surgeon.engine.memory`)
 against the measured ones. Then the Llama-3.1-8B workload predicted on one 80 GB GPU.
 
     python bench/scale.py [--models gpt2,llama] [--threads 2] [--save]
-    python bench/scale.py measure MODEL JOB[,JOB...] ITEMS WORDS [--batch-size 256]   (a JSON line per job)
+    python bench/scale.py measure MODEL JOB[,JOB...] ITEMS WORDS [--batch-size 256] [--mode time --repeat 3]
+                                                                                      (a JSON line per job)
 """
 from __future__ import annotations
 
@@ -73,6 +76,9 @@ NAMES = {"patch": "per-head sweep", "careful-patch": "  careful TL (KV cache, ba
          "edge-loop": "  loop, one forward per edge",
          "curve": "faithfulness curve (11)", "smallest": "smallest circuit (f >= 0.9)",
          "subsets-128": "subsets: 128", "subsets-512": "subsets: 512"}
+# the short jobs whose one run is mostly noise: timed as the fastest of three in their process (the floor and the
+# jobs it is the unit of, on both sides of the EAP / floor ratio alike)
+REPEAT = {"floor": 3, "eap": 3, "eap-ig": 3}
 TL_SAMPLE = 24  # (layer, head) cells the TransformerLens sweep is timed on
 LOOP_SAMPLE = 8  # edges the per-edge loop is timed on
 SUBSET_LAYER = {"gpt2": 9, "llama": 28, "deep": 20, "gqa": 9, "parallel": 6}
@@ -158,9 +164,10 @@ def subset_masks(n: int, H: int, k: int, seed: int = 0) -> torch.Tensor:
 
 
 # ----------------------------------------------------------------------------- one job, in this process
-def measure(model_name: str, job: str, n_items: int, letters: int, batch_size: int = 256, sample: int | None = None
-            ) -> dict:
-    """Build the model and rows, run `job` once, return its wall time, peak memory, prediction and forwards."""
+def measure(model_name: str, job: str, n_items: int, letters: int, batch_size: int = 256, sample: int | None = None,
+            repeat: int = 1) -> dict:
+    """Build the model and rows, run `job` (`repeat` times, its wall time the fastest: a short job's single run is
+    mostly noise on a shared CPU), return its wall time, peak memory (of the first run), prediction and forwards."""
     import gc
 
     import numpy as np
@@ -196,18 +203,16 @@ def measure(model_name: str, job: str, n_items: int, letters: int, batch_size: i
         del c
     warm_up(model, base)
     gc.collect()
-    counted = None
-    mem_job = None
     plan_rows = (source, base) if job in ("curve", "smallest") else (base, source)  # the rows the job's contrast holds
-    with memory.peak_memory() as m:
-        t0 = time.perf_counter()
+
+    def once():  # the job: returns (forward passes counted, the memory plan's job) where surgeon runs it
         if job == "patch":
             sites = [Site.of("z", layer) for layer in range(L)]
             c = Contrast(model, base, source, "index", batch_size=batch_size, sites=sites)
             with torch.no_grad():
                 for s in sites:
                     c.run({s: torch.eye(H)})
-            counted, mem_job = c.execution["forwards"], memory.per_head(cfg)
+            return c.execution["forwards"], memory.per_head(cfg)
         elif job.startswith("subsets"):
             n = int(job.split("-")[1])
             layer = SUBSET_LAYER.get(model_name, L - 1)
@@ -217,11 +222,11 @@ def measure(model_name: str, job: str, n_items: int, letters: int, batch_size: i
             with torch.no_grad():
                 for lo in range(0, n, 256):
                     c.run({s: masks[lo: lo + 256]})
-            counted, mem_job = c.execution["forwards"], memory.subsets(cfg, layer, n)
+            return c.execution["forwards"], memory.subsets(cfg, layer, n)
         elif job in ("eap", "eap-ig"):
             c = Contrast(model, base, source, "index", batch_size=batch_size, sites=site.node_sites())
             edge_scores(c, site, "eap" if job == "eap" else "eap-ig-inputs", 5)
-            counted, mem_job = c.execution["forwards"], memory.eap(cfg, graph, 1 if job == "eap" else 5)
+            return c.execution["forwards"], memory.eap(cfg, graph, 1 if job == "eap" else 5)
         elif job == "exact":
             c = Contrast(model, base, source, "index", batch_size=batch_size, sites=site.node_sites())
             top = pre["order"][:200]
@@ -229,14 +234,14 @@ def measure(model_name: str, job: str, n_items: int, letters: int, batch_size: i
             onehot[torch.arange(len(top)), torch.as_tensor(top)] = 1
             with torch.no_grad():
                 c.run({site: onehot})
-            counted, mem_job = c.execution["forwards"], memory.exact_edges(cfg, graph, 200)
+            return c.execution["forwards"], memory.exact_edges(cfg, graph, 200)
         elif job == "curve":  # on the run discover evaluates circuits on: the source rows, the base run's values
             rev = reversed_contrast(model, site, base, source, batch_size)
             order = np.random.default_rng(0).permutation(len(site.edges))
             E = len(site.edges)
             CircuitRuns(rev, site, rev, site, "kept", "resample", {}).value(
                 [order[: max(1, round(f * E))] for f in (0.0,) + CURVE])
-            counted, mem_job = rev.execution["forwards"], memory.circuits(cfg, graph, 11)
+            return rev.execution["forwards"], memory.circuits(cfg, graph, 11)
         elif job == "smallest":
             c = reversed_contrast(model, site, base, source, batch_size)  # the run discover evaluates circuits on
             runs = CircuitRuns(c, site, c, site, "kept", "resample", {})
@@ -244,8 +249,7 @@ def measure(model_name: str, job: str, n_items: int, letters: int, batch_size: i
             g = build_graph(site, pre["scores"], {})
             _, search = prune(runs, g, pre["order"], 0.9, None)
             out["search"] = search.get("describe")
-            counted = c.execution["forwards"]
-            mem_job = memory.circuits(cfg, graph, 16, max(1, search.get("evaluated", 1) // 16))
+            return c.execution["forwards"], memory.circuits(cfg, graph, 16, max(1, search.get("evaluated", 1) // 16))
         elif job == "floor":
             from careful import forward_backward, read_at
 
@@ -262,7 +266,18 @@ def measure(model_name: str, job: str, n_items: int, letters: int, batch_size: i
             out.update(exact_profile(model, site, base, source, pre["order"][:200], batch_size))
         else:
             raise SystemExit(f"unknown job {job!r}")
-        out["seconds"] = out["projected"] if "projected" in out else time.perf_counter() - t0
+        return None, None
+
+    with memory.peak_memory() as m:
+        t0 = time.perf_counter()
+        counted, mem_job = once()
+        seconds = [time.perf_counter() - t0]
+    for _ in range(repeat - 1 if "projected" not in out else 0):  # timed again after the measured peak (the first's)
+        gc.collect()
+        t0 = time.perf_counter()
+        once()
+        seconds.append(time.perf_counter() - t0)
+    out["seconds"] = out["projected"] if "projected" in out else min(seconds)
     # the job's memory: what it added to the resident set at its peak (as a GPU's allocator counts it), on top of the
     # weights; what was resident before it began (the rows, a ranking computed before, the libraries' set-up and the
     # Python objects of the model beyond its tensors) is kept apart
@@ -456,6 +471,21 @@ def exact_work(model, site, base, source, top) -> dict:
             "first_differing": p0, "positions": T, "mean_receiver_layer": sum(layers) / len(layers), "layers": L}
 
 
+def sweep_work(model, base, source) -> dict:
+    """Layer-positions (one block at one position of one row) each way of patching every head alone computes: the
+    naive sweep (generic_activation_patch) runs a full forward per head; the least any method needs is each head's
+    copy from its own layer on, at the positions from the first one where the prompts differ; the careful sweep
+    computes that and its clean runs (the source run, the shared prefix, and the clean suffix up to each layer)."""
+    from careful import shared_prefix
+
+    L, H = model.cfg.n_layers, model.cfg.n_heads
+    toks, p0 = shared_prefix(base, source)
+    R, T = len(base), toks.shape[1]
+    least = sum(H * R * (T - p0) * (L - layer) for layer in range(L))
+    clean = R * len(source[0].tokens) * L + R * p0 * L + sum(R * (T - p0) * layer for layer in range(L))
+    return {"naive": L * H * R * T * L, "least": least, "careful": least + clean, "first_differing": p0, "positions": T}
+
+
 def exact_profile(model, site, base, source, top, batch_size: int) -> dict:
     """Surgeon's exact top-200 under torch.profiler: the operators by share of self CPU time, and the work counts."""
     from torch.profiler import ProfilerActivity, profile
@@ -483,7 +513,8 @@ def run_one(model: str, job: str, items: int, letters: int, threads: int) -> dic
         if mode == "memory":
             env["MALLOC_MMAP_THRESHOLD_"] = str(MMAP_THRESHOLD)
         r = subprocess.run([sys.executable, __file__, "measure", model, job, str(items), str(letters),
-                            "--threads", str(threads), "--mode", mode], capture_output=True, text=True, env=env)
+                            "--threads", str(threads), "--mode", mode, "--repeat", str(REPEAT.get(job, 1))],
+                           capture_output=True, text=True, env=env)
         if r.returncode:
             raise SystemExit(f"{model} {job} {items}x{letters} ({mode}) failed:\n{r.stderr[-3000:]}")
         res = json.loads(r.stdout.strip().splitlines()[-1])
@@ -536,6 +567,7 @@ def bench_model(name: str, threads: int, data: dict | None = None) -> list[str]:
     p(f"\n== {title} (random weights): {cfg.n_layers} layers x {cfg.n_heads} heads"
       f"{f' ({cfg.n_key_value_heads} key/value)' if cfg.n_key_value_heads else ''}, d_model {cfg.d_model}, "
       f"vocab {cfg.d_vocab:,}; {cfg.n_layers * cfg.n_heads:,} heads, {E:,} edges; {threads} threads")
+    work = sweep_work(model, *make_rows(model, *SIZES[0]))
     del model
     res = {}
     for items, letters in SIZES:
@@ -615,6 +647,12 @@ def bench_model(name: str, threads: int, data: dict | None = None) -> list[str]:
         p(f"  per-head sweep vs the careful TransformerLens sweep at {s[0]} x {pos[s]}: {ratio:.1f}x (target >= 5x: "
           f"{'met' if ratio >= 5 else 'MISSED'})" + (f"; vs generic_activation_patch {r_tl['seconds'] / r_p['seconds']:.1f}x"
                                                      if r_tl else ""))
+    p(f"    why, at {first[0]} x {pos[first]}: generic_activation_patch computes {work['naive']:,} layer-positions (a "
+      f"full forward per head); patching each head alone needs at least {work['least']:,} (each head's copy from its "
+      f"own layer on, at the positions from the first one where the prompts differ, {work['first_differing']}), and the "
+      f"careful sweep computes {work['careful']:,} (that and its clean runs): skipping work buys at most "
+      f"{work['naive'] / work['least']:.1f}x over the naive sweep and {work['careful'] / work['least']:.2f}x over the "
+      f"careful one, so surgeon's lead over the careful sweep is speed per layer-position, not work skipped")
     flat = growth(s5, s20, "measured", "weights")
     p(f"  subset search, 128 -> 512 subsets: time x{growth(s5, s20, 'seconds'):.2f}, memory above weights "
       f"x{flat:.2f} (target: flat: {'met' if flat <= 1.15 else 'MISSED'})")
@@ -636,11 +674,13 @@ def main():
         ap.add_argument("--threads", type=int, default=2)
         ap.add_argument("--mode", choices=("time", "memory"), default="memory",
                         help="memory: baselines on a sample of 2 (their peak is one forward)")
+        ap.add_argument("--repeat", type=int, default=1, help="time mode: the fastest of this many runs of each job")
         args = ap.parse_args()
         torch.set_num_threads(args.threads)
         sample = 2 if args.mode == "memory" else None
         for job in args.job.split(","):  # several jobs: one after the other in this process, a JSON line each
-            print(json.dumps(measure(args.model, job, args.items, args.letters, args.batch_size, sample)), flush=True)
+            print(json.dumps(measure(args.model, job, args.items, args.letters, args.batch_size, sample,
+                                     args.repeat if args.mode == "time" else 1)), flush=True)
         return 0
     ap = argparse.ArgumentParser()
     ap.add_argument("--models", default="gpt2,llama")
