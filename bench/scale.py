@@ -710,24 +710,27 @@ def llama_8b():
     and the plain one 15, answers of 3 tokens (" 9", ".", "11"), aligned at the last prompt token and the answer."""
     from transformer_lens import HookedTransformerConfig
 
-    from surgeon.spec.encoding import Row
-
     cfg = HookedTransformerConfig(n_layers=32, d_model=4096, n_heads=32, d_head=128, n_key_value_heads=8,
                                   d_mlp=14336, n_ctx=2048, d_vocab=128256, act_fn="silu", gated_mlp=True,
                                   normalization_type="RMS", positional_embedding_type="rotary", rotary_dim=128,
                                   final_rms=True, dtype=torch.bfloat16, device="cpu")
 
-    def rows(prompt: int):
-        out = []
-        for i in range(LLAMA_ITEMS):
-            for answer in range(2):  # the two answers share " 9" "." and differ in their last token
-                ans = [10, 11, 20 + answer]
-                tokens = tuple(range(100, 100 + prompt)) + tuple(ans[:-1])
-                targets = tuple((prompt - 1 + j, ans[j], 1.0 if answer == 0 else -1.0) for j in range(LLAMA_ANSWER))
-                out.append(Row(i, tokens, prompt, targets, {}))
-        return out
+    return cfg, llama_rows(LLAMA_PROMPT), llama_rows(LLAMA_GOOD_PROMPT)
 
-    return cfg, rows(LLAMA_PROMPT), rows(LLAMA_GOOD_PROMPT)
+
+def llama_rows(prompt: int, items: int = LLAMA_ITEMS) -> list:
+    """The workload's rows of one format: `items` items, two answer rows each (the answers share " 9" "." and differ
+    in their last token), a prompt of `prompt` tokens (ids from 100 on)."""
+    from surgeon.spec.encoding import Row
+
+    out = []
+    for i in range(items):
+        for answer in range(2):
+            ans = [10, 11, 20 + answer]
+            tokens = tuple(range(100, 100 + prompt)) + tuple(ans[:-1])
+            targets = tuple((prompt - 1 + j, ans[j], 1.0 if answer == 0 else -1.0) for j in range(LLAMA_ANSWER))
+            out.append(Row(i, tokens, prompt, targets, {}))
+    return out
 
 
 def LLAMA_JOBS(cfg):
