@@ -17,7 +17,11 @@ matmuls at 400 TFLOP/s (about 40% of an H100's dense peak). Two ways, both print
 moved to the GPU by the ratio of matmul throughputs (this CPU's measured here); (b) the job's time as a multiple of
 the floor (one forward + backward, fitted the same way) times the floor's FLOP count on the GPU. At these sizes the
 fitted width exponents stay below a matmul's d_model^2 (fixed costs), so (a) understates; the floor's own fit
-against its FLOP count shows by how much. Memory above the weights is extrapolated for one batch of all rows in
+against its FLOP count shows by how much; and a floor of a tenth of a second is mostly fixed cost, so the ratios in (b)
+grow with items and layers faster than the work does, and (b) overstates. (c) needs no fit: it counts the
+matrix-multiply work of the engine's own calls for the workload (`job_flops`; tests/test_bench.py checks it against torch's FLOP counter on the engine's own run) and divides by the same throughput,
+and the engine's plan for one 80 GB GPU (batch size, forward passes, predicted peak) stands beside the power law's
+memory. Memory above the weights is extrapolated for one batch of all rows in
 float32 and halved for bfloat16; surgeon plans smaller batches where that does not fit (bench/scale.py prints its
 plan for the same workload). The raw measurements are kept in bench/results/growth.json.
 
@@ -166,7 +170,17 @@ def bench(threads: int) -> list[dict]:
           f"throughput ({flops / 1e9:,.0f} GFLOP/s): {floor_fit:.3f} s. The fitted widths grow slower than a matmul's "
           f"d_model^2 (fixed costs at these sizes), so (a) understates; (b) scales each job's measured ratio to the "
           f"floor (itself fitted) by the floor's FLOP count:")
-    print(f"  {'':28s} {'(a) fit x CPU/GPU':>18s} {'(b) ratio x floor':>18s} {'ratio':>8s} {'memory above weights':>22s}")
+    counted = work_counts()
+    print(f"  (c) counts the matrix-multiply work of the engine's own calls for this workload (its rows merged and "
+          f"aligned as it runs them: the clean runs of both formats, then each call's patches from their first layer "
+          f"on, at the positions from the first patched one, a backward costing a forward, and for EAP and EAP-IG "
+          f"one product of d_model per edge, aligned position and row; exact edges counted from layer 0, an upper "
+          f"bound) at {GPU_FLOPS / 1e12:.0f} TFLOP/s: no fit, a lower bound on a GPU's time where the work is large "
+          f"enough to keep it busy. Memory: the power law (one batch of every row, halved for bfloat16) beside the "
+          f"engine's own plan for one 80 GB GPU (checked within 30% on held-out shapes: bench/memory.py)")
+    print(f"  {'':28s} {'(a) fit x CPU/GPU':>18s} {'(b) ratio x floor':>18s} {'ratio':>8s} {'(c) counted':>12s} "
+          f"{'ratio':>7s}   {'memory: power law':>18s} {'plan':>30s}")
+    floor_count = counted["floor"]["flops"]
     for job in JOBS:
         if job == "floor":
             continue
@@ -174,9 +188,64 @@ def bench(threads: int) -> list[dict]:
         t = predict(t_coef, x) * flops / GPU_FLOPS
         ratio = predict(r_coef, x)
         mem = predict(m_coef, x) / 2
+        c = counted[job]
+        plan = f"{c['above'] / 2**30:.2f} GiB (batch {c['batch_size']}, {c['forwards']} passes)"
         print(f"  {NAMES[job].strip():28s} {t:16.2f} s {ratio * floor_flops:16.2f} s {ratio:7.1f}x "
-              f"{mem / 2**30:17.2f} GiB")
+              f"{c['flops'] / GPU_FLOPS:10.2f} s {c['flops'] / floor_count:6.1f}x {mem / 2**30:15.2f} GiB "
+              f"{plan:>30s}")
     return list(res.values())
+
+
+def work_counts() -> dict:
+    """Per job, the matrix-multiply FLOPs of the engine's calls for the Llama-3.1-8B workload (bench/scale.py's rows)
+    and its plan for one 80 GB GPU: batch size, forward passes, the predicted peak above the weights."""
+    from surgeon.analyses.planning import graph_size
+    from surgeon.engine import memory
+
+    cfg, base, source = scale.llama_8b()
+    graph = graph_size(cfg)
+    jobs = {"patch": memory.per_head(cfg), "eap": memory.eap(cfg, graph, 1), "eap-ig": memory.eap(cfg, graph, 5),
+            "exact": memory.exact_edges(cfg, graph, 200), "curve": memory.circuits(cfg, graph, 11),
+            "subsets-64": memory.subsets(cfg, scale.SUBSET_LAYER["llama"], 64)}
+    weights = memory.weights_bytes(cfg)
+    out = {"floor": {"flops": floor_flops(cfg, base)}}
+    for key, job in jobs.items():
+        p = memory.plan(cfg, base, source, "last", job, batch_size=256, budget=scale.GPU_BYTES, device="cuda:0")
+        out[key] = {"flops": job_flops(cfg, base, source, "last", job, p.batch_size), "batch_size": p.batch_size,
+                    "forwards": p.forwards, "above": p.peak - weights}
+    return out
+
+
+def _layer_params(cfg) -> int:
+    """The weights of one block that every position multiplies by (attention projections, the MLP)."""
+    kv = cfg.n_key_value_heads or cfg.n_heads
+    return (cfg.d_model * cfg.d_head * (2 * cfg.n_heads + 2 * kv)
+            + cfg.d_model * cfg.d_mlp * (3 if cfg.gated_mlp else 2))
+
+
+def floor_flops(cfg, rows) -> int:
+    """A forward and a backward (w.r.t. the activations, as much again) of every row at every position."""
+    return 2 * 2 * _layer_params(cfg) * sum(len(r.tokens) for r in rows) * cfg.n_layers
+
+
+def job_flops(cfg, base, source, align: str, job, batch_size: int) -> int:
+    """The matrix-multiply FLOPs of the engine's calls of `job` (surgeon.engine.memory's description) on these rows,
+    merged and aligned as the engine runs them: a layer-position (one block at one position of one row) costs 2 x the
+    block's weights; the clean runs of both formats every layer at every position; each call's patches from their
+    first layer on at the positions from the first patched one, a backward as much again; for a gradient over edges
+    (EAP, EAP-IG) one product of d_model per edge, aligned position, row and step. Attention's own products, the
+    embedding and the unembedding are left out (small beside the blocks at these lengths)."""
+    from surgeon.engine import memory
+
+    b, s, aligned = memory.merged_rows(base, source, align)
+    shapes = memory.layout(b, s, aligned, batch_size)
+    L = cfg.n_layers
+    clean = sum(x.n * (x.base_width + x.source_width) for x in shapes) * L
+    suffix = sum(x.n * (x.base_width - x.p0) for x in shapes)
+    patched = sum(c.count * c.patches * suffix * (L - c.start) for c in job.calls) * (2 if job.grad else 1)
+    products = (job.edges * sum(x.n * x.slots for x in shapes) * cfg.d_model * sum(c.patches for c in job.calls)
+                if job.grad else 0)
+    return 2 * _layer_params(cfg) * (clean + patched) + 2 * products
 
 
 def main() -> int:

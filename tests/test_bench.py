@@ -204,3 +204,77 @@ def test_the_feature_loop_equals_surgeons_feature_circuit():
     mine = torch.tensor([[att[(u, d)] for u in range(F)] for d in down], dtype=torch.float64)
     torch.testing.assert_close(mine, got, atol=1e-5, rtol=1e-3)
     assert float(got.abs().max()) > 1e-5
+
+
+def _tiny_llama():
+    """A small random model with Llama's layout (grouped-query attention, gated MLP, RMSNorm, rotary)."""
+    from transformer_lens import HookedTransformer, HookedTransformerConfig
+
+    cfg = HookedTransformerConfig(n_layers=4, d_model=128, n_heads=8, d_head=16, n_key_value_heads=2, d_mlp=384,
+                                  n_ctx=256, d_vocab=256, act_fn="silu", gated_mlp=True, normalization_type="RMS",
+                                  positional_embedding_type="rotary", rotary_dim=16, final_rms=True, seed=0)
+    model = HookedTransformer(cfg)
+    model.eval()
+    for p in model.parameters():
+        p.requires_grad_(False)
+    return model
+
+
+def test_the_work_count_is_what_the_engine_multiplies():
+    """bench/growth.py's column (c) counts the matrix-multiply work of the engine's calls from its job description
+    (no fit); torch's FLOP counter, run around the engine itself on the Llama workload's rows (prompts of 45 and 15
+    tokens, answers of 3, aligned at the last prompt token and the answer), agrees within 20% for the per-head sweep,
+    a subset search and EAP; for exact edges the count (from layer 0) is an upper bound. A count that recomputed every
+    position under a patch, or forgot the clean runs, fails."""
+    import numpy as np
+    from torch.utils.flop_counter import FlopCounterMode
+
+    import growth
+
+    from surgeon.analyses.circuit import edge_scores
+    from surgeon.analyses.planning import graph_size
+    from surgeon.engine import memory
+    from surgeon.engine.contrast import Contrast
+    from surgeon.sites.edges import EdgeSite
+    from surgeon.sites.nodes import Site
+
+    model = _tiny_llama()
+    cfg = model.cfg
+    base, source = scale.llama_rows(45, 4), scale.llama_rows(15, 4)
+    site, graph = EdgeSite.of(cfg), graph_size(cfg)
+    heads = [Site.of("z", layer) for layer in range(cfg.n_layers)]
+
+    def patch():
+        c = Contrast(model, base, source, "last", sites=heads)
+        with torch.no_grad():
+            for s in heads:
+                c.run({s: torch.eye(cfg.n_heads)})
+
+    def subsets():
+        c = Contrast(model, base, source, "last", sites=[heads[2]])
+        with torch.no_grad():
+            c.run({heads[2]: (torch.rand(64, cfg.n_heads, generator=torch.Generator().manual_seed(0)) > 0.5).float()})
+
+    def eap():
+        edge_scores(Contrast(model, base, source, "last", sites=site.node_sites()), site, "eap")
+
+    def exact():
+        c = Contrast(model, base, source, "last", sites=site.node_sites())
+        top = torch.as_tensor(np.random.default_rng(0).permutation(len(site.edges))[:200])
+        with torch.no_grad():
+            c.run({site: torch.zeros(200, len(site.edges)).index_put_((torch.arange(200), top), torch.tensor(1.0))})
+
+    jobs = {patch: memory.per_head(cfg), subsets: memory.subsets(cfg, 2, 64), eap: memory.eap(cfg, graph, 1),
+            exact: memory.exact_edges(cfg, graph, 200)}
+    for run, job in jobs.items():
+        with FlopCounterMode(display=False) as fc:
+            run()
+        counted = growth.job_flops(cfg, base, source, "last", job, 256)
+        if run is exact:
+            assert fc.get_total_flops() <= counted, (run.__name__, fc.get_total_flops(), counted)
+        else:
+            assert abs(counted / fc.get_total_flops() - 1) < 0.2, (run.__name__, fc.get_total_flops(), counted)
+    # and the floor the ratios divide by: a forward and a backward of every row at every position
+    with FlopCounterMode(display=False) as fc:
+        forward_backward(model, torch.tensor([r.tokens for r in base]), *read_at(base))
+    assert abs(growth.floor_flops(cfg, base) / fc.get_total_flops() - 1) < 0.2, fc.get_total_flops()
