@@ -169,7 +169,8 @@ def bench(threads: int) -> list[dict]:
           f"w.r.t. the activations only): {floor_flops:.2f} s; by its own fit moved by this CPU's measured matmul "
           f"throughput ({flops / 1e9:,.0f} GFLOP/s): {floor_fit:.3f} s. The fitted widths grow slower than a matmul's "
           f"d_model^2 (fixed costs at these sizes), so (a) understates; (b) scales each job's measured ratio to the "
-          f"floor (itself fitted) by the floor's FLOP count:")
+          f"floor (itself fitted) by the floor's FLOP count, and a floor of a tenth of a second is mostly fixed cost, so "
+          f"its ratios grow with items and layers faster than the work does and (b) overstates.")
     counted = work_counts()
     print(f"  (c) counts the matrix-multiply work of the engine's own calls for this workload (its rows merged and "
           f"aligned as it runs them: the clean runs of both formats, then each call's patches from their first layer "

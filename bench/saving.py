@@ -1,7 +1,7 @@
 """`--save` for the benches: what a bench prints is also written to bench/results/NAME.txt, which the README
 renders verbatim (docs/readme.py), so a number in the README is always one a bench printed. NAME.json records what
-the run ran on: the commit, whether the tree had uncommitted changes, the sha256 of the engine's and the sites'
-sources (surgeon/engine, surgeon/sites) and of the organism weights."""
+the run ran on: the commit, whether the package or the bench scripts had uncommitted changes, the sha256 of the
+engine's and the sites' sources (surgeon/engine, surgeon/sites) and of the organism weights."""
 from __future__ import annotations
 
 import contextlib
@@ -36,7 +36,9 @@ def _git(*args: str) -> str:
 def run_record() -> dict:
     """What a saved result ran on (its commit, a dirty tree said as such, the engine's sources)."""
     return {"commit": _git("rev-parse", "HEAD") or None,
-            "uncommitted_changes": bool(_git("status", "--porcelain", "--untracked-files=no", "--", "surgeon")),
+            # the package or the bench scripts themselves differ from the commit named
+            "uncommitted_changes": bool(_git("status", "--porcelain", "--untracked-files=no", "--", "surgeon",
+                                             "bench/*.py")),
             "engine_sha256": engine_sha256(),
             "date": time.strftime("%Y-%m-%d")}
 
