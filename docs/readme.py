@@ -326,6 +326,96 @@ def bench_summary(items: int = 2, positions_letters: int = 10) -> None:
         cog.outl(ran_on("memory"))
 
 
+GOALS = {"patch": ("careful-patch", 5.0, ">= 5x the careful TL sweep"), "eap": ("floor", 0.5, "<= 2x the floor"),
+         "exact": ("careful-edge-loop", 10.0, ">= 10x the careful TL loop")}
+
+
+def _versus(x: float | None, base: str | None) -> str:
+    """baseline / surgeon as words: times faster than a baseline, or times the floor (the least the job needs)."""
+    if x is None:
+        return "--"
+    return f"{1 / x:.2f}x the floor" if base == "floor" else f"{x:.2f}x faster"
+
+
+def _held_out(job: str) -> str:
+    """The range of predicted / measured memory above the weights over bench/memory.py's held-out shapes."""
+    held = json.loads((BENCH / "memory.json").read_text()).get("held_out", {})
+    vals = [(r["predicted"] - r["weights"]) / (r["measured"] - r["weights"]) for shape in held.values()
+            for j, r in shape.items() if j == job or (job.startswith("subsets") and j.startswith("subsets"))]
+    if not vals:
+        return "--"
+    lo, hi = min(vals), max(vals)
+    return f"{lo:.2f}" if f"{lo:.2f}" == f"{hi:.2f}" else f"{lo:.2f}-{hi:.2f}"
+
+
+def bench_readme(items: int = 2, positions_letters: int = 10) -> None:
+    """The README's benchmark section: per job, surgeon's time on GPT-2 small, the careful TransformerLens baseline's
+    or the floor's, their ratio on GPT-2 small and on the Llama-shaped model against the job's goal, and the predicted
+    memory over the measured on the held-out shapes; every number read from bench/results (scale, memory,
+    subset_search), each with the line saying which commit it ran on."""
+    data = json.loads((BENCH / "scale.json").read_text())
+    by = {m: {r["job"]: r for r in data[m]["jobs"] if r["items"] == items and r["letters"] == positions_letters}
+          for m in ("gpt2", "llama")}
+    pos = by["gpt2"]["patch"]["positions"]
+    held = list(json.loads((BENCH / "memory.json").read_text()).get("held_out", {}))
+    cog = _cog()
+    cog.outl(f"Per job at {items} items x {pos} positions on 2 CPU threads (`bench/scale.py`, random weights): surgeon's "
+             f"time on GPT-2 small, the careful TransformerLens baseline's (prefix in a KV cache, patches in the batch) "
+             f"or EAP's floor (one forward and backward, weights frozen), then surgeon against it on GPT-2 small and on "
+             f"the Llama-3.1-8B-shaped model (32 layers, 805,681 edges); memory: surgeon's predicted peak above the "
+             f"weights over the measured one on shapes the predictor was not fitted to ({', '.join(held)}):")
+    cog.outl("")
+    cog.outl("| job | surgeon | baseline | GPT-2 small | Llama-shaped | goal | memory pred / meas |")
+    cog.outl("|---|---|---|---|---|---|---|")
+    for job, name in JOB_NAMES.items():
+        base, label = BASELINES[job]
+        r, b = by["gpt2"][job], by["gpt2"].get(base) if base else None
+        xs = [by[m][base]["seconds"] / by[m][job]["seconds"] if base else None for m in ("gpt2", "llama")]
+        goal = "--"
+        if job in GOALS:
+            _, target, words = GOALS[job]
+            goal = f"{words}: " + ("met" if all(x >= target for x in xs) else "missed")
+        cells = [name, f"{r['seconds']:.2f} s", f"{label} {b['seconds']:.2f} s" if b else "--",
+                 *(_versus(x, base) for x in xs), goal, _held_out(job)]
+        cog.outl("| " + " | ".join(cells) + " |")
+    cog.outl("")
+    ratios = [ln.split("ratio")[1].strip() for ln in (BENCH / "subset_search.txt").read_text().splitlines()
+              if ln.startswith("TransformerLens careful")]
+    goal = [ln for ln in (BENCH / "subset_search.txt").read_text().splitlines() if "against the careful" in ln]
+    if ratios:
+        cog.outl(f"The subset search against the careful TransformerLens search (12,870 subsets of 16 heads, "
+                 f"`bench/subset_search.py`): {' and '.join(ratios)} ({goal[0].split(':')[-1].strip() if goal else ''}). "
+                 f"Why the misses, where the work grows and the extrapolation to Llama-3.1-8B on one 80 GB GPU: "
+                 f"[benchmarks](docs/benchmarks.md). {ran_on_many(['scale', 'memory', 'subset_search'])}")
+
+
+def install_line() -> None:
+    """One sentence from bench/install.py's saved output: how long a fresh install takes and how big it is."""
+    rows = {ln[:32].strip(): ln[32:].split() for ln in (BENCH / "install.txt").read_text().splitlines()
+            if ln.startswith(("python -m venv", "pip install"))}
+    torch_s, base_s, test_s = (rows[k][0] for k in ("pip install torch==2.13.0", "pip install -e .",
+                                                     'pip install -e ".[test]"'))
+    first = (BENCH / "install.txt").read_text().splitlines()[0]
+    size = " ".join(rows['pip install -e ".[test]"'][1:3])
+    _cog().outl(f"A fresh install here took {torch_s} for torch, {base_s} for surgeon and {test_s} more for the test "
+                f"extras ({size} in all; `bench/install.py`, {first.split('(')[1].rstrip(')')}); {ran_on('install')}")
+
+
+def ran_on_many(names: list[str]) -> str:
+    """`ran_on` for several benches in one sentence."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    from saving import engine_sha256
+
+    runs = {n: json.loads((BENCH / f"{n}.json").read_text())["run"] for n in names}
+    each = ", ".join(f"`bench/{n}.py` on commit {r['commit'][:7]}"
+                     f"{' with uncommitted changes' if r['uncommitted_changes'] else ''} ({r['date']})"
+                     for n, r in runs.items())
+    stale = [n for n, r in runs.items() if r["engine_sha256"] != engine_sha256()]
+    return (f"[ran: {each}; surgeon/engine and surgeon/sites "
+            + (f"changed since {', '.join(stale)} ran: rerun with python bench/all.py]" if stale
+               else "unchanged since]"))
+
+
 def ran_on(name: str) -> str:
     """The line under a bench's output: the commit it ran on and whether the engine it timed is still this one."""
     sys.path.insert(0, str(ROOT / "bench"))
