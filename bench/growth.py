@@ -205,9 +205,7 @@ def work_counts() -> dict:
 
     cfg, base, source = scale.llama_8b()
     graph = graph_size(cfg)
-    jobs = {"patch": memory.per_head(cfg), "eap": memory.eap(cfg, graph, 1), "eap-ig": memory.eap(cfg, graph, 5),
-            "exact": memory.exact_edges(cfg, graph, 200), "curve": memory.circuits(cfg, graph, 11),
-            "subsets-64": memory.subsets(cfg, scale.SUBSET_LAYER["llama"], 64)}
+    jobs = {job: scale.memory_job(cfg, job, graph, "llama") for job in JOBS if job != "floor"}  # as scale measures them
     weights = memory.weights_bytes(cfg)
     out = {"floor": {"flops": floor_flops(cfg, base)}}
     for key, job in jobs.items():

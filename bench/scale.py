@@ -212,7 +212,7 @@ def measure(model_name: str, job: str, n_items: int, letters: int, batch_size: i
             with torch.no_grad():
                 for s in sites:
                     c.run({s: torch.eye(H)})
-            return c.execution["forwards"], memory.per_head(cfg)
+            return c.execution["forwards"], memory_job(cfg, job, graph, model_name)
         elif job.startswith("subsets"):
             n = int(job.split("-")[1])
             layer = SUBSET_LAYER.get(model_name, L - 1)
@@ -222,11 +222,11 @@ def measure(model_name: str, job: str, n_items: int, letters: int, batch_size: i
             with torch.no_grad():
                 for lo in range(0, n, 256):
                     c.run({s: masks[lo: lo + 256]})
-            return c.execution["forwards"], memory.subsets(cfg, layer, n)
+            return c.execution["forwards"], memory_job(cfg, job, graph, model_name)
         elif job in ("eap", "eap-ig"):
             c = Contrast(model, base, source, "index", batch_size=batch_size, sites=site.node_sites())
             edge_scores(c, site, "eap" if job == "eap" else "eap-ig-inputs", 5)
-            return c.execution["forwards"], memory.eap(cfg, graph, 1 if job == "eap" else 5)
+            return c.execution["forwards"], memory_job(cfg, job, graph, model_name)
         elif job == "exact":
             c = Contrast(model, base, source, "index", batch_size=batch_size, sites=site.node_sites())
             top = pre["order"][:200]
@@ -234,14 +234,14 @@ def measure(model_name: str, job: str, n_items: int, letters: int, batch_size: i
             onehot[torch.arange(len(top)), torch.as_tensor(top)] = 1
             with torch.no_grad():
                 c.run({site: onehot})
-            return c.execution["forwards"], memory.exact_edges(cfg, graph, 200)
+            return c.execution["forwards"], memory_job(cfg, job, graph, model_name)
         elif job == "curve":  # on the run discover evaluates circuits on: the source rows, the base run's values
             rev = reversed_contrast(model, site, base, source, batch_size)
             order = np.random.default_rng(0).permutation(len(site.edges))
             E = len(site.edges)
             CircuitRuns(rev, site, rev, site, "kept", "resample", {}).value(
                 [order[: max(1, round(f * E))] for f in (0.0,) + CURVE])
-            return rev.execution["forwards"], memory.circuits(cfg, graph, 11)
+            return rev.execution["forwards"], memory_job(cfg, job, graph, model_name)
         elif job == "smallest":
             c = reversed_contrast(model, site, base, source, batch_size)  # the run discover evaluates circuits on
             runs = CircuitRuns(c, site, c, site, "kept", "resample", {})
@@ -288,6 +288,24 @@ def measure(model_name: str, job: str, n_items: int, letters: int, batch_size: i
         out.update(predicted=p.peak, parts=p.parts, forwards_predicted=p.forwards, forwards_bound=p.forwards_bound,
                    forwards=counted)
     return out
+
+
+def memory_job(cfg, job: str, graph: tuple[int, int] | None, model_name: str):
+    """The engine's description (surgeon.engine.memory) of a surgeon job of this bench as `measure` runs it: what its
+    prediction is made from (the subset search at the model's SUBSET_LAYER, the last layer elsewhere)."""
+    from surgeon.engine import memory
+
+    if job == "patch":
+        return memory.per_head(cfg)
+    if job.startswith("subsets"):
+        return memory.subsets(cfg, SUBSET_LAYER.get(model_name, cfg.n_layers - 1), int(job.split("-")[1]))
+    if job in ("eap", "eap-ig"):
+        return memory.eap(cfg, graph, 1 if job == "eap" else 5)
+    if job == "exact":
+        return memory.exact_edges(cfg, graph, 200)
+    if job == "curve":
+        return memory.circuits(cfg, graph, 11)
+    raise ValueError(f"no memory plan for job {job!r}")
 
 
 def warm_up(model, rows) -> None:

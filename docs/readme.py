@@ -315,9 +315,8 @@ def bench_summary(items: int = 2, positions_letters: int = 10) -> None:
         for job, name in JOB_NAMES.items():
             cells = []
             for sh in shapes:
-                r = next((r for j, r in held[sh].items() if j == job or (job.startswith("subsets")
-                                                                         and j.startswith("subsets"))), None)
-                cells.append(f"{(r['predicted'] - r['weights']) / (r['measured'] - r['weights']):.2f}" if r else "--")
+                r = _held_row(held[sh], job)
+                cells.append(f"{_above(r):.2f}" if r else "--")
             cog.outl(f"| {'subset search (half the heads)' if job.startswith('subsets') else name} | "
                      + " | ".join(cells) + " |")
     if goal:
@@ -337,11 +336,21 @@ def _versus(x: float | None, base: str | None) -> str:
     return f"{1 / x:.2f}x the floor" if base == "floor" else f"{x:.2f}x faster"
 
 
+def _held_row(shape: dict, job: str) -> dict | None:
+    """bench/memory.py's measurement of `job` on one held-out shape (its subset search has the shape's own count)."""
+    return next((r for j, r in shape.items() if j == job or (job.startswith("subsets") and j.startswith("subsets"))),
+                None)
+
+
+def _above(r: dict) -> float:
+    """Predicted / measured memory above the weights."""
+    return (r["predicted"] - r["weights"]) / (r["measured"] - r["weights"])
+
+
 def _held_out(job: str) -> str:
     """The range of predicted / measured memory above the weights over bench/memory.py's held-out shapes."""
     held = json.loads((BENCH / "memory.json").read_text()).get("held_out", {})
-    vals = [(r["predicted"] - r["weights"]) / (r["measured"] - r["weights"]) for shape in held.values()
-            for j, r in shape.items() if j == job or (job.startswith("subsets") and j.startswith("subsets"))]
+    vals = [_above(r) for r in (_held_row(shape, job) for shape in held.values()) if r]
     if not vals:
         return "--"
     lo, hi = min(vals), max(vals)
@@ -401,16 +410,22 @@ def install_line() -> None:
                 f"extras ({size} in all; `bench/install.py`, {first.split('(')[1].rstrip(')')}); {ran_on('install')}")
 
 
-def ran_on_many(names: list[str]) -> str:
-    """`ran_on` for several benches in one sentence."""
+def _run(name: str) -> tuple[str, str, bool]:
+    """A saved result's record: its commit (and whether the tree differed from it), its date, and whether the engine
+    it timed is still this one."""
     sys.path.insert(0, str(ROOT / "bench"))
     from saving import engine_sha256
 
-    runs = {n: json.loads((BENCH / f"{n}.json").read_text())["run"] for n in names}
-    each = ", ".join(f"`bench/{n}.py` on commit {r['commit'][:7]}"
-                     f"{' with uncommitted changes' if r['uncommitted_changes'] else ''} ({r['date']})"
-                     for n, r in runs.items())
-    stale = [n for n, r in runs.items() if r["engine_sha256"] != engine_sha256()]
+    run = json.loads((BENCH / f"{name}.json").read_text())["run"]
+    commit = f"commit {run['commit'][:7]}{' with uncommitted changes' if run['uncommitted_changes'] else ''}"
+    return commit, run["date"], run["engine_sha256"] == engine_sha256()
+
+
+def ran_on_many(names: list[str]) -> str:
+    """`ran_on` for several benches in one sentence."""
+    runs = {n: _run(n) for n in names}
+    each = ", ".join(f"`bench/{n}.py` on {commit} ({date})" for n, (commit, date, _) in runs.items())
+    stale = [n for n, (*_, same) in runs.items() if not same]
     return (f"[ran: {each}; surgeon/engine and surgeon/sites "
             + (f"changed since {', '.join(stale)} ran: rerun with python bench/all.py]" if stale
                else "unchanged since]"))
@@ -418,13 +433,8 @@ def ran_on_many(names: list[str]) -> str:
 
 def ran_on(name: str) -> str:
     """The line under a bench's output: the commit it ran on and whether the engine it timed is still this one."""
-    sys.path.insert(0, str(ROOT / "bench"))
-    from saving import engine_sha256
-
-    run = json.loads((BENCH / f"{name}.json").read_text())["run"]
-    when = f"commit {run['commit'][:7]}{' with uncommitted changes' if run['uncommitted_changes'] else ''}, {run['date']}"
-    same = run["engine_sha256"] == engine_sha256()
-    return (f"[ran on {when}; surgeon/engine and surgeon/sites "
+    commit, date, same = _run(name)
+    return (f"[ran on {commit}, {date}; surgeon/engine and surgeon/sites "
             f"{'unchanged since' if same else 'changed since: rerun with python bench/all.py'}]")
 
 
