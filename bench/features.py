@@ -299,7 +299,7 @@ def measure(shape: str, job: str, batch_size: int = 256, expansion: int = EXPANS
     order = [int(i) for i in np.argsort(-np.abs(FEATURE_METHODS["gradient"].score(c, sites, 1, None)), kind="stable")]
     del c
     circuit = [i for i in order if not nodes[i].error][:EDGE_NODES]
-    down = max(1, *(sum(nodes[i].layer == L for i in circuit) for L in layers[1:]))  # an edge's downstream nodes
+    down = {L: sum(nodes[i].layer == L for i in circuit) for L in layers}  # each SAE's downstream nodes
     jobs = planning.feature_jobs(cfg, layers, expansion * cfg.d_model, len(nodes), "ig", STEPS, VERIFY, down=down)
     gc.collect()
     with memory.peak_memory() as m:
@@ -315,7 +315,7 @@ def measure(shape: str, job: str, batch_size: int = 256, expansion: int = EXPANS
             edge_attribution(c, sites, nodes, down=circuit, up=circuit)
         else:
             raise SystemExit(f"unknown job {job!r}")
-    ran = ("edge left vectors", "edges") if job == "edges" else (job,)
+    ran = [k for k in jobs if k == "edge left vectors" or k.startswith("edges into")] if job == "edges" else [job]
     p = planning.plan_features(cfg, base, source, "index", shapes, jobs={k: jobs[k] for k in ran}, both=False,
                                batch_size=batch_size, budget=1 << 50, weights=weights)
     counted = weights + sum(x.weights for x in shapes.values())  # what the plan counts exactly

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Mapping
 
 from surgeon.analyses.common import Direction, contrast_rows
 from surgeon.analyses.feature_circuit import CURVE_SIZES
@@ -117,13 +117,26 @@ class SAEShape:
         return SAEShape(int(sae.cfg.d_sae), tensors[0].element_size(), sum(t.numel() * t.element_size() for t in tensors))
 
 
+@dataclass(frozen=True)
+class FeatureJob:
+    """One step of a feature circuit as the plan sees it: its engine calls (`job`), the layer whose SAE hook point its
+    passes read and stop at (`stop`; None: they run to the logits), and how many SAE hooks its passes run through
+    (`hooks`; None: every SAE's)."""
+
+    job: Job
+    stop: int | None = None
+    hooks: int | None = None
+
+
 def feature_jobs(cfg, layers, d_sae: int, nodes: int, method: str = "ig", steps: int = 5, verify: int = 20,
-                 down: int = EDGE_NODES_PLANNED) -> dict[str, Job]:
+                 down: int | Mapping[int, int] = EDGE_NODES_PLANNED) -> dict[str, FeatureJob]:
     """The engine calls of one direction of `feature_circuit` over SAEs at `layers` (`d_sae` the largest width,
     `nodes` every node): "attribution" (`method`), "exact" (the `verify` nodes patched alone, the faithfulness
     curve kept and ablated, the bisection for the smallest circuit), "edge left vectors" (the metric's gradient at
-    each SAE's hook point) and "edges" (one gradient per pair of SAEs with up to `down` downstream nodes in the batch
-    dimension, read at the downstream SAE's hook point: its pass stops there, `FEATURE_STOPS`)."""
+    each SAE's hook point, one SAE patched) and, per SAE after the first, "edges into layer L": one gradient per
+    earlier SAE with the downstream nodes of L's SAE in the batch dimension (`down`: how many, per layer or for
+    every SAE), read at L's hook point (its passes stop there and compute no logits) with the upstream SAE patched
+    and L's encoding its features. The widest of them starts at the first SAE's layer."""
     layers = sorted(layers)
     sites = tuple((L, 1, cfg.d_model) for L in layers)
     start, k = layers[0], len(layers)
@@ -133,42 +146,41 @@ def feature_jobs(cfg, layers, d_sae: int, nodes: int, method: str = "ig", steps:
     exact = Job(f"exact top-{verify} nodes, curves", (Call(max(1, verify), start), Call(curve, start, 2),
                                                       Call(1, start, math.ceil(math.log2(max(2, nodes))) + 3)),
                 sites, nodes)
-    left = Job("edge left vectors", (Call(1, start, k),), sites, d_sae + 1, grad=True)
-    edges = Job("feature edges", (Call(max(1, min(down, d_sae + 1)), start, max(1, k * (k - 1) // 2)),), sites,
-                d_sae + 1, grad=True)
-    return {"attribution": attr, "exact": exact, "edge left vectors": left, "edges": edges}
-
-
-FEATURE_STOPS = {"edges": "last"}  # jobs whose passes stop at an SAE's hook point: the last SAE's layer computed last
+    out = {"attribution": FeatureJob(attr), "exact": FeatureJob(exact),
+           "edge left vectors": FeatureJob(Job("edge left vectors", (Call(1, start, k),), sites, d_sae + 1, grad=True),
+                                           hooks=1)}
+    for i, L in enumerate(layers[1:], 1):
+        n = down.get(L, 0) if isinstance(down, Mapping) else down
+        if n > 0:
+            calls = (Call(min(n, d_sae + 1), start, i),)  # one pass per earlier SAE, the first's the longest
+            out[f"edges into layer {L}"] = FeatureJob(Job(f"feature edges into layer {L}", calls, sites, d_sae + 1,
+                                                          grad=True), stop=L, hooks=2)
+    return out
 
 
 def _stopped(cfg, layer: int):
-    """`cfg` cut after `layer`: what a pass read at that layer's hook point computes (Contrast.run(read=At(...)))."""
+    """`cfg` cut after `layer`: what a pass read at that layer's hook point computes (Contrast.run(read=At(...))):
+    the blocks up to it and no unembedding (a vocabulary of one: no logits, no readout)."""
     import copy
 
     cut = copy.copy(cfg)
     cut.n_layers = layer + 1
+    cut.d_vocab_out = 1
     return cut
 
 
-# SAE hooks a job's passes run through when not every SAE's: the left vectors patch one SAE; an edge's pass patches
-# the upstream SAE and encodes the downstream one where it reads (its features under gradients, and the left vectors
-# through the decoder held)
-FEATURE_HOOKS = {"edge left vectors": 1, "edges": 2}
-
-
-def feature_bytes(buckets, jobs: dict, saes, batch_size: int) -> dict:
+def feature_bytes(buckets, jobs: Mapping[str, FeatureJob], saes, batch_size: int) -> dict:
     """The SAEs' weights and the largest chunk's feature tensors (bytes) over `buckets` at `batch_size` for `jobs`
-    ({name: Job}, named as `feature_jobs` names them), `saes` as `SAEShape`s (a chunk of a bucket holds as many
-    patches as the engine puts in one: batch_size x width / (rows x recomputed positions))."""
+    (as `feature_jobs` gives them), `saes` as `SAEShape`s (a chunk of a bucket holds as many patches as the engine
+    puts in one: batch_size x width / (rows x recomputed positions))."""
     if not saes:
         return {}
     F, e = max(s.d_sae for s in saes), max(s.element for s in saes)
     most = 0
     for b in buckets:
         chunk = max(1, batch_size * b.base_width // (b.n * (b.base_width - b.p0)))
-        for key, job in jobs.items():
-            k = FEATURE_HOOKS.get(key, len(saes))
+        for fj in jobs.values():
+            job, k = fj.job, fj.hooks or len(saes)
             held = k * b.n * b.slots * F * e  # the source features (or left vectors) of this bucket, per SAE hook
             per_hook = FEATURE_COPIES_GRAD_FIRST + FEATURE_COPIES_GRAD * (k - 1) if job.grad else FEATURE_COPIES
             for call in job.calls:
@@ -194,9 +206,9 @@ def plan_feature_circuit(case: Case, model, saes: dict, method: str = "ig", step
 
 def plan_features(cfg, rows_b, rows_s, align: str, saes: dict, method: str = "ig", steps: int = 5, verify: int = 20,
                   by_position: bool = False, *, batch_size: int = 256, budget: int, weights: int | None = None,
-                  device: str = "cpu", jobs: dict[str, Job] | None = None, both: bool = True) -> Prediction:
-    """The engine's plan of a feature circuit's calls (every `feature_jobs` job, or `jobs` named as it names them)
-    over these rows with SAEs `saes` ({layer: SAEShape}), both directions' (`both`: the failing format's contrast held
+                  device: str = "cpu", jobs: Mapping[str, FeatureJob] | None = None, both: bool = True) -> Prediction:
+    """The engine's plan of a feature circuit's calls (every `feature_jobs` job, or `jobs` as it gives them) over
+    these rows with SAEs `saes` ({layer: SAEShape}), both directions' (`both`: the failing format's contrast held
     while the working format's runs), each job on the layers its passes run through, with the SAEs' weights and
     feature tensors (`feature_bytes`) added: the largest job's peak at the largest batch size (at most `batch_size`)
     whose peak fits `budget`; AnalysisError naming the fix when batch size 1 does not."""
@@ -205,16 +217,15 @@ def plan_features(cfg, rows_b, rows_s, align: str, saes: dict, method: str = "ig
     nodes = sum(x.d_sae + 1 for x in saes.values()) * (slots if by_position else 1)
     if jobs is None:
         jobs = feature_jobs(cfg, list(saes), max(x.d_sae for x in saes.values()), nodes, method, steps, verify)
-    last = max(saes)
     weights = memory.weights_bytes(cfg) if weights is None else weights  # the whole model's, on a job's cut layers too
     bs = max(1, int(batch_size))
     def engine_plans(bs: int, budget: int) -> list:
         out = []
-        for key, job in jobs.items():
-            c = _stopped(cfg, last) if key in FEATURE_STOPS else cfg
-            also = [(rows_s, rows_b, align, [job])] if both else []
-            out.append((memory.plan(c, rows_b, rows_s, align, [job], also=also, batch_size=bs, budget=budget,
-                                    weights=weights, device=device), job))
+        for fj in jobs.values():
+            c = cfg if fj.stop is None else _stopped(cfg, fj.stop)
+            also = [(rows_s, rows_b, align, [fj.job])] if both else []
+            out.append((memory.plan(c, rows_b, rows_s, align, [fj.job], also=also, batch_size=bs, budget=budget,
+                                    weights=weights, device=device), fj.job))
         return out
 
     while True:  # each job planned on the layers its passes run through; the largest peak
@@ -226,8 +237,8 @@ def plan_features(cfg, rows_b, rows_s, align: str, saes: dict, method: str = "ig
             bs = min(p.batch_size for p, _ in preds)
             continue
         tops = []
-        for (p, job), key in zip(preds, jobs):
-            extra = feature_bytes(memory.layout(b, s, aligned, bs), {key: job}, list(saes.values()), bs)
+        for (p, _), (key, fj) in zip(preds, jobs.items()):
+            extra = feature_bytes(memory.layout(b, s, aligned, bs), {key: fj}, list(saes.values()), bs)
             tops.append((p.peak + sum(extra.values()), {**p.parts, **extra}, p))
         peak, parts, _ = max(tops, key=lambda t: t[0])
         clean = 2 * len(memory.layout(b, s, aligned, bs)) * (2 if both else 1)  # one set of clean passes

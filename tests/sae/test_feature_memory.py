@@ -41,8 +41,9 @@ def test_the_plan_counts_every_sae_feature_tensor(chain):
     *_, rb, rs = contrast_rows(case, model, case.bad[0], "denoise", items)
     buckets = memory.layout(*memory.merged_rows(rb, rs, case.align), p.batch_size)
     # the model's weights whole, though an edge's pass stops at its downstream SAE's layer
-    edges_only = planning.feature_jobs(model.cfg, [0], shapes[0].d_sae, 9)
-    cut = planning.plan_features(model.cfg, rb, rs, case.align, {0: shapes[0]}, jobs={"edges": edges_only["edges"]},
+    into = planning.feature_jobs(model.cfg, [0, 1], shapes[0].d_sae, 18)["edges into layer 1"]
+    assert into.stop == 1 and into.hooks == 2
+    cut = planning.plan_features(model.cfg, rb, rs, case.align, shapes, jobs={"edges into layer 1": into},
                                  both=False, budget=2**40)
     assert cut.parts["weights"] == memory.weights_bytes(model.cfg)
     one = planning.feature_jobs(model.cfg, [0, 1], shapes[0].d_sae, 18)
@@ -60,6 +61,35 @@ def test_the_plan_counts_every_sae_feature_tensor(chain):
     want = held + rows * b0.slots * F * 4 * planning.FEATURE_COPIES
     assert planning.feature_bytes([b0], {"exact": one["exact"]}, list(shapes.values()), p.batch_size)["features"] == want
 
+
+
+def test_an_edge_pass_is_planned_up_to_its_downstream_sae_and_without_logits(chain):
+    """An edge's pass reads the downstream SAE's hook point and stops there (Contrast.run(read=At(...))): its plan
+    counts the blocks up to that layer and no logits, so a vocabulary ten times larger leaves it unchanged while the
+    attribution's plan (read at the logits) grows; per downstream SAE, as many patches as it has downstream nodes."""
+    import copy
+
+    case, model, saes = chain
+    from surgeon.analyses.common import contrast_rows
+    from surgeon.spec.select import pick_items
+
+    _, items = pick_items(case, None)
+    *_, rb, rs = contrast_rows(case, model, case.bad[0], "denoise", items)
+    shapes = {L: planning.SAEShape.of(s) for L, s in saes.items()}
+    big = copy.copy(model.cfg)
+    big.d_vocab_out = 10 * model.cfg.d_vocab_out
+    for key, grows in (("edges into layer 1", False), ("attribution", True)):
+        peaks = []
+        for cfg in (model.cfg, big):
+            jobs = planning.feature_jobs(cfg, [0, 1], shapes[0].d_sae, 18, down={1: 5})
+            p = planning.plan_features(cfg, rb, rs, case.align, shapes, jobs={key: jobs[key]}, both=False,
+                                       budget=2**40, weights=1)
+            peaks.append(p.parts["working"])
+        assert (peaks[1] > peaks[0]) == grows, (key, peaks)
+    few = planning.feature_jobs(model.cfg, [0, 1], shapes[0].d_sae, 18, down={1: 5})
+    assert few["edges into layer 1"].job.calls[0].patches == 5 and "edges into layer 0" not in few
+    none = planning.feature_jobs(model.cfg, [0, 1], shapes[0].d_sae, 18, down={1: 0})
+    assert not any(k.startswith("edges") for k in none)
 
 def test_a_tight_budget_lowers_the_batch_size_and_an_impossible_one_refuses(chain):
     case, model, saes = chain
@@ -91,9 +121,10 @@ def test_the_command_prints_the_plan_and_refuses_before_the_work(capsys, tmp_pat
 @pytest.mark.parametrize("job", ["exact", "attribution", "edges"])
 def test_the_plan_is_never_under_the_measured_peak_on_a_held_out_shape(job):
     """A grouped-query model with RMSNorm and rotary (bench/scale.py's "gqa", not the shape the constants were fitted
-    on), TopK SAEs of 16x at three layers: the plan above the weights never more than 15% under the measured peak
-    above them (the engine's own bound, tests/engine/test_memory.py), and without gradients (where the feature tensors
-    are most of it) within 30% of it, and under it by more than 15% with the feature tensors left out."""
+    on), TopK SAEs of 16x at three layers, each job planned as it runs (the edges with the circuit's downstream nodes
+    per SAE): the plan above the weights never more than 15% under the measured peak above them (the engine's own
+    bound, tests/engine/test_memory.py) nor more than 30% over it; without gradients (where the feature tensors are
+    most of it) under it by more than 15% with the feature tensors left out."""
     env = dict(os.environ, OMP_NUM_THREADS="2", MALLOC_MMAP_THRESHOLD_=str(128 << 10),
                PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
     r = subprocess.run([sys.executable, os.path.join(ROOT, "bench", "features.py"), "measure", "gqa", job],
@@ -102,9 +133,8 @@ def test_the_plan_is_never_under_the_measured_peak_on_a_held_out_shape(job):
     m = json.loads(r.stdout.strip().splitlines()[-1])
     measured = m["measured"] - m["weights"]
     above = (m["predicted"] - m["weights"]) / measured
-    assert above >= 0.85, m
+    assert 0.85 <= above <= 1.3, m
     if job == "exact":
-        assert above <= 1.3, m
         assert (m["predicted"] - m["parts"]["features"] - m["weights"]) / measured < 0.85, m
 
 
