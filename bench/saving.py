@@ -1,7 +1,8 @@
 """`--save` for the benches: what a bench prints is also written to bench/results/NAME.txt, which the README
 renders verbatim (docs/readme.py), so a number in the README is always one a bench printed. NAME.json records what
 the run ran on: the commit, whether the package or the bench scripts had uncommitted changes, the sha256 of the
-engine's and the sites' sources (surgeon/engine, surgeon/sites) and of the organism weights."""
+engine's and the sites' sources (surgeon/engine, surgeon/sites), of the other sources the bench times (SOURCES) and
+of the organism weights."""
 from __future__ import annotations
 
 import contextlib
@@ -15,15 +16,46 @@ from pathlib import Path
 RESULTS = Path(__file__).resolve().parent / "results"
 ROOT = RESULTS.parent.parent
 ENGINE = ("surgeon/engine", "surgeon/sites")  # a change here makes every saved bench result stale
+_CIRCUIT = ("surgeon/analyses/circuit.py", "surgeon/analyses/circuit_runs.py", "surgeon/analyses/scoring.py",
+            "surgeon/analyses/common.py", "surgeon/circuits")
+# Beyond ENGINE, the code whose work or numbers each bench times and prints (files or folders): a change there makes
+# that bench's saved result stale. The bench scripts themselves are not in it (a result says whether they differed
+# from its commit when it ran, `run_record`).
+SOURCES = {
+    "attribution": ("surgeon/analyses/attribution.py", "surgeon/analyses/patching.py", "surgeon/analyses/scoring.py",
+                    "surgeon/analyses/common.py", "surgeon/circuits/methods.py"),
+    "circuit_recovery": _CIRCUIT,
+    "edges": _CIRCUIT,
+    "features": ("surgeon/analyses/planning.py", "surgeon/analyses/feature_circuit.py",
+                 "surgeon/analyses/feature_edges.py", "surgeon/analyses/scoring.py", "surgeon/analyses/common.py"),
+    "growth": _CIRCUIT,
+    "install": ("pyproject.toml",),
+    "memory": _CIRCUIT,
+    "patch_sweep": (),
+    "ray_search": ("surgeon/search",),
+    "scale": _CIRCUIT,
+    "startup": ("surgeon/__init__.py", "surgeon/api.py", "surgeon/cli", "surgeon/spec", "surgeon/analyses/diagnose.py"),
+    "subset_search": ("surgeon/search/subsets.py", "surgeon/search/store.py", "surgeon/analyses/common.py"),
+}
+
+
+def _sha256(paths, root: Path) -> str:
+    """sha256 over the relative paths and bytes of `paths` (a folder: every .py file under it)."""
+    h = hashlib.sha256()
+    for p in paths:
+        for f in sorted((root / p).rglob("*.py")) if (root / p).is_dir() else [root / p]:
+            h.update(f.relative_to(root).as_posix().encode() + b"\0" + f.read_bytes() + b"\0")
+    return h.hexdigest()
 
 
 def engine_sha256(root: Path = ROOT) -> str:
     """sha256 over the paths and bytes of every .py file under ENGINE (the code every bench times)."""
-    h = hashlib.sha256()
-    for folder in ENGINE:
-        for f in sorted((root / folder).rglob("*.py")):
-            h.update(f.relative_to(root).as_posix().encode() + b"\0" + f.read_bytes() + b"\0")
-    return h.hexdigest()
+    return _sha256(ENGINE, root)
+
+
+def sources_sha256(name: str, root: Path = ROOT) -> str:
+    """sha256 over ENGINE and the bench's SOURCES: everything under surgeon/ whose change moves its numbers."""
+    return _sha256(ENGINE + SOURCES[name], root)
 
 
 def _git(*args: str) -> str:
@@ -33,13 +65,15 @@ def _git(*args: str) -> str:
         return ""
 
 
-def run_record() -> dict:
-    """What a saved result ran on (its commit, a dirty tree said as such, the engine's sources)."""
+def run_record(name: str) -> dict:
+    """What bench `name`'s saved result ran on (its commit, a dirty tree said as such, the engine's sources and the
+    other sources it times)."""
     return {"commit": _git("rev-parse", "HEAD") or None,
             # the package or the bench scripts themselves differ from the commit named
             "uncommitted_changes": bool(_git("status", "--porcelain", "--untracked-files=no", "--", "surgeon",
                                              "bench/*.py")),
             "engine_sha256": engine_sha256(),
+            "sources_sha256": sources_sha256(name),
             "date": time.strftime("%Y-%m-%d")}
 
 
@@ -79,5 +113,5 @@ def saved(name: str, save: bool, organisms=(), data: dict | None = None):
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / f"{name}.txt").write_text(buf.getvalue())
     prov = {o: {"model": f"organism:{o}", "model_sha256": weights_sha256(o)} for o in organisms}
-    record = {"organisms": prov, "run": run_record(), **(data or {})}
+    record = {"organisms": prov, "run": run_record(name), **(data or {})}
     (RESULTS / f"{name}.json").write_text(json.dumps(record, indent=1, sort_keys=True) + "\n")

@@ -411,14 +411,17 @@ def install_line() -> None:
 
 
 def _run(name: str) -> tuple[str, str, bool]:
-    """A saved result's record: its commit (and whether the tree differed from it), its date, and whether the engine
-    it timed is still this one."""
+    """A saved result's record: its commit (and whether the tree differed from it), its date, and whether the code
+    it timed (the engine, the sites and the bench's SOURCES) is still this one."""
     sys.path.insert(0, str(ROOT / "bench"))
-    from saving import engine_sha256
+    from saving import sources_sha256
 
     run = json.loads((BENCH / f"{name}.json").read_text())["run"]
     commit = f"commit {run['commit'][:7]}{' with uncommitted changes' if run['uncommitted_changes'] else ''}"
-    return commit, run["date"], run["engine_sha256"] == engine_sha256()
+    return commit, run["date"], run.get("sources_sha256") == sources_sha256(name)
+
+
+CODE_TIMED = "the code it times (surgeon/engine, surgeon/sites, bench/saving.py's SOURCES)"
 
 
 def ran_on_many(names: list[str]) -> str:
@@ -426,16 +429,15 @@ def ran_on_many(names: list[str]) -> str:
     runs = {n: _run(n) for n in names}
     each = ", ".join(f"`bench/{n}.py` on {commit} ({date})" for n, (commit, date, _) in runs.items())
     stale = [n for n, (*_, same) in runs.items() if not same]
-    return (f"[ran: {each}; surgeon/engine and surgeon/sites "
+    return (f"[ran: {each}; {CODE_TIMED.replace('it times', 'they time')} "
             + (f"changed since {', '.join(stale)} ran: rerun with python bench/all.py]" if stale
                else "unchanged since]"))
 
 
 def ran_on(name: str) -> str:
-    """The line under a bench's output: the commit it ran on and whether the engine it timed is still this one."""
+    """The line under a bench's output: the commit it ran on and whether the code it timed is still this one."""
     commit, date, same = _run(name)
-    return (f"[ran on {commit}, {date}; surgeon/engine and surgeon/sites "
-            f"{'unchanged since' if same else 'changed since: rerun with python bench/all.py'}]")
+    return f"[ran on {commit}, {date}; {CODE_TIMED} {'unchanged since' if same else 'changed since: rerun with python bench/all.py'}]"
 
 
 def _collect(*marker: str) -> int:

@@ -14,7 +14,7 @@ from tests.conftest import ROOT
 sys.path.insert(0, str(Path(ROOT) / "bench"))
 import scale  # noqa: E402
 from careful import forward_backward, prefix_cache, read_at, repeated, suffix_residual  # noqa: E402
-from saving import ENGINE, RESULTS, engine_sha256  # noqa: E402
+from saving import ENGINE, RESULTS, SOURCES, engine_sha256, sources_sha256  # noqa: E402
 
 
 @pytest.mark.parametrize("start", [0, 1, 2])
@@ -56,6 +56,7 @@ def test_every_saved_bench_output_says_what_it_ran_on():
     for t in txts:
         run = json.loads(t.with_suffix(".json").read_text())["run"]
         assert len(run["commit"]) == 40 and len(run["engine_sha256"]) == 64, t.name
+        assert len(run["sources_sha256"]) == 64, t.name
         assert run["date"][:2] == "20", t.name
 
 
@@ -68,6 +69,69 @@ def test_the_engine_hash_sees_every_engine_and_site_source(tmp_path):
         before = engine_sha256(tmp_path)
         f.write_text(f.read_text() + "\n")
         assert engine_sha256(tmp_path) != before, f
+
+
+def test_a_bench_is_stale_when_a_source_it_times_changes_and_only_then(tmp_path):
+    """Each bench's key covers the engine, the sites and its SOURCES: an edit to surgeon/analyses/feature_edges.py
+    moves the features bench's key and not the subset search's; every SOURCES path exists."""
+    assert set(SOURCES) == {p.stem for p in RESULTS.glob("*.json")}
+    for name, paths in SOURCES.items():
+        for p in paths:
+            assert (Path(ROOT) / p).exists(), (name, p)
+    for p in ENGINE + ("surgeon/analyses", "surgeon/search", "surgeon/circuits", "surgeon/cli", "surgeon/spec"):
+        shutil.copytree(Path(ROOT) / p, tmp_path / p, ignore=shutil.ignore_patterns("__pycache__"))
+    for f in ("surgeon/__init__.py", "surgeon/api.py", "pyproject.toml"):
+        shutil.copy(Path(ROOT) / f, tmp_path / f)
+    before = {n: sources_sha256(n, tmp_path) for n in SOURCES}
+    assert before == {n: sources_sha256(n) for n in SOURCES}
+    f = tmp_path / "surgeon/analyses/feature_edges.py"
+    f.write_text(f.read_text() + "\n")
+    after = {n: sources_sha256(n, tmp_path) for n in SOURCES}
+    assert after["features"] != before["features"] and after["subset_search"] == before["subset_search"]
+
+
+# modules a bench imports without timing their code: planning.graph_size (EdgeSite's graph size, under ENGINE);
+# scale.py's circuit code, which features.py imports scale.py beside (for its models and rows), not to run
+_GRAPH = {"surgeon.analyses.planning"}
+_NOT_TIMED = {"scale": _GRAPH, "growth": _GRAPH, "memory": _GRAPH,
+              "features": {"surgeon.analyses.circuit", "surgeon.analyses.circuit_runs", "surgeon.circuits.graph"}}
+
+
+def _imports(name: str, seen=None) -> set[str]:
+    """The surgeon modules bench `name` imports, with those of the bench scripts it imports (scale, careful, ...)."""
+    import ast
+
+    seen = set() if seen is None else seen
+    if name in seen:
+        return set()
+    seen.add(name)
+    out = set()
+    for node in ast.walk(ast.parse((Path(ROOT) / "bench" / f"{name}.py").read_text())):
+        mods = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+        for m in mods:
+            if m.startswith("surgeon"):
+                out.add(m)
+                if isinstance(node, ast.ImportFrom):
+                    out |= {f"{m}.{a.name}" for a in node.names}
+            elif (Path(ROOT) / "bench" / f"{m}.py").exists():
+                out |= _imports(m, seen)
+    return out
+
+
+@pytest.mark.parametrize("name", sorted(SOURCES))
+def test_every_analysis_a_bench_imports_is_in_its_key(name):
+    """A bench that imports surgeon.analyses, surgeon.search or surgeon.circuits code (itself or through scale.py,
+    careful.py, ...) has that module's file in its SOURCES (or under ENGINE): the staleness key sees what it times."""
+    covered = ENGINE + SOURCES[name]
+    for m in _imports(name):
+        parts = m.split(".")
+        if parts[:2] not in (["surgeon", "analyses"], ["surgeon", "search"], ["surgeon", "circuits"]) or len(parts) < 3:
+            continue
+        path = "/".join(parts[:3]) + ".py"
+        if not (Path(ROOT) / path).exists() or ".".join(parts[:3]) in _NOT_TIMED.get(name, ()):
+            continue  # a name imported from a package, not a module; or setup only
+        assert any(path == c or path.startswith(c.rstrip("/") + "/") for c in covered), (name, path)
 
 
 def _tiny(kind: str):
@@ -158,11 +222,12 @@ def test_the_floor_takes_the_gradient_a_full_forward_gives():
 
 
 def test_no_saved_bench_result_predates_the_engine():
-    """Every bench block in the README and its pages ran on today's surgeon/engine and surgeon/sites: a change there
-    makes this fail until `python bench/all.py` reruns them."""
-    now = engine_sha256()
-    stale = sorted(j.stem for j in RESULTS.glob("*.json") if json.loads(j.read_text())["run"]["engine_sha256"] != now)
-    assert not stale, f"bench results older than the engine: rerun python bench/all.py --only {' '.join(stale)}"
+    """Every bench block in the README and its pages ran on today's surgeon/engine, surgeon/sites and the sources
+    the bench times (bench/saving.py's SOURCES): a change there makes this fail until `python bench/all.py` reruns
+    the benches it moves."""
+    stale = sorted(j.stem for j in RESULTS.glob("*.json")
+                   if json.loads(j.read_text())["run"].get("sources_sha256") != sources_sha256(j.stem))
+    assert not stale, f"bench results older than the code they time: rerun python bench/all.py --only {' '.join(stale)}"
 
 
 def test_the_feature_loop_equals_surgeons_feature_circuit():
