@@ -178,7 +178,8 @@ def _timed(fn):
     return out, time.perf_counter() - t0
 
 
-def run(args) -> int:
+def run(args, data: dict) -> int:
+    """The timings side by side, the Llama plan, the memory on held-out shapes; `data` gets the raw numbers."""
     import numpy as np
 
     from surgeon.analyses.feature_circuit import node_list, run_nodes
@@ -235,9 +236,13 @@ def run(args) -> int:
     print(f"\n{'job':34s} {'surgeon':>9s} {'loop':>9s} {'loop/surgeon':>13s}  largest difference")
     for name, a, b, d in rows:
         print(f"{name:34s} {a:8.2f}s {b:8.2f}s {b / a:12.1f}x  {d:.1e}")
+    data["jobs"] = [{"job": name, "surgeon": a, "loop": b, "difference": d} for name, a, b, d in rows]
+    data["shape"] = {"model": "gpt2", "items": args.items, "positions": len(base[0].tokens), "saes": len(LAYERS),
+                     "d_sae": F}
     print("(the loop's IG time includes its clean runs and feature encodings, as surgeon's includes its contrast's)")
     llama_features()
-    memory_held_out(args.threads)
+    data["held_out"], data["fitted"] = {}, FITTED
+    memory_held_out(args.threads, data["held_out"])
     return 0
 
 
@@ -337,8 +342,9 @@ def measure_memory(shape: str, job: str, threads: int = 2) -> dict:
     return json.loads(r.stdout.strip().splitlines()[-1])
 
 
-def memory_held_out(threads: int) -> float:
-    """The plan's feature terms against the measured peaks: the fitted shape, then the held-out ones."""
+def memory_held_out(threads: int, out: dict | None = None) -> float:
+    """The plan's feature terms against the measured peaks: the fitted shape, then the held-out ones (each
+    measurement also in `out`: {shape: {job: measure's record}})."""
     print("\n== memory: the feature circuit's plan (surgeon/analyses/planning.py: the engine's plan with the SAEs' "
           "feature tensors) against the measured peak, each job in a fresh process")
     print("above = (predicted - weights) / (measured - weights), the weights (model and SAEs) counted exactly; "
@@ -349,6 +355,8 @@ def memory_held_out(threads: int) -> float:
         cells = []
         for job in MEMORY_JOBS:
             r = measure_memory(shape, job, threads)
+            if out is not None:
+                out.setdefault(shape, {})[job] = r
             a = (r["predicted"] - r["weights"]) / (r["measured"] - r["weights"])
             if shape != FITTED:
                 worst = max(worst, abs(a - 1))
@@ -387,8 +395,9 @@ def main() -> int:
     args = ap.parse_args()
     from saving import saved
 
-    with saved("features", args.save):
-        return run(args)
+    data: dict = {}
+    with saved("features", args.save, data=data):
+        return run(args, data)
 
 
 if __name__ == "__main__":

@@ -394,8 +394,30 @@ def bench_readme(items: int = 2, positions_letters: int = 10) -> None:
     if ratios:
         cog.outl(f"The subset search against the careful TransformerLens search (12,870 subsets of 16 heads, "
                  f"`bench/subset_search.py`): {' and '.join(ratios)} ({goal[0].split(':')[-1].strip() if goal else ''}). "
+                 f"{_features_sentence()} "
                  f"Why the misses, where the work grows and the extrapolation to Llama-3.1-8B on one 80 GB GPU: "
-                 f"[benchmarks](docs/benchmarks.md). {ran_on_many(['scale', 'memory', 'subset_search'])}")
+                 f"[benchmarks](docs/benchmarks.md). {ran_on_many(['scale', 'memory', 'subset_search', 'features'])}")
+
+
+def _features_sentence() -> str:
+    """bench/features.py's saved numbers in one sentence: each feature-circuit job's time against the TransformerLens
+    + sae-lens loop, and the plan's memory above the weights over the measured on the shapes it was not fitted to."""
+    data = json.loads((BENCH / "features.json").read_text())
+    sh = data["shape"]
+    times = ", ".join(f"{j['job']} {j['surgeon']:.1f} s against {j['loop']:.1f} s ({j['loop'] / j['surgeon']:.1f}x)"
+                      for j in data["jobs"])
+    held = {k: v for k, v in data["held_out"].items() if k != data["fitted"]}
+    jobs = list(next(iter(held.values())))
+
+    def span(job):
+        vals = [_above(held[shape][job]) for shape in held]
+        lo, hi = min(vals), max(vals)
+        return f"{lo:.2f}" if f"{lo:.2f}" == f"{hi:.2f}" else f"{lo:.2f}-{hi:.2f}"
+    mem = ", ".join(f"{job} {span(job)}" for job in jobs)
+    return (f"Feature circuits (`bench/features.py`: GPT-2 small's shape, {sh['saes']} TopK SAEs of {sh['d_sae']:,} "
+            f"features, {sh['items']} items x {sh['positions']} positions) against the TransformerLens + sae-lens loop "
+            f"Marks et al.'s code runs: {times}; the plan's memory above the weights over the measured on held-out "
+            f"shapes ({', '.join(held)}): {mem}.")
 
 
 def install_line() -> None:
