@@ -6,7 +6,10 @@ then the README and the docs pages render the new outputs (`docs/readme.py`'s fa
 line under each saying which commit it ran on and whether surgeon/engine and surgeon/sites have changed since).
 A bench that fails stops the run before anything is rendered; its earlier results are kept.
 
-    python bench/all.py [--only NAME ...] [--skip NAME ...]
+    python bench/all.py [--only NAME ...] [--skip NAME ...] [--stale]
+
+`--stale` reruns only the benches whose saved result predates the code it times (bench/saving.py: the engine, the
+sites and the bench's SOURCES), the ones tests/test_bench.py names.
 """
 from __future__ import annotations
 
@@ -24,12 +27,26 @@ BENCHES = ("startup", "attribution", "circuit_recovery", "patch_sweep", "ray_sea
            "memory", "growth", "edges", "features", "scale")
 
 
+def stale(name: str) -> bool:
+    """Whether bench `name`'s saved result is missing or ran on other code than it would time now."""
+    import json
+
+    sys.path.insert(0, str(HERE))
+    from saving import RESULTS, sources_sha256
+
+    f = RESULTS / f"{name}.json"
+    return not f.exists() or json.loads(f.read_text())["run"].get("sources_sha256") != sources_sha256(name)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--only", nargs="+", choices=BENCHES, metavar="NAME", help=f"of {', '.join(BENCHES)}")
     ap.add_argument("--skip", nargs="+", choices=BENCHES, default=[], metavar="NAME")
+    ap.add_argument("--stale", action="store_true", help="only those whose result predates the code it times")
     args = ap.parse_args()
-    names = [b for b in (args.only or BENCHES) if b not in args.skip]
+    names = [b for b in (args.only or BENCHES) if b not in args.skip and not (args.stale and not stale(b))]
+    if args.stale:
+        print(f"== stale: {', '.join(names) or 'none'}", flush=True)
     for name in names:
         print(f"== bench/{name}.py --save", flush=True)
         t0 = time.perf_counter()

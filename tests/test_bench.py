@@ -225,9 +225,10 @@ def test_no_saved_bench_result_predates_the_engine():
     """Every bench block in the README and its pages ran on today's surgeon/engine, surgeon/sites and the sources
     the bench times (bench/saving.py's SOURCES): a change there makes this fail until `python bench/all.py` reruns
     the benches it moves."""
-    stale = sorted(j.stem for j in RESULTS.glob("*.json")
-                   if json.loads(j.read_text())["run"].get("sources_sha256") != sources_sha256(j.stem))
-    assert not stale, f"bench results older than the code they time: rerun python bench/all.py --only {' '.join(stale)}"
+    from all import BENCHES, stale
+
+    old = [b for b in BENCHES if stale(b)]
+    assert not old, f"bench results older than the code they time ({' '.join(old)}): rerun python bench/all.py --stale"
 
 
 def test_the_feature_loop_equals_surgeons_feature_circuit():
