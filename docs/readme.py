@@ -351,10 +351,13 @@ def _held_out(job: str) -> str:
     """The range of predicted / measured memory above the weights over bench/memory.py's held-out shapes."""
     held = json.loads((BENCH / "memory.json").read_text()).get("held_out", {})
     vals = [_above(r) for r in (_held_row(shape, job) for shape in held.values()) if r]
-    if not vals:
-        return "--"
-    lo, hi = min(vals), max(vals)
-    return f"{lo:.2f}" if f"{lo:.2f}" == f"{hi:.2f}" else f"{lo:.2f}-{hi:.2f}"
+    return _span(vals) if vals else "--"
+
+
+def _span(vals) -> str:
+    """The range of ratios, to two decimals (one number where both ends print alike)."""
+    lo, hi = f"{min(vals):.2f}", f"{max(vals):.2f}"
+    return lo if lo == hi else f"{lo}-{hi}"
 
 
 def bench_readme(items: int = 2, positions_letters: int = 10) -> None:
@@ -408,12 +411,7 @@ def _features_sentence() -> str:
                       for j in data["jobs"])
     held = {k: v for k, v in data["held_out"].items() if k != data["fitted"]}
     jobs = list(next(iter(held.values())))
-
-    def span(job):
-        vals = [_above(held[shape][job]) for shape in held]
-        lo, hi = min(vals), max(vals)
-        return f"{lo:.2f}" if f"{lo:.2f}" == f"{hi:.2f}" else f"{lo:.2f}-{hi:.2f}"
-    mem = ", ".join(f"{job} {span(job)}" for job in jobs)
+    mem = ", ".join(f"{job} {_span([_above(held[shape][job]) for shape in held])}" for job in jobs)
     return (f"Feature circuits (`bench/features.py`: GPT-2 small's shape, {sh['saes']} TopK SAEs of {sh['d_sae']:,} "
             f"features, {sh['items']} items x {sh['positions']} positions) against the TransformerLens + sae-lens loop "
             f"Marks et al.'s code runs: {times}; the plan's memory above the weights over the measured on held-out "
