@@ -4,7 +4,9 @@ A GPT-2-small-shaped model (random weights) with a TopK SAE of 16x expansion (12
 MLP output of three layers; the bench's rows (scale.py's: two prompts of equal length whose words are swapped, every
 position aligned). Each job is timed for surgeon and for the loop written as Marks et al.'s feature-circuits code
 runs it with TransformerLens hooks and sae-lens SAEs (full prompts, every item in one batch), and their results are
-compared (the largest difference, relative to the largest value):
+compared (the largest difference, relative to the largest value), and each side is run once more under torch's
+FlopCounterMode for the matrix-multiply work it computes (so a ratio can be read as work done and speed per unit of
+work):
 
   IG nodes     integrated gradients over each SAE's features (5 midpoints in the batch dimension, one SAE at a time,
                the others clean): surgeon's `ig` feature method against one batched forward and backward per SAE
@@ -172,6 +174,15 @@ def _diff(a, b) -> float:
     return float((a - b).abs().max() / b.abs().max().clamp(min=1e-12))
 
 
+def _work(fn) -> int:
+    """The matrix-multiply FLOPs `fn` computes (torch's FlopCounterMode), run apart from its timing."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    with FlopCounterMode(display=False) as fc:
+        fn()
+    return int(fc.get_total_flops())
+
+
 def _timed(fn):
     t0 = time.perf_counter()
     out = fn()
@@ -207,36 +218,52 @@ def run(args, data: dict) -> int:
         return Contrast(model, base, source, "index", sites=[s.node_sites()[0] for s in sites])
 
     # IG over every node
-    (ours, t_ours) = _timed(lambda: FEATURE_METHODS["ig"].score(contrast(), sites, STEPS, None))
+    work = []  # (surgeon, loop) matmul FLOPs per job, each side rerun under the counter
+
+    def ig_ours():
+        return FEATURE_METHODS["ig"].score(contrast(), sites, STEPS, None)
+    (ours, t_ours) = _timed(ig_ours)
     (theirs, t_theirs) = _timed(loop.ig)
     flat = torch.cat([torch.cat([theirs[L], torch.zeros(1)]) for L in LAYERS])  # error nodes: the loop has none
     keep = [i for i, n in enumerate(nodes) if not n.error]
     rows.append(("IG nodes (5 steps, 3 SAEs)", t_ours, t_theirs + t_setup, _diff(ours[keep], flat[keep].numpy())))
+    work.append((_work(ig_ours), _work(lambda: Loop(model, saes, base, source)) + _work(loop.ig)))
     order = [int(i) for i in np.argsort(-np.abs(ours), kind="stable") if not nodes[i].error]
     top = order[:VERIFY]
     c = contrast()
     (ours_x, t_ours) = _timed(lambda: run_nodes(c, sites, [[i] for i in top]))
     (theirs_x, t_theirs) = _timed(lambda: loop.exact([(nodes[i].layer, nodes[i].unit) for i in top]))
     rows.append((f"exact top-{VERIFY} nodes", t_ours, t_theirs, _diff(ours_x, theirs_x.numpy())))
+    c = contrast()  # the contrast's clean runs are outside this job's timing: outside its count too
+    work.append((_work(lambda: run_nodes(c, sites, [[i] for i in top])),
+                 _work(lambda: loop.exact([(nodes[i].layer, nodes[i].unit) for i in top]))))
     circuit = order[:EDGE_NODES]
     c = contrast()
     (att, t_ours) = _timed(lambda: edge_attribution(c, sites, nodes, down=circuit, up=None))
+    pairs = [(ld, lu, [i for i in circuit if nodes[i].layer == ld]) for ld in LAYERS[1:] for lu in LAYERS if lu < ld]
+    pairs = [(ld, lu, down) for ld, lu, down in pairs if down]
     t_theirs, worst = 0.0, 0.0
-    for ld in LAYERS[1:]:
-        down = [i for i in circuit if nodes[i].layer == ld]
-        for lu in [L for L in LAYERS if L < ld]:
-            if not down:
-                continue
-            got, t = _timed(lambda: loop.edges(ld, lu, [nodes[i].unit for i in down]))
-            t_theirs += t
-            off = LAYERS.index(lu) * (F + 1)
-            mine = torch.tensor([[att[(off + u, d)] for u in range(F)] for d in down])
-            worst = max(worst, _diff(mine, got))
+    for ld, lu, down in pairs:
+        got, t = _timed(lambda: loop.edges(ld, lu, [nodes[i].unit for i in down]))
+        t_theirs += t
+        off = LAYERS.index(lu) * (F + 1)
+        mine = torch.tensor([[att[(off + u, d)] for u in range(F)] for d in down])
+        worst = max(worst, _diff(mine, got))
     rows.append((f"edges into the top {EDGE_NODES} nodes", t_ours, t_theirs, worst))
+    c = contrast()
+    work.append((_work(lambda: edge_attribution(c, sites, nodes, down=circuit, up=None)),
+                 sum(_work(lambda: loop.edges(ld, lu, [nodes[i].unit for i in down])) for ld, lu, down in pairs)))
     print(f"\n{'job':34s} {'surgeon':>9s} {'loop':>9s} {'loop/surgeon':>13s}  largest difference")
     for name, a, b, d in rows:
         print(f"{name:34s} {a:8.2f}s {b:8.2f}s {b / a:12.1f}x  {d:.1e}")
-    data["jobs"] = [{"job": name, "surgeon": a, "loop": b, "difference": d} for name, a, b, d in rows]
+    print(f"\nwork (matrix-multiply FLOPs, torch's FlopCounterMode) and speed per unit of it (GFLOP/s)\n"
+          f"{'job':34s} {'surgeon':>9s} {'loop':>9s} {'surgeon/loop':>13s}  {'surgeon':>8s} {'loop':>8s}")
+    for (name, a, b, _), (wa, wb) in zip(rows, work):
+        print(f"{name:34s} {wa / 1e12:7.2f} T {wb / 1e12:7.2f} T {wa / wb:12.2f}x  {wa / a / 1e9:8.0f} {wb / b / 1e9:8.0f}")
+    print("(time ratio = work ratio x speed ratio; surgeon's feature hook encodes and decodes at every SAE for every "
+          "patched row, surgeon/sites/features.py, where the loop's exact patch decodes once at the patched SAE)")
+    data["jobs"] = [{"job": name, "surgeon": a, "loop": b, "difference": d, "surgeon_flops": wa, "loop_flops": wb}
+                    for (name, a, b, d), (wa, wb) in zip(rows, work)]
     data["shape"] = {"model": "gpt2", "items": args.items, "positions": len(base[0].tokens), "saes": len(LAYERS),
                      "d_sae": F}
     print("(the loop's IG time includes its clean runs and feature encodings, as surgeon's includes its contrast's)")
