@@ -27,23 +27,15 @@ BENCHES = ("startup", "attribution", "circuit_recovery", "patch_sweep", "ray_sea
            "memory", "growth", "edges", "features", "scale")
 
 
-def stale(name: str) -> bool:
-    """Whether bench `name`'s saved result is missing or ran on other code than it would time now."""
-    import json
-
-    sys.path.insert(0, str(HERE))
-    from saving import RESULTS, sources_sha256
-
-    f = RESULTS / f"{name}.json"
-    return not f.exists() or json.loads(f.read_text())["run"].get("sources_sha256") != sources_sha256(name)
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--only", nargs="+", choices=BENCHES, metavar="NAME", help=f"of {', '.join(BENCHES)}")
     ap.add_argument("--skip", nargs="+", choices=BENCHES, default=[], metavar="NAME")
     ap.add_argument("--stale", action="store_true", help="only those whose result predates the code it times")
     args = ap.parse_args()
+    sys.path.insert(0, str(HERE))
+    from saving import stale
+
     names = [b for b in (args.only or BENCHES) if b not in args.skip and not (args.stale and not stale(b))]
     if args.stale:
         print(f"== stale: {', '.join(names) or 'none'}", flush=True)

@@ -58,6 +58,15 @@ def sources_sha256(name: str, root: Path = ROOT) -> str:
     return _sha256(ENGINE + SOURCES[name], root)
 
 
+def stale(name: str) -> bool:
+    """Whether bench `name`'s saved result is missing or ran on other code than it would time now (its record's
+    sources_sha256 is not today's)."""
+    import json
+
+    f = RESULTS / f"{name}.json"
+    return not f.exists() or json.loads(f.read_text())["run"].get("sources_sha256") != sources_sha256(name)
+
+
 def _git(*args: str) -> str:
     try:
         return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, check=True).stdout.strip()

@@ -434,11 +434,11 @@ def _run(name: str) -> tuple[str, str, bool]:
     """A saved result's record: its commit (and whether the tree differed from it), its date, and whether the code
     it timed (the engine, the sites and the bench's SOURCES) is still this one."""
     sys.path.insert(0, str(ROOT / "bench"))
-    from saving import sources_sha256
+    from saving import stale
 
     run = json.loads((BENCH / f"{name}.json").read_text())["run"]
     commit = f"commit {run['commit'][:7]}{' with uncommitted changes' if run['uncommitted_changes'] else ''}"
-    return commit, run["date"], run.get("sources_sha256") == sources_sha256(name)
+    return commit, run["date"], not stale(name)
 
 
 CODE_TIMED = "the code it times (surgeon/engine, surgeon/sites, bench/saving.py's SOURCES)"

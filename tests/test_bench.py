@@ -14,7 +14,7 @@ from tests.conftest import ROOT
 sys.path.insert(0, str(Path(ROOT) / "bench"))
 import scale  # noqa: E402
 from careful import forward_backward, prefix_cache, read_at, repeated, suffix_residual  # noqa: E402
-from saving import ENGINE, RESULTS, SOURCES, engine_sha256, sources_sha256  # noqa: E402
+from saving import ENGINE, RESULTS, SOURCES, engine_sha256, sources_sha256, stale  # noqa: E402
 
 
 @pytest.mark.parametrize("start", [0, 1, 2])
@@ -225,7 +225,7 @@ def test_no_saved_bench_result_predates_the_engine():
     """Every bench block in the README and its pages ran on today's surgeon/engine, surgeon/sites and the sources
     the bench times (bench/saving.py's SOURCES): a change there makes this fail until `python bench/all.py` reruns
     the benches it moves."""
-    from all import BENCHES, stale
+    from all import BENCHES
 
     old = [b for b in BENCHES if stale(b)]
     assert not old, f"bench results older than the code they time ({' '.join(old)}): rerun python bench/all.py --stale"
