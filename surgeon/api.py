@@ -60,8 +60,8 @@ from surgeon.search.subsets import ThresholdResult
 from surgeon.search.threshold import threshold_search
 from surgeon.show import VIEWS, view_of
 from surgeon.sites.ablations import ABLATIONS
-from surgeon.errors import AnalysisError, SurgeonError
-from surgeon.spec.case import Case, case_metric_of, validate
+from surgeon.errors import AnalysisError, CaseError, SurgeonError
+from surgeon.spec.case import Case, case_metric_of, content_digest, validate
 
 __all__ = ["diagnose", "encode", "dla", "attention", "patch", "patch_positions", "attribute", "threshold", "blend", "circuit",
            "circuit_eval", "sae_overlap", "sae_amplified", "sae_heads", "sae_repair", "feature_circuit", "report", "render_report",
@@ -71,8 +71,12 @@ __all__ = ["diagnose", "encode", "dla", "attention", "patch", "patch_positions",
 def read(case, model=None) -> Case:
     """A Case as given, or read and checked from a case file or a shipped case's name (`model`, when a spec,
     replaces the case's)."""
-    if isinstance(case, Case):
+    if isinstance(case, Case):  # built or edited in Python: the same checks as a case file, before any weight loads
+        validate(case)
         return case
+    if not isinstance(case, (str, Path)):
+        raise CaseError(f"is a {type(case).__name__}, not a case", field="case",
+                        fix="give a surgeon.Case, the path of a case file, or a shipped case's name (`surgeon cases` lists them)")
     return load_case(shipped_case(str(case)), model=str(model) if isinstance(model, (str, Path)) else None)
 
 
@@ -82,13 +86,14 @@ def case_and_model(case, model=None, *, device: str | None = None, dtype: str = 
     model (converted as checkpoints are; its tokenizer from the files it was loaded from) or (model, tokenizer)
     (a HookedTransformer gets the tokenizer set on it). A case may leave out `model` when one is given here.
     `metric` (a name or a function) replaces the case's (see `surgeon.spec.metrics`)."""
+    built = isinstance(case, Case)  # a case file was checked against its model when it was read
     case = read(case, model)
     if metric is not None:
         case = replace(case, metric=metric)
         validate(case)
     if model is None or isinstance(model, (str, Path)):
-        if model is None and case.model is None:
-            check_case_against_model(case)  # says what to do
+        if built or case.model is None:  # its config and tokenizer, before the weights load (says what to do without one)
+            check_case_against_model(replace(case, model=str(model)) if model is not None else case)
         model = load_model(str(model or case.model), device=device_of(device), dtype=dtype)
         return case, model
     if isinstance(model, tuple) and len(model) == 2 and hasattr(model[0], "run_with_hooks"):
@@ -327,7 +332,8 @@ def feature_circuit(case, model=None, *, layers: Sequence[int] | None = None, me
 
 class _StepFolders:
     """Each report step's result in its own folder under the report's (what the command writes for it, plus
-    step.json: the options it ran with and its key: every input that changes a number, i.e. the case file's digest,
+    step.json: the options it ran with and its key: every input that changes a number, i.e. the case's content
+    (`content_digest`: formats, items, metric, ..., however the case was made),
     the model's (config and weights, `model_digest`), its dtype, the device type, the SAEs' sources and files, and the
     versions of surgeon and the libraries); a step whose folder holds the same options and key is reused."""
 
@@ -338,6 +344,8 @@ class _StepFolders:
         meta = self.out / step / "step.json"
         if not meta.is_file() or not (self.out / step / "manifest.json").is_file():
             return None  # never finished
+        if self.key.get("case_content_sha256") is None:
+            return None  # the case's content cannot be keyed (a metric function without source): always computed
         try:
             m = json.loads(meta.read_text())
             if (not isinstance(m, dict) or m.get("options") != to_jsonable(options) or m.get("key") != self.key
@@ -361,7 +369,9 @@ def report_key(case: Case, model, source: SAESource | None) -> dict:
             source = SAESource.from_case(case)
         except SurgeonError:
             source = None
-    return {"case_sha256": case.digest, "metric": case_metric_of(case).label,  # --metric replaces the case's
+    # the case by content (formats, items, metric with a function's source, ...): an edit in Python is another case;
+    # None (a metric function without source) is never reused
+    return {"case_content_sha256": content_digest(case), "metric": case_metric_of(case).label,
             "model_sha256": model_digest(model), "dtype": str(p.dtype),
             "device_type": p.device.type, "saes": source.digest() if source is not None else None,
             "versions": versions()}

@@ -7,7 +7,7 @@ from pathlib import Path
 from surgeon.errors import CaseError, ModelError
 from surgeon.models.loading import ModelShape, check_causal, check_finite, load_tokenizer, resolve, shape
 from surgeon.sites.nodes import COMPONENTS
-from surgeon.spec.case import Case, Chat, read_case
+from surgeon.spec.case import Case, Chat, origin, read_case
 
 
 def load_case(path: str | Path, check_model: bool = True, model: str | None = None) -> Case:
@@ -23,7 +23,7 @@ def load_case(path: str | Path, check_model: bool = True, model: str | None = No
 def check_case_against_model(case, model=None) -> None:
     """Model-dependent checks of a case: layers in range, answers that tokenize, chat templates; against the
     case's model (its config and tokenizer only), or `model`, a HookedTransformer in memory."""
-    where = case.source or f"case {case.name!r}"
+    where = origin(case)
     if model is not None:
         check_causal(model, where)
         check_finite(model, where)
@@ -56,22 +56,22 @@ def check_case_against_model(case, model=None) -> None:
             raise CaseError("the model is attention-only and has no MLP", where=where, field="components",
                             fix="drop mlp_out from components")
     unk = getattr(tok, "unk_token_id", None)
-    for i, it in enumerate(case.items):
+    for i, it, label in _all_items(case):
         for ans in ("correct", "incorrect"):
             for text in it.answers(ans):
                 ids = tok(text, add_special_tokens=False)["input_ids"]
                 if not ids:
                     raise CaseError(f"answer {text!r} tokenizes to nothing", where=where,
-                                    field=f"items[{i}].{ans}", fix="give an answer with visible text, e.g. \" 9.8\"")
+                                    field=f"{label}[{i}].{ans}", fix="give an answer with visible text, e.g. \" 9.8\"")
                 if unk is not None and organism and unk in ids:
                     raise CaseError(f"answer {text!r} has characters the organism does not know", where=where,
-                                    field=f"items[{i}].{ans}", fix="use printable ASCII characters")
+                                    field=f"{label}[{i}].{ans}", fix="use printable ASCII characters")
     if unk is not None and organism:
-        for i, it in enumerate(case.items):
+        for i, it, label in _all_items(case):
             for k, v in it.values.items():
                 if unk in tok(v, add_special_tokens=False)["input_ids"]:
                     raise CaseError(f"value {v!r} has characters the organism does not know (they would read as "
-                                    "<unk>)", where=where, field=f"items[{i}].values[{k!r}]",
+                                    "<unk>)", where=where, field=f"{label}[{i}].values[{k!r}]",
                                     fix="use printable ASCII characters")
         for name, fmt in case.formats.items():
             text = fmt.user if isinstance(fmt, Chat) else fmt
@@ -91,6 +91,37 @@ def check_case_against_model(case, model=None) -> None:
     _check_per_position(case, tok, where)
     if shp.n_ctx or shp.d_vocab:
         _check_rows(case, tok, shp.n_ctx, shp.d_vocab, where)
+    if case.reference:
+        _check_reference_reach(case, tok, where)
+
+
+def _all_items(case):
+    """(index, item, field) for the case's items and then its reference items (mean ablation's)."""
+    yield from ((i, it, "items") for i, it in enumerate(case.items))
+    yield from ((i, it, "reference") for i, it in enumerate(case.reference or ()))
+
+
+def _check_reference_reach(case, tok, where: str) -> None:
+    """Mean ablation with reference items takes, at each position of the analysed rows, the mean over the reference
+    items that reach that position (EAP-IG's per-position mean over a reference set). A position no reference item
+    reaches would have no mean (it was patched with zero): refused here, in every format, before any weight loads."""
+    from surgeon.spec.encoding import encode_rows
+
+    bos = case.prepend_bos is not False
+    for name, fmt in case.formats.items():
+        try:
+            need = max(len(r.tokens) for r in encode_rows(fmt, case.items, tok, bos, case.score, case.answer_end,
+                                                          case.combine))
+            have = max(len(r.tokens) for r in encode_rows(fmt, case.reference, tok, bos, case.score, case.answer_end,
+                                                          case.combine))
+        except CaseError:
+            continue  # reported by the checks that own it
+        if have < need:
+            raise CaseError(f"in format {name!r} the analysed items' rows are up to {need} tokens long, but the "
+                            f"longest reference item's is {have}: mean ablation would have no mean at the last "
+                            f"{need - have} positions", where=where, field="reference",
+                            fix="give reference items at least as long as the longest analysed item (values and "
+                                "answers), or leave reference out (the mean over the analysed items)")
 
 
 def _check_per_position(case, tok, where: str) -> None:
@@ -116,22 +147,22 @@ def _check_rows(case, tok, n_ctx: int | None, d_vocab: int | None, where: str) -
 
     bos = case.prepend_bos is not False
     for name, fmt in case.formats.items():
-        for i, it in enumerate(case.items):
+        for i, it, label in _all_items(case):
             try:
                 rows = encode_rows(fmt, [it], tok, bos, case.score, case.answer_end, case.combine)
             except CaseError:
                 continue  # reported by the checks that own it
             top = max(max([*r.tokens, *(t[1] for t in r.targets)]) for r in rows)
             if d_vocab and top >= d_vocab:
-                raise CaseError(f"items[{i}] in format {name!r} has token id {top}, but the model's vocabulary holds "
+                raise CaseError(f"{label}[{i}] in format {name!r} has token id {top}, but the model's vocabulary holds "
                                 f"ids 0..{d_vocab - 1}: the tokenizer is not the model's", where=where, field="model",
                                 fix="use the tokenizer the model was trained with (its ids must fit the embedding)")
             n = max(len(r.tokens) for r in rows)
             if n_ctx and n > n_ctx:
                 prompt = rows[0].n_prompt
-                raise CaseError(f"items[{i}] in format {name!r} feeds the model {n} tokens ({prompt} of prompt, "
+                raise CaseError(f"{label}[{i}] in format {name!r} feeds the model {n} tokens ({prompt} of prompt, "
                                 f"{n - prompt} of answer), longer than the model's context of {n_ctx}", where=where,
-                                field=f"items[{i}]", fix="shorten the item's values or the template, or its answers")
+                                field=f"{label}[{i}]", fix="shorten the item's values or the template, or its answers")
 
 
 def _check_equal_lengths(case, tok, where: str) -> None:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import copy
 import hashlib
+import json
 import runpy
 import re
 import string
@@ -129,6 +130,7 @@ class Case:
     notes: Mapping[str, Any] = field(default_factory=dict)  # free-form: published results, sources
     source: str | None = None  # set by load_case: the file it came from
     digest: str | None = None  # set by load_case: sha256 of that file
+    read_as: str | None = None  # set by load_case: the content digest as read (an edit in Python no longer matches)
 
     @property
     def bad_formats(self) -> tuple[str, ...]:
@@ -203,12 +205,12 @@ def read_case(path: str | Path, model: str | None = None) -> Case:
         if not Path(case.model).expanduser().is_absolute() and local.is_dir():
             case = replace(case, model=str(local))
     validate(case, where)
-    return case
+    return replace(case, read_as=content_digest(case))
 
 
 def validate(case: Case, where: str | None = None) -> None:
     """Check a case's fields without touching the model. Raises CaseError."""
-    where = where or case.source or f"case {case.name!r}"
+    where = where or origin(case)
 
     def fail(fld: str, msg: str, fix: str):
         raise CaseError(msg, where=where, field=fld, fix=fix)
@@ -264,6 +266,9 @@ def validate(case: Case, where: str | None = None) -> None:
             fail("bad", f"names unknown format {b!r}", f"use formats from: {', '.join(names)}")
         if b == case.good:
             fail("bad", f"format {b!r} is both good and bad", "list only the failing formats in bad")
+        if case.formats[b] == case.formats[case.good]:
+            fail("formats", f"formats {b!r} and {case.good!r} are the same template, so there is nothing to patch "
+                 "between them", f"give the failing format {b!r} its own template (a copy-paste slip?)")
     if not isinstance(case.items, Sequence) or isinstance(case.items, str):
         fail("items", f"is a {type(case.items).__name__}, not a list of Items",
              "give a list: items=[Item(values={...}, correct=..., incorrect=...), ...]")
@@ -355,6 +360,9 @@ def validate(case: Case, where: str | None = None) -> None:
         why = (f"reads one position per item, but items[{several[0]}] is scored at several positions (its score "
                f"combines them: a {case.combine}); metrics that combine per position: "
                f"{', '.join(n for n, c in METRICS.items() if c.linear)}")
+    if why and several and not check_metric(case.metric):  # the metric exists but cannot combine positions
+        fail("metric", why, f"use one that combines per position: "
+                            f"{', '.join(n for n, c in METRICS.items() if c.linear)}")
     if why:
         fail("metric", why, f"use one of: {', '.join(METRICS)}, or a function f(logits, correct, incorrect) -> "
                             "score per item")
@@ -396,6 +404,61 @@ def _check_positions(it: Item, fld: str, fields_of, fail) -> None:
     if same:
         fail(fld, f"correct and incorrect are the same at position {same[0]} ({good[same[0]]!r})",
              "give two different answer tokens at every scored position")
+
+
+def _canonical(x: Any) -> Any:
+    """A case's field as plain JSON data, types named (a Chat is not its user text; a tuple of answers not a text)."""
+    if isinstance(x, (Item, Chat)):
+        return {"type": type(x).__name__, **{f.name: _canonical(getattr(x, f.name)) for f in fields(x)}}
+    if isinstance(x, Mapping):
+        return {"type": "dict", "items": sorted(([str(k), _canonical(v)] for k, v in x.items()), key=lambda kv: kv[0])}
+    if isinstance(x, (list, tuple)):
+        return [_canonical(v) for v in x]
+    if x is None or isinstance(x, (str, bool, int, float)):
+        return x
+    return _metric_identity(x)
+
+
+def _metric_identity(x: Any) -> Any:
+    """A metric given as a function or a Metric object, by content: its class or function's source code (and the
+    values a closure or an object holds); None when Python cannot show its source, so nothing can be cached on it."""
+    import inspect
+
+    fn = x if callable(x) and not hasattr(x, "score") else type(x)
+    try:
+        src = inspect.getsource(fn)
+    except (OSError, TypeError):
+        return None
+    held = {}
+    for name, cell in zip(getattr(getattr(fn, "__code__", None), "co_freevars", ()), getattr(fn, "__closure__", None) or ()):
+        held[name] = repr(cell.cell_contents)
+    if not callable(x) or hasattr(x, "score"):
+        held.update({k: repr(v) for k, v in sorted(vars(x).items())})
+    return {"type": "code", "name": getattr(fn, "__qualname__", "?"), "source": src, "held": held}
+
+
+NOT_CONTENT = ("source", "digest", "read_as")  # where a case was read from, not what it is
+
+
+def content_digest(case: Case) -> str | None:
+    """sha256 of everything in a case that can change a number: formats, items, metric (a function by its source),
+    alignment, scoring, reference items, SAEs, ... (not where it was read from). The same for a case file and the
+    same case built in Python; another for any edit. None when the metric is a function whose source Python cannot
+    show (nothing computed with it can be reused)."""
+    data = {f.name: _canonical(getattr(case, f.name)) for f in fields(case) if f.name not in NOT_CONTENT}
+    if data["metric"] is None and case.metric is not None:
+        return None
+    return hashlib.sha256(json.dumps(data, sort_keys=True, default=repr).encode()).hexdigest()
+
+
+def origin(case: Case) -> str:
+    """Where messages about a case point: its file while the case is as read from it, else that it was built (or
+    edited, from which file) in Python."""
+    if case.source and case.read_as is not None and case.read_as == content_digest(case):
+        return case.source
+    if case.source:
+        return f"case {case.name!r} (edited in Python, read from {case.source})"
+    return f"case {case.name!r} (built in Python)"
 
 
 def case_metric_of(case: Case):

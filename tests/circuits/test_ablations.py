@@ -199,3 +199,68 @@ def test_zero_ablated_circuit_keeps_what_a_knockout_removes(induction_model):
     assert kept.circuit_faithfulness >= 0.9 and ko.circuit_faithfulness >= 0.9
     assert len(ko.circuit) < len(kept.circuit)
     assert kept.curve[0] == pytest.approx(0.0, abs=1e-6) and kept.curve[-1] == pytest.approx(1.0, abs=1e-6)
+
+
+# --------------------------------------------------------------------------------------------- a reference set
+# mean ablation over the case's `reference` items (EAP-IG's reference dataset): shorter and longer than the analysed
+REFERENCE = [Item({"a": a, "b": b}, correct=" x", incorrect=" y") for a, b in
+             [("uvwx", "yz"), ("a", "b"), ("hijklm", "no"), ("c", "defg")]]
+
+
+def _hand_reference_circuit(model, case, site, chosen):
+    """The kept circuit's item scores under mean ablation where the mean is over the reference items' rows (the
+    source format) at each position, only the reference items that reach a position counted."""
+    rs = format_rows(case, model, "good", ITEMS)
+    ref = format_rows(case, model, "good", REFERENCE)
+    mean = hand_mean(model, ref, [list(range(len(r.tokens))) for r in ref])
+    cfg = model.cfg
+    out = torch.zeros(len(ITEMS))
+    for s in rs:
+        def replace(snd, r, cur):
+            if site.index(edge_name(snd, r, cfg)) in chosen:
+                return cur
+            new = cur.clone()
+            for p in range(cur.shape[0]):
+                new[p] = mean[snd][p]
+            return new
+
+        with torch.no_grad():
+            out[s.item] += row_score(graph_forward(model, torch.tensor(s.tokens), replace), s)
+    return out
+
+
+@pytest.mark.parametrize("how", ["index", "last"])
+def test_mean_ablation_over_a_reference_set_is_its_per_position_mean(random_model, how):
+    from dataclasses import replace
+
+    from surgeon.models.checks import check_case_against_model
+
+    case = make_case(how, reference=REFERENCE)
+    check_case_against_model(case, random_model)  # the longest reference row covers every analysed position
+    lengths = [len(r.tokens) for r in format_rows(case, random_model, "good", REFERENCE)]
+    top = max(len(r.tokens) for r in format_rows(case, random_model, "good", ITEMS))
+    assert min(lengths) < top < max(lengths)  # shorter and longer than the analysed rows
+    site = EdgeSite.of(random_model.cfg, "mean")
+    gen = torch.Generator().manual_seed(4)
+    chosen = sorted(torch.randperm(len(site.edges), generator=gen)[: len(site.edges) // 4].tolist())
+    runs = circuit_runs(case, random_model, site, batch_size=2)
+    got = torch.tensor(runs.ablated([chosen])[0])
+    want = _hand_reference_circuit(random_model, case, site, set(chosen))
+    torch.testing.assert_close(got, want, atol=2e-4, rtol=0)
+    own = circuit_runs(replace(case, reference=None), random_model, site, batch_size=2)
+    assert float((torch.tensor(own.ablated([chosen])[0]) - got).abs().max()) > 1e-2  # the reference is what is used
+
+
+def test_a_reference_set_that_does_not_reach_every_position_is_refused(random_model):
+    from surgeon import CaseError
+    from surgeon.errors import AnalysisError
+    from surgeon.models.checks import check_case_against_model
+
+    short = [Item({"a": "a", "b": "b"}, correct=" x", incorrect=" y")]
+    case = make_case("last", reference=short)
+    with pytest.raises(CaseError) as e:
+        check_case_against_model(case, random_model)
+    assert e.value.field == "reference" and "no mean at the last" in str(e.value) and e.value.fix
+    site = EdgeSite.of(random_model.cfg, "mean")
+    with pytest.raises(AnalysisError, match="reach .* of the .* positions"):  # the engine never fills in zero
+        circuit_runs(case, random_model, site).ablated([[0]])
