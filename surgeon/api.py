@@ -35,6 +35,7 @@ from surgeon.analyses.circuit import (
 )
 from surgeon.analyses.diagnose import Diagnosis
 from surgeon.analyses.encode import Encoding
+from surgeon.analyses.generation import check_generation
 from surgeon.analyses.feature_circuit import FeatureCircuitResult
 from surgeon.analyses.feature_circuit import feature_circuit as feature_circuit_of
 from surgeon.analyses.encode import encode as encode_case
@@ -50,6 +51,7 @@ from surgeon.analyses.sae_repair import FeatureRepairResult, feature_repair
 from surgeon.circuits.export import read_circuit as read_circuit_file
 from surgeon.circuits.methods import ATTRIBUTION_IG_STEPS, IG_STEPS
 from surgeon.models.devices import device_of
+from surgeon.spec.select import pick_items
 from surgeon.spec.shipped import shipped_case
 from surgeon.models.checks import check_case_against_model, load_case
 from surgeon.models.loading import from_hf, load_model, model_digest
@@ -107,6 +109,16 @@ def case_and_model(case, model=None, *, device: str | None = None, dtype: str = 
     return case, model
 
 
+def _warn_if_no_failure(case: Case, model, bad, tag, batch_size: int) -> None:
+    """The command line's warning before work on a format that does not fail (`failure_check`), from Python too."""
+    from surgeon.analyses.diagnose import failure_check
+    from surgeon.errors import warn
+
+    why = failure_check(case, model, bad=bad, tag=tag, batch_size=batch_size)
+    if why:
+        warn(why)
+
+
 def _layers(case: Case, layers):
     return list(case.layers) if layers is None and case.layers is not None else layers
 
@@ -125,6 +137,7 @@ def patch(case, model=None, *, layers: Sequence[int] | None = None, component: s
     """Patch every head (unit) of each layer alone from one format into the other (`surgeon patch`). The batch size
     is lowered to fit `max_memory` ("80GB"; default: the device's free memory), the plan printed to stderr."""
     case, model = case_and_model(case, model, device=device, dtype=dtype, metric=metric)
+    _warn_if_no_failure(case, model, bad, tag, batch_size)
     layers = _layers(case, layers)
     batch_size = planned_batch_size(plan_patch, case, model, layers, component, batch_size=batch_size,
                                     max_memory=max_memory, bad=bad, direction=direction, tag=tag)
@@ -190,6 +203,9 @@ def threshold(case, model=None, *, layer: int | None = None, heads: str | None =
     (`surgeon threshold`). With `out`, finished chunks are kept there and a rerun resumes. The batch size is
     lowered to fit `max_memory` (default: the device's free memory)."""
     case, model = case_and_model(case, model, device=device, dtype=dtype, metric=metric)
+    if generate:  # refused before the search, not after it
+        check_generation(case, model, pick_items(case, tag)[1], generate)
+    _warn_if_no_failure(case, model, bad, tag, batch_size)
     batch_size = planned_batch_size(plan_threshold, case, model, layer or 0, chunk, chunk, batch_size=batch_size,
                                     max_memory=max_memory, bad=bad, tag=tag)
     return threshold_search(case, model, layer=layer, heads=heads, groups=list(groups), grid=grid, budget=budget,
@@ -197,13 +213,14 @@ def threshold(case, model=None, *, layer: int | None = None, heads: str | None =
                             batch_size=batch_size, chunk=chunk, seed=seed, out=out, generate=generate)
 
 
-def blend(case, model=None, *, layer: int, heads: Sequence[int] | None = None, component: str = "z",
+def blend(case, model=None, *, layer: int, heads=None, component: str = "z",
           step: float = 0.01, bad: str | None = None, tag: str | None = None, batch_size: int = 256,
           metric=None, device: str | None = None, dtype: str = "float32"):
-    """Blend (1-a) failing + a good for chosen heads: where does repair switch on? (`surgeon blend`)"""
+    """Blend (1-a) failing + a good for chosen heads (numbers, "0,2", "L0H6" or a list of labels; default every head
+    of `layer`): where does repair switch on? (`surgeon blend`)"""
 
     case, model = case_and_model(case, model, device=device, dtype=dtype, metric=metric)
-    return blend_heads(case, model, layer=layer, heads=list(heads) if heads is not None else None,
+    return blend_heads(case, model, layer=layer, heads=heads,
                           component=component, step=step, bad=bad, tag=tag, batch_size=batch_size)
 
 
@@ -219,6 +236,7 @@ def circuit(case, model=None, *, method: str | None = None, ig_steps: int = IG_S
     method = method or default_method(case, ablation)
     check_options(method, ablation, ig_steps, None if edges else faithfulness, edges, semantics)
     case, model = case_and_model(case, model, device=device, dtype=dtype, metric=metric)
+    _warn_if_no_failure(case, model, bad, tag, batch_size)
     batch_size = planned_batch_size(plan_circuit, case, model, method, ig_steps, verify, ablation, batch_size=batch_size,
                                     max_memory=max_memory, bad=bad, direction=direction, tag=tag)
     return discover(case, model, method=method, ablation=ablation, semantics=semantics, direction=direction,
@@ -403,11 +421,25 @@ def load(path):
     bad = dict(where=str(path), field="load", fix="give a folder written by r.save(DIR), surgeon COMMAND --out DIR "
                                                   "or surgeon report --out DIR")
     manifest_file = path / "manifest.json"
+    if not path.is_dir():
+        raise AnalysisError("cannot read it: it is not a folder", **bad)
+    if not manifest_file.is_file():
+        raise AnalysisError("holds no manifest.json: surgeon writes it last, so this is not a finished result "
+                            "(an interrupted run, or a folder surgeon did not write)", **bad)
     try:
-        m = json.loads(manifest_file.read_text()) if manifest_file.is_file() else {}
-    except (OSError, ValueError):
-        m = {}
-    if isinstance(m, dict) and isinstance(m.get("report"), dict):
+        m = json.loads(manifest_file.read_text())
+    except (OSError, ValueError) as e:
+        raise AnalysisError(f"its manifest.json cannot be read ({type(e).__name__})", **bad) from None
+    if not isinstance(m, dict) or not isinstance(m.get("command"), str):
+        raise AnalysisError("its manifest.json is not one surgeon wrote (no command recorded)", **bad)
+    wrote = str((m.get("versions") or {}).get("surgeon", "")) if isinstance(m.get("versions"), dict) else ""
+    from surgeon.version import __version__
+
+    if wrote and wrote.split(".")[0] != __version__.split(".")[0]:
+        raise AnalysisError(f"was written by surgeon {wrote}; this is surgeon {__version__}, another major version "
+                            "whose results may mean other things", **{**bad, "fix": f"read it with surgeon {wrote}, "
+                                                                                       "or run the analysis again"})
+    if isinstance(m.get("report"), dict):
         return _load_report(path, m["report"], bad)
     if isinstance(m, dict) and m.get("command") == "report":  # written before the manifest said more
         steps = [p.name for p in sorted(path.iterdir()) if (p / "step.json").is_file()]
@@ -437,6 +469,9 @@ def _load_report(path: Path, meta: dict, bad: dict):
     rep = Report(meta.get("case", "?"), meta.get("model", "?"), skipped=meta.get("skipped") or {},
                  facts=meta.get("facts") or {})
     for step in meta.get("steps") or []:
+        if not isinstance(step, str) or not step or step != Path(step).name or step in (".", ".."):
+            raise AnalysisError(f"the report's manifest names a step {str(step)[:60]!r} that is not a folder inside "
+                                "it", **bad)
         try:
             info = json.loads((path / step / "step.json").read_text())
             rep.steps[step] = from_jsonable(RESULT_TYPES[info["type"]],

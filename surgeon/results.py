@@ -62,7 +62,7 @@ def manifest(command: str, case=None, *, seed: int | None = None, device: str | 
         "options": options or {},
     }
     if case is not None:
-        m["case"] = {"name": case.name, "file": case.source, "sha256": case.digest, "model": case.model}
+        m["case"] = case.record()
     if model_info:
         m["model"] = model_info
     if execution:  # which execution path the engine took, and why (analyses that patch)
@@ -269,6 +269,9 @@ def check_out(out) -> None:
     if not str(out).strip():
         raise SurgeonError("--out is empty", field="--out", fix="give a directory, e.g. --out out/run1")
     out = Path(out).expanduser().absolute()
+    if out.is_symlink() and not out.exists():  # a dangling link: mkdir would fail only after the first step ran
+        raise SurgeonError(f"{out} is a symbolic link to {os.readlink(out)}, which does not exist", field="--out",
+                           fix="make the folder it points to, remove the link, or give another directory")
     if out.exists() and not out.is_dir():
         raise SurgeonError(f"{out} exists and is a file", field="--out", fix="give a directory (new or existing)")
     parent = out

@@ -268,3 +268,74 @@ def test_every_result_is_a_long_data_frame_holding_its_numbers(results):
     b = o.bad[0]
     assert np.isclose(fo[(fo.format == b) & (fo.metric == "overlap") & (fo.layer == o.layers[0])].value.mean(),
                       o.metrics[b]["overlap"][0].value)
+
+
+# ------------------------------------------------------------------- issue 50: what Python callers could get wrong
+def test_load_reads_only_what_is_whole_and_stays_in_its_folder(results, tmp_path):
+    r, _ = results["patch"]
+    saved = r.save(tmp_path / "p")
+    man = json.loads((saved / "manifest.json").read_text())
+    (saved / "manifest.json").unlink()
+    with pytest.raises(surgeon.SurgeonError, match="holds no manifest.json"):
+        surgeon.load(saved)
+    (saved / "manifest.json").write_text("{garbage")
+    with pytest.raises(surgeon.SurgeonError, match="manifest.json cannot be read"):
+        surgeon.load(saved)
+    (saved / "manifest.json").write_text(json.dumps({**man, "versions": {**man["versions"], "surgeon": "9.0.0"}}))
+    with pytest.raises(surgeon.SurgeonError, match="another major version"):
+        surgeon.load(saved)
+    (saved / "manifest.json").write_text(json.dumps(man))
+    assert str(surgeon.load(saved)) == str(r)
+    # a report manifest whose step names reach outside the folder
+    rep = tmp_path / "rep"
+    rep.mkdir()
+    (rep / "manifest.json").write_text(json.dumps({"command": "report", "versions": man["versions"],
+                                                   "report": {"case": "x", "model": "y", "steps": ["../../etc"]}}))
+    with pytest.raises(surgeon.SurgeonError, match="not a folder inside it"):
+        surgeon.load(rep)
+
+
+@pytest.mark.parametrize("heads", ["L0H6", ["L0H6"], "6", [6], "L0H4,L0H6", ["L0H4", 6]])
+def test_blend_takes_heads_as_every_other_analysis_writes_them(decimal_model, heads):
+    r = surgeon.blend("decimal_organism", decimal_model, layer=0, heads=heads, step=0.25)
+    want = ("L0H4", "L0H6") if "4" in str(heads) else ("L0H6",)
+    assert tuple(r.units) == want
+    with pytest.raises(surgeon.SurgeonError, match="is in layer 1, but the blend is at layer 0"):
+        surgeon.blend("decimal_organism", decimal_model, layer=0, heads="L1H2")
+
+
+def test_python_warns_like_the_command_line_when_the_failure_is_not_there(decimal_model, capsys):
+    surgeon.patch("decimal_organism", decimal_model, tag="control", layers=[0])
+    assert "the failure is not reproduced" in capsys.readouterr().err
+    surgeon.patch("decimal_organism", decimal_model, layers=[0])
+    assert "not reproduced" not in capsys.readouterr().err
+
+
+def test_first_token_scoring_with_items_read_per_position_is_refused():
+    import dataclasses
+
+    from surgeon import Item
+
+    case = dataclasses.replace(surgeon.api.read("decimal_organism"), score="first_token",
+                               items=[Item({"a": "9.8", "b": "9.11"}, [" 9"], [" 1"], at=[-1])])
+    with pytest.raises(surgeon.CaseError) as e:
+        surgeon.api.read(case)
+    assert e.value.field == "score" and "scored per position" in e.value.message
+
+
+def test_generating_fewer_tokens_than_the_answers_need_is_refused_before_any_work(decimal_model):
+    with pytest.raises(surgeon.SurgeonError) as e:
+        surgeon.diagnose("decimal_organism", decimal_model, generate=1)
+    assert e.value.field == "--generate" and "would be judged 'other'" in e.value.message and "or more" in e.value.fix
+    with pytest.raises(surgeon.SurgeonError, match="judged 'other'"):
+        surgeon.threshold("decimal_organism", decimal_model, layer=0, budget=2, generate=1)
+
+
+def test_out_a_dangling_symlink_is_refused_before_any_step(tmp_path, capsys):
+    from surgeon.cli import main
+
+    link = tmp_path / "out"
+    link.symlink_to(tmp_path / "missing" / "deeper")
+    assert main(["diagnose", "--out", str(link)]) == 2
+    err = capsys.readouterr().err
+    assert "symbolic link" in err and "does not exist" in err and "Traceback" not in err

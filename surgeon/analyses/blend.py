@@ -39,7 +39,34 @@ class BlendResult(Shows):
     execution: dict = field(default_factory=dict)
 
 
-def blend(case: Case, model, *, layer: int, heads: list[int] | None = None, component: str = "z",
+def blend_heads(heads, layer: int) -> list[int] | None:
+    """The heads of `layer` to blend, from what a user writes anywhere else: None (every head), head numbers
+    (ints, or "0,2,5"), or labels ("L0H6", "L0H4,L0H6", ["L0H6", "L0H4"]); a label of another layer is refused."""
+    import re
+
+    if heads is None:
+        return None
+    parts = heads.split(",") if isinstance(heads, str) else list(heads) if not isinstance(heads, int) else [heads]
+    out = []
+    for h in parts:
+        if isinstance(h, int) and not isinstance(h, bool):
+            out.append(h)
+            continue
+        m = re.fullmatch(r"\s*(?:L(\d+)H)?(\d+)\s*", h) if isinstance(h, str) else None
+        if m is None:
+            raise AnalysisError(f"cannot read head {h!r}", field="--heads",
+                                fix=f"write heads as 0,2,5 or L{layer}H0,L{layer}H2 (heads of --layer {layer})")
+        if m.group(1) is not None and int(m.group(1)) != layer:
+            raise AnalysisError(f"head {h.strip()} is in layer {m.group(1)}, but the blend is at layer {layer}",
+                                field="--heads", fix=f"blend heads of one layer: --layer {m.group(1)}, or heads "
+                                                     f"L{layer}H...")
+        out.append(int(m.group(2)))
+    if len(set(out)) != len(out):
+        raise AnalysisError("a head is listed twice", field="--heads", fix="list each head once")
+    return out
+
+
+def blend(case: Case, model, *, layer: int, heads=None, component: str = "z",
           step: float = 0.01, bad: str | None = None, tag: str | None = None, batch_size: int = 256) -> BlendResult:
     """Score every item on a grid of blend fractions a (step 0.01 by default) in one batch, and locate each
     item's switching point a* by linear interpolation between the grid points around its sign change."""
@@ -56,7 +83,8 @@ def blend(case: Case, model, *, layer: int, heads: list[int] | None = None, comp
         chosen = [0]
         labels = (unit_label(component, layer, 0),)
     else:
-        chosen = list(range(U)) if heads is None else list(heads)
+        heads = blend_heads(heads, layer)
+        chosen = list(range(U)) if heads is None else heads
         bad_heads = [h for h in chosen if not 0 <= h < U]
         if bad_heads:
             raise AnalysisError(f"heads {bad_heads} are out of range (0..{U - 1})", field="--heads", fix="choose heads that exist")

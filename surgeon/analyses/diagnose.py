@@ -6,7 +6,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from surgeon.analyses.common import case_metric, format_rows
-from surgeon.analyses.generation import generate_format
+from surgeon.analyses.generation import check_generation, generate_format
 from surgeon.engine.contrast import score_rows
 from surgeon.show import Shows
 from surgeon.spec.case import Case
@@ -49,6 +49,8 @@ def diagnose(case: Case, model, *, batch_size: int = 256, generate: int = 0, pro
     good format's."""
 
     formats = [case.good] + list(case.bad_formats)
+    if generate:  # refused before any scoring
+        check_generation(case, model, case.items_for(case.focus), generate)
     tags = ["all"] + [t for t in case.tags if len(case.tags) > 1 or t == case.focus]
     stats = []
     scores = {}

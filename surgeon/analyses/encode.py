@@ -44,20 +44,23 @@ class Encoding(Shows):
         return next(r for r in self.rows if r.item == item and r.format == fmt)
 
     def to_pandas(self):
-        """One row per item x format x position: the token, whether it is prompt, the answer token its logits score
-        (and the sign), and, in a failing format, the good format's position it is patched from."""
+        """One row per item x format x position and answer token scored there: the token, whether it is prompt, the
+        answer token its logits score (and the sign: + for the correct answer's, - for the incorrect's), and, in a
+        failing format, the good format's position it is patched from. A position that scores both answers' tokens
+        (first-token scoring, per-position items) has a row for each; a position that scores nothing has one row."""
         import pandas as pd
 
         recs = []
         for r in self.rows:
-            scored = {p: (t, s) for p, t, s in r.targets}
+            scored: dict[int, list] = {}
+            for p, t, s in r.targets:
+                scored.setdefault(p, []).append((t, s))
             patched = dict(r.pairs)
             for p, (t, text) in enumerate(zip(r.tokens, r.strings)):
-                tid, sign = scored.get(p, (None, None))
-                recs.append({"item": r.item, "tag": r.tag, "format": r.format, "role": r.role, "row": r.answer,
-                             "position": p,
-                             "token_id": t, "token": text, "prompt": p < r.n_prompt, "scores_token_id": tid,
-                             "sign": sign, "patched_from": patched.get(p)})
+                for tid, sign in scored.get(p, [(None, None)]):
+                    recs.append({"item": r.item, "tag": r.tag, "format": r.format, "role": r.role, "row": r.answer,
+                                 "position": p, "token_id": t, "token": text, "prompt": p < r.n_prompt,
+                                 "scores_token_id": tid, "sign": sign, "patched_from": patched.get(p)})
         return pd.DataFrame.from_records(recs)
 
 

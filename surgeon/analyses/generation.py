@@ -51,6 +51,22 @@ def check_continuations(case: Case, items: Sequence[Item]) -> None:
                             fix="leave out --generate for this case (its scores are read at the positions it names)")
 
 
+def check_generation(case: Case, model, items: Sequence[Item], n_new: int) -> None:
+    """Everything that can be refused about judging `n_new` generated tokens, before any work: items with no
+    continuation, fewer tokens than the longer answer needs (its right start would be judged `other`)."""
+    check_continuations(case, items)
+    if n_new < 1:
+        raise AnalysisError(f"--generate {n_new} must be at least 1", field="--generate", fix="e.g. --generate 8")
+    tok = model.tokenizer
+    need, which = max((len(tok(it.text(a), add_special_tokens=False)["input_ids"]), (i, a))
+                      for i, it in enumerate(items) for a in ("correct", "incorrect"))
+    if n_new < need:
+        i, a = which
+        raise AnalysisError(f"--generate {n_new} writes fewer tokens than the answers need: item {i}'s {a} answer "
+                            f"{items[i].text(a)!r} is {need} tokens, so a continuation that starts it would be judged "
+                            "'other'", where=case.source, field="--generate", fix=f"use --generate {need} or more")
+
+
 def check_room(model, rows, n_new: int) -> None:
     """Refuse a generation that would run past the model's context (before any of it runs)."""
     if n_new < 1:
@@ -67,7 +83,7 @@ def generate_format(case: Case, model, fmt: str, items: Sequence[Item], n_new: i
     """Greedy continuations of every item's prompt in one format, unpatched."""
     import torch
 
-    check_continuations(case, items)
+    check_generation(case, model, items, n_new)
     rows = prompt_rows(case.formats[fmt], items, model.tokenizer, prepend_bos(case, model))
     check_room(model, rows, n_new)
     device = next(model.parameters()).device
@@ -90,7 +106,7 @@ def generate_patched(case: Case, model, masks: dict, n_new: int = 8, *, bad: str
 
     bad = pick_bad(case, bad)
     _, items = pick_items(case, tag)
-    check_continuations(case, items)
+    check_generation(case, model, items, n_new)
     pb = prepend_bos(case, model)
     base = prompt_rows(case.formats[bad], items, model.tokenizer, pb)
     source = prompt_rows(case.formats[case.good], items, model.tokenizer, pb)

@@ -154,7 +154,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("blend", help="blend (1-a)*failing + a*good for chosen heads: where does repair switch on?")
     add_common(p)
     p.add_argument("--layer", type=cli_types.layer, required=True, help="the layer whose heads (or output) are blended")
-    p.add_argument("--heads", help="heads to blend, e.g. 0,2,4 (default: all heads of the layer)")
+    p.add_argument("--heads", help="heads to blend, e.g. 0,2,4 or L1H0,L1H2 (default: all heads of the layer)")
     p.add_argument("--component", default="z", choices=["z", "o_slices", "attn_out", "pattern", "mlp_out", "resid_pre"],
                    help="z: head outputs; attn_out: the whole layer output (the paper's 'pattern replacement'); "
                         "pattern: attention patterns (equal-length formats only) (default: z)")
@@ -370,6 +370,11 @@ def cmd_threshold(args) -> int:
         ray = RayOptions(address=None if args.ray == "local" else args.ray, workers=args.ray_workers,
                          threads=args.threads or 1)
     case, model, device = load_case_and_model(args, out=out)
+    if args.generate:  # refused before the search, not after it
+        from surgeon.analyses.generation import check_generation
+        from surgeon.spec.select import pick_items
+
+        check_generation(case, model, pick_items(case, args.tag)[1], args.generate)
     warn_if_no_failure(args, case, model)
     from surgeon.analyses import planning
     from surgeon.reports import text as report
@@ -418,7 +423,7 @@ def cmd_blend(args) -> int:
     case, model, device = load_case_and_model(args)
     from surgeon.analyses.blend import blend
 
-    r = blend(case, model, layer=args.layer, heads=_int_list(args.heads, "--heads"), component=args.component,
+    r = blend(case, model, layer=args.layer, heads=args.heads, component=args.component,
               step=args.step, bad=args.bad, tag=args.tag, batch_size=args.batch_size)
     return print_report(args, r, case, device)
 

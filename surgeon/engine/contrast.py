@@ -804,11 +804,6 @@ class Contrast:
         S = self.n_slots
         if self.mean_rows is not None:
             total, have = self._reference_sums(site, S)
-            if bool((have == 0).any()):  # a slot no reference item reaches has no mean: never zero in its place
-                raise AnalysisError(f"the reference items reach {int((have > 0).sum())} of the {S} aligned positions "
-                                    "the analysed items have, so mean ablation has no mean at the others",
-                                    field="reference", fix="give reference items as long as the analysed items "
-                                    "(answers, and placeholders with align='anchors'), or leave reference out")
         else:
             items = [b.items.cpu() for b in self.buckets]
             valid = [b.slot_valid.cpu().double() for b in self.buckets]

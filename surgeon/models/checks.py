@@ -3,9 +3,10 @@ model's config and tokenizer are read (no weights), so bad input is refused befo
 from __future__ import annotations
 
 from pathlib import Path
+from types import SimpleNamespace
 
 from surgeon.errors import CaseError, ModelError
-from surgeon.models.loading import ModelShape, check_causal, check_finite, load_tokenizer, resolve, shape
+from surgeon.models.loading import ModelShape, check_causal, check_finite, load_tokenizer, resolve, shape, tl_config
 from surgeon.sites.nodes import COMPONENTS
 from surgeon.spec.case import Case, Chat, origin, read_case
 
@@ -43,6 +44,8 @@ def check_case_against_model(case, model=None) -> None:
         try:
             ref = resolve(case.model)
             shp = shape(ref)
+            if ref.kind == "tl":  # a TransformerLens folder says its attention in its config: refused before its weights
+                check_causal(SimpleNamespace(cfg=SimpleNamespace(**tl_config(ref.path))), str(ref.path))
             tok = load_tokenizer(ref)
         except ModelError as e:
             raise CaseError(e.message, where=where, field="model", fix=e.fix) from None

@@ -100,19 +100,56 @@ def resolve(spec: str) -> ModelRef:
     return ModelRef(spec, "hub", spec, Path(local))
 
 
+# fields only a TransformerLens config has (a Hugging Face config names them num_hidden_layers, hidden_size, ...)
+TL_FIELDS = ("n_layers", "d_model", "n_ctx", "d_head", "n_heads", "d_vocab", "d_mlp", "act_fn", "normalization_type",
+             "positional_embedding_type", "attn_only")
+TL_REQUIRED = ("n_layers", "d_model", "n_ctx", "d_head")  # what HookedTransformerConfig cannot do without
+TL_COUNTS = ("n_layers", "d_model", "n_ctx", "d_head", "n_heads", "d_vocab", "d_mlp", "n_key_value_heads")
+HF_FIELDS = ("num_hidden_layers", "hidden_size", "n_layer", "n_embd", "num_layers")
+
+
 def tl_config(path: Path) -> dict | None:
     """HookedTransformerConfig's fields from a TransformerLens checkpoint's config.json (at its top level, or under
-    "config"), or None when the file is a Hugging Face config (it names a model_type) or not such a config."""
+    "config"), or None when the file is a Hugging Face config (it names a model_type) or not such a config. A config
+    with TransformerLens fields that cannot be one (a required field missing, a count that is not a positive
+    integer, a Hugging Face model_type beside them) is refused naming the field. `n_heads` left out is
+    d_model // d_head, as TransformerLens computes it."""
     import json
 
+    where = str(Path(path) / "config.json")
     try:
         data = json.loads((Path(path) / "config.json").read_text())
     except (OSError, ValueError):
         return None
-    if not isinstance(data, dict) or "model_type" in data:
+    if not isinstance(data, dict):
         return None
     cfg = data.get("config") if isinstance(data.get("config"), dict) else data
-    return cfg if {"n_layers", "d_model", "n_ctx"} <= set(cfg) else None
+    tl = [k for k in TL_FIELDS if k in cfg]
+    if "model_type" in data:
+        if len(tl) >= 2 and not any(k in data for k in HF_FIELDS):
+            raise ModelError(f"config.json has TransformerLens fields ({', '.join(tl[:4])}) and a Hugging Face "
+                             f"model_type ({data['model_type']!r}), so it is neither kind", where=where,
+                             field="model_type", fix="for a TransformerLens checkpoint remove model_type; for a Hugging "
+                                                     "Face one write the config with save_pretrained")
+        return None
+    if len(tl) < 2:
+        return None
+    missing = [k for k in TL_REQUIRED if k not in cfg]
+    if missing:
+        raise ModelError(f"this TransformerLens config has no {missing[0]!r}", where=where, field=missing[0],
+                         fix=f"add {missing[0]!r} (required: {', '.join(TL_REQUIRED)}); write the config from the "
+                             "model: json.dumps(model.cfg.to_dict(), default=str)")
+    for k in TL_COUNTS:
+        v = cfg.get(k)
+        if v is None or (k in ("n_heads", "d_vocab", "d_mlp", "n_key_value_heads") and v == -1):
+            continue  # TransformerLens fills these in
+        if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+            raise ModelError(f"{k!r} is {v!r}, not a positive integer", where=where, field=k,
+                             fix=f"write it as a number, e.g. \"{k}\": {8 if k != 'n_layers' else 2}")
+    out = dict(cfg)
+    if out.get("n_heads") in (None, -1):
+        out["n_heads"] = out["d_model"] // out["d_head"]
+    return out
 
 
 def _tl_official_name(alias: str) -> str | None:
@@ -280,6 +317,13 @@ def _load_tl(ref: ModelRef, device: str, tdtype):
         raise ModelError(f"cannot read model.safetensors: {str(e)[:200]}", where=str(ref.path), field="model",
                          fix="save it again with safetensors.torch.save_file(model.state_dict(), ...)") from None
     own = model.state_dict()
+    ints = [k for k, v in state.items() if not v.is_floating_point() and k in own and own[k].is_floating_point()]
+    if ints:
+        raise ModelError(f"the weight {ints[0]} is stored as {state[ints[0]].dtype}, not a floating-point type: it "
+                         f"would load truncated ({len(ints)} such weight{'s' if len(ints) > 1 else ''})",
+                         where=str(ref.path), field="model",
+                         fix="save the float weights: safetensors.torch.save_file({k: v.float() for k, v in "
+                             "model.state_dict().items()}, ...)")
     missing = [k for k in own if k not in state and not k.endswith(("IGNORE", ".mask"))]
     unexpected = [k for k in state if k not in own]
     wrong = [k for k in state if k in own and tuple(state[k].shape) != tuple(own[k].shape)]

@@ -132,6 +132,15 @@ class Case:
     digest: str | None = None  # set by load_case: sha256 of that file
     read_as: str | None = None  # set by load_case: the content digest as read (an edit in Python no longer matches)
 
+    def record(self) -> dict:
+        """What a result's manifest says of the case: its name, its content's digest (`content_digest`), its model,
+        and its file with that file's sha256 only while the case is as read from it (an edit in Python names the
+        file it was read from as `edited_from`)."""
+        as_read = self.source is not None and self.read_as is not None and self.read_as == content_digest(self)
+        return {"name": self.name, "content_sha256": content_digest(self), "model": self.model,
+                "file": self.source if as_read else None, "sha256": self.digest if as_read else None,
+                **({"edited_from": self.source} if self.source and not as_read else {})}
+
     @property
     def bad_formats(self) -> tuple[str, ...]:
         return (self.bad,) if isinstance(self.bad, str) else tuple(self.bad or ())
@@ -352,6 +361,10 @@ def validate(case: Case, where: str | None = None) -> None:
     if case.combine not in COMBINES:
         fail("combine", f"is {case.combine!r}", f"use one of: {', '.join(COMBINES)}")
     several = [i for i, it in enumerate(case.items) if it.per_position]
+    if several and case.score != "sequence":
+        fail("score", f"is {case.score!r}, but items[{several[0]}] is scored per position (its own positions, one "
+             "answer token each), which no score option changes", 'leave score out (or "sequence") for a case whose '
+             "items name their positions")
     if several and case.answer_end is not None:
         fail("answer_end", f"ends text answers, but items[{several[0]}] is scored per position (one token each)",
              "leave answer_end out: per-position answers are single tokens")

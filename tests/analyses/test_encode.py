@@ -39,7 +39,7 @@ def test_the_rows_are_the_tokenizers_and_reproduce_the_scores(decimal_model):
             good = next(g for g in e.rows if g.item == r.item and g.format == e.good and g.answer == r.answer)
             assert r.pairs == list(zip(range(r.n_prompt - 1, len(r.tokens)), range(good.n_prompt - 1, len(good.tokens))))
     df = e.to_pandas()
-    assert len(df) == sum(len(r.tokens) for r in e.rows)
+    assert len(df) == sum(len(r.tokens) + len(r.targets) - len({p for p, _, _ in r.targets}) for r in e.rows)
     assert set(df.columns) >= {"item", "format", "row", "position", "token_id", "token", "scores_token_id",
                                "patched_from"}
     scored = df.dropna(subset=["scores_token_id"])
@@ -52,3 +52,19 @@ def test_the_command_prints_the_rows(capsys):
     assert main(["encode", "--items", "0", "--bad", "qa"]) == 0
     out = capsys.readouterr().out
     assert "item 0 (trap) qa (bad), the correct answer's row" in out and "patched from 'plain': 37<-39" in out
+
+
+def test_a_position_that_scores_both_answers_keeps_both_in_the_frame(decimal_model):
+    """First-token scoring reads the correct and the incorrect token at one position: the frame has both."""
+    import dataclasses
+
+    import surgeon.api
+
+    case = dataclasses.replace(surgeon.api.read("decimal_organism"), score="first_token")
+    e = surgeon.encode(case, decimal_model, items=[0], bad="qa")
+    df = e.to_pandas()
+    for r in e.rows:
+        want = sorted((p, t, s) for p, t, s in r.targets)
+        got = df[(df.format == r.format) & (df.row == r.answer)].dropna(subset=["scores_token_id"])
+        assert sorted(zip(got.position, got.scores_token_id.astype(int), got.sign)) == want
+        assert len(want) == 2 and want[0][0] == want[1][0] and {s > 0 for *_, s in want} == {True, False}

@@ -456,3 +456,27 @@ def test_sae_train_writes_results_and_a_manifest_to_out(tmp_path):
     shipped = load_file(str(saes / "blocks.0.hook_attn_out" / "sae_weights.safetensors"))
     new = load_file(str(tmp_path / "again" / "sae_weights.safetensors"))
     assert set(new) == set(shipped) and all(torch.equal(new[k], shipped[k]) for k in shipped)
+
+
+def test_an_sae_whose_config_names_another_hook_point_than_its_folder_is_refused(tmp_path):
+    """A folder named blocks.1.hook_mlp_out whose cfg.json says it reads blocks.1.hook_resid_pre (a copy slip):
+    used without comment it gives error nodes that carry most of the effect; refused, naming both."""
+    import json
+    import shutil
+
+    from surgeon import organisms
+    from surgeon.sae.load import SAEError, SAESource, load_sae
+
+    from pathlib import Path
+
+    src = Path(organisms.__file__).parent / "saes" / "decimal" / "blocks.1.hook_mlp_out"
+    dest = tmp_path / "blocks.1.hook_mlp_out"
+    shutil.copytree(src, dest)
+    load_sae(SAESource(path=str(tmp_path / "blocks.{layer}.hook_mlp_out")), 1)  # as shipped: fine
+    cfg = json.loads((dest / "cfg.json").read_text())
+    meta = cfg.get("metadata", cfg)
+    meta["hook_name"] = "blocks.1.hook_resid_pre"
+    (dest / "cfg.json").write_text(json.dumps(cfg))
+    with pytest.raises(SAEError) as e:
+        load_sae(SAESource(path=str(tmp_path / "blocks.{layer}.hook_mlp_out")), 1)
+    assert "blocks.1.hook_mlp_out" in e.value.message and "blocks.1.hook_resid_pre" in e.value.message
