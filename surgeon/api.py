@@ -36,6 +36,8 @@ from surgeon.analyses.circuit import (
 from surgeon.analyses.diagnose import Diagnosis
 from surgeon.analyses.encode import Encoding
 from surgeon.analyses.generation import check_generation
+from surgeon.analyses.heldout import HeldOutThreshold, threshold_heldout
+from surgeon.analyses.heldout import evaluate_subsets as evaluate_named
 from surgeon.analyses.feature_circuit import FeatureCircuitResult
 from surgeon.analyses.feature_circuit import feature_circuit as feature_circuit_of
 from surgeon.analyses.encode import encode as encode_case
@@ -65,7 +67,8 @@ from surgeon.sites.ablations import ABLATIONS
 from surgeon.errors import AnalysisError, CaseError, SurgeonError
 from surgeon.spec.case import Case, case_metric_of, content_digest, validate
 
-__all__ = ["diagnose", "encode", "dla", "attention", "patch", "patch_positions", "attribute", "threshold", "blend", "circuit",
+__all__ = ["diagnose", "encode", "dla", "attention", "patch", "patch_positions", "attribute", "threshold",
+           "evaluate_subsets", "blend", "circuit",
            "circuit_eval", "sae_overlap", "sae_amplified", "sae_heads", "sae_repair", "feature_circuit", "report", "render_report",
            "read_circuit", "case_and_model", "read", "load"]
 
@@ -198,19 +201,42 @@ def threshold(case, model=None, *, layer: int | None = None, heads: str | None =
               grid_budget: int = 200, item_rate: float = 1.0, x: float = 0.5, component: str = "z",
               bad: str | None = None, tag: str | None = None, batch_size: int = 256, chunk: int = 256, seed: int = 0,
               out: str | Path | None = None, generate: int = 0, max_memory: int | str | None = None, metric=None,
-              device: str | None = None, dtype: str = "float32"):
+              holdout: float | None = None, device: str | None = None, dtype: str = "float32"):
     """Search head subsets that repair: the fraction repairing per size k, the threshold k*, minimal subsets
     (`surgeon threshold`). With `out`, finished chunks are kept there and a rerun resumes. The batch size is
-    lowered to fit `max_memory` (default: the device's free memory)."""
+    lowered to fit `max_memory` (default: the device's free memory).
+
+    `holdout` (e.g. 0.5): the search runs on a seeded, tag-stratified share of the items (discovery) and each
+    family's best subset per size is evaluated on the rest (held-out, the headline): a `HeldOutThreshold`."""
     case, model = case_and_model(case, model, device=device, dtype=dtype, metric=metric)
     if generate:  # refused before the search, not after it
         check_generation(case, model, pick_items(case, tag)[1], generate)
     _warn_if_no_failure(case, model, bad, tag, batch_size)
     batch_size = planned_batch_size(plan_threshold, case, model, layer or 0, chunk, chunk, batch_size=batch_size,
                                     max_memory=max_memory, bad=bad, tag=tag)
+    if holdout is not None:
+        if generate:
+            raise AnalysisError("--generate judges the search's minimal subsets on the items it ran on; with a holdout "
+                                "it would judge them in-sample", field="--generate",
+                                fix="leave out --generate with --holdout (or evaluate named subsets with --eval)")
+        return threshold_heldout(case, model, holdout=holdout, seed=seed, tag=tag, bad=bad, component=component,
+                                 batch_size=batch_size, out=out, layer=layer, heads=heads, groups=list(groups),
+                                 grid=grid, budget=budget, grid_budget=grid_budget, item_rate=item_rate, x=x,
+                                 chunk=chunk)
     return threshold_search(case, model, layer=layer, heads=heads, groups=list(groups), grid=grid, budget=budget,
                             grid_budget=grid_budget, item_rate=item_rate, x=x, component=component, bad=bad, tag=tag,
                             batch_size=batch_size, chunk=chunk, seed=seed, out=out, generate=generate)
+
+
+def evaluate_subsets(case, model=None, subsets=(), *, component: str = "z", bad: str | None = None,
+                     tag: str | None = None, batch_size: int = 256, metric=None, device: str | None = None,
+                     dtype: str = "float32"):
+    """Named head subsets ("L0H4,L0H6", or lists of labels), each patched from the good format into the failing one
+    on the case's items (`tag`), batched as the subset search patches: per subset the rate of items right with its
+    95% interval and the repair fraction (`surgeon threshold --eval`). Give the items to evaluate on as the case's
+    (e.g. `dataclasses.replace(case, items=fresh)`): numbers on items a subset was not chosen on are held-out."""
+    case, model = case_and_model(case, model, device=device, dtype=dtype, metric=metric)
+    return evaluate_named(case, model, list(subsets), component=component, bad=bad, tag=tag, batch_size=batch_size)
 
 
 def blend(case, model=None, *, layer: int, heads=None, component: str = "z",
@@ -396,7 +422,7 @@ def report_key(case: Case, model, source: SAESource | None) -> dict:
 
 
 RESULT_TYPES = {cls.__name__: cls for cls in (Diagnosis, LogitAttributionResult, PatchResult, PositionPatchResult,
-                                                ThresholdResult, BlendResult, CircuitResult, AttentionResult,
+                                                ThresholdResult, HeldOutThreshold, BlendResult, CircuitResult, AttentionResult,
                                                 OverlapResult, AmplifiedResult, HeadFeatureResult, FeatureRepairResult,
                                                 FeatureCircuitResult)}
 

@@ -6,6 +6,7 @@ Bad input ends with one clear message and exit status 2; `--debug` shows the tra
 from __future__ import annotations
 
 import argparse
+import re
 import os
 import sys
 from pathlib import Path
@@ -140,6 +141,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--resume", action="store_true", help="continue the search saved in --out")
     p.add_argument("--generate", type=cli_types.nonnegative, default=0, metavar="N",
                    help="also check the minimal subsets and all candidates by greedy generation of N tokens")
+    p.add_argument("--holdout", type=cli_types.fraction, metavar="FRAC",
+                   help="search on a seeded, tag-stratified share of the items and evaluate each family's best subset "
+                        "per size on the held-out FRAC of them (e.g. 0.5): held-out rates beside the in-sample ones")
+    p.add_argument("--eval", action="append", metavar="SUBSET",
+                   help="no search: evaluate this named subset (L0H4,L0H6) on the items, as the search patches; "
+                        "repeat for several")
     p.add_argument("--ray", nargs="?", const="local", metavar="ADDRESS",
                    help="run the chunks on Ray workers: alone, a local cluster on this machine; with an address "
                         "(auto, or HOST:6379 of `ray start --head`) that cluster (needs pip install -e \".[ray]\")")
@@ -369,7 +376,32 @@ def cmd_threshold(args) -> int:
                                fix="e.g. --ray-workers 2")
         ray = RayOptions(address=None if args.ray == "local" else args.ray, workers=args.ray_workers,
                          threads=args.threads or 1)
+    if args.eval or args.holdout is not None:
+        clash = [o for o, on in (("--shard", args.shard), ("--resume", args.resume), ("--ray", args.ray),
+                                 ("--generate", args.generate)) if on]
+        if args.eval and args.holdout is not None:
+            clash.insert(0, "--holdout")
+        if args.eval and args.out:
+            clash.append("--out")
+        if clash:
+            what = "--eval" if args.eval else "--holdout"
+            raise SurgeonError(f"{what} does not combine with {clash[0]}", field=what,
+                               fix=f"run {what} on its own (--eval prints the named subsets' rates; --holdout runs one "
+                                   "search in one process)")
+        for name in args.eval or ():
+            if not all(re.fullmatch(r"\s*L\d+H\d+\s*", h) for h in name.split(",")):
+                raise SurgeonError(f"cannot read the subset {name!r}", field="--eval",
+                                   fix="name heads with their layers: --eval L0H4,L0H6")
     case, model, device = load_case_and_model(args, out=out)
+    if args.eval:
+        from surgeon.analyses.heldout import evaluate_subsets
+
+        rates = evaluate_subsets(case, model, args.eval, component=args.component, bad=args.bad, tag=args.tag,
+                                 batch_size=args.batch_size)
+        from surgeon.reports import text as report
+
+        print(report.subset_rates_text(rates, case, args.bad, args.tag))
+        return 0
     if args.generate:  # refused before the search, not after it
         from surgeon.analyses.generation import check_generation
         from surgeon.spec.select import pick_items
@@ -381,6 +413,15 @@ def cmd_threshold(args) -> int:
     from surgeon.search.threshold import Interrupted, threshold_search
 
     batch = planned_batch_size(args, planning.plan_threshold, case, model, args.layer or 0, args.chunk, args.chunk)
+    if args.holdout is not None:
+        from surgeon.analyses.heldout import threshold_heldout
+
+        r = threshold_heldout(case, model, holdout=args.holdout, seed=args.seed, tag=args.tag, bad=args.bad,
+                              component=args.component, batch_size=batch, out=out, layer=args.layer, heads=args.heads,
+                              groups=groups, groups_spec=spec, grid=grid, budget=args.budget,
+                              grid_budget=args.grid_budget, item_rate=args.item_rate, x=args.x, chunk=args.chunk,
+                              progress=True)
+        return print_report(args, r, case, device)
     try:
         r = threshold_search(case, model, layer=args.layer, heads=args.heads, groups=groups, groups_spec=spec, grid=grid,
                              budget=args.budget, grid_budget=args.grid_budget, item_rate=args.item_rate, x=args.x,

@@ -87,6 +87,7 @@ def check_case_against_model(case, model=None) -> None:
     if case.align == "index":
         _check_equal_lengths(case, tok, where)
     _warn_answer_traps(case, tok, where)
+    _warn_first_token(case, tok, where)
     for name, fmt in case.formats.items():
         if isinstance(fmt, Chat) and not getattr(tok, "chat_template", None):
             raise CaseError(f"format {name!r} asks for the chat template, but the tokenizer has none", where=where,
@@ -180,6 +181,37 @@ def _check_equal_lengths(case, tok, where: str) -> None:
             raise CaseError(f"align='index' needs prompts of equal length, but items[{i}] has {shown} tokens",
                             where=where, field="align",
                             fix="use align='last' or align='anchors' for formats of different length")
+
+
+def _warn_first_token(case, tok, where: str) -> None:
+    """Warn when the formats do not start alike: one starts with BOS (or another special token) and another does not,
+    or with a different one. surgeon prepends BOS to plain formats but not to a `Chat` format (the model's chat
+    template writes its own, or none); a model trained with BOS first can fail in a format for that alone."""
+    from surgeon.errors import warn
+    from surgeon.spec.encoding import encode_prompt
+
+    if not case.items or any(isinstance(f, Chat) for f in case.formats.values()) and not getattr(tok, "chat_template",
+                                                                                                 None):
+        return  # refused elsewhere
+    special = set(getattr(tok, "all_special_ids", None) or ())
+    bos = case.prepend_bos is not False
+    first = {}
+    for name, fmt in case.formats.items():
+        try:
+            ids = encode_prompt(fmt, case.items[0].values, tok, bos)[0]
+        except Exception:  # noqa: BLE001 - reported by the checks that own it
+            return
+        first[name] = ids[0] if ids and ids[0] in special else None
+    if len(set(first.values())) > 1:
+        show = lambda i: "no special token" if i is None else repr(tok.convert_ids_to_tokens(int(i)))  # noqa: E731
+        (a, x), (b, y) = next(((a, x), (b, y)) for a, x in first.items() for b, y in first.items() if x != y)
+        chat = [n for n, f in case.formats.items() if isinstance(f, Chat)]
+        warn(f"{where}: formats {a!r} and {b!r} do not start alike: {a!r} starts with {show(x)}, {b!r} with {show(y)}"
+             + (f" (surgeon prepends BOS to plain formats, not to the Chat format {chat[0]!r}: its chat template writes "
+                "its own BOS or none)" if chat else "")
+             + ". A model trained with BOS first can fail in a format for that alone. Fix: add {{ bos_token }} to "
+               "the chat template (or write the format out as a plain template), or set prepend_bos=False in the case "
+               "if no format should start with BOS; `surgeon encode` shows the tokens.")
 
 
 def _warn_answer_traps(case, tok, where: str) -> None:

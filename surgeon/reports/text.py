@@ -178,6 +178,34 @@ def threshold_rows(r, out: Path | None = None) -> list:
     return list(subsets_csv_rows(plan_from_options(r.options), scores, r.item_rate))
 
 
+def heldout_text(r) -> str:
+    """The held-out subset search: the held-out rate of each family's best subset per size is the result; the
+    discovery rate beside it is in-sample (the subset was chosen there), then the search itself, in-sample."""
+    est = lambda e: f"{100 * e.value:5.1f}% [{100 * e.lo:5.1f}, {100 * e.hi:5.1f}]"  # noqa: E731
+    s = r.search
+    lines = [f"case {r.case} · the subset search on {r.split.describe()} · {s.source!r} into {s.base!r}",
+             f"per size k, the subset the search found best on the {r.n_discovery} discovery items, evaluated on the "
+             f"{r.n_evaluation} held-out items (the result); its discovery rate is in-sample: it was chosen there, "
+             "and choosing the best of many overstates it",
+             "", f"{'family':<12} {'k':>3}  {'held-out rate [95% CI]':<24} {'in-sample rate [95% CI]':<24} subset"]
+    for row in r.rows:
+        lines.append(f"{row.family:<12} {row.k:>3}  {est(row.held_out):<24} {est(row.discovery):<24} "
+                     f"{'+'.join(row.subset) or '(none)'}")
+    lines += ["", f"the search on the discovery items (in-sample, n={r.n_discovery}):", threshold_text(s)]
+    return "\n".join(lines)
+
+
+def subset_rates_text(rates, case, bad=None, tag=None) -> str:
+    """Named subsets evaluated on a case's items (`surgeon threshold --eval`)."""
+    est = lambda e: f"{100 * e.value:5.1f}% [{100 * e.lo:5.1f}, {100 * e.hi:5.1f}] (n={e.n})"  # noqa: E731
+    lines = [f"case {case.name} · named subsets patched from {case.good!r} into {bad or case.bad_formats[0]!r} · items "
+             f"({tag or case.focus or 'all'}); held-out wherever these items are not the ones the subsets were chosen on",
+             "", f"{'subset':<40} {'rate right when patched [95% CI]':<34} repair fraction"]
+    for r in rates:
+        lines.append(f"{'+'.join(r.subset) or '(none)':<40} {est(r.rate):<34} {r.repair_fraction:+.3f}")
+    return "\n".join(lines)
+
+
 def threshold_text(r) -> str:
     pct = lambda v: f"{100 * v:5.1f}%"
     lines = [

@@ -62,6 +62,7 @@ VIEWS = {
     "ThresholdResult": View("threshold", text.threshold_text, {"threshold.png": figures.threshold_figure},
                             {"subsets.csv": text.threshold_rows}, table=tables.threshold_table,
                             headline=_threshold_line),
+    "HeldOutThreshold": View("threshold-heldout", text.heldout_text),
     "BlendResult": View("blend", text.blend_text, {"blend.png": figures.blend_figure}, table=tables.blend_table),
     "CircuitResult": View("circuit", text.circuit_text, {"faithfulness.png": figures.faithfulness_figure,
                                                         "circuit.png": circuit_figure}, table=tables.circuit_table,

@@ -168,3 +168,30 @@ def test_answer_end_scores_where_each_answer_ends(tmp_path, decimal_model, end):
             prompt = case.formats[fmt].format(**it.values)
             want = logp(prompt, it.correct) - logp(prompt, it.incorrect)
             assert abs(d.per_item[i]["score"][fmt] - want) < 1e-3
+
+
+def test_formats_that_do_not_start_alike_are_warned(decimal_model, capsys):
+    """A Chat format gets no BOS from surgeon (its template writes its own, or none) while plain formats get one: a
+    model trained with BOS first fails in the chat format for that alone. Said before the run, naming both formats."""
+    import copy
+    import dataclasses
+
+    import surgeon.api
+    from surgeon import Chat
+    from surgeon.models.checks import check_case_against_model
+
+    case = surgeon.api.read("decimal_organism")
+    tok = copy.deepcopy(decimal_model.tokenizer)
+    tok.chat_template = "{% for m in messages %}{{ m['content'] }}{% endfor %}"
+    model = copy.copy(decimal_model)
+    model.tokenizer = tok
+    chat = dataclasses.replace(case, formats={**case.formats, "chat": Chat(user="Which is bigger: {a} or {b}?")})
+    capsys.readouterr()
+    check_case_against_model(chat, model)
+    err = capsys.readouterr().err
+    assert "do not start alike" in err and "'chat'" in err and "{{ bos_token }}" in err, err
+    tok.chat_template = "{{ bos_token }}{% for m in messages %}{{ m['content'] }}{% endfor %}"
+    check_case_against_model(chat, model)
+    assert "do not start alike" not in capsys.readouterr().err  # the documented fix silences it
+    check_case_against_model(case, decimal_model)
+    assert "do not start alike" not in capsys.readouterr().err

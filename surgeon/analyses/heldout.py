@@ -1,0 +1,176 @@
+"""Findings checked on items they were not found on: a seeded discovery / evaluation split of a case's items, and
+named head subsets evaluated on any items.
+
+A search that keeps the best of many subsets and reports its rate on the items it was chosen on overstates it (the
+winner's curse: a Wilson interval over those items does not cover the choice). MIB's circuit-localization track finds
+on a train split and scores on a held-out test split; `threshold_heldout` does that for the subset search: the search
+runs on the discovery items, and the subset it names best for each family and size is evaluated, paired as the search
+patches (the good format's activations into the failing one at the aligned positions), on the evaluation items. The
+held-out evaluation costs the forward passes of the named subsets only, not a second search.
+"""
+from __future__ import annotations
+
+import random
+import tempfile
+from dataclasses import dataclass, field, replace
+from typing import Sequence
+
+from surgeon.analyses.common import make_contrast
+from surgeon.errors import AnalysisError
+from surgeon.search.subsets import ThresholdResult, parse_units, per_subset, plan_from_options
+from surgeon.search.threshold import threshold_search
+from surgeon.show import Shows
+from surgeon.sites.nodes import Site
+from surgeon.spec.case import Case, Item
+from surgeon.spec.select import pick_items
+from surgeon.stats import Estimate, wilson
+
+MIN_PER_SPLIT = 4  # fewer items on either side say nothing a reader could use
+
+
+@dataclass(frozen=True)
+class Split:
+    """How a case's items were divided: indices into the tag's items, seeded, stratified by tag, each item's good and
+    failing prompts kept together (an item is one unit)."""
+
+    discovery: tuple[int, ...]
+    evaluation: tuple[int, ...]
+    holdout: float
+    seed: int
+    stratified_by: str = "tag"
+
+    def describe(self) -> str:
+        return (f"{len(self.discovery)} discovery and {len(self.evaluation)} evaluation items (holdout "
+                f"{self.holdout:g}, seed {self.seed}, stratified by {self.stratified_by}, each item's prompts in every "
+                "format on one side)")
+
+
+def split_items(items: Sequence[Item], holdout: float, seed: int = 0) -> Split:
+    """A seeded split: in each tag, round(holdout x n) items (at least one where the tag has two or more) go to the
+    evaluation side, the rest to discovery. Refused when either side would have fewer than MIN_PER_SPLIT items."""
+    if not 0 < holdout < 1:
+        raise AnalysisError(f"holdout {holdout} is not in (0, 1)", field="--holdout",
+                            fix="the share of items held out for evaluation, e.g. 0.5")
+    by_tag: dict[str, list[int]] = {}
+    for i, it in enumerate(items):
+        by_tag.setdefault(it.tag, []).append(i)
+    rng = random.Random(seed)
+    disc, ev = [], []
+    for tag in sorted(by_tag):
+        idx = list(by_tag[tag])
+        rng.shuffle(idx)
+        k = int(round(holdout * len(idx)))
+        if len(idx) >= 2:
+            k = min(max(k, 1), len(idx) - 1)
+        ev += idx[:k]
+        disc += idx[k:]
+    if min(len(disc), len(ev)) < MIN_PER_SPLIT:
+        raise AnalysisError(f"{len(items)} items split at holdout {holdout:g} give {len(disc)} discovery and {len(ev)} "
+                            f"evaluation items; each side needs at least {MIN_PER_SPLIT}", field="--holdout",
+                            fix="add items to the case, or evaluate on other items (surgeon threshold --eval)")
+    return Split(tuple(sorted(disc)), tuple(sorted(ev)), holdout, seed)
+
+
+@dataclass(frozen=True)
+class SubsetRate:
+    """A named head subset patched from the good format into the failing one on some items."""
+
+    subset: tuple[str, ...]
+    rate: Estimate  # fraction of items right when patched (Wilson 95% interval over items)
+    mean_score: float
+    repair_fraction: float  # (patched mean - failing mean) / (good mean - failing mean)
+
+
+def evaluate_subsets(case: Case, model, subsets: Sequence[str | Sequence[str]], *, component: str = "z",
+                     bad: str | None = None, tag: str | None = None, batch_size: int = 256) -> list[SubsetRate]:
+    """Each named subset ("L0H4,L0H6", or a list of labels; "" is none: the failing run as it is) patched alone, as
+    the subset search patches: one batched run of the case's items (`tag`), the rate of items right and the repair
+    fraction."""
+    import torch
+
+    names = [s if isinstance(s, str) else ",".join(s) for s in subsets]
+    if not names:
+        raise AnalysisError("no subset to evaluate", field="--eval", fix="name heads, e.g. --eval L0H4,L0H6")
+    n_units = Site.of(component, 0).n_units(model.cfg)
+    units = [parse_units(n, None, model.cfg.n_layers, n_units) if n.strip() else [] for n in names]  # "": no head
+    layers = sorted({u.layer for us in units for u in us}) or [0]
+    sites = {L: Site.of(component, L) for L in layers}
+    contrast, _ = make_contrast(case, model, bad=bad, tag=tag, batch_size=batch_size, sites=list(sites.values()))
+    masks = {}
+    for L, site in sites.items():
+        m = torch.zeros(len(units), contrast.units(site))
+        for p, us in enumerate(units):
+            for u in us:
+                if u.layer == L:
+                    m[p, u.head] = 1.0
+        masks[site] = m
+    with torch.no_grad():
+        scores = contrast.run(masks).cpu().numpy()  # [P, items]
+    base, good = float(contrast.clean_base.mean()), float(contrast.clean_source.mean())
+    right = scores > contrast.metric.right_above
+    out = []
+    for p, us in enumerate(units):
+        mean = float(scores[p].mean())
+        frac = (mean - base) / (good - base) if abs(good - base) > 1e-12 else float("nan")
+        out.append(SubsetRate(tuple(u.label for u in us), wilson(int(right[p].sum()), int(right.shape[1])), mean, frac))
+    return out
+
+
+@dataclass(frozen=True)
+class HeldOutRow:
+    family: str
+    k: int
+    subset: tuple[str, ...]  # the best subset of this size on the discovery items (ties: the first evaluated)
+    discovery: Estimate  # its rate on the discovery items: in-sample (it was chosen there)
+    held_out: Estimate  # its rate on the evaluation items
+
+
+@dataclass
+class HeldOutThreshold(Shows):
+    """The subset search on the discovery items (in-sample) and, per family and size, its best subset evaluated on
+    the evaluation items (held-out, the headline)."""
+
+    case: str
+    split: Split
+    search: ThresholdResult  # on the discovery items: every number in it is in-sample
+    rows: list[HeldOutRow] = field(default_factory=list)
+    n_discovery: int = 0
+    n_evaluation: int = 0
+
+    def row(self, family: str, k: int) -> HeldOutRow:
+        return next(r for r in self.rows if r.family == family and r.k == k)
+
+
+def threshold_heldout(case: Case, model, *, holdout: float = 0.5, seed: int = 0, tag: str | None = None,
+                      bad: str | None = None, component: str = "z", batch_size: int = 256, out=None,
+                      **search) -> HeldOutThreshold:
+    """The subset search (`threshold_search`, with `search`'s options) on a seeded discovery split of the items, and
+    each family's best subset per size evaluated on the held-out items."""
+    tag, items = pick_items(case, tag)
+    split = split_items(items, holdout, seed)
+    as_case = lambda idx: replace(case, items=[items[i] for i in idx], focus=None)  # noqa: E731
+    disc_case, eval_case = as_case(split.discovery), as_case(split.evaluation)
+    with tempfile.TemporaryDirectory(prefix="surgeon-heldout-") as tmp:
+        found = threshold_search(disc_case, model, bad=bad, tag=None, component=component, batch_size=batch_size,
+                                 seed=seed, out=out or tmp, **search)
+        rates = per_subset(out or tmp)
+    plan = plan_from_options(found.options)
+    labels = [u.label for u in plan.units]
+    picks = []
+    for fam in plan.families:
+        ev = [m for m in fam.masks if m in rates]
+        if not ev:
+            continue
+        best = max(ev, key=lambda m: rates[m][0])  # max keeps the first of ties, in the plan's order
+        picks.append((fam.name, fam.key[0], tuple(labels[i] for i in range(len(labels)) if (best >> i) & 1),
+                      rates[best][0]))
+    evaluated = evaluate_subsets(eval_case, model, [",".join(p[2]) for p in picks], component=component, bad=bad,
+                                 tag=None, batch_size=batch_size) if picks else []
+    n_d = len(split.discovery)
+    rows = [HeldOutRow(fam, k, sub, wilson(int(round(rate * n_d)), n_d), e.rate)
+            for (fam, k, sub, rate), e in zip(picks, evaluated)]
+    return HeldOutThreshold(case.name, split, found, rows, n_d, len(split.evaluation))
+
+
+__all__ = ["HeldOutRow", "HeldOutThreshold", "Split", "SubsetRate", "evaluate_subsets", "split_items",
+           "threshold_heldout"]

@@ -1,0 +1,145 @@
+"""Held-out numbers for the subset search (issue 51, first part): a seeded, tag-stratified split; the search on the
+discovery items; each family's best subset per size evaluated on the evaluation items; named subsets evaluated on
+any items. Checked against patching written with hand-written TransformerLens hooks (tests/reference.py), on fresh
+items drawn from the organism's own generator, and against mutations (a leaked item, evaluation on the wrong side)."""
+import dataclasses
+
+
+import pytest
+import torch
+
+import surgeon
+import surgeon.api
+from surgeon.analyses.common import format_rows
+from surgeon.analyses.heldout import evaluate_subsets, split_items, threshold_heldout
+from surgeon.errors import AnalysisError
+from surgeon.sites.nodes import Site
+from tests.reference import direct_patch_scores
+
+
+def _case():
+    return surgeon.api.read("decimal_organism")
+
+
+def hand_rate(case, model, items, heads, bad="qa"):
+    """The fraction of `items` right in the failing format with `heads` (labels of layer 0) carrying the good format's
+    z at the aligned positions: one hooked forward per row."""
+    if not heads:
+        mask = torch.zeros(model.cfg.n_heads)
+    else:
+        mask = torch.zeros(model.cfg.n_heads)
+        for h in heads:
+            assert h.startswith("L0H")
+            mask[int(h[3:])] = 1.0
+    c = dataclasses.replace(case, items=list(items), focus=None)
+    rows_b, rows_s = format_rows(c, model, bad, c.items), format_rows(c, model, c.good, c.items)
+    with torch.no_grad():
+        scores = direct_patch_scores(model, rows_b, rows_s, c.align, Site.of("z", 0), mask)
+    return float((scores > 0).float().mean())
+
+
+def test_the_split_is_seeded_stratified_paired_and_disjoint():
+    items = _case().items
+    s = split_items(items, 0.5, seed=0)
+    assert set(s.discovery).isdisjoint(s.evaluation)  # no item on both sides
+    assert sorted(s.discovery + s.evaluation) == list(range(len(items)))  # none lost
+    for tag in {it.tag for it in items}:
+        n = sum(it.tag == tag for it in items)
+        assert sum(items[i].tag == tag for i in s.evaluation) == round(0.5 * n)  # stratified by tag
+    assert split_items(items, 0.5, seed=0) == s and split_items(items, 0.5, seed=1) != s
+    assert len(split_items(items, 0.25, seed=0).evaluation) == round(0.25 * 64) + round(0.25 * (len(items) - 64))
+    with pytest.raises(AnalysisError, match="each side needs at least"):
+        split_items(items[:6], 0.5)
+    with pytest.raises(AnalysisError, match="not in"):
+        split_items(items, 1.0)
+
+
+def _fresh_items(n=24, seed=12345):
+    """Trap items the shipped case does not hold: the organism's test split drawn with another seed."""
+    from surgeon.organisms import decimal as organism
+
+    case = _case()
+    have = {tuple(sorted(it.values.items())) for it in case.items}
+    out = []
+    for p in organism.pairs("trap", "test", 4 * n, seed):
+        loser = p.b if p.decimal_winner == p.a else p.a
+        it = surgeon.Item({"a": p.a, "b": p.b}, correct=f" {p.decimal_winner}", incorrect=f" {loser}", tag="trap")
+        if tuple(sorted(it.values.items())) not in have and it not in out:
+            out.append(it)
+    return out[:n]
+
+
+def test_named_subsets_on_fresh_items_equal_hand_written_hooks(decimal_model):
+    fresh = _fresh_items()
+    assert len(fresh) == 24
+    case = dataclasses.replace(_case(), items=fresh, focus=None)
+    subsets = [["L0H4", "L0H6"], ["L0H6"], [], ["L0H1", "L0H3"]]
+    got = evaluate_subsets(case, decimal_model, subsets, bad="qa")
+    assert [r.subset for r in got] == [tuple(s) for s in subsets]
+    for r, heads in zip(got, subsets):
+        assert r.rate.n == 24
+        assert r.rate.value == pytest.approx(hand_rate(case, decimal_model, fresh, heads), abs=1e-6), heads
+    # the public route, and the same numbers
+    again = surgeon.evaluate_subsets(case, decimal_model, ["L0H4,L0H6"], bad="qa")
+    assert again[0].rate.value == got[0].rate.value
+
+
+@pytest.fixture(scope="module")
+def held(decimal_model):
+    return threshold_heldout(_case(), decimal_model, holdout=0.5, seed=0, layer=0, budget=20, item_rate=0.9)
+
+
+@pytest.mark.slow
+def test_each_best_subset_is_evaluated_on_the_held_out_items_only(held, decimal_model):
+    case = _case()
+    items = case.items_for(case.focus)
+    disc = [items[i] for i in held.split.discovery]
+    ev = [items[i] for i in held.split.evaluation]
+    assert held.n_discovery == len(disc) == 32 and held.n_evaluation == len(ev) == 32
+    assert held.search.n_items == len(disc)  # the search saw the discovery items alone
+    checked = 0
+    for row in held.rows:
+        if row.family != "all" or row.k not in (1, 2, 3):
+            continue
+        assert row.held_out.value == pytest.approx(hand_rate(case, decimal_model, ev, row.subset), abs=1e-6)
+        assert row.discovery.value == pytest.approx(hand_rate(case, decimal_model, disc, row.subset), abs=1e-6)
+        checked += 1
+    assert checked == 3
+    # the row's in-sample rate is the best over the evaluated subsets of its size: no other beats it there
+    from surgeon.search.subsets import plan_from_options
+
+    plan = plan_from_options(held.search.options)
+    fam = next(f for f in plan.families if f.name == "all" and f.key[0] == 2)
+    labels = [u.label for u in plan.units]
+    best = held.row("all", 2)
+    for m in fam.masks[:3]:
+        heads = [labels[i] for i in range(len(labels)) if (m >> i) & 1]
+        assert hand_rate(case, decimal_model, disc, heads) <= best.discovery.value + 1e-9
+
+
+def test_the_held_out_report_says_which_number_is_which(held, tmp_path):
+    text = str(held)
+    assert "held-out rate" in text and "in-sample" in text and "L0H4+L0H6" in text
+    saved = held.save(tmp_path / "h")
+    back = surgeon.load(saved)
+    assert str(back) == text
+
+
+def test_the_command_line_runs_held_out_and_named_subsets(capsys, tmp_path):
+    from surgeon.cli import main
+
+    assert main(["threshold", "--layer", "0", "--budget", "10", "--item-rate", "0.9", "--holdout", "0.5",
+                 "--out", str(tmp_path / "h")]) == 0
+    out = capsys.readouterr().out
+    assert "held-out rate" in out and (tmp_path / "h" / "results.json").is_file()
+    assert main(["threshold", "--eval", "L0H4,L0H6", "--eval", "L0H6"]) == 0
+    out = capsys.readouterr().out
+    assert "L0H4+L0H6" in out and "(n=64)" in out
+    for argv, words in ((["--eval", "4,6"], "cannot read the subset"),
+                        (["--eval", "L0H4", "--holdout", "0.5"], "does not combine with --holdout"),
+                        (["--holdout", "0.5", "--generate", "4", "--layer", "0"], "does not combine with --generate")):
+        assert main(["threshold", *argv]) == 2
+        assert words in capsys.readouterr().err
+
+
+
