@@ -33,7 +33,7 @@ from surgeon.analyses.circuit import (
     discover,
     evaluate_circuit,
 )
-from surgeon.analyses.diagnose import Diagnosis
+from surgeon.analyses.diagnose import Diagnosis, failure_check
 from surgeon.analyses.encode import Encoding
 from surgeon.analyses.generation import check_generation
 from surgeon.analyses.heldout import HeldOutThreshold, threshold_heldout
@@ -64,7 +64,8 @@ from surgeon.search.subsets import ThresholdResult
 from surgeon.search.threshold import threshold_search
 from surgeon.show import VIEWS, view_of
 from surgeon.sites.ablations import ABLATIONS
-from surgeon.errors import AnalysisError, CaseError, SurgeonError
+from surgeon.errors import AnalysisError, CaseError, SurgeonError, warn
+from surgeon.version import __version__
 from surgeon.spec.case import Case, case_metric_of, content_digest, validate
 
 __all__ = ["diagnose", "encode", "dla", "attention", "patch", "patch_positions", "attribute", "threshold",
@@ -114,9 +115,6 @@ def case_and_model(case, model=None, *, device: str | None = None, dtype: str = 
 
 def _warn_if_no_failure(case: Case, model, bad, tag, batch_size: int) -> None:
     """The command line's warning before work on a format that does not fail (`failure_check`), from Python too."""
-    from surgeon.analyses.diagnose import failure_check
-    from surgeon.errors import warn
-
     why = failure_check(case, model, bad=bad, tag=tag, batch_size=batch_size)
     if why:
         warn(why)
@@ -294,7 +292,26 @@ def _saes(case, model, layers, sae_release, sae_id, sae_dir, device, dtype, fiel
     source.check_available(layers)
     dev = str(next(model.parameters()).device) if device is None else device_of(device)
     saes = {L: load_sae(source, L, dev, dtype, model.cfg.d_model) for L in layers}
+    _warn_other_model(case, saes, source)
     return saes, {L: source.describe(L) for L in layers}, source
+
+
+def _warn_other_model(case, saes: dict, source) -> None:
+    """Warn when an SAE's cfg.json names another model than the case runs (a copied folder, a wrong release):
+    its features would be read from activations it was not trained on. Names are compared loosely (the last part of
+    a path or hub id, lower case, one containing the other: gpt2 and gpt2-small agree)."""
+    def norm(name: str) -> str:
+        return str(name).lower().removeprefix("organism:").rstrip("/").split("/")[-1]
+
+    if not isinstance(case.model, str):
+        return
+    ours = norm(case.model)
+    for L, sae in saes.items():
+        theirs = getattr(getattr(sae.cfg, "metadata", None), "model_name", None)
+        if theirs and ours and norm(theirs) not in ours and ours not in norm(theirs):
+            warn(f"the SAE for layer {L} ({source.describe(L)}) was trained on {theirs!r} (its cfg.json), but the case "
+                 f"runs {case.model!r}: its features read activations it was not trained on unless the two are the "
+                 "same model")
 
 
 def sae_overlap(case, model=None, *, layers: Sequence[int] | None = None, top_k: int = 20, position: str = "last",
@@ -459,8 +476,6 @@ def load(path):
     if not isinstance(m, dict) or not isinstance(m.get("command"), str):
         raise AnalysisError("its manifest.json is not one surgeon wrote (no command recorded)", **bad)
     wrote = str((m.get("versions") or {}).get("surgeon", "")) if isinstance(m.get("versions"), dict) else ""
-    from surgeon.version import __version__
-
     if wrote and wrote.split(".")[0] != __version__.split(".")[0]:
         raise AnalysisError(f"was written by surgeon {wrote}; this is surgeon {__version__}, another major version "
                             "whose results may mean other things", **{**bad, "fix": f"read it with surgeon {wrote}, "

@@ -344,3 +344,18 @@ def test_the_work_count_is_what_the_engine_multiplies():
     with FlopCounterMode(display=False) as fc:
         forward_backward(model, torch.tensor([r.tokens for r in base]), *read_at(base))
     assert abs(growth.floor_flops(cfg, base) / fc.get_total_flops() - 1) < 0.2, fc.get_total_flops()
+
+
+def test_stale_compares_the_code_a_result_ran_on_not_only_that_it_exists(monkeypatch):
+    """A staleness check that only asked whether the result file exists would pass every edit: a result is stale
+    exactly when the sources it records differ from today's, and fresh when they are the same."""
+    import json
+
+    import saving
+
+    name = "subset_search"
+    recorded = json.loads((RESULTS / f"{name}.json").read_text())["run"]["sources_sha256"]
+    monkeypatch.setattr(saving, "sources_sha256", lambda n, root=None: recorded)
+    assert not saving.stale(name)
+    monkeypatch.setattr(saving, "sources_sha256", lambda n, root=None: "0" * 64)
+    assert saving.stale(name)

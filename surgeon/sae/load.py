@@ -152,15 +152,15 @@ def check_sae(sae, layer: int, d_model: int | None, where: str, field: str = "--
     if m is None:
         raise SAEError(f"the SAE reads {hook!r}, which is not a residual, MLP-output or attention-output hook point",
                        where=where, field=field, fix="set metadata.hook_name in its cfg.json, e.g. blocks.3.hook_mlp_out")
+    if int(m.group(1)) != layer:
+        raise SAEError(f"the SAE was trained on {hook} (layer {m.group(1)}) but is used at layer {layer}", where=where,
+                       field=field, fix="use {layer} in the SAE path or id, so each layer gets its own SAE")
     named = re.search(r"blocks\.\d+\.hook_\w+", Path(where).name) if field == "--sae-dir" else None
     if named and named.group(0) != hook:  # the folder says one hook point, its cfg.json another
         raise SAEError(f"the SAE's folder is named for {named.group(0)} but its cfg.json says it reads {hook}: one of "
                        "them is wrong, and the SAE would be used where it was not trained", where=where, field=field,
                        fix="check which hook point it was trained on; fix metadata.hook_name in cfg.json or rename "
                            "the folder")
-    if int(m.group(1)) != layer:
-        raise SAEError(f"the SAE was trained on {hook} (layer {m.group(1)}) but is used at layer {layer}", where=where,
-                       field=field, fix="use {layer} in the SAE path or id, so each layer gets its own SAE")
     d_in = int(getattr(sae.cfg, "d_in", 0) or sae.W_enc.shape[0])
     if d_model is not None and d_in != d_model:
         raise SAEError(f"the SAE reads vectors of width {d_in}, but the model writes {d_model} at {hook}", where=where,

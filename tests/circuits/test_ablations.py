@@ -260,3 +260,43 @@ def test_a_reference_set_that_does_not_reach_every_position_is_refused(random_mo
     with pytest.raises(CaseError) as e:
         check_case_against_model(case, random_model)
     assert e.value.field == "reference" and "no mean at the last" in str(e.value) and e.value.fix
+
+
+# items of different lengths: a later position is reached by fewer items, and its mean is over those alone
+RAGGED = [Item({"a": a, "b": b}, correct=" x", incorrect=" y") for a, b in
+          [("ab", "cd"), ("efgh", "ij"), ("k", "l"), ("mnopqr", "st"), ("uv", "wxyz")]]
+
+
+def test_mean_ablation_over_ragged_items_counts_only_the_items_that_reach_a_position(random_model):
+    """EAP-IG's per-position mean over items of different lengths: at each position, the mean over the items whose
+    rows reach it. Dividing by every item instead (a zero for each item too short) gives other scores: checked."""
+    case = Case(name="toy-ragged", formats={"bad": "Q {a} {b}:", "good": "P {a} {b}:"}, good="good", bad="bad",
+                items=RAGGED, align="index")
+    site = EdgeSite.of(random_model.cfg, "mean")
+    rs = format_rows(case, random_model, "good", RAGGED)
+    assert len({len(r.tokens) for r in rs}) > 2
+    gen = torch.Generator().manual_seed(5)
+    chosen = set(torch.randperm(len(site.edges), generator=gen)[: len(site.edges) // 4].tolist())
+    got = torch.tensor(circuit_runs(case, random_model, site, batch_size=2).ablated([sorted(chosen)])[0])
+    right = hand_mean(random_model, rs, [list(range(len(r.tokens))) for r in rs])
+    reach = {j: sum(len(r.tokens) > j for r in rs) for j in range(max(len(r.tokens) for r in rs))}
+    wrong = {s: {j: v * reach[j] / len(rs) for j, v in d.items()} for s, d in right.items()}  # divided by every item
+    cfg = random_model.cfg
+
+    def scores(mean):
+        out = torch.zeros(len(RAGGED))
+        for r in rs:
+            def replace(snd, rcv, cur):
+                if site.index(edge_name(snd, rcv, cfg)) in chosen:
+                    return cur
+                new = cur.clone()
+                for p in range(cur.shape[0]):
+                    new[p] = mean[snd][p]
+                return new
+
+            with torch.no_grad():
+                out[r.item] += row_score(graph_forward(random_model, torch.tensor(r.tokens), replace), r)
+        return out
+
+    torch.testing.assert_close(got, scores(right), atol=2e-4, rtol=0)
+    assert float((scores(wrong) - got).abs().max()) > 1e-2  # the test tells the two conventions apart

@@ -480,3 +480,27 @@ def test_an_sae_whose_config_names_another_hook_point_than_its_folder_is_refused
     with pytest.raises(SAEError) as e:
         load_sae(SAESource(path=str(tmp_path / "blocks.{layer}.hook_mlp_out")), 1)
     assert "blocks.1.hook_mlp_out" in e.value.message and "blocks.1.hook_resid_pre" in e.value.message
+
+
+def test_an_sae_trained_on_another_model_is_warned(tmp_path, capsys, decimal_model):
+    import json
+    import shutil
+    from pathlib import Path
+
+    import surgeon
+    from surgeon import organisms
+
+    src = Path(organisms.__file__).parent / "saes" / "decimal"
+    for d in src.iterdir():
+        shutil.copytree(d, tmp_path / d.name)
+    cfg_file = tmp_path / "blocks.1.hook_mlp_out" / "cfg.json"
+    cfg = json.loads(cfg_file.read_text())
+    surgeon.sae_overlap("decimal_organism", "organism:decimal", layers=[1],
+                        sae_dir=str(tmp_path / "blocks.{layer}.hook_mlp_out"))
+    assert "was trained on" not in capsys.readouterr().err  # the same model: nothing to say
+    cfg["metadata"]["model_name"] = "organism:threshold"
+    cfg_file.write_text(json.dumps(cfg))
+    surgeon.sae_overlap("decimal_organism", "organism:decimal", layers=[1],
+                        sae_dir=str(tmp_path / "blocks.{layer}.hook_mlp_out"))
+    err = capsys.readouterr().err
+    assert "was trained on 'organism:threshold'" in err and "'organism:decimal'" in err, err
