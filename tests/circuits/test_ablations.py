@@ -207,15 +207,12 @@ REFERENCE = [Item({"a": a, "b": b}, correct=" x", incorrect=" y") for a, b in
              [("uvwx", "yz"), ("a", "b"), ("hijklm", "no"), ("c", "defg")]]
 
 
-def _hand_reference_circuit(model, case, site, chosen):
-    """The kept circuit's item scores under mean ablation where the mean is over the reference items' rows (the
-    source format) at each position, only the reference items that reach a position counted."""
-    rs = format_rows(case, model, "good", ITEMS)
-    ref = format_rows(case, model, "good", REFERENCE)
-    mean = hand_mean(model, ref, [list(range(len(r.tokens))) for r in ref])
+def _kept_under_mean(model, rows, site, chosen, mean):
+    """Item scores of `rows` with every edge outside `chosen` carrying `mean[sender][position]` at every position,
+    the edges inside their current output (the kept circuit under mean ablation, written with hooks)."""
     cfg = model.cfg
-    out = torch.zeros(len(ITEMS))
-    for s in rs:
+    out = torch.zeros(max(r.item for r in rows) + 1)
+    for s in rows:
         def replace(snd, r, cur):
             if site.index(edge_name(snd, r, cfg)) in chosen:
                 return cur
@@ -227,6 +224,14 @@ def _hand_reference_circuit(model, case, site, chosen):
         with torch.no_grad():
             out[s.item] += row_score(graph_forward(model, torch.tensor(s.tokens), replace), s)
     return out
+
+
+def _hand_reference_circuit(model, case, site, chosen):
+    """The kept circuit's item scores under mean ablation where the mean is over the reference items' rows (the
+    source format) at each position, only the reference items that reach a position counted."""
+    ref = format_rows(case, model, "good", REFERENCE)
+    mean = hand_mean(model, ref, [list(range(len(r.tokens))) for r in ref])
+    return _kept_under_mean(model, format_rows(case, model, "good", ITEMS), site, chosen, mean)
 
 
 @pytest.mark.parametrize("how", ["index", "last"])
@@ -281,22 +286,6 @@ def test_mean_ablation_over_ragged_items_counts_only_the_items_that_reach_a_posi
     right = hand_mean(random_model, rs, [list(range(len(r.tokens))) for r in rs])
     reach = {j: sum(len(r.tokens) > j for r in rs) for j in range(max(len(r.tokens) for r in rs))}
     wrong = {s: {j: v * reach[j] / len(rs) for j, v in d.items()} for s, d in right.items()}  # divided by every item
-    cfg = random_model.cfg
-
-    def scores(mean):
-        out = torch.zeros(len(RAGGED))
-        for r in rs:
-            def replace(snd, rcv, cur):
-                if site.index(edge_name(snd, rcv, cfg)) in chosen:
-                    return cur
-                new = cur.clone()
-                for p in range(cur.shape[0]):
-                    new[p] = mean[snd][p]
-                return new
-
-            with torch.no_grad():
-                out[r.item] += row_score(graph_forward(random_model, torch.tensor(r.tokens), replace), r)
-        return out
-
-    torch.testing.assert_close(got, scores(right), atol=2e-4, rtol=0)
-    assert float((scores(wrong) - got).abs().max()) > 1e-2  # the test tells the two conventions apart
+    torch.testing.assert_close(got, _kept_under_mean(random_model, rs, site, chosen, right), atol=2e-4, rtol=0)
+    told_apart = _kept_under_mean(random_model, rs, site, chosen, wrong) - got
+    assert float(told_apart.abs().max()) > 1e-2  # the test tells the two conventions apart
