@@ -36,7 +36,7 @@ from surgeon.analyses.circuit import (
 from surgeon.analyses.diagnose import Diagnosis, failure_check
 from surgeon.analyses.encode import Encoding
 from surgeon.analyses.generation import check_generation
-from surgeon.analyses.heldout import HeldOutThreshold, threshold_heldout
+from surgeon.analyses.heldout import HeldOutCircuit, HeldOutThreshold, circuit_heldout, threshold_heldout
 from surgeon.analyses.heldout import evaluate_subsets as evaluate_named
 from surgeon.analyses.feature_circuit import FeatureCircuitResult
 from surgeon.analyses.feature_circuit import feature_circuit as feature_circuit_of
@@ -251,11 +251,16 @@ def blend(case, model=None, *, layer: int, heads=None, component: str = "z",
 def circuit(case, model=None, *, method: str | None = None, ig_steps: int = IG_STEPS, ablation: str = ABLATIONS[0],
             semantics: str = "kept", direction: str = "denoise", faithfulness: float = 0.9, edges: int | None = None, paths: int = 10,
             verify: int = 50, bad: str | None = None, tag: str | None = None, batch_size: int = 256,
-            max_memory: int | str | None = None, metric=None, device: str | None = None, dtype: str = "float32"):
+            max_memory: int | str | None = None, metric=None, holdout: float | None = None, seed: int = 0,
+            device: str | None = None, dtype: str = "float32"):
     """Path-level circuit discovery: score every edge, prune the smallest faithful circuit, rank complete paths
     by path patching (`surgeon circuit`); `r.export("c.mib.json", "c.svg", ...)` writes the graph. `semantics`:
     "kept" (MIB's: keep the circuit, ablate the rest) or "knockout" (ablate the circuit). The batch size is
-    lowered to fit `max_memory` (default: the device's free memory)."""
+    lowered to fit `max_memory` (default: the device's free memory).
+
+    `holdout` (e.g. 0.5): the circuit is found on a seeded, tag-stratified discovery share of the items (`seed`) and
+    its faithfulness measured on the rest (the result; MIB's protocol): a `HeldOutCircuit` (`.search` is the circuit,
+    `.search.export(...)` writes it)."""
     case = read(case, model)
     method = method or default_method(case, ablation)
     check_options(method, ablation, ig_steps, None if edges else faithfulness, edges, semantics)
@@ -263,6 +268,11 @@ def circuit(case, model=None, *, method: str | None = None, ig_steps: int = IG_S
     _warn_if_no_failure(case, model, bad, tag, batch_size)
     batch_size = planned_batch_size(plan_circuit, case, model, method, ig_steps, verify, ablation, batch_size=batch_size,
                                     max_memory=max_memory, bad=bad, direction=direction, tag=tag)
+    if holdout is not None:
+        return circuit_heldout(case, model, holdout=holdout, seed=seed, tag=tag, bad=bad, batch_size=batch_size,
+                               method=method, ablation=ablation, semantics=semantics, direction=direction,
+                               target=None if edges else faithfulness, n_edges=edges, n_paths=paths,
+                               ig_steps=ig_steps, verify=verify)
     return discover(case, model, method=method, ablation=ablation, semantics=semantics, direction=direction,
                     bad=bad, tag=tag, target=None if edges else faithfulness, n_edges=edges, n_paths=paths, ig_steps=ig_steps,
                     verify=verify, batch_size=batch_size)
@@ -439,7 +449,7 @@ def report_key(case: Case, model, source: SAESource | None) -> dict:
 
 
 RESULT_TYPES = {cls.__name__: cls for cls in (Diagnosis, LogitAttributionResult, PatchResult, PositionPatchResult,
-                                                ThresholdResult, HeldOutThreshold, BlendResult, CircuitResult, AttentionResult,
+                                                ThresholdResult, HeldOutThreshold, HeldOutCircuit, BlendResult, CircuitResult, AttentionResult,
                                                 OverlapResult, AmplifiedResult, HeadFeatureResult, FeatureRepairResult,
                                                 FeatureCircuitResult)}
 

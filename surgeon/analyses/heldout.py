@@ -15,6 +15,7 @@ import tempfile
 from dataclasses import dataclass, field, replace
 from typing import Sequence
 
+from surgeon.analyses.circuit import CircuitResult, discover, evaluate_circuit
 from surgeon.analyses.common import make_contrast
 from surgeon.errors import AnalysisError
 from surgeon.search.subsets import ThresholdResult, parse_units, per_subset, plan_from_options
@@ -172,5 +173,33 @@ def threshold_heldout(case: Case, model, *, holdout: float = 0.5, seed: int = 0,
     return HeldOutThreshold(case.name, split, found, rows, n_d, len(split.evaluation))
 
 
-__all__ = ["HeldOutRow", "HeldOutThreshold", "Split", "SubsetRate", "evaluate_subsets", "split_items",
-           "threshold_heldout"]
+@dataclass
+class HeldOutCircuit(Shows):
+    """The circuit found on the discovery items (its faithfulness there is in-sample: the circuit was pruned to reach
+    the target on them) and its faithfulness on the held-out items (the result), under the same ablation, semantics
+    and direction (MIB's circuit-localization protocol: find on a train split, score on a test split)."""
+
+    case: str
+    split: Split
+    search: CircuitResult  # on the discovery items: every number in it is in-sample
+    held_out: dict  # `evaluate_circuit` of the found circuit on the evaluation items
+    n_discovery: int = 0
+    n_evaluation: int = 0
+
+
+def circuit_heldout(case: Case, model, *, holdout: float = 0.5, seed: int = 0, tag: str | None = None,
+                    bad: str | None = None, batch_size: int = 256, **found) -> HeldOutCircuit:
+    """`discover` (with `found`'s options) on a seeded discovery split of the items, and the circuit it prunes
+    evaluated on the held-out items under the same ablation, semantics and direction."""
+    tag, items = pick_items(case, tag)
+    split = split_items(items, holdout, seed)
+    as_case = lambda idx: replace(case, items=[items[i] for i in idx], focus=None)  # noqa: E731
+    r = discover(as_case(split.discovery), model, bad=bad, tag=None, batch_size=batch_size, **found)
+    held = evaluate_circuit(as_case(split.evaluation), model, r.names(r.circuit), ablation=r.ablation,
+                            semantics=r.options.get("semantics"), direction=r.direction, bad=bad, tag=None,
+                            batch_size=batch_size)
+    return HeldOutCircuit(case.name, split, r, held, len(split.discovery), len(split.evaluation))
+
+
+__all__ = ["HeldOutCircuit", "HeldOutRow", "HeldOutThreshold", "Split", "SubsetRate", "evaluate_subsets", "split_items",
+           "threshold_heldout", "circuit_heldout"]

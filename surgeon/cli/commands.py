@@ -173,6 +173,9 @@ def build_parser() -> argparse.ArgumentParser:
                                        "rank complete paths by path patching, export the graph")
     add_common(p)
     add_memory(p)
+    p.add_argument("--holdout", type=cli_types.fraction, metavar="FRAC",
+                   help="find the circuit on a seeded, tag-stratified share of the items and measure its faithfulness "
+                        "on the held-out FRAC of them (e.g. 0.5; MIB's train/test protocol)")
     from surgeon.circuits.methods import IG_STEPS, METHODS
 
     p.add_argument("--method", choices=list(METHODS),
@@ -532,11 +535,18 @@ def cmd_circuit(args) -> int:
     method = args.method or default_method(case, args.ablation)
     batch = planned_batch_size(args, planning.plan_circuit, case, model, method, args.ig_steps, args.verify,
                                 args.ablation)
-    r = discover(case, model, method=method, ablation=args.ablation, semantics=args.semantics,
-                 direction=args.direction, bad=args.bad,
-                 tag=args.tag, target=None if args.edges else args.faithfulness, n_edges=args.edges,
-                 n_paths=args.paths, ig_steps=args.ig_steps, verify=args.verify, batch_size=batch)
-    code = print_report(args, r, case, device)
+    options = dict(method=method, ablation=args.ablation, semantics=args.semantics, direction=args.direction,
+                   target=None if args.edges else args.faithfulness, n_edges=args.edges, n_paths=args.paths,
+                   ig_steps=args.ig_steps, verify=args.verify)
+    if args.holdout is not None:
+        from surgeon.analyses.heldout import circuit_heldout
+
+        held = circuit_heldout(case, model, holdout=args.holdout, seed=args.seed, tag=args.tag, bad=args.bad,
+                               batch_size=batch, **options)
+        code, r = print_report(args, held, case, device), held.search
+    else:
+        r = discover(case, model, bad=args.bad, tag=args.tag, batch_size=batch, **options)
+        code = print_report(args, r, case, device)
     if args.export:
         r.export(*args.export)
         print("exported " + ", ".join(str(f) for f in args.export))

@@ -195,6 +195,21 @@ def heldout_text(r) -> str:
     return "\n".join(lines)
 
 
+def heldout_circuit_text(r) -> str:
+    """The circuit found on the discovery items and its faithfulness on the held-out items (the result)."""
+    c, h = r.search, r.held_out
+    ci = lambda lo_hi: f"[{lo_hi[0]:.3f}, {lo_hi[1]:.3f}]" if lo_hi else "[no interval]"  # noqa: E731
+    reading = "faithfulness" if h["semantics"] == "kept" else "share removed by knocking it out"
+    lines = [f"case {r.case} · circuit found on {r.split.describe()} · the {c.source!r} run against {c.base!r} "
+             f"({c.ablation} ablation, {h['semantics']} semantics)",
+             f"held-out ({r.n_evaluation} items, the result): {len(c.circuit)} edges, {reading} = "
+             f"{h['faithfulness']:.3f} {ci(h['faithfulness_ci'])} (95% CI over items)",
+             f"in-sample ({r.n_discovery} discovery items, where it was pruned to reach the target): {reading} = "
+             f"{c.circuit_faithfulness:.3f} {ci(c.circuit_faithfulness_ci)}",
+             "", f"the circuit on the discovery items (in-sample, n={r.n_discovery}):", circuit_text(c)]
+    return "\n".join(lines)
+
+
 def subset_rates_text(rates, case, bad=None, tag=None) -> str:
     """Named subsets evaluated on a case's items (`surgeon threshold --eval`)."""
     est = lambda e: f"{100 * e.value:5.1f}% [{100 * e.lo:5.1f}, {100 * e.hi:5.1f}] (n={e.n})"  # noqa: E731

@@ -143,3 +143,35 @@ def test_the_command_line_runs_held_out_and_named_subsets(capsys, tmp_path):
 
 
 
+
+
+def test_a_circuit_found_on_discovery_items_is_scored_on_the_held_out_ones(decimal_model):
+    """MIB's protocol: the circuit is pruned on the discovery items and its faithfulness is measured on the others,
+    under the same ablation and semantics; the two sides are the split's, never mixed."""
+    from surgeon.analyses.circuit import discover, evaluate_circuit
+    from surgeon.analyses.heldout import circuit_heldout
+
+    case = _case()
+    r = circuit_heldout(case, decimal_model, holdout=0.5, seed=3, n_paths=0, verify=0)
+    items = case.items_for(case.focus)
+    as_case = lambda idx: dataclasses.replace(case, items=[items[i] for i in idx], focus=None)  # noqa: E731
+    alone = discover(as_case(r.split.discovery), decimal_model, n_paths=0, verify=0)
+    assert alone.circuit == r.search.circuit and r.search.n_items == len(r.split.discovery)
+    names = r.search.names(r.search.circuit)
+    on_eval = evaluate_circuit(as_case(r.split.evaluation), decimal_model, names)
+    on_disc = evaluate_circuit(as_case(r.split.discovery), decimal_model, names)
+    assert r.held_out["faithfulness"] == pytest.approx(on_eval["faithfulness"], abs=1e-9)
+    assert r.held_out["n_items"] == len(r.split.evaluation)
+    assert on_disc["faithfulness"] == pytest.approx(r.search.circuit_faithfulness, abs=1e-5)
+    assert abs(on_disc["faithfulness"] - on_eval["faithfulness"]) > 1e-4  # the sides differ: which one is read matters
+    text = str(r)
+    assert "held-out (" in text and "in-sample (" in text
+
+
+def test_the_command_line_finds_a_circuit_held_out(capsys, tmp_path):
+    from surgeon.cli import main
+
+    assert main(["circuit", "--holdout", "0.5", "--paths", "0", "--verify", "0",
+                 "--export", str(tmp_path / "c.json")]) == 0
+    out = capsys.readouterr().out
+    assert "held-out (32 items, the result)" in out and (tmp_path / "c.json").is_file()
