@@ -38,6 +38,7 @@ from surgeon.analyses.encode import Encoding
 from surgeon.analyses.generation import check_generation
 from surgeon.analyses.heldout import HeldOutCircuit, HeldOutThreshold, circuit_heldout, threshold_heldout
 from surgeon.analyses.heldout import evaluate_subsets as evaluate_named
+from surgeon.analyses.repair import RepairResult, check_heads, check_repairable, repair_case, search_repair
 from surgeon.analyses.feature_circuit import FeatureCircuitResult
 from surgeon.analyses.feature_circuit import feature_circuit as feature_circuit_of
 from surgeon.analyses.encode import encode as encode_case
@@ -57,6 +58,8 @@ from surgeon.spec.select import pick_items
 from surgeon.spec.shipped import shipped_case
 from surgeon.models.checks import check_case_against_model, load_case
 from surgeon.models.loading import from_hf, load_model, model_digest
+from surgeon.repairs.artifact import Repair, read_repair
+from surgeon.repairs.artifact import apply as apply_repair
 from surgeon.reports.html import render as render_report
 from surgeon.results import from_jsonable, to_jsonable, versions, write_json
 from surgeon.sae.load import SAESource, load_sae
@@ -69,7 +72,7 @@ from surgeon.version import __version__
 from surgeon.spec.case import Case, case_metric_of, content_digest, validate
 
 __all__ = ["diagnose", "encode", "dla", "attention", "patch", "patch_positions", "attribute", "threshold",
-           "evaluate_subsets", "blend", "circuit",
+           "evaluate_subsets", "repair", "apply", "blend", "circuit",
            "circuit_eval", "sae_overlap", "sae_amplified", "sae_heads", "sae_repair", "feature_circuit", "report", "render_report",
            "read_circuit", "case_and_model", "read", "load"]
 
@@ -235,6 +238,48 @@ def evaluate_subsets(case, model=None, subsets=(), *, component: str = "z", bad:
     (e.g. `dataclasses.replace(case, items=fresh)`): numbers on items a subset was not chosen on are held-out."""
     case, model = case_and_model(case, model, device=device, dtype=dtype, metric=metric)
     return evaluate_named(case, model, list(subsets), component=component, bad=bad, tag=tag, batch_size=batch_size)
+
+
+def repair(case, model=None, *, heads=None, mode: str = "mean", strength: float | None = None, search: bool = False,
+           strengths: Sequence[float] | None = None, max_heads: int = 8, max_kl: float = 0.1, max_drop: float = 0.05,
+           holdout: float | None = 0.5, seed: int = 0, eval_items=None, neutral: Sequence[str] | None = None,
+           generate: int = 0, bad: str | None = None, tag: str | None = None, batch_size: int = 256, metric=None,
+           device: str | None = None, dtype: str = "float32"):
+    """A repair that needs the failing prompt alone (`surgeon repair`): `heads` ("L0H4,L0H6") get the good format's
+    mean output (`mode="mean"`) or the mean good-minus-failing difference times `strength` (`mode="steer"`) at the
+    last prompt token and the tokens after it, built on a seeded discovery split of the items (`holdout`, or every
+    item when `eval_items` are given) and measured on the held-out ones: efficacy, generalization, specificity (KL
+    from the unrepaired model; `neutral` texts), `generate` tokens of greedy generation, and the paired interchange of
+    the same heads beside it. `search=True`: choose the heads (from `heads`, default every head) and strength on the
+    discovery items under `max_kl` and `max_drop`, then measure. `result.repair` is the `Repair`: `surgeon.apply(model,
+    result.repair)`, `result.repair.save(DIR)`."""
+    check_repairable(read(case, model), mode, "z", holdout=holdout, eval_items=eval_items)  # before any weight loads
+    check_heads(heads, max_heads=max_heads, strength=strength, strengths=strengths, search=search, max_kl=max_kl,
+                max_drop=max_drop)
+    case, model = case_and_model(case, model, device=device, dtype=dtype, metric=metric)
+    if generate:
+        check_generation(case, model, list(case.items), generate)
+    if eval_items is not None:
+        eval_items = read(replace(case, items=list(eval_items))).items  # checked like the case's own items
+    if search:
+        return search_repair(case, model, heads=heads, mode=mode, strengths=strengths, max_heads=max_heads,
+                             max_kl=max_kl, max_drop=max_drop, bad=bad, tag=tag, holdout=holdout, seed=seed,
+                             eval_items=eval_items, neutral=neutral, generate=generate, batch_size=batch_size)
+    if heads is None:
+        raise AnalysisError("name the heads to repair, or search for them", field="heads",
+                            fix='give heads="L0H4,L0H6" (e.g. a subset from surgeon threshold), or search=True')
+    return repair_case(case, model, heads=heads, mode=mode, strength=1.0 if strength is None else strength, bad=bad,
+                       tag=tag, holdout=holdout, seed=seed, eval_items=eval_items, neutral=neutral, generate=generate,
+                       batch_size=batch_size)
+
+
+def apply(model, repair, strength: float | None = None):
+    """A context manager under which `model` (a HookedTransformer) runs with `repair` applied: every forward and
+    `model.generate` (see `surgeon.repairs.artifact.apply`). `repair`: a `Repair`, a result holding one, or a folder
+    written by `repair.save(DIR)` / `surgeon repair --out DIR`."""
+    if not isinstance(repair, Repair):
+        repair = getattr(repair, "repair", None) or read_repair(repair)
+    return apply_repair(model, repair, strength)
 
 
 def blend(case, model=None, *, layer: int, heads=None, component: str = "z",
@@ -492,6 +537,17 @@ def load(path):
                                                                                        "or run the analysis again"})
     if isinstance(m.get("report"), dict):
         return _load_report(path, m["report"], bad)
+    if m.get("command") == "repair":  # a repair (repair.save) or a measured one (surgeon repair --out)
+        rep = read_repair(path)
+        if not (path / "results.json").is_file():
+            return rep
+        try:
+            saved = json.loads((path / "results.json").read_text())["result"]
+            saved.pop("repair", None)
+            return replace(from_jsonable(RepairResult, {**saved, "repair": None}), repair=rep)
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            raise AnalysisError(f"{path / 'results.json'} does not hold a repair's measures ({type(e).__name__})",
+                                **bad) from None
     if isinstance(m, dict) and m.get("command") == "report":  # written before the manifest said more
         steps = [p.name for p in sorted(path.iterdir()) if (p / "step.json").is_file()]
         order = [*STEPS[:-1], "sae_overlap", "sae_amplified", "sae_heads", "sae_repair", "sae_feature_circuit"]

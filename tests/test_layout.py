@@ -17,6 +17,7 @@ LAYERS = [
     ("surgeon.spec",),
     ("surgeon.models", "surgeon.organisms"),  # loading an organism knows no engine
     ("surgeon.engine",),
+    ("surgeon.repairs",),  # a shippable repair: the constant-source site the engine runs, and the artifact a model wears
     ("surgeon.circuits", "surgeon.search", "surgeon.sae", "surgeon.analyses"),
     ("surgeon.organisms.measure",),  # measuring an organism uses the engine
     ("surgeon.reports",),

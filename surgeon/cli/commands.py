@@ -153,6 +153,39 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--ray-workers", type=cli_types.positive, metavar="N",
                    help="Ray workers, each loading the model once (default: one per GPU of the cluster, else per CPU)")
 
+    p = sub.add_parser("repair", help="a repair that needs the failing prompt alone (the heads' mean good-format "
+                                      "output, or a steering difference), built on discovery items and measured on "
+                                      "held-out ones for efficacy, generalization and side effects; --out keeps it")
+    add_common(p, out_help="write results.json, manifest.json and the repair (repair.safetensors, repair.json) here")
+    p.add_argument("--heads", help="the heads to repair, e.g. L0H4,L0H6 (with --search: the pool to choose from; "
+                                   "default every head)")
+    p.add_argument("--mode", default="mean", choices=["mean", "steer"],
+                   help="mean: the heads' output replaced by the good format's mean over the discovery items; steer: "
+                        "the mean good-minus-failing difference added, times --strength (ITI / CAA) (default: mean)")
+    p.add_argument("--strength", type=float, help="mean: 1 replaces fully, less blends; steer: the multiple of the "
+                                                  "difference added (default 1)")
+    p.add_argument("--search", action="store_true",
+                   help="choose the heads (from --heads) and the strength on the discovery items, greedily, under "
+                        "--max-kl and --max-drop; then measure the choice on the held-out items")
+    p.add_argument("--strengths", help="with --search: strengths to try, e.g. 0.5,1,2,4 (default: 1 for mean; "
+                                       "0.5,1,2,4 for steer)")
+    p.add_argument("--max-heads", type=cli_types.positive, default=8, help="with --search: at most this many heads "
+                                                                          "(default 8)")
+    p.add_argument("--max-kl", type=float, default=0.1,
+                   help="with --search: the good format's mean KL from the unrepaired model, at most (nats, default 0.1)")
+    p.add_argument("--max-drop", type=cli_types.fraction, default=0.05,
+                   help="with --search: every other tag's accuracy in every format at most this far below unrepaired "
+                        "(default 0.05)")
+    p.add_argument("--holdout", type=cli_types.fraction, default=0.5, metavar="FRAC",
+                   help="build on a seeded, tag-stratified share of the items and measure on the held-out FRAC "
+                        "(default 0.5)")
+    p.add_argument("--neutral", type=Path, metavar="FILE",
+                   help="a text file, one neutral text per line: the repair's KL and cross-entropy change on them")
+    p.add_argument("--generate", type=cli_types.nonnegative, default=0, metavar="N",
+                   help="also judge N greedily generated tokens per held-out item with the repair applied")
+    p.add_argument("--bad", help="build and measure on this failing format only (default: every failing format)")
+    p.add_argument("--tag", help="the items the repair is built on and judged by for efficacy (default: the focus)")
+
     p = sub.add_parser("merge", help="merge threshold shards into the result one run gives")
     p.add_argument("dirs", nargs="+", type=Path, help="the --out directories of the shards")
     p.add_argument("--out", type=cli_types.directory, required=True, help="write the merged results.json, subsets.csv and figure here")
@@ -452,6 +485,55 @@ def cmd_threshold(args) -> int:
     return 0
 
 
+def cmd_repair(args) -> int:
+    from surgeon.analyses.repair import check_heads, check_repairable
+
+    strengths = None
+    if args.strengths:
+        try:
+            strengths = [float(x) for x in args.strengths.split(",") if x.strip()]
+        except ValueError:
+            raise SurgeonError(f"cannot read --strengths {args.strengths!r}", field="--strengths",
+                               fix="numbers separated by commas, e.g. 0.5,1,2,4") from None
+    check_heads(args.heads, max_heads=args.max_heads, strength=args.strength, strengths=strengths, search=args.search,
+                max_kl=args.max_kl, max_drop=args.max_drop)
+    neutral = None
+    if args.neutral is not None:
+        try:
+            neutral = [line for line in args.neutral.read_text().splitlines() if line.strip()]
+        except (OSError, UnicodeDecodeError) as e:
+            raise SurgeonError(f"cannot read {args.neutral} ({type(e).__name__})", field="--neutral",
+                               fix="give a text file, one neutral text per line") from None
+        if not neutral:
+            raise SurgeonError(f"{args.neutral} holds no text", field="--neutral", fix="one neutral text per line")
+    case, model, device = load_case_and_model(
+        args, check=lambda c: check_repairable(c, args.mode, "z", holdout=args.holdout))
+    if args.generate:
+        from surgeon.analyses.generation import check_generation
+
+        check_generation(case, model, list(case.items), args.generate)
+    from surgeon.analyses.repair import repair_case, search_repair
+
+    common = dict(mode=args.mode, bad=args.bad, tag=args.tag, holdout=args.holdout, seed=args.seed, neutral=neutral,
+                  generate=args.generate, batch_size=args.batch_size)
+    if args.search:
+        r = search_repair(case, model, heads=args.heads, strengths=strengths, max_heads=args.max_heads,
+                          max_kl=args.max_kl, max_drop=args.max_drop, progress=True, **common)
+    else:
+        r = repair_case(case, model, heads=args.heads, strength=1.0 if args.strength is None else args.strength,
+                        **common)
+    from surgeon.reports.repair_view import repair_text, save_repair
+
+    print(repair_text(r))
+    if args.out:
+        opts = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()
+                if k not in ("debug", "out", "case")}
+        save_repair(args.out, "repair", r, case, options=opts, device=device)
+        print(f"\nwrote {args.out}/results.json, manifest.json, repair.safetensors, repair.json "
+              "(apply it with surgeon.apply(model, surgeon.load(DIR)))")
+    return 0
+
+
 def cmd_merge(args) -> int:
     from surgeon.reports import text as report
     from surgeon.search.threshold import merge
@@ -619,7 +701,7 @@ def cmd_feature_circuit(args) -> int:
 
 
 COMMANDS = {"report": cmd_report, "cases": cmd_cases, "sae": cmd_sae, "feature-circuit": cmd_feature_circuit, "diagnose": cmd_diagnose, "circuit": cmd_circuit, "circuit-eval": cmd_circuit_eval, "patch": cmd_patch, "attribute": cmd_attribute, "dla": cmd_dla, "encode": cmd_encode, "attention": cmd_attention, "patch-positions": cmd_patch_positions, "threshold": cmd_threshold,
-            "merge": cmd_merge,
+            "merge": cmd_merge, "repair": cmd_repair,
             "blend": cmd_blend, "organisms": cmd_organisms}
 
 

@@ -125,7 +125,9 @@ def check_options(args, case) -> None:
         raise SurgeonError(f"layer {layer} is out of range: the model has layers 0..{top}", field="--layer",
                            fix=f"use a layer between 0 and {top}")
     heads = getattr(args, "heads", None)
-    if heads is not None and getattr(args, "command", None) in ("threshold", "blend", "attention", "report"):
+    if heads == "all" and getattr(args, "command", None) == "repair":
+        heads = None
+    if heads is not None and getattr(args, "command", None) in ("threshold", "blend", "attention", "report", "repair"):
         n = shp.n_kv_heads if getattr(args, "component", "z") in ("k", "v") else shp.n_heads
         if args.command == "attention":  # L1H0 names only; the analysis says what else is wrong
             heads = ",".join(h for h in heads.split(",") if re.fullmatch(r"\s*L\d+H\d+\s*", h)) or None

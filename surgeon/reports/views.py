@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from surgeon.circuits.export import circuit_figure
-from surgeon.reports import attention_view, feature_view, figures, frames, html, tables, text
+from surgeon.reports import attention_view, feature_view, figures, frames, html, repair_view, tables, text
 from surgeon.show import View, register
 from surgeon.spec.metrics import describe as describe_metric
 
@@ -114,5 +114,8 @@ for _name, _view in VIEWS.items():
         _view.text = _saying_the_metric(_view.text)
     register(_name, _view)
 
+register("RepairResult", View("repair", repair_view.repair_text, save=repair_view.save_repair,
+                              headline=lambda r: f"{'+'.join(r.repair.heads)} ({r.repair.mode}): held-out efficacy "
+                                                 f"{100 * r.efficacy().repaired.value:.1f}%"))
 register("Report", View("report", html.report_text, save=html.save_report, headline=_report_line,
                         frame=frames.report_frames))

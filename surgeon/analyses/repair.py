@@ -1,0 +1,511 @@
+"""From diagnosis to surgery: a repair that needs the failing prompt alone, built on discovery items and measured as
+model editing measures an edit, on items it was not built on.
+
+Every other repair surgeon measures is a paired interchange (each item's good-format activations copied into its
+failing run): it shows which heads carry the difference, but in use there is no good-format twin. A `Repair`
+(`surgeon.repairs.artifact`) writes a constant into the chosen heads instead, at positions counted from the last prompt
+token: ``mean`` puts the good format's mean output over the discovery items in place of the head's own (mean patching),
+``steer`` adds the mean good-minus-failing difference times a strength (ITI, Li et al. 2023; contrastive activation
+addition, Rimsky et al. 2024). The engine runs it as it runs mean ablation: a mask on the one `Contrast` whose source is
+a constant (`surgeon.repairs.site.ConstantSite`), so many candidates (heads x strengths) run in one batched pass.
+
+Measured on the held-out items, each a rate or mean with n and a 95% interval, following model editing's evaluation
+(ROME / MEMIT on CounterFact, EasyEdit): **efficacy** (the failing formats' focus items), **generalization** (the
+failing formats' other tags), **specificity** (the good format's accuracy, and the KL divergence of the next-token
+distribution at the first answer position from the unrepaired model's, in every format; on neutral texts the KL and
+the change in cross-entropy of the text's next token), and **generation** (greedy continuations with the repair's
+hooks, judged as ``--generate`` judges). Beside them, the same heads as a paired interchange (which needs the twin).
+
+`search_repair` chooses the heads and strength to ship on the discovery items only: a greedy forward selection over a
+pool of heads and strengths that maximises the failing formats' repair rate under the user's side-effect bounds (the
+good format's KL, the other tags' accuracy); the chosen repair is then measured on the held-out items.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field, replace
+from typing import Sequence
+
+import numpy as np
+
+from surgeon.analyses.common import case_metric, format_rows, prepend_bos
+from surgeon.analyses.generation import judge
+from surgeon.analyses.heldout import Split, evaluate_subsets, split_items
+from surgeon.engine.contrast import Contrast, greedy, reference_logprobs
+from surgeon.errors import AnalysisError
+from surgeon.repairs.artifact import MODES, Repair
+from surgeon.repairs.site import ConstantSite
+from surgeon.search.subsets import Unit, parse_units
+from surgeon.show import Shows
+from surgeon.sites.nodes import Site
+from surgeon.spec.case import Case, Item, content_digest
+from surgeon.spec.encoding import Row, prompt_rows
+from surgeon.spec.metrics import METRICS
+from surgeon.spec.select import pick_bad, pick_items
+from surgeon.stats import Estimate, bootstrap_mean, wilson
+
+COMPONENTS = ("z",)  # head outputs before W_O: what the subset search patches and a mean or steer repair writes
+STRENGTHS = {"mean": (1.0,), "steer": (0.5, 1.0, 2.0, 4.0)}  # what `search_repair` tries by default
+ALIGNS = ("last", "end")  # align rules under which slot j is the position j tokens after the last prompt token
+
+
+# ----------------------------------------------------------------------------------------------- building
+
+
+def check_heads(heads, *, max_heads: int = 8, strength=None, strengths=None, search: bool = False,
+                max_kl: float = 0.1, max_drop: float = 0.05) -> None:
+    """What can be refused about a repair's options without the model: the heads' spelling, the numbers' ranges."""
+    import math
+
+    if heads is not None and heads != "all":
+        spec = heads if isinstance(heads, str) else ",".join(map(str, heads))
+        if not spec.strip():
+            raise AnalysisError("no heads to repair", field="--heads", fix="name heads, e.g. --heads L0H4,L0H6")
+        for part in spec.split(","):
+            if not re.fullmatch(r"\s*L\d+H\d+\s*", part, re.I):
+                raise AnalysisError(f"cannot read head {part!r}", field="--heads",
+                                    fix="name heads with their layers: --heads L0H4,L0H6")
+    if not search and heads is None:
+        raise AnalysisError("name the heads to repair, or search for them", field="--heads",
+                            fix="give --heads L0H4,L0H6 (e.g. a subset from surgeon threshold), or --search")
+    for name, v in (("--strength", strength), *(("--strengths", x) for x in (strengths or ()))):
+        if v is not None and (not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0):
+            raise AnalysisError(f"{name} {v!r} is not a positive number", field=name, fix="e.g. 1 (mean: full "
+                                "replacement; steer: the difference added once)")
+    if search and strength is not None:
+        raise AnalysisError("--strength fixes the strength, but --search chooses it", field="--strength",
+                            fix="give the strengths to search with --strengths, or leave out --search")
+    if not (isinstance(max_heads, int) and max_heads >= 1):
+        raise AnalysisError(f"--max-heads {max_heads!r} must be at least 1", field="--max-heads", fix="e.g. 8")
+    if not (max_kl >= 0 and 0 <= max_drop <= 1):
+        raise AnalysisError("--max-kl must be >= 0 nats and --max-drop in [0, 1]", field="--max-kl",
+                            fix="e.g. --max-kl 0.1 --max-drop 0.05")
+
+
+def check_repairable(case: Case, mode: str, component: str, *, holdout=0.5, eval_items=None) -> None:
+    if mode not in MODES:
+        raise AnalysisError(f"unknown repair mode {mode!r}", field="--mode",
+                            fix=f"use one of: {', '.join(MODES)} (mean: the good format's mean output in place of the "
+                                "heads' own; steer: the good-minus-failing difference added)")
+    if component not in COMPONENTS:
+        raise AnalysisError(f"a repair writes head outputs, not {component!r}", field="--component",
+                            fix="use --component z")
+    if case.align not in ALIGNS:
+        raise AnalysisError(f"a repair acts at positions counted from the last prompt token, but the case aligns "
+                            f"positions by {case.align!r}", where=case.source, field="align",
+                            fix='set align="last" in the case (the last prompt token and the answer tokens)')
+    if eval_items is None:
+        if holdout is None:
+            raise AnalysisError("a repair is measured on items it was not built on", field="--holdout",
+                                fix="give --holdout FRAC (e.g. 0.5), or items to evaluate on (eval_items=)")
+        split_items(list(case.items), holdout)  # too few items, or a share outside (0, 1): refused now
+
+
+def _units(model, heads: str | Sequence[str] | None) -> list[Unit]:
+    if heads is None or heads == "all":
+        return [Unit(L, h) for L in range(model.cfg.n_layers) for h in range(model.cfg.n_heads)]
+    spec = heads if isinstance(heads, str) else ",".join(heads)
+    if not spec.strip():
+        raise AnalysisError("no heads to repair", field="--heads", fix="name heads, e.g. --heads L0H4,L0H6")
+    return parse_units(spec, None, model.cfg.n_layers, model.cfg.n_heads)
+
+
+@dataclass
+class Pool:
+    """Every candidate head's constant: per hook point [slots, heads, d_head] for the mode (mean: the good format's
+    mean; steer: good mean minus the failing formats' mean), from the discovery items."""
+
+    mode: str
+    values: dict  # hook -> Tensor
+    units: list[Unit]
+    formats: dict  # good, bad (the failing formats pooled for steer)
+    n_items: int
+
+    def hook(self, u: Unit) -> str:
+        return Site.of("z", u.layer).hook
+
+    def repair(self, units: Sequence[Unit], strength: float, built_on: dict) -> Repair:
+        chosen: dict[str, list[int]] = {}
+        for u in units:
+            chosen.setdefault(self.hook(u), []).append(u.head)
+        values = {}
+        for h, heads in chosen.items():
+            v = self.values[h].clone()
+            keep = np.zeros(v.shape[1], dtype=bool)
+            keep[heads] = True
+            v[:, ~keep] = 0
+            values[h] = v
+        order = sorted(units, key=lambda u: (u.layer, u.head))
+        return Repair(tuple(u.label for u in order), self.mode, float(strength), values,
+                      {h: tuple(sorted(x)) for h, x in chosen.items()}, "z", built_on=built_on)
+
+
+def _mean_of(model, rows_a: list[Row], rows_b: list[Row], align: str, sites, batch_size: int) -> dict:
+    """The engine's per-slot mean over items of `rows_b`'s run at each site (`Contrast.mean_activation`, the mean
+    ablation takes)."""
+    c = Contrast(model, rows_a, rows_b, align, batch_size=batch_size, sites=sites, clean=False)
+    return {s.hook: c.mean_activation(s).detach().float().cpu() for s in sites}
+
+
+def build_pool(case: Case, model, items: Sequence[Item], units: Sequence[Unit], *, mode: str, bads: Sequence[str],
+               batch_size: int = 256) -> Pool:
+    import torch
+
+    sites = [Site.of("z", L) for L in sorted({u.layer for u in units})]
+    good = format_rows(case, model, case.good, items)
+    per_bad = {b: format_rows(case, model, b, items) for b in bads}
+    anyb = per_bad[bads[0]]
+    good_mean = _mean_of(model, anyb, good, case.align, sites, batch_size)
+    values = good_mean
+    if mode == "steer":
+        bad_means = [_mean_of(model, good, rows, case.align, sites, batch_size) for rows in per_bad.values()]
+        values = {}
+        for h, g in good_mean.items():
+            S = min([g.shape[0]] + [m[h].shape[0] for m in bad_means])
+            values[h] = g[:S] - torch.stack([m[h][:S] for m in bad_means]).mean(0)
+    return Pool(mode, values, list(units), {"good": case.good, "bad": list(bads)}, len(items))
+
+
+# ----------------------------------------------------------------------------------------------- measuring
+
+
+@dataclass(frozen=True)
+class RateRow:
+    """Items right in one format and tag, repaired and not."""
+
+    measure: str  # efficacy, generalization, specificity, paired
+    format: str
+    tag: str
+    repaired: Estimate
+    unrepaired: Estimate
+
+
+@dataclass(frozen=True)
+class ShiftRow:
+    """How far the repair moves the next-token distribution where nothing should change (or anywhere: a side
+    effect), against the unrepaired model: mean KL(unrepaired || repaired) in nats at the first answer position, and
+    on neutral texts the mean change in the text's next-token cross-entropy (positive: worse)."""
+
+    where: str  # a format name, or "neutral"
+    kl: Estimate
+    ce: Estimate | None = None
+
+
+@dataclass(frozen=True)
+class GenRow:
+    format: str
+    tag: str
+    repaired: Estimate  # greedy continuations judged correct
+    unrepaired: Estimate
+    other: int  # repaired continuations that start with neither answer
+
+
+class _Scorer:
+    """One Contrast per (format, tag) of an item set, built once (its clean passes once) and run for any number of
+    candidate masks: the repaired scores, the unrepaired ones, and the metric's notion of right."""
+
+    def __init__(self, case: Case, model, items: Sequence[Item], fmt: str, batch_size: int, kl: bool = False):
+        self.n = len(items)
+        rows = format_rows(case, model, fmt, items)
+        if kl:
+            ref = reference_logprobs(model, rows, batch_size)
+            self.metric = METRICS["kl"]()
+            self.c = Contrast(model, rows, rows, case.align, batch_size=batch_size, metric=self.metric, reference=ref)
+        else:
+            metric, ref = case_metric(case, model, items, batch_size)
+            self.metric = metric
+            good = format_rows(case, model, case.good, items)
+            self.c = Contrast(model, rows, good, case.align, batch_size=batch_size, metric=metric, reference=ref)
+
+    def run(self, masks: dict) -> np.ndarray:
+        import torch
+
+        with torch.no_grad():
+            return self.c.run(masks).float().cpu().numpy()  # [P, n]
+
+    def rates(self, scores: np.ndarray) -> np.ndarray:
+        return np.asarray(self.metric.right(scores)).mean(-1)
+
+    def right(self, scores: np.ndarray) -> Estimate:
+        r = np.asarray(self.metric.right(scores))
+        return wilson(int(r.sum()), int(r.size))
+
+    @property
+    def unrepaired(self) -> Estimate:
+        return self.right(self.c.clean_base.float().cpu().numpy())
+
+
+def _site_masks(sites: dict[str, ConstantSite], cand: Sequence[tuple[Sequence[Unit], float]], n_heads: int) -> dict:
+    """Masks [P, heads] per constant site for candidates (units, strength)."""
+    import torch
+
+    out = {}
+    for h, site in sites.items():
+        m = torch.zeros(len(cand), n_heads)
+        for p, (units, a) in enumerate(cand):
+            for u in units:
+                if Site.of("z", u.layer).hook == h:
+                    m[p, u.head] = a
+        out[site] = m
+    return out
+
+
+def _by_tag(items: Sequence[Item]) -> dict[str, list[Item]]:
+    out: dict[str, list[Item]] = {}
+    for it in items:
+        out.setdefault(it.tag, []).append(it)
+    return out
+
+
+def neutral_rows(model, texts: Sequence[str], bos: bool) -> list[Row]:
+    """Each neutral text as a prompt (all but its last token) scored on its last token."""
+    rows = []
+    for t in texts:
+        ids = list(model.tokenizer.encode(t, add_special_tokens=False))
+        if bos and model.tokenizer.bos_token_id is not None:
+            ids = [model.tokenizer.bos_token_id] + ids
+        if len(ids) < 2:
+            raise AnalysisError(f"the neutral text {t[:40]!r} is shorter than two tokens", field="neutral",
+                                fix="give texts of a few words or more")
+        rows.append(Row(len(rows), tuple(ids[:-1]), len(ids) - 1, ((len(ids) - 2, ids[-1], 1.0),), {}))
+    return rows
+
+
+def _neutral(model, repair: Repair, texts: Sequence[str], bos: bool, batch_size: int) -> ShiftRow:
+    rows = neutral_rows(model, texts, bos)
+    sites = repair.sites()
+    masks = _site_masks(sites, [([u for u in _units(model, ",".join(repair.heads))], repair.strength)],
+                        model.cfg.n_heads)
+    ref = reference_logprobs(model, rows, batch_size)
+    kl = Contrast(model, rows, rows, "last", batch_size=batch_size, metric=METRICS["kl"](), reference=ref)
+    lp = Contrast(model, rows, rows, "last", batch_size=batch_size, metric=METRICS["logprob"]())
+    import torch
+
+    with torch.no_grad():
+        k = -kl.run(masks)[0].float().cpu().numpy()
+        d = -(lp.run(masks)[0] - lp.clean_base).float().cpu().numpy()
+    return ShiftRow("neutral", bootstrap_mean(np.maximum(k, 0)), bootstrap_mean(d))
+
+
+def _generation(case: Case, model, repair: Repair, fmt: str, tag: str, items: Sequence[Item], n_new: int,
+                batch_size: int) -> GenRow:
+    import torch
+
+    rows = prompt_rows(case.formats[fmt], items, model.tokenizer, prepend_bos(case, model))
+    pad = getattr(model.tokenizer, "pad_token_id", None) or 0
+    verdicts = {True: [], False: []}
+    for lo in range(0, len(rows), batch_size):
+        chunk = rows[lo: lo + batch_size]
+        W = max(len(r.tokens) for r in chunk)
+        tokens = torch.tensor([list(r.tokens) + [pad] * (W - len(r.tokens)) for r in chunk],
+                              device=next(model.parameters()).device)
+        lengths = torch.tensor([len(r.tokens) for r in chunk], device=tokens.device)
+        for on in (True, False):
+            hooks = repair.hooks(lengths - 1) if on else []
+            gen = greedy(model, tokens, lengths, n_new, hooks)
+            for r, g in zip(chunk, gen.tolist()):
+                verdicts[on].append(judge(model.tokenizer.decode(g), items[r.item]))
+    rate = {on: wilson(v.count("correct"), len(v)) for on, v in verdicts.items()}
+    return GenRow(fmt, tag, rate[True], rate[False], verdicts[True].count("other"))
+
+
+@dataclass
+class RepairResult(Shows):
+    """A repair and how it does on the held-out items (the result) and on the discovery items it was built on
+    (in-sample, labelled so)."""
+
+    case: str
+    repair: Repair
+    split: Split | None
+    focus: str
+    held_out: list[RateRow] = field(default_factory=list)  # efficacy, generalization, specificity, paired
+    shifts: list[ShiftRow] = field(default_factory=list)
+    generation: list[GenRow] = field(default_factory=list)
+    discovery: list[RateRow] = field(default_factory=list)  # efficacy on the items it was built on: in-sample
+    search: list[dict] = field(default_factory=list)  # `search_repair`'s steps (discovery numbers: in-sample)
+    bounds: dict = field(default_factory=dict)
+    n_discovery: int = 0
+    n_evaluation: int = 0
+
+    def rows(self, measure: str) -> list[RateRow]:
+        return [r for r in self.held_out if r.measure == measure]
+
+    def efficacy(self, fmt: str | None = None) -> RateRow:
+        rows = self.rows("efficacy")
+        return next(r for r in rows if fmt is None or r.format == fmt)
+
+
+def measure_repair(case: Case, model, repair: Repair, items: Sequence[Item], *, focus: str, bads: Sequence[str],
+                   neutral: Sequence[str] | None = None, generate: int = 0, batch_size: int = 256,
+                   paired: bool = True) -> tuple[list[RateRow], list[ShiftRow], list[GenRow]]:
+    """The repair on `items` (held out from its building): efficacy per failing format on the focus tag,
+    generalization to the failing formats' other tags, specificity (the good format's accuracy per tag; KL from the
+    unrepaired model in every format; neutral texts), generation, and the same heads as a paired interchange."""
+    sites = repair.sites()
+    units = _units(model, ",".join(repair.heads))
+    masks = _site_masks(sites, [(units, repair.strength)], model.cfg.n_heads)
+    rows: list[RateRow] = []
+    tags = _by_tag(items)
+    for fmt in [*bads, case.good]:
+        for tag, its in tags.items():
+            s = _Scorer(case, model, its, fmt, batch_size)
+            measure = "specificity" if fmt == case.good else ("efficacy" if tag == focus else "generalization")
+            rows.append(RateRow(measure, fmt, tag, s.right(s.run(masks)[0]), s.unrepaired))
+    if paired:
+        for fmt in bads:
+            its = tags.get(focus, [])
+            if its:
+                e = evaluate_subsets(replace(case, items=list(its), focus=None), model, [",".join(repair.heads)],
+                                     bad=fmt, tag=None, batch_size=batch_size)[0]
+                s = _Scorer(case, model, its, fmt, batch_size)
+                rows.append(RateRow("paired", fmt, focus, e.rate, s.unrepaired))
+    shifts = []
+    for fmt in [case.good, *bads]:
+        k = _Scorer(case, model, items, fmt, batch_size, kl=True)
+        shifts.append(ShiftRow(fmt, bootstrap_mean(np.maximum(-k.run(masks)[0], 0))))
+    if neutral:
+        shifts.append(_neutral(model, repair, neutral, prepend_bos(case, model), batch_size))
+    gens = []
+    if generate:
+        for fmt in [*bads, case.good]:
+            for tag, its in tags.items():
+                gens.append(_generation(case, model, repair, fmt, tag, its, generate, batch_size))
+    return rows, shifts, gens
+
+
+# ----------------------------------------------------------------------------------------------- the entry points
+
+
+def _split(case: Case, holdout: float | None, seed: int, eval_items: Sequence[Item] | None):
+    items = list(case.items)
+    if eval_items is not None:
+        return None, items, list(eval_items)
+    if holdout is None:
+        raise AnalysisError("a repair is measured on items it was not built on", field="--holdout",
+                            fix="give --holdout FRAC (e.g. 0.5), or items to evaluate on (eval_items=)")
+    split = split_items(items, holdout, seed)
+    return split, [items[i] for i in split.discovery], [items[i] for i in split.evaluation]
+
+
+def _built_on(case: Case, split: Split | None, focus: str, n: int, pool: Pool) -> dict:
+    return {"case": case.name, "case_sha256": content_digest(case), "good": case.good, "bad": pool.formats["bad"],
+            "tag": focus, "n_items": n, "mode": pool.mode,
+            "split": None if split is None else {"holdout": split.holdout, "seed": split.seed,
+                                                 "discovery": len(split.discovery), "evaluation": len(split.evaluation),
+                                                 "stratified_by": split.stratified_by}}
+
+
+def repair_case(case: Case, model, *, heads: str | Sequence[str] | None, mode: str = "mean", strength: float = 1.0,
+                bad: str | None = None, tag: str | None = None, holdout: float | None = 0.5, seed: int = 0,
+                eval_items: Sequence[Item] | None = None, neutral: Sequence[str] | None = None, generate: int = 0,
+                batch_size: int = 256) -> RepairResult:
+    """Build a `Repair` of `heads` from the discovery items of the focus tag (`tag`) and measure it on the held-out
+    items (`holdout`, seeded and stratified by tag; or `eval_items`)."""
+    check_repairable(case, mode, "z")
+    bads = [pick_bad(case, bad)] if bad is not None else list(case.bad)
+    focus, _ = pick_items(case, tag)
+    focus = focus or "all"
+    split, disc, ev = _split(case, holdout, seed, eval_items)
+    disc_focus = [it for it in disc if focus == "all" or it.tag == focus]
+    if not disc_focus:
+        raise AnalysisError(f"no discovery items have tag {focus!r}", field="tag", fix="add items with that tag")
+    units = _units(model, heads)
+    pool = build_pool(case, model, disc_focus, units, mode=mode, bads=bads, batch_size=batch_size)
+    repair = pool.repair(units, strength, _built_on(case, split, focus, len(disc_focus), pool))
+    ev_focus = ev if focus == "all" else ev
+    held, shifts, gens = measure_repair(case, model, repair, ev_focus, focus=focus, bads=bads, neutral=neutral,
+                                        generate=generate, batch_size=batch_size)
+    disc_rows = _discovery_rows(case, model, repair, disc_focus, focus, bads, batch_size)
+    return RepairResult(case.name, repair, split, focus, held, shifts, gens, disc_rows,
+                        n_discovery=len(disc), n_evaluation=len(ev))
+
+
+def _discovery_rows(case, model, repair, items, focus, bads, batch_size) -> list[RateRow]:
+    sites = repair.sites()
+    masks = _site_masks(sites, [(_units(model, ",".join(repair.heads)), repair.strength)], model.cfg.n_heads)
+    out = []
+    for fmt in bads:
+        s = _Scorer(case, model, items, fmt, batch_size)
+        out.append(RateRow("efficacy", fmt, focus, s.right(s.run(masks)[0]), s.unrepaired))
+    return out
+
+
+def search_repair(case: Case, model, *, heads: str | Sequence[str] | None = None, mode: str = "mean",
+                  strengths: Sequence[float] | None = None, max_heads: int = 8, max_kl: float = 0.1,
+                  max_drop: float = 0.05, bad: str | None = None, tag: str | None = None, holdout: float | None = 0.5,
+                  seed: int = 0, eval_items: Sequence[Item] | None = None, neutral: Sequence[str] | None = None,
+                  generate: int = 0, batch_size: int = 256, progress: bool = False) -> RepairResult:
+    """Choose the repair to ship on the discovery items, then measure it on the held-out ones.
+
+    Greedy forward selection over the pool `heads` (default: every head) and `strengths`: each step adds the head
+    (and strength) that most raises the failing formats' mean repair rate on the discovery focus items, among the
+    candidates whose side effects stay within bounds there: the good format's mean KL from the unrepaired model at
+    most `max_kl` nats, and every other tag's accuracy in every format at most `max_drop` below unrepaired. Stops at
+    `max_heads`, or when no admissible candidate raises the rate. Every candidate of a step runs in one batched pass
+    per Contrast."""
+    check_repairable(case, mode, "z")
+    bads = [pick_bad(case, bad)] if bad is not None else list(case.bad)
+    focus, _ = pick_items(case, tag)
+    focus = focus or "all"
+    strengths = tuple(strengths or STRENGTHS[mode])
+    split, disc, ev = _split(case, holdout, seed, eval_items)
+    disc_focus = [it for it in disc if focus == "all" or it.tag == focus]
+    if not disc_focus:
+        raise AnalysisError(f"no discovery items have tag {focus!r}", field="tag", fix="add items with that tag")
+    pool_units = _units(model, heads)
+    pool = build_pool(case, model, disc_focus, pool_units, mode=mode, bads=bads, batch_size=batch_size)
+    sites = {h: ConstantSite.at(h, v, MODES[mode]) for h, v in pool.values.items()}
+    focus_scorers = [_Scorer(case, model, disc_focus, f, batch_size) for f in bads]
+    kl_scorer = _Scorer(case, model, disc, case.good, batch_size, kl=True)
+    others = [(f, t, _Scorer(case, model, its, f, batch_size)) for f in [*bads, case.good]
+              for t, its in _by_tag(disc).items() if t != focus]
+    floors = [s.unrepaired.value - max_drop for _, _, s in others]
+    chosen: list[Unit] = []
+    best_rate, steps = float(np.mean([s.unrepaired.value for s in focus_scorers])), []
+    best_strength = strengths[0]
+    bar = None
+    if progress:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=max_heads, desc="repair search", unit="head", leave=False)
+    while len(chosen) < max_heads:
+        cand = [(chosen + [u], a) for u in pool_units if u not in chosen for a in strengths]
+        if not cand:
+            break
+        masks = _site_masks(sites, cand, model.cfg.n_heads)
+        rate = np.mean([s.rates(s.run(masks)) for s in focus_scorers], axis=0)  # [P]
+        kl = np.maximum(-kl_scorer.run(masks), 0).mean(-1)
+        ok = kl <= max_kl
+        for (_, _, s), floor in zip(others, floors):
+            ok &= s.rates(s.run(masks)) >= floor - 1e-12
+        score = np.where(ok, rate, -np.inf)
+        p = int(np.argmax(score))  # the first of ties, in the pool's order
+        if not np.isfinite(score[p]) or score[p] <= best_rate + 1e-12:
+            steps.append({"k": len(chosen) + 1, "stopped": "no admissible head raises the rate" if np.isfinite(score[p])
+                          else "every candidate breaks a side-effect bound", "admissible": int(ok.sum()),
+                          "candidates": len(cand)})
+            break
+        chosen, best_strength, best_rate = cand[p][0], cand[p][1], float(score[p])
+        steps.append({"k": len(chosen), "added": chosen[-1].label, "strength": best_strength,
+                      "discovery_rate": best_rate, "discovery_kl_good": float(kl[p]), "admissible": int(ok.sum()),
+                      "candidates": len(cand)})
+        if bar is not None:
+            bar.update(1)
+    if bar is not None:
+        bar.close()
+    if not chosen:
+        raise AnalysisError(f"no head of the pool repairs any discovery item within the bounds (good-format KL <= "
+                            f"{max_kl:g} nats, other tags' accuracy no more than {max_drop:g} below unrepaired)",
+                            field="--max-kl", fix="loosen --max-kl or --max-drop, widen --heads, or try --mode steer")
+    repair = pool.repair(chosen, best_strength, _built_on(case, split, focus, len(disc_focus), pool))
+    held, shifts, gens = measure_repair(case, model, repair, ev, focus=focus, bads=bads, neutral=neutral,
+                                        generate=generate, batch_size=batch_size)
+    disc_rows = _discovery_rows(case, model, repair, disc_focus, focus, bads, batch_size)
+    return RepairResult(case.name, repair, split, focus, held, shifts, gens, disc_rows, steps,
+                        {"max_kl": max_kl, "max_drop": max_drop, "max_heads": max_heads, "strengths": list(strengths),
+                         "pool": [u.label for u in pool_units]},
+                        n_discovery=len(disc), n_evaluation=len(ev))
+
+
+__all__ = ["GenRow", "RateRow", "RepairResult", "ShiftRow", "build_pool", "measure_repair", "repair_case",
+           "search_repair"]

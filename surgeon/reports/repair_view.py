@@ -1,0 +1,96 @@
+"""How a repair shows itself: the held-out measures as the result (efficacy, generalization, specificity, side
+effects, generation), the paired interchange of the same heads beside them, and the discovery numbers labelled
+in-sample; saved as results.json plus the shippable repair itself (repair.safetensors, repair.json)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from surgeon.repairs.artifact import FILE, TENSORS
+from surgeon.reports.text import model_info
+from surgeon.results import manifest, staging, write_json
+
+
+def _pct(e) -> str:
+    return f"{100 * e.value:5.1f}% [{100 * e.lo:5.1f}, {100 * e.hi:5.1f}]"
+
+
+def _mean(e) -> str:
+    if e.n < 2 or e.lo != e.lo:
+        return f"{e.value:.4f} (n={e.n}, no interval)"
+    return f"{e.value:.4f} [{e.lo:.4f}, {e.hi:.4f}]"
+
+
+WHAT = {"efficacy": "efficacy (failing format, the focus tag)",
+        "generalization": "generalization (failing format, other tags)",
+        "specificity": "specificity (the good format: should stay right)",
+        "paired": "the same heads as a paired interchange (each item's own good-format activations: needs the twin, "
+                  "not shippable)"}
+
+
+def repair_text(r) -> str:
+    rep = r.repair
+    where = (r.split.describe() if r.split is not None else f"{r.n_discovery} items; evaluated on {r.n_evaluation} "
+             "other items given")
+    mode = ("the good format's mean output over the discovery items in place of the heads' own"
+            if rep.mode == "mean" else "the mean good-minus-failing difference added")
+    lines = [f"case {r.case} · repair {'+'.join(rep.heads)} · mode {rep.mode} ({mode}), strength {rep.strength:g}",
+             f"built on {rep.built_on.get('n_items', '?')} discovery items of tag {r.focus!r} ({where}); needs only the "
+             "failing prompt: it acts at the last prompt token and the answer (or generated) tokens after it",
+             f"measured on the {r.n_evaluation} held-out items (the result; 95% Wilson intervals over items):", "",
+             f"{'measure':<16} {'format':<10} {'tag':<10} {'repaired':<24} {'unrepaired':<24} n"]
+    for row in r.held_out:
+        lines.append(f"{row.measure:<16} {row.format:<10} {row.tag:<10} {_pct(row.repaired):<24} "
+                     f"{_pct(row.unrepaired):<24} {row.repaired.n}")
+    lines += [""] + [f"  {k}: {v}" for k, v in WHAT.items() if any(row.measure == k for row in r.held_out)]
+    lines += ["", "side effects: KL(unrepaired || repaired) of the next-token distribution at the first answer "
+                  "position, nats (mean [95% bootstrap CI])"]
+    for s in r.shifts:
+        extra = f"; next-token cross-entropy {'+' if s.ce.value >= 0 else ''}{_mean(s.ce)} nats" if s.ce else ""
+        what = "neutral texts" if s.where == "neutral" else f"format {s.where!r}"
+        lines.append(f"  {what:<18} KL {_mean(s.kl)} (n={s.kl.n}){extra}")
+    if r.generation:
+        lines += ["", "generation (greedy, hooks on; judged as --generate judges):"]
+        for g in r.generation:
+            lines.append(f"  {g.format:<10} {g.tag:<10} repaired {_pct(g.repaired)}  unrepaired {_pct(g.unrepaired)}  "
+                         f"other {g.other} (n={g.repaired.n})")
+    if r.discovery:
+        lines += ["", f"in-sample (the {rep.built_on.get('n_items', '?')} discovery items it was built on):"]
+        for row in r.discovery:
+            lines.append(f"  efficacy {row.format:<10} {_pct(row.repaired)} (n={row.repaired.n})")
+    if r.search:
+        b = r.bounds
+        lines += ["", f"search on the discovery items (in-sample): greedy over {len(b.get('pool', []))} heads x "
+                      f"strengths {b.get('strengths')}, good-format KL <= {b.get('max_kl')} nats, other tags' accuracy "
+                      f"at most {b.get('max_drop')} below unrepaired"]
+        for s in r.search:
+            if "added" in s:
+                lines.append(f"  k={s['k']}: + {s['added']} (strength {s['strength']:g}): rate {100 * s['discovery_rate']:.1f}%, "
+                             f"good-format KL {s['discovery_kl_good']:.4f} ({s['admissible']}/{s['candidates']} "
+                             "candidates within bounds)")
+            else:
+                lines.append(f"  k={s['k']}: stopped: {s['stopped']}")
+    return "\n".join(lines)
+
+
+def result_record(r) -> dict:
+    """results.json's result: everything but the tensors (they are in repair.safetensors)."""
+    d = {k: v for k, v in vars(r).items() if k != "repair"}
+    d["repair"] = r.repair.record()
+    return d
+
+
+def save_repair(out: Path, command: str, result, case, *, options: dict, device: str | None, figures=None,
+                tables=None, api: str | None = None) -> None:
+    """results.json (the measures) + the repair (repair.safetensors, repair.json) + manifest.json, all or nothing."""
+    from safetensors.torch import save_file
+
+    with staging(out) as tmp:
+        write_json(tmp / "results.json", {"command": command, "result": result_record(result)})
+        save_file({h: v.detach().float().contiguous().cpu() for h, v in result.repair.values.items()},
+                  str(tmp / TENSORS))
+        write_json(tmp / FILE, result.repair.record())
+        m = manifest(command, case, seed=options.get("seed"), device=device, dtype=options.get("dtype"),
+                     options=options, model_info=model_info(case), argv=[] if api else None)
+        if api:
+            m["api"] = api
+        write_json(tmp / "manifest.json", m)

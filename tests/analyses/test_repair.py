@@ -1,0 +1,241 @@
+"""A repair that needs the failing prompt alone (issue 52): built on discovery items, measured on held-out ones, applied
+to a model and saved. The expected numbers come from hand-written TransformerLens hooks over one prompt at a time
+(the tokens built here from the templates, the good format's mean per offset from the last prompt token taken here),
+never from the engine's rows, buckets or means; a mutation that moves the constant one position, or takes the mean
+from the failing format, changes them (checked), so the equality is a test."""
+import dataclasses
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import surgeon
+import surgeon.api
+from surgeon.errors import AnalysisError
+from surgeon.organisms import decimal as organism
+
+HEADS = (4, 6)  # L0H4, L0H6: the best paired k=2 subset of the tutorial's search
+
+
+def _case(n_trap=12, n_control=8, seed=5):
+    case = surgeon.api.read("decimal_organism")
+    items = organism.held_out_items(n_trap, n_control, seed=seed)
+    return dataclasses.replace(case, items=items, score="first_token")
+
+
+def _tokens(model, case, fmt, item):
+    """BOS + the prompt's characters + the answers' common prefix (first-token scoring), the last prompt token's
+    position, and the two answers' first differing tokens; written from the template, not by surgeon's encoder."""
+    tok = model.tokenizer
+    prompt = case.formats[fmt].format(**item.values)
+    c, i = item.correct, item.incorrect
+    k = 0
+    while c[k] == i[k]:
+        k += 1
+    ids = [tok.bos_token_id] + [tok.convert_tokens_to_ids(ch) for ch in prompt + c[:k]]
+    return ids, len(prompt), tok.convert_tokens_to_ids(c[k]), tok.convert_tokens_to_ids(i[k])
+
+
+def _z(model, ids):
+    _, cache = model.run_with_cache(torch.tensor([ids]), names_filter="blocks.0.attn.hook_z")
+    return cache["blocks.0.attn.hook_z"][0]  # [pos, head, d_head]
+
+
+def hand_means(model, case, fmt, items):
+    """Per offset j from the last prompt token: the mean over items (that have it) of layer 0's z in `fmt`."""
+    sums, counts = {}, {}
+    for it in items:
+        ids, last, _, _ = _tokens(model, case, fmt, it)
+        z = _z(model, ids)
+        for j, p in enumerate(range(last, len(ids))):
+            sums[j] = sums.get(j, 0) + z[p].double()
+            counts[j] = counts.get(j, 0) + 1
+    return {j: (sums[j] / counts[j]).float() for j in sums}
+
+
+def hand_scores(model, case, fmt, items, value, how="replace", strength=1.0, shift=0):
+    """log P(correct) - log P(incorrect) per item with heads HEADS of layer 0 given value[j] at the position j tokens
+    after the last prompt token (`shift` moves it: a mutation)."""
+    out = []
+    for it in items:
+        ids, last, c, i = _tokens(model, case, fmt, it)
+
+        def hook(z, hook):
+            for j in value:
+                p = last + j + shift
+                if 0 <= p < z.shape[1]:
+                    for h in HEADS:
+                        new = value[j][h] if how == "replace" else z[0, p, h] + strength * value[j][h]
+                        z[0, p, h] = z[0, p, h] + strength * (new - z[0, p, h]) if how == "replace" else new
+            return z
+
+        logits = model.run_with_hooks(torch.tensor([ids]), fwd_hooks=[("blocks.0.attn.hook_z", hook)])
+        lp = logits[0, -1].log_softmax(-1)
+        out.append(float(lp[c] - lp[i]))
+    return torch.tensor(out)
+
+
+def _split_items(case, r):
+    disc = [case.items[i] for i in r.split.discovery]
+    ev = [case.items[i] for i in r.split.evaluation]
+    return [it for it in disc if it.tag == "trap"], ev
+
+
+@pytest.fixture(scope="module")
+def mean_repair(decimal_model):
+    case = _case()
+    with torch.no_grad():
+        r = surgeon.repair(case, decimal_model, heads="L0H4,L0H6", mode="mean", holdout=0.5, seed=1)
+    return case, r
+
+
+def test_mean_repair_equals_hand_written_hooks(decimal_model, mean_repair):
+    case, r = mean_repair
+    disc_traps, ev = _split_items(case, r)
+    with torch.no_grad():
+        good = hand_means(decimal_model, case, "plain", disc_traps)
+        for fmt in ("qa", "chat", "plain"):
+            for tag in ("trap", "control"):
+                its = [it for it in ev if it.tag == tag]
+                want = int((hand_scores(decimal_model, case, fmt, its, good) > 0).sum())
+                row = next(x for x in r.held_out if x.format == fmt and x.tag == tag and x.measure != "paired")
+                assert round(row.repaired.value * row.repaired.n) == want, (fmt, tag)
+                assert row.repaired.n == len(its)
+        # the constant itself: the saved tensor at each offset is the hand-taken mean, zero outside the heads
+        v = r.repair.values["blocks.0.attn.hook_z"]
+        for j, m in good.items():
+            torch.testing.assert_close(v[j, list(HEADS)], m[list(HEADS)], atol=1e-5, rtol=1e-5)
+        assert float(v[:, [h for h in range(decimal_model.cfg.n_heads) if h not in HEADS]].abs().max()) == 0
+        # the hand-written check can tell: a constant one position late, or the failing format's mean, scores otherwise
+        traps = [it for it in ev if it.tag == "trap"]
+        right = hand_scores(decimal_model, case, "qa", traps, good)
+        assert not torch.allclose(right, hand_scores(decimal_model, case, "qa", traps, good, shift=1), atol=1e-3)
+        bad_mean = hand_means(decimal_model, case, "qa", disc_traps)
+        assert not torch.allclose(right, hand_scores(decimal_model, case, "qa", traps, bad_mean), atol=1e-3)
+    assert r.repair.built_on["split"]["evaluation"] == len(ev)
+    assert not set(r.split.discovery) & set(r.split.evaluation)
+
+
+def test_repair_is_measured_on_held_out_items_only(decimal_model, mean_repair):
+    """Mutation guard: the efficacy row is the evaluation items' (its n), and the in-sample row is labelled apart."""
+    case, r = mean_repair
+    disc_traps, ev = _split_items(case, r)
+    eff = r.efficacy("qa")
+    assert eff.repaired.n == sum(it.tag == "trap" for it in ev)
+    assert r.discovery[0].repaired.n == len(disc_traps)
+    text = str(r)
+    assert "held-out" in text and "in-sample" in text and "paired interchange" in text and "not shippable" in text
+
+
+def test_apply_save_load_and_generate(decimal_model, mean_repair, tmp_path):
+    """The repair saved as safetensors named by hook point, read back with hand-written code and applied with
+    hand-written hooks, scores as the result says; surgeon.apply gives the same logits and `model.generate` runs
+    repaired."""
+    from safetensors.torch import load_file
+
+    case, r = mean_repair
+    _, ev = _split_items(case, r)
+    traps = [it for it in ev if it.tag == "trap"]
+    r.repair.save(tmp_path / "rep")
+    meta = json.loads((tmp_path / "rep" / "repair.json").read_text())
+    tensors = load_file(str(tmp_path / "rep" / "repair.safetensors"))
+    assert set(tensors) == {"blocks.0.attn.hook_z"} and meta["heads"] == ["L0H4", "L0H6"] and meta["mode"] == "mean"
+    value = {j: tensors["blocks.0.attn.hook_z"][j] for j in range(tensors["blocks.0.attn.hook_z"].shape[0])}
+    with torch.no_grad():
+        hand = hand_scores(decimal_model, case, "qa", traps, value)
+    assert int((hand > 0).sum()) == round(r.efficacy("qa").repaired.value * len(traps))
+    back = surgeon.load(tmp_path / "rep")
+    assert back.heads == r.repair.heads
+    it = traps[0]
+    ids, last, c, i = _tokens(decimal_model, case, "qa", it)
+    prompt = torch.tensor([ids[: last + 1]])  # the prompt alone: slot 0 at its last token
+    with torch.no_grad():
+        with surgeon.apply(decimal_model, back):
+            got = decimal_model(prompt)[0, -1]
+        plain = decimal_model(prompt)[0, -1]
+
+        def hook(z, hook):
+            z[0, -1, list(HEADS)] = value[0][list(HEADS)]
+            return z
+
+        want = decimal_model.run_with_hooks(prompt, fwd_hooks=[("blocks.0.attn.hook_z", hook)])[0, -1]
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    assert not torch.allclose(got, plain, atol=1e-4)  # the repair does something, and is gone after the block
+    with torch.no_grad(), surgeon.apply(decimal_model, back):
+        out = decimal_model.generate(prompt, max_new_tokens=5, do_sample=False, verbose=False, use_past_kv_cache=True)
+    with torch.no_grad():  # the same tokens with full forwards and the repair's own position hooks (engine's greedy)
+        from surgeon.engine.contrast import greedy
+
+        ref = greedy(decimal_model, prompt, torch.tensor([prompt.shape[1]]), 5, back.hooks(torch.tensor([last])))
+    assert out[0, prompt.shape[1]:].tolist() == ref[0].tolist()
+
+
+def test_steer_repair_equals_hand_written_hooks(decimal_model):
+    case = _case(n_trap=10, n_control=4, seed=7)
+    with torch.no_grad():
+        r = surgeon.repair(case, decimal_model, heads="L0H4,L0H6", mode="steer", strength=2.0, holdout=0.5, seed=0,
+                           bad="qa")
+        disc_traps, ev = _split_items(case, r)
+        good = hand_means(decimal_model, case, "plain", disc_traps)
+        bad = hand_means(decimal_model, case, "qa", disc_traps)
+        diff = {j: good[j] - bad[j] for j in good}
+        traps = [it for it in ev if it.tag == "trap"]
+        want = hand_scores(decimal_model, case, "qa", traps, diff, how="add", strength=2.0)
+    assert round(r.efficacy("qa").repaired.value * len(traps)) == int((want > 0).sum())
+    v = r.repair.values["blocks.0.attn.hook_z"]
+    torch.testing.assert_close(v[0, list(HEADS)], diff[0][list(HEADS)], atol=1e-5, rtol=1e-5)
+
+
+def test_search_chooses_on_discovery_items_within_bounds(decimal_model):
+    case = _case(n_trap=12, n_control=8, seed=3)
+    with torch.no_grad():
+        r = surgeon.repair(case, decimal_model, search=True, heads="L0H2,L0H4,L0H5,L0H6,L1H2", max_heads=3,
+                           max_kl=0.05, holdout=0.5, seed=0)
+    steps = [s for s in r.search if "added" in s]
+    assert steps and len(r.repair.heads) == len(steps) <= 3
+    assert all(s["discovery_kl_good"] <= 0.05 for s in steps)
+    rates = [s["discovery_rate"] for s in steps]
+    assert rates == sorted(rates) and len(set(rates)) == len(rates)  # each step raised it
+    assert r.n_evaluation and r.efficacy("qa").repaired.n == sum(case.items[i].tag == "trap" for i in r.split.evaluation)
+
+
+@pytest.mark.parametrize("kwargs,field", [
+    (dict(heads="L0X4"), "--heads"),
+    (dict(heads="L0H4", mode="patch"), "--mode"),
+    (dict(heads="L0H4", strength=-1.0), "--strength"),
+    (dict(search=True, strength=2.0), "--strength"),
+    (dict(), "--heads"),
+    (dict(heads="L0H4", holdout=None), "--holdout"),
+])
+def test_bad_options_refused_before_the_model_loads(kwargs, field, monkeypatch):
+    import surgeon.models.loading as loading
+
+    monkeypatch.setattr(loading, "load_model", lambda *a, **k: pytest.fail("weights loaded"))
+    monkeypatch.setattr(surgeon.api, "load_model", lambda *a, **k: pytest.fail("weights loaded"))
+    with pytest.raises(AnalysisError) as e:
+        surgeon.repair("decimal_organism", **kwargs)
+    assert e.value.field == field
+
+
+def test_a_case_aligned_otherwise_is_refused(decimal_model):
+    case = dataclasses.replace(_case(), align="index")
+    with pytest.raises(AnalysisError, match="counted from the last prompt token"):
+        surgeon.repair(case, decimal_model, heads="L0H4")
+
+
+def test_cli_repair_writes_a_repair_and_refuses_bad_heads(tmp_path):
+    bad = subprocess.run([sys.executable, "-m", "surgeon", "repair", "--heads", "L0H99"], capture_output=True,
+                         text=True)
+    assert bad.returncode == 2 and "Traceback" not in bad.stderr and "--heads" in bad.stderr
+    out = tmp_path / "rep"
+    ok = subprocess.run([sys.executable, "-m", "surgeon", "repair", "--heads", "L0H4,L0H6", "--out", str(out)],
+                        capture_output=True, text=True)
+    assert ok.returncode == 0, ok.stderr
+    assert "efficacy" in ok.stdout and "held-out" in ok.stdout
+    m = json.loads((out / "manifest.json").read_text())
+    assert m["command"] == "repair" and set(m["files"]) == {"manifest.json", "results.json", "repair.json", "repair.safetensors"}
+    r = surgeon.load(out)
+    assert r.repair.heads == ("L0H4", "L0H6") and r.efficacy("qa").repaired.n == 32
+    assert str(r) == ok.stdout.split("\n\nwrote")[0].rstrip("\n")
