@@ -349,11 +349,12 @@ def measure_repair(case: Case, model, repair: Repair, items: Sequence[Item], *, 
     for fmt in [*bads, case.good]:
         for tag, its in tags.items():
             s = _Scorer(case, model, its, fmt, batch_size)
-            measure = "specificity" if fmt == case.good else ("efficacy" if tag == focus else "generalization")
-            rows.append(RateRow(measure, fmt, tag, s.right(s.run(masks)[0]), s.unrepaired))
+            mine = focus == "all" or tag == focus
+            measure = "specificity" if fmt == case.good else ("efficacy" if mine else "generalization")
+            rows.append(RateRow(measure, fmt, tag or "all", s.right(s.run(masks)[0]), s.unrepaired))
     if paired:
         for fmt in bads:
-            its = tags.get(focus, [])
+            its = list(items) if focus == "all" else tags.get(focus, [])
             if its:
                 e = evaluate_subsets(replace(case, items=list(its), focus=None), model, [",".join(repair.heads)],
                                      bad=fmt, tag=None, batch_size=batch_size)[0]
@@ -369,7 +370,7 @@ def measure_repair(case: Case, model, repair: Repair, items: Sequence[Item], *, 
     if generate:
         for fmt in [*bads, case.good]:
             for tag, its in tags.items():
-                gens.append(_generation(case, model, repair, fmt, tag, its, generate, batch_size))
+                gens.append(_generation(case, model, repair, fmt, tag or "all", its, generate, batch_size))
     return rows, shifts, gens
 
 
@@ -412,8 +413,7 @@ def repair_case(case: Case, model, *, heads: str | Sequence[str] | None, mode: s
     units = _units(model, heads)
     pool = build_pool(case, model, disc_focus, units, mode=mode, bads=bads, batch_size=batch_size)
     repair = pool.repair(units, strength, _built_on(case, split, focus, len(disc_focus), pool))
-    ev_focus = ev if focus == "all" else ev
-    held, shifts, gens = measure_repair(case, model, repair, ev_focus, focus=focus, bads=bads, neutral=neutral,
+    held, shifts, gens = measure_repair(case, model, repair, ev, focus=focus, bads=bads, neutral=neutral,
                                         generate=generate, batch_size=batch_size)
     disc_rows = _discovery_rows(case, model, repair, disc_focus, focus, bads, batch_size)
     return RepairResult(case.name, repair, split, focus, held, shifts, gens, disc_rows,
@@ -438,11 +438,12 @@ def search_repair(case: Case, model, *, heads: str | Sequence[str] | None = None
     """Choose the repair to ship on the discovery items, then measure it on the held-out ones.
 
     Greedy forward selection over the pool `heads` (default: every head) and `strengths`: each step adds the head
-    (and strength) that most raises the failing formats' mean repair rate on the discovery focus items, among the
-    candidates whose side effects stay within bounds there: the good format's mean KL from the unrepaired model at
-    most `max_kl` nats, and every other tag's accuracy in every format at most `max_drop` below unrepaired. Stops at
-    `max_heads`, or when no admissible candidate raises the rate. Every candidate of a step runs in one batched pass
-    per Contrast."""
+    (and strength) that most raises the failing formats' mean repair rate on the discovery focus items (ties: the
+    higher mean score), among the candidates whose side effects stay within bounds there: the good format's mean KL
+    from the unrepaired model at most `max_kl` nats, and every other tag's accuracy in every format at most
+    `max_drop` below unrepaired. Stops at `max_heads`, or when no admissible candidate raises the rate or the mean
+    score; the repair is the smallest set on the path that reaches its best rate. Every candidate of a step runs in
+    one batched pass per Contrast."""
     check_repairable(case, mode, "z")
     bads = [pick_bad(case, bad)] if bad is not None else list(case.bad)
     focus, _ = pick_items(case, tag)
@@ -458,11 +459,12 @@ def search_repair(case: Case, model, *, heads: str | Sequence[str] | None = None
     focus_scorers = [_Scorer(case, model, disc_focus, f, batch_size) for f in bads]
     kl_scorer = _Scorer(case, model, disc, case.good, batch_size, kl=True)
     others = [(f, t, _Scorer(case, model, its, f, batch_size)) for f in [*bads, case.good]
-              for t, its in _by_tag(disc).items() if t != focus]
+              for t, its in _by_tag(disc).items() if focus != "all" and t != focus]
     floors = [s.unrepaired.value - max_drop for _, _, s in others]
     chosen: list[Unit] = []
-    best_rate, steps = float(np.mean([s.unrepaired.value for s in focus_scorers])), []
-    best_strength = strengths[0]
+    cur = (float(np.mean([s.unrepaired.value for s in focus_scorers])),
+           float(np.mean([s.c.clean_base.float().mean().item() for s in focus_scorers])))
+    path, steps = [], []  # path: (units, strength, rate) after each accepted step
     bar = None
     if progress:
         from tqdm.auto import tqdm
@@ -473,30 +475,41 @@ def search_repair(case: Case, model, *, heads: str | Sequence[str] | None = None
         if not cand:
             break
         masks = _site_masks(sites, cand, model.cfg.n_heads)
-        rate = np.mean([s.rates(s.run(masks)) for s in focus_scorers], axis=0)  # [P]
+        scores = [s.run(masks) for s in focus_scorers]
+        rate = np.mean([s.rates(x) for s, x in zip(focus_scorers, scores)], axis=0)  # [P]
+        mean = np.mean([x.mean(-1) for x in scores], axis=0)
         kl = np.maximum(-kl_scorer.run(masks), 0).mean(-1)
         ok = kl <= max_kl
         for (_, _, s), floor in zip(others, floors):
             ok &= s.rates(s.run(masks)) >= floor - 1e-12
-        score = np.where(ok, rate, -np.inf)
-        p = int(np.argmax(score))  # the first of ties, in the pool's order
-        if not np.isfinite(score[p]) or score[p] <= best_rate + 1e-12:
-            steps.append({"k": len(chosen) + 1, "stopped": "no admissible head raises the rate" if np.isfinite(score[p])
-                          else "every candidate breaks a side-effect bound", "admissible": int(ok.sum()),
-                          "candidates": len(cand)})
+        idx = np.flatnonzero(ok)
+        if not len(idx):
+            steps.append({"k": len(chosen) + 1, "stopped": "every candidate breaks a side-effect bound",
+                          "admissible": 0, "candidates": len(cand)})
             break
-        chosen, best_strength, best_rate = cand[p][0], cand[p][1], float(score[p])
-        steps.append({"k": len(chosen), "added": chosen[-1].label, "strength": best_strength,
-                      "discovery_rate": best_rate, "discovery_kl_good": float(kl[p]), "admissible": int(ok.sum()),
-                      "candidates": len(cand)})
+        p = int(idx[np.lexsort((-mean[idx], -rate[idx]))[0]])  # the highest rate; among those the highest mean score
+        if (rate[p], mean[p]) <= cur:
+            steps.append({"k": len(chosen) + 1, "stopped": "no admissible head raises the rate or the mean score",
+                          "admissible": int(ok.sum()), "candidates": len(cand)})
+            break
+        chosen, cur = cand[p][0], (float(rate[p]), float(mean[p]))
+        path.append((chosen, cand[p][1], float(rate[p])))
+        steps.append({"k": len(chosen), "added": chosen[-1].label, "strength": cand[p][1],
+                      "discovery_rate": float(rate[p]), "discovery_mean_score": float(mean[p]),
+                      "discovery_kl_good": float(kl[p]), "admissible": int(ok.sum()), "candidates": len(cand)})
         if bar is not None:
             bar.update(1)
     if bar is not None:
         bar.close()
-    if not chosen:
-        raise AnalysisError(f"no head of the pool repairs any discovery item within the bounds (good-format KL <= "
-                            f"{max_kl:g} nats, other tags' accuracy no more than {max_drop:g} below unrepaired)",
+    if not path:
+        raise AnalysisError(f"no head of the pool raises the discovery items' repair within the bounds (good-format KL "
+                            f"<= {max_kl:g} nats, other tags' accuracy no more than {max_drop:g} below unrepaired)",
                             field="--max-kl", fix="loosen --max-kl or --max-drop, widen --heads, or try --mode steer")
+    top = max(r for _, _, r in path)
+    k = next(i for i, (_, _, r) in enumerate(path) if r == top)  # the smallest set that reaches the best rate
+    chosen, best_strength = path[k][0], path[k][1]
+    for st in steps:
+        st["chosen"] = st.get("k") == len(chosen) and "added" in st
     repair = pool.repair(chosen, best_strength, _built_on(case, split, focus, len(disc_focus), pool))
     held, shifts, gens = measure_repair(case, model, repair, ev, focus=focus, bads=bads, neutral=neutral,
                                         generate=generate, batch_size=batch_size)

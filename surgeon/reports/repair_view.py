@@ -20,9 +20,9 @@ def _mean(e) -> str:
     return f"{e.value:.4f} [{e.lo:.4f}, {e.hi:.4f}]"
 
 
-WHAT = {"efficacy": "efficacy (failing format, the focus tag)",
-        "generalization": "generalization (failing format, other tags)",
-        "specificity": "specificity (the good format: should stay right)",
+WHAT = {"efficacy": "a failing format, the focus tag: should become right",
+        "generalization": "a failing format, the other tags",
+        "specificity": "the good format: should stay right",
         "paired": "the same heads as a paired interchange (each item's own good-format activations: needs the twin, "
                   "not shippable)"}
 
@@ -41,7 +41,7 @@ def repair_text(r) -> str:
     for row in r.held_out:
         lines.append(f"{row.measure:<16} {row.format:<10} {row.tag:<10} {_pct(row.repaired):<24} "
                      f"{_pct(row.unrepaired):<24} {row.repaired.n}")
-    lines += [""] + [f"  {k}: {v}" for k, v in WHAT.items() if any(row.measure == k for row in r.held_out)]
+    lines += [""] + [f"  {k:<14} {v}" for k, v in WHAT.items() if any(row.measure == k for row in r.held_out)]
     lines += ["", "side effects: KL(unrepaired || repaired) of the next-token distribution at the first answer "
                   "position, nats (mean [95% bootstrap CI])"]
     for s in r.shifts:
@@ -65,10 +65,22 @@ def repair_text(r) -> str:
         for s in r.search:
             if "added" in s:
                 lines.append(f"  k={s['k']}: + {s['added']} (strength {s['strength']:g}): rate {100 * s['discovery_rate']:.1f}%, "
-                             f"good-format KL {s['discovery_kl_good']:.4f} ({s['admissible']}/{s['candidates']} "
-                             "candidates within bounds)")
+                             f"mean score {s['discovery_mean_score']:+.2f}, good-format KL {s['discovery_kl_good']:.4f} "
+                             f"({s['admissible']}/{s['candidates']} candidates within bounds)"
+                             + ("  <- chosen: the smallest set with the best rate" if s.get("chosen") else ""))
             else:
                 lines.append(f"  k={s['k']}: stopped: {s['stopped']}")
+        lines += ["", "the bounds on the held-out items (where they were not chosen):"]
+        good_kl = next((x.kl for x in r.shifts if x.where == r.repair.built_on.get("good")), None)
+        if good_kl is not None:
+            met = "met" if good_kl.value <= b.get("max_kl", float("inf")) else "NOT met"
+            lines.append(f"  good-format KL {good_kl.value:.4f} against <= {b.get('max_kl')}: {met}")
+        for row in r.held_out:
+            if row.measure in ("generalization", "specificity") and r.focus != "all" and row.tag != r.focus:
+                drop = row.unrepaired.value - row.repaired.value
+                met = "met" if drop <= b.get("max_drop", 1) + 1e-12 else "NOT met"
+                lines.append(f"  {row.format} {row.tag} accuracy drop {100 * drop:+.1f} points against <= "
+                             f"{100 * b.get('max_drop', 0):.0f}: {met}")
     return "\n".join(lines)
 
 

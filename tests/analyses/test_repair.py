@@ -239,3 +239,66 @@ def test_cli_repair_writes_a_repair_and_refuses_bad_heads(tmp_path):
     r = surgeon.load(out)
     assert r.repair.heads == ("L0H4", "L0H6") and r.efficacy("qa").repaired.n == 32
     assert str(r) == ok.stdout.split("\n\nwrote")[0].rstrip("\n")
+
+
+# ------------------------------------------------------------------ ground truth from the threshold organism's construction
+
+
+def _threshold_predictions(case, r, heads, mode, a):
+    """Items right (failing format, good format) by the organism's construction, not by running it: each even head h
+    writes UNIT * WEIGHTS[h] * GAIN[l] on letter l's logit per unit of its output's letter-l coordinate; in 'plain' its
+    output is e_x, in 'qa' W_BAD * e_y (the rest reads BOS, which carries nothing); odd heads write where the
+    unembedding does not read. A mean repair puts (f_l) in place of the output, f_l the share of discovery items whose
+    x is l; a steer adds a * (f_l - W_BAD * f'_l), f'_l the share whose y is l. Returns the counts right."""
+    from surgeon.organisms import threshold as T
+
+    disc = [case.items[i] for i in r.split.discovery]
+    ev = [case.items[i] for i in r.split.evaluation]
+    L = T.LETTERS
+    f = {l: sum(it.values["x"] == l for it in disc) / len(disc) for l in L}
+    f2 = {l: sum(it.values["y"] == l for it in disc) / len(disc) for l in L}
+    g = {l: T.GAIN[i] for i, l in enumerate(L)}
+    W, u = T.W_BAD, T.UNIT
+    VS = sum(T.WEIGHTS[h] for h in heads if h in T.WEIGHTS)
+    right = {"qa": 0, "plain": 0}
+    for it in ev:
+        x, y = it.values["x"], it.values["y"]
+        for fmt in right:
+            own = {x: 1.0} if fmt == "plain" else {y: W}  # the unrepaired output's letter coordinates
+            score = 0.0
+            for h, v in T.WEIGHTS.items():
+                out = dict(own)
+                if h in heads:
+                    if mode == "mean":
+                        out = dict(f)
+                    else:
+                        out = {l: own.get(l, 0.0) + a * (f[l] - W * f2[l]) for l in L}
+                score += u * v * (out.get(x, 0.0) * g[x] - out.get(y, 0.0) * g[y])
+            right[fmt] += score > 0
+    return right, len(ev)
+
+
+@pytest.mark.parametrize("which,mode,a", [("even", "mean", 1.0), ("heaviest", "mean", 1.0), ("even", "steer", 1.0),
+                                          ("even", "steer", 100.0), ("odd", "mean", 1.0)])
+def test_threshold_organism_repairs_as_its_construction_says(threshold_model, which, mode, a):
+    """A constant cannot carry which letter is x: the paired patch of the even heads repairs every item, but their
+    mean repairs only the items where f_x g_x > f_y g_y, a steer of strength 1 none, and odd heads nothing; the
+    counts equal the closed form's, derived from the weights' construction above."""
+    from surgeon.organisms import threshold as T
+
+    heads = {"even": T.EVEN, "odd": T.ODD,
+             "heaviest": sorted(T.WEIGHTS, key=T.WEIGHTS.get)[-T.K_MIN:]}[which]
+    case = surgeon.api.read("threshold_organism")
+    with torch.no_grad():
+        r = surgeon.repair(case, threshold_model, heads=",".join(f"L0H{h}" for h in heads), mode=mode, strength=a,
+                           holdout=0.5, seed=2)
+    want, n = _threshold_predictions(case, r, set(heads), mode, a)
+    got = {row.format: round(row.repaired.value * row.repaired.n) for row in r.held_out if row.measure != "paired"}
+    assert got == want, (got, want)
+    paired = next(row for row in r.held_out if row.measure == "paired")
+    assert paired.repaired.n == n
+    if which in ("even", "heaviest"):  # every even-weight sum >= 69 repairs every item when patched paired
+        assert paired.repaired.value == 1.0
+        assert want["qa"] < n  # ... and no constant does
+    if which == "odd":
+        assert want["qa"] == 0 and paired.repaired.value == 0.0
