@@ -2,6 +2,11 @@
 from __future__ import annotations
 
 
+# how an error names where it happened: functions from `where` to what is printed, registered by the layers that
+# know better (surgeon.spec.shipped: a shipped case by its name, not by its path inside the install)
+SHOWN_WHERE: list = []
+
+
 class SurgeonError(Exception):
     """Base class: a problem with the user's input or environment, reported without a traceback."""
 
@@ -11,11 +16,14 @@ class SurgeonError(Exception):
         super().__init__(str(self))
 
     def __str__(self) -> str:
+        where = self.where
+        for show in SHOWN_WHERE:  # e.g. a shipped case by its name, not its path inside the install
+            where = show(where) if where else where
         loc = ""
-        if self.where and self.field:
-            loc = f"{self.where}: field '{self.field}': "
-        elif self.where:
-            loc = f"{self.where}: "
+        if where and self.field:
+            loc = f"{where}: field '{self.field}': "
+        elif where:
+            loc = f"{where}: "
         elif self.field:
             loc = f"field '{self.field}': "
         out = loc + self.message

@@ -6,9 +6,19 @@ from pathlib import Path
 from types import SimpleNamespace
 
 from surgeon.errors import CaseError, ModelError
-from surgeon.models.loading import ModelShape, check_causal, check_finite, load_tokenizer, resolve, shape, tl_config
+from surgeon.models.loading import (
+    ModelShape,
+    check_causal,
+    check_finite,
+    load_tokenizer,
+    not_found,
+    resolve,
+    shape,
+    tl_config,
+)
 from surgeon.sites.nodes import COMPONENTS
 from surgeon.spec.case import Case, Chat, origin, read_case
+from surgeon.spec.shipped import CASES_DIR
 
 
 def load_case(path: str | Path, check_model: bool = True, model: str | None = None) -> Case:
@@ -48,6 +58,9 @@ def check_case_against_model(case, model=None) -> None:
                 check_causal(SimpleNamespace(cfg=SimpleNamespace(**tl_config(ref.path))), str(ref.path))
             tok = load_tokenizer(ref)
         except ModelError as e:
+            if ("neither an organism" in e.message and case.source and Path(case.source).is_file()
+                    and Path(case.source).resolve().parent != CASES_DIR.resolve()):
+                e = not_found(case.model, Path(case.source).resolve().parent)  # also the case file's own folder
             raise CaseError(e.message, where=where, field="model", fix=e.fix) from None
         organism = ref.kind == "organism"
     for L in case.layers or ():

@@ -14,11 +14,12 @@ Nothing here touches the network: hub lookups are `local_files_only`.
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from surgeon.errors import ModelError
+from surgeon.errors import ModelError, did_you_mean
 
 Kind = Literal["organism", "local", "tl", "hub"]
 
@@ -93,11 +94,34 @@ def resolve(spec: str) -> ModelRef:
                 raise
             local = snapshot_download(official, local_files_only=True)
     except Exception:
-        raise ModelError(f"{spec!r} is neither an organism, a local directory, nor in the local Hugging Face cache",
-                         field="model",
-                         fix=f"on a machine with network run `hf download {spec}` (it fills the cache), or set model to a "
-                             "local checkpoint directory, or to organism:decimal to try surgeon offline") from None
+        raise not_found(spec) from None
     return ModelRef(spec, "hub", spec, Path(local))
+
+
+def not_found(spec: str, near: Path | None = None) -> ModelError:
+    """The error for a model found nowhere: where it was looked for (a folder of that name in the current directory,
+    and `near`'s, e.g. the case file's; the Hugging Face cache), a folder there with a similar name, and `hf
+    download` only for a name the Hub could hold (organisation/name)."""
+    from huggingface_hub.constants import HF_HUB_CACHE
+
+    places = [Path.cwd()] + ([near] if near is not None and near.resolve() != Path.cwd().resolve() else [])
+    looked = [f"{p / spec}" for p in places] + [f"the Hugging Face cache ({HF_HUB_CACHE})"]
+    hint, fix = "", "set model to a local checkpoint directory, or to organism:decimal to try surgeon offline"
+    for p in places:
+        try:
+            dirs = [d.name for d in p.iterdir() if d.is_dir() and not d.name.startswith(".")]
+        except OSError:
+            continue
+        close = did_you_mean(Path(spec).name, dirs)
+        if close:
+            name = close.split("'")[1]
+            hint = f" (did you mean the folder {str(p / name)!r}?)"
+            fix = f"set model to {name!r} if that folder is the checkpoint; or " + fix
+            break
+    if re.fullmatch(r"[\w.-]+/[\w.-]+", spec):
+        fix = f"on a machine with network run `hf download {spec}` (it fills the cache); or " + fix
+    return ModelError(f"{spec!r} is neither an organism, a local directory, nor in the local Hugging Face cache "
+                      f"(looked for {', '.join(looked)}){hint}", field="model", fix=fix)
 
 
 # fields only a TransformerLens config has (a Hugging Face config names them num_hidden_layers, hidden_size, ...)

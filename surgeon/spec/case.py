@@ -194,12 +194,13 @@ def read_case(path: str | Path, model: str | None = None) -> Case:
         tb = traceback.extract_tb(e.__traceback__)
         line = next((f.lineno for f in reversed(tb) if f.filename == str(path)), None)
         at = f" (line {line})" if line else ""
-        hint = ""
+        hint, fix = "", "make the file run on its own: python " + where
         m = re.search(r"(\w+)\.__init__\(\) got an unexpected keyword argument '(\w+)'", str(e))
         if isinstance(e, TypeError) and m and m.group(1) in _FIELDS:
             hint = did_you_mean(m.group(2), _FIELDS[m.group(1)]())
-        raise CaseError(f"running the file raised {type(e).__name__}: {e}{at}{hint}", where=where,
-                        fix="make the file run on its own: python " + where) from None
+            if hint:  # the did-you-mean is the fix
+                fix = f"rename {m.group(2)}= to {hint.split(chr(39))[1]}={at.replace(' (', ' (at ')}"
+        raise CaseError(f"running the file raised {type(e).__name__}: {e}{at}{hint}", where=where, fix=fix) from None
     case = ns.get("case")
     if case is None:
         raise CaseError("the file defines no `case`", where=where, field="case",
