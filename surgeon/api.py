@@ -467,9 +467,8 @@ class _StepFolders:
             if (not isinstance(m, dict) or m.get("options") != to_jsonable(options) or m.get("key") != self.key
                     or m.get("type") not in RESULT_TYPES):
                 return None
-            data = json.loads((self.out / step / "results.json").read_text())["result"]
-            return from_jsonable(RESULT_TYPES[m["type"]], data)
-        except (OSError, ValueError, KeyError, TypeError):  # unreadable: the step runs again and its folder is rewritten
+            return _step_result(m["type"], self.out / step)
+        except (OSError, ValueError, KeyError, TypeError, SurgeonError):  # unreadable: the step runs again, rewritten
             return None
 
     def put(self, step: str, result, options: dict) -> None:
@@ -496,7 +495,16 @@ def report_key(case: Case, model, source: SAESource | None) -> dict:
 RESULT_TYPES = {cls.__name__: cls for cls in (Diagnosis, LogitAttributionResult, PatchResult, PositionPatchResult,
                                                 ThresholdResult, HeldOutThreshold, HeldOutCircuit, BlendResult, CircuitResult, AttentionResult,
                                                 OverlapResult, AmplifiedResult, HeadFeatureResult, FeatureRepairResult,
-                                                FeatureCircuitResult)}
+                                                FeatureCircuitResult, RepairResult)}
+
+
+def _step_result(type_name: str, folder: Path):
+    """A saved result of type `type_name` read back from `folder` (a repair's tensors from its safetensors)."""
+    data = json.loads((folder / "results.json").read_text())["result"]
+    if type_name == "RepairResult":
+        data.pop("repair", None)
+        return replace(from_jsonable(RepairResult, {**data, "repair": None}), repair=read_repair(folder))
+    return from_jsonable(RESULT_TYPES[type_name], data)
 
 
 LOADABLE = {cls.__name__: cls for cls in (*RESULT_TYPES.values(), AttributionResult, Encoding)}
@@ -538,19 +546,16 @@ def load(path):
     if isinstance(m.get("report"), dict):
         return _load_report(path, m["report"], bad)
     if m.get("command") == "repair":  # a repair (repair.save) or a measured one (surgeon repair --out)
-        rep = read_repair(path)
         if not (path / "results.json").is_file():
-            return rep
+            return read_repair(path)
         try:
-            saved = json.loads((path / "results.json").read_text())["result"]
-            saved.pop("repair", None)
-            return replace(from_jsonable(RepairResult, {**saved, "repair": None}), repair=rep)
+            return _step_result("RepairResult", path)
         except (OSError, ValueError, KeyError, TypeError) as e:
             raise AnalysisError(f"{path / 'results.json'} does not hold a repair's measures ({type(e).__name__})",
                                 **bad) from None
     if isinstance(m, dict) and m.get("command") == "report":  # written before the manifest said more
         steps = [p.name for p in sorted(path.iterdir()) if (p / "step.json").is_file()]
-        order = [*STEPS[:-1], "sae_overlap", "sae_amplified", "sae_heads", "sae_repair", "sae_feature_circuit"]
+        order = [*STEPS[:-1], "sae_overlap", "sae_amplified", "sae_heads", "sae_repair", "sae_feature_circuit", "repair"]
         steps.sort(key=lambda s: order.index(s) if s in order else len(order))
         case = (m.get("case") or {}).get("name", "?") if isinstance(m.get("case"), dict) else "?"
         return _load_report(path, {"case": case, "model": (m.get("model") or {}).get("spec", "?")
@@ -581,8 +586,7 @@ def _load_report(path: Path, meta: dict, bad: dict):
                                 "it", **bad)
         try:
             info = json.loads((path / step / "step.json").read_text())
-            rep.steps[step] = from_jsonable(RESULT_TYPES[info["type"]],
-                                            json.loads((path / step / "results.json").read_text())["result"])
+            rep.steps[step] = _step_result(info["type"], path / step)
             rep.options[step] = info.get("options") or {}
         except (OSError, ValueError, KeyError, TypeError) as e:
             raise AnalysisError(f"the report's step {step!r} cannot be read back ({type(e).__name__})",

@@ -28,6 +28,7 @@ from surgeon.analyses.feature_circuit import feature_circuit
 from surgeon.analyses.logit_attribution import logit_attribution
 from surgeon.analyses.patching import patch_heads
 from surgeon.analyses.positions import patch_positions
+from surgeon.analyses.repair import search_repair
 from surgeon.analyses.sae_features import amplified, overlap
 from surgeon.analyses.sae_heads import head_feature_effects
 from surgeon.analyses.sae_repair import feature_repair
@@ -39,6 +40,8 @@ from surgeon.show import Shows
 from surgeon.spec.case import Case
 
 STEPS = ("diagnose", "dla", "patch", "positions", "threshold", "blend", "circuit", "attention", "sae")
+# steps a report runs only when asked (--steps ...,repair): the repair search adds a minute on the decimal organism
+OPTIONAL_STEPS = ("repair",)
 ATTENTION_HEADS = 4  # the circuit's heads whose patterns the report shows
 
 
@@ -85,9 +88,10 @@ def run_report(case: Case, model, *, steps=STEPS, layer: int | None = None, budg
     comparisons default to every item). The subset search: `heads` its candidates (default: every head of the
     layer), `groups` the built-in groups searched within (default: even, odd and a random half, with 4 heads or
     more), `item_rate` the fraction of items a repairing subset gets right, `seed` its sampling."""
-    unknown = [s for s in steps if s not in STEPS]
+    unknown = [s for s in steps if s not in STEPS + OPTIONAL_STEPS]
     if unknown:
-        raise AnalysisError(f"unknown report steps {unknown}", field="--steps", fix=f"choose from: {', '.join(STEPS)}")
+        raise AnalysisError(f"unknown report steps {unknown}", field="--steps",
+                            fix=f"choose from: {', '.join(STEPS + OPTIONAL_STEPS)}")
     store = store or _Memory()
     rep = Report(case.name, case.model or "(given in memory)", facts=_facts(case, model))
 
@@ -155,6 +159,11 @@ def run_report(case: Case, model, *, steps=STEPS, layer: int | None = None, budg
             rep.skipped["attention"] = "the circuit holds no attention head"
     if "sae" in steps:
         _sae_steps(rep, step, case, model, L, sae_source, batch_size, bad, tag)
+    if "repair" in steps:  # a repair that needs the failing prompt alone, chosen on discovery items, measured held out
+        opts = {"mode": "mean", "holdout": 0.5, "seed": seed, "max_kl": 0.1, "max_drop": 0.05, "max_heads": 8, **sel}
+        step("repair", opts, lambda: search_repair(case, model, mode="mean", holdout=0.5, seed=seed, max_kl=0.1,
+                                                   max_drop=0.05, max_heads=8, bad=bad, tag=tag,
+                                                   batch_size=batch_size, progress=progress))
     if bar is not None:
         bar.close()
     return rep

@@ -30,6 +30,7 @@ from surgeon.spec.shipped import CASES_DIR
 from surgeon.version import __version__
 
 REPORT_STEPS = ("diagnose", "dla", "patch", "positions", "threshold", "blend", "circuit", "attention", "sae")  # = analyses.pipeline.STEPS (a test checks)
+REPORT_OPTIONAL = ("repair",)  # = analyses.pipeline.OPTIONAL_STEPS: run only when --steps names them
 from surgeon.circuits.methods import SEMANTICS
 from surgeon.sites.ablations import ABLATIONS
 
@@ -253,7 +254,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_common(p, out_help="where the page (report.html), each step's results and the figures go (default: "
                            "out/report-CASE under the current directory)")
     p.add_argument("--steps", default=",".join(REPORT_STEPS),
-                   help=f"steps to run, in order (default: all: {','.join(REPORT_STEPS)})")
+                   help=f"steps to run, in order (default: {','.join(REPORT_STEPS)}; also: {','.join(REPORT_OPTIONAL)}, a "
+                        "repair that needs the failing prompt alone, chosen and measured on held-out items)")
     p.add_argument("--layer", type=cli_types.layer,
                    help="the layer of the subset search and the blend (default: where patching single heads repairs most)")
     p.add_argument("--budget", type=cli_types.positive, default=200,
@@ -637,10 +639,10 @@ def cmd_circuit(args) -> int:
 
 def cmd_report(args) -> int:
     steps = [x.strip() for x in args.steps.split(",") if x.strip()]
-    unknown = [x for x in steps if x not in REPORT_STEPS]
+    unknown = [x for x in steps if x not in REPORT_STEPS + REPORT_OPTIONAL]
     if unknown or not steps:
         raise SurgeonError(f"unknown report steps {unknown}" if unknown else "no report step given", field="--steps",
-                           fix=f"choose from: {','.join(REPORT_STEPS)}")
+                           fix=f"choose from: {','.join(REPORT_STEPS + REPORT_OPTIONAL)}")
     out = args.out or Path("out") / f"report-{Path(args.case).stem}"
     case, model, device = load_case_and_model(args, out=out)
     import surgeon.api as api

@@ -47,6 +47,36 @@ REFERENCES: dict[str, tuple[str, str]] = {
   year = {2023},
   note = {arXiv:2304.05969}
 }"""),
+    "li2023iti": ("Li et al., 2023", """@inproceedings{li2023iti,
+  title = {Inference-Time Intervention: Eliciting Truthful Answers from a Language Model},
+  author = {Li, Kenneth and Patel, Oam and Vi{\\'e}gas, Fernanda and Pfister, Hanspeter and Wattenberg, Martin},
+  booktitle = {Advances in Neural Information Processing Systems (NeurIPS)},
+  year = {2023}
+}"""),
+    "rimsky2024caa": ("Rimsky et al., 2024", """@inproceedings{rimsky2024caa,
+  title = {Steering {Llama 2} via Contrastive Activation Addition},
+  author = {Rimsky, Nina and Gabrieli, Nick and Schulz, Julian and Tong, Meg and Hubinger, Evan and Turner, Alexander},
+  booktitle = {Proceedings of the 62nd Annual Meeting of the Association for Computational Linguistics (ACL)},
+  year = {2024}
+}"""),
+    "meng2022rome": ("Meng et al., 2022", """@inproceedings{meng2022rome,
+  title = {Locating and Editing Factual Associations in {GPT}},
+  author = {Meng, Kevin and Bau, David and Andonian, Alex and Belinkov, Yonatan},
+  booktitle = {Advances in Neural Information Processing Systems (NeurIPS)},
+  year = {2022}
+}"""),
+    "meng2023memit": ("Meng et al., 2023", """@inproceedings{meng2023memit,
+  title = {Mass-Editing Memory in a Transformer},
+  author = {Meng, Kevin and Sharma, Arnab Sen and Andonian, Alex and Belinkov, Yonatan and Bau, David},
+  booktitle = {International Conference on Learning Representations (ICLR)},
+  year = {2023}
+}"""),
+    "wang2024easyedit": ("Wang et al., 2024", """@inproceedings{wang2024easyedit,
+  title = {{EasyEdit}: An Easy-to-use Knowledge Editing Framework for Large Language Models},
+  author = {Wang, Peng and Zhang, Ningyu and Tian, Bozhong and Xi, Zekun and Yao, Yunzhi and others},
+  booktitle = {Proceedings of the 62nd Annual Meeting of the Association for Computational Linguistics: System Demonstrations},
+  year = {2024}
+}"""),
     "sandoval2025even": ("Sandoval, 2025", """@misc{sandoval2025even,
   title = {Even Heads Fix Odd Errors},
   author = {Sandoval, Gustavo},

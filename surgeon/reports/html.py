@@ -26,7 +26,7 @@ TITLES = {"diagnose": "Is the failure there?", "dla": "Direct logit attribution"
           "blend": "Blending the layer's heads", "circuit": "The circuit", "sae_overlap": "SAE features: overlap",
           "sae_amplified": "SAE features: amplified in the failing format",
           "sae_heads": "Heads against SAE features", "sae_repair": "Feature-level repair",
-          "sae_feature_circuit": "Feature circuit"}
+          "sae_feature_circuit": "Feature circuit", "repair": "A repair that needs the failing prompt alone"}
 
 
 def methods_paragraph(rep, how: str = "text") -> str:
@@ -125,6 +125,24 @@ def methods_paragraph(rep, how: str = "text") -> str:
                                        f"patching {cite('marks2024sparse')})"}
         parts.append(f"Sparse autoencoder features, read with SAELens {cite('bloom2024saelens')}, gave "
                      + "; ".join(what[k] for k in sae) + ".")
+    if "repair" in o and st.get("repair") is not None:
+        r = st["repair"]
+        rp, b = r.repair, r.bounds
+        split = r.split
+        held = f"{split.describe()}" if split is not None else f"{r.n_evaluation} other items"
+        parts.append("A repair that needs the failing prompt alone was built as mean patching: each chosen head's "
+                     "output (before W_O) is replaced by the good format's mean output over the discovery items at "
+                     "each position counted from the last prompt token (steering a chosen set of heads at inference, "
+                     f"as inference-time intervention and contrastive activation addition do {cite('li2023iti', 'rimsky2024caa')}). "
+                     f"Its heads were chosen on the discovery items by greedy forward selection over "
+                     f"{len(b.get('pool', []))} heads, maximising the failing formats' repair rate under side-effect "
+                     f"bounds (the good format's mean KL from the unrepaired model at most {b.get('max_kl')} nats, every "
+                     f"other tag's accuracy at most {b.get('max_drop')} below unrepaired), and the smallest set reaching "
+                     f"the best rate kept ({len(rp.heads)} heads: {', '.join(rp.heads)}). The split: {held}. It was "
+                     "measured on the held-out items as model editing evaluates an edit (efficacy, generalization, "
+                     f"specificity {cite('meng2022rome', 'meng2023memit', 'wang2024easyedit')}), with the KL divergence "
+                     "of the next-token distribution from the unrepaired model as the side effect, beside the same "
+                     "heads patched from each item's good-format twin.")
     v = f["versions"]
     parts.append("Software: " + ", ".join(f"{k} {x}" for k, x in v.items()) + ".")
     text = " ".join(parts).replace(" .", ".").replace("  ", " ")

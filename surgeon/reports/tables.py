@@ -215,10 +215,25 @@ def feature_circuit_table(r) -> Table:
                  ["node", "attribution", "exact [95% CI]", "in circuit"], rows, "lrrl")
 
 
+def repair_table(r) -> Table:
+    e = lambda x: _pct(x.value, x.lo, x.hi)  # noqa: E731
+    rows = [[row.measure, row.format, row.tag, e(row.repaired), e(row.unrepaired), str(row.repaired.n)]
+            for row in r.held_out]
+    rows += [["KL from unrepaired", s.where, "all", f"{s.kl.value:.4f} [{s.kl.lo:.4f}, {s.kl.hi:.4f}]"
+              if math.isfinite(s.kl.lo) else f"{s.kl.value:.4f}", "0", str(s.kl.n)] for s in r.shifts]
+    rep = r.repair
+    return Table("repair", f"A repair needing the failing prompt alone: heads {'+'.join(rep.heads)} ({rep.mode}, "
+                 f"strength {rep.strength:g}), built on {rep.built_on.get('n_items', '?')} discovery items and measured "
+                 f"on {r.n_evaluation} held-out items: items right (Wilson 95% intervals) and the mean KL of the "
+                 "next-token distribution from the unrepaired model (nats, bootstrap 95% intervals); 'paired' is the "
+                 "same heads patched from each item's good-format twin, which a shipped repair does not have.",
+                 ["measure", "format", "tag", "repaired", "unrepaired", "n"], rows, "lllrrr")
+
+
 TABLES = {"diagnose": diagnose_table, "dla": dla_table, "patch": patch_table, "positions": positions_table,
           "threshold": threshold_table, "blend": blend_table, "circuit": circuit_table, "sae_overlap": overlap_table,
           "sae_amplified": amplified_table, "sae_heads": head_feature_table, "sae_repair": feature_repair_table,
-          "sae_feature_circuit": feature_circuit_table}
+          "sae_feature_circuit": feature_circuit_table, "repair": repair_table}
 
 
 def step_tables(rep) -> dict[str, Table]:

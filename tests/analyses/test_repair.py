@@ -306,3 +306,32 @@ def test_threshold_organism_repairs_as_its_construction_says(threshold_model, wh
         assert want["qa"] < n  # ... and no constant does
     if which == "odd":
         assert want["qa"] == 0 and paired.repaired.value == 0.0
+
+
+def test_report_repair_step_page_paper_and_resume(tmp_path):
+    """`surgeon report --steps ...,repair`: the repair's held-out table on the page and in the paper, methods text
+    citing ITI, CAA and the model-editing evaluation; a rerun reuses it; surgeon.load reads it back with its tensors."""
+    import shutil
+
+    out = tmp_path / "rep"
+    with torch.no_grad():
+        rep = surgeon.report("decimal_organism", out=out, steps=["diagnose", "repair"])
+    r = rep.steps["repair"]
+    page = (out / "report.html").read_text()
+    assert "<section id='repair'>" in page and "paired" in page
+    methods = (out / "paper" / "methods.tex").read_text()
+    for key in ("li2023iti", "rimsky2024caa", "meng2022rome", "wang2024easyedit"):
+        assert key in methods and key in (out / "references.bib").read_text()
+    assert (out / "paper" / "repair.tex").is_file() and (out / "repair" / "repair.safetensors").is_file()
+    again = surgeon.report("decimal_organism", out=out, steps=["diagnose", "repair"])
+    assert "repair" in again.reused
+    back = surgeon.load(out).steps["repair"]
+    assert back.repair.heads == r.repair.heads
+    torch.testing.assert_close(back.repair.values["blocks.0.attn.hook_z"], r.repair.values["blocks.0.attn.hook_z"])
+    assert [x.repaired for x in back.held_out] == [x.repaired for x in r.held_out]
+    if shutil.which("pdflatex") and shutil.which("bibtex"):
+        paper = out / "paper"
+        for cmd in (["pdflatex", "-interaction=nonstopmode", "main.tex"], ["bibtex", "main"],
+                    ["pdflatex", "-interaction=nonstopmode", "main.tex"]):
+            subprocess.run(cmd, cwd=paper, capture_output=True, timeout=120)
+        assert (paper / "main.pdf").is_file()

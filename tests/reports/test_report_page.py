@@ -159,3 +159,10 @@ def test_the_command_line_knows_the_pipelines_steps():
 
     sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction)).choices["report"]
     assert sub.get_default("steps") == ",".join(STEPS)
+
+
+def test_the_command_line_knows_the_optional_steps():
+    from surgeon.analyses.pipeline import OPTIONAL_STEPS
+    from surgeon.cli.commands import REPORT_OPTIONAL
+
+    assert REPORT_OPTIONAL == OPTIONAL_STEPS
