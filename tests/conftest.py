@@ -104,6 +104,7 @@ def pytest_sessionfinish(session, exitstatus):
         return
     import sys
 
-    print("\nthe test suite changed the working tree (tests must write under tmp_path):\n  " + "\n  ".join(new),
-          file=sys.stderr)
+    print("\nthe working tree changed while the tests ran (a test must write under tmp_path; if another command wrote "
+          "these at the same time, e.g. mkdocs build into site/ or a surgeon run with --out, rerun the suite alone):\n  "
+          + "\n  ".join(new), file=sys.stderr)
     session.exitstatus = 1
