@@ -72,6 +72,15 @@ class Report(Shows):
     facts: dict = field(default_factory=dict)  # the model's shape, the items, versions: for the methods paragraph
 
 
+SAE_STEPS = ("sae_overlap", "sae_amplified", "sae_heads", "sae_repair", "sae_feature_circuit")  # what "sae" runs
+
+
+def bar_total(steps: Sequence[str], saes: bool) -> int:
+    """How many steps the progress bar counts: as the page's header lists them, the SAE step as its five parts (none
+    where there are no SAEs: it is skipped)."""
+    return len([s for s in steps if s != "sae"]) + (len(SAE_STEPS) if "sae" in steps and saes else 0)
+
+
 def repair_layer(patch) -> int:
     """The layer where patching single heads repairs most: the largest sum of positive repair fractions."""
     frac = np.nan_to_num(np.asarray(patch.fraction, dtype=float), nan=0.0)
@@ -99,7 +108,7 @@ def run_report(case: Case, model, *, steps=STEPS, layer: int | None = None, budg
     if progress:
         from tqdm.auto import tqdm
 
-        bar = tqdm(total=len(steps), desc="report", unit="step")
+        bar = tqdm(total=bar_total(steps, sae_source is not None or bool(case.saes)), desc="report", unit="step")
 
     def step(name, options, run):
         if bar is not None:
@@ -111,7 +120,7 @@ def run_report(case: Case, model, *, steps=STEPS, layer: int | None = None, budg
             got = run()
             store.put(name, got, options)
         rep.steps[name], rep.options[name] = got, options
-        if bar is not None and (name in steps or name == "sae_feature_circuit"):  # the SAE steps count as one
+        if bar is not None and (name in steps or name.startswith("sae_")):  # each SAE step counts, as listed
             bar.update(1)
         return got
 

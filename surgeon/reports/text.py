@@ -405,7 +405,8 @@ def circuit_text(r, top: int = 10) -> str:
         how += f", less {s['prefix'] - s['pruned']} edges on no complete path"
     lo, hi = r.circuit_faithfulness_ci
     lines.append(f"circuit ({how}): {len(r.circuit)} edges, "
-                 f"{sym} = {r.circuit_faithfulness:.3f} [{lo:.3f}, {hi:.3f}] (95% CI over items)")
+                 f"{sym} = {r.circuit_faithfulness:.3f} [{lo:.3f}, {hi:.3f}] (95% CI over items)"
+                 + past_one(r.circuit_faithfulness, hi))
     if s.get("search"):
         lines.append(f"  search: {s['describe']}")
     nodes = sorted({x.split("<")[0] for n in r.names(r.circuit) for x in n.split("->")} - {"input", "logits"})
@@ -427,6 +428,16 @@ def circuit_text(r, top: int = 10) -> str:
     return "\n".join(lines)
 
 
+def past_one(value: float, hi: float) -> str:
+    """A note where a faithfulness or its interval passes 1: not clipped, because it is a ratio of mean scores that can
+    pass 1 (the circuit scores above the full model: some edges outside it work against the behaviour)."""
+    if not (math.isfinite(hi) and hi > 1):
+        return ""
+    what = "it passes 1" if value > 1 else "its interval passes 1"
+    return (f" ({what}: faithfulness is (m(C) - m(empty)) / (m(full) - m(empty)), which exceeds 1 where the circuit "
+            "scores above the full model, i.e. edges left out work against the behaviour; not clipped)")
+
+
 def circuit_eval_text(r: dict, path) -> str:
     lo, hi = r["faithfulness_ci"] or (float("nan"), float("nan"))
     sem = r.get("semantics", "kept")
@@ -436,7 +447,7 @@ def circuit_eval_text(r: dict, path) -> str:
              f"m(empty) = {r['empty']:+.3f}, m(circuit) = {r['circuit']:+.3f}, m(full) = {r['full']:+.3f}",
              (f"faithfulness = {r['faithfulness']:.3f}" if sem == "kept" else
               f"share removed by knocking the circuit out = {r['faithfulness']:.3f}") +
-             f" [{lo:.3f}, {hi:.3f}] (95% CI over items)"]
+             f" [{lo:.3f}, {hi:.3f}] (95% CI over items)" + past_one(r["faithfulness"], hi)]
     lines = [x for x in lines if x]
     if r["n_edges"] == 0:
         lines.append(f"warning: {path} marks no edge as in the circuit: this is the empty circuit "

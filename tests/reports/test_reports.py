@@ -123,3 +123,25 @@ def test_numbers_that_round_to_zero_print_as_zero(decimal_model, decimal_case):
     assert ((p.fraction < 0) & (p.fraction > -0.005)).any()  # tiny negative effects, which used to print -0.00
     grid = report.patch_text(p).split("unit (columns):")[1].split("top ")[0]
     assert "-0.00" not in grid and " 0.00" in grid
+
+
+def test_a_faithfulness_past_one_says_why_it_is_not_clipped():
+    """Issue 53, item 5: an interval above 1 printed with its reason (a ratio of mean scores: edges left out can work
+    against the behaviour), nothing added below 1."""
+    from surgeon.reports.text import circuit_eval_text
+
+    base = dict(case="c", n_edges=3, of_edges=10, source="plain", base="qa", n_items=8, empty=-1.0, full=1.0,
+                semantics="kept")
+    inside = circuit_eval_text({**base, "circuit": 0.8, "faithfulness": 0.9, "faithfulness_ci": (0.85, 0.95)}, "f")
+    assert "not clipped" not in inside
+    past = circuit_eval_text({**base, "circuit": 0.98, "faithfulness": 0.99, "faithfulness_ci": (0.9, 1.04)}, "f")
+    assert "interval passes 1" in past and "edges left out work against the behaviour" in past
+
+
+def test_the_report_bar_counts_the_steps_the_header_lists():
+    """Issue 53, item 5: the SAE step runs (and the page lists) five parts; the bar counts them, not one."""
+    from surgeon.analyses.pipeline import SAE_STEPS, STEPS, bar_total
+
+    assert bar_total(STEPS, saes=True) == len(STEPS) - 1 + len(SAE_STEPS) == 13
+    assert bar_total(STEPS, saes=False) == len(STEPS) - 1
+    assert bar_total(["diagnose", "repair"], saes=True) == 2
