@@ -39,4 +39,6 @@ case = Case(
     components=["z"],
     saes={"dir": str(sae_dir("decimal") / "blocks.{layer}.hook_mlp_out")},  # shipped, see surgeon sae train
     description="Planted format-dependent decimal comparison failure (ground truth known).",
+    # fresh items from the same test split (--eval-items N): half traps, half controls
+    draw=lambda n, seed: organism.held_out_items(n // 2, n - n // 2, seed=seed, split="test"),
 )

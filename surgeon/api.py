@@ -36,7 +36,7 @@ from surgeon.analyses.circuit import (
 from surgeon.analyses.diagnose import Diagnosis, failure_check
 from surgeon.analyses.encode import Encoding
 from surgeon.analyses.generation import check_generation
-from surgeon.analyses.heldout import HeldOutCircuit, HeldOutThreshold, circuit_heldout, threshold_heldout
+from surgeon.analyses.heldout import HeldOutCircuit, HeldOutThreshold, circuit_heldout, eval_items_of, threshold_heldout
 from surgeon.analyses.heldout import evaluate_subsets as evaluate_named
 from surgeon.analyses.repair import RepairResult, check_heads, check_repairable, repair_case, search_repair
 from surgeon.analyses.feature_circuit import FeatureCircuitResult
@@ -202,25 +202,30 @@ def threshold(case, model=None, *, layer: int | None = None, heads: str | None =
               grid_budget: int = 200, item_rate: float = 1.0, x: float = 0.5, component: str = "z",
               bad: str | None = None, tag: str | None = None, batch_size: int = 256, chunk: int = 256, seed: int = 0,
               out: str | Path | None = None, generate: int = 0, max_memory: int | str | None = None, metric=None,
-              holdout: float | None = None, device: str | None = None, dtype: str = "float32"):
+              holdout: float | None = None, eval_items=None, device: str | None = None, dtype: str = "float32"):
     """Search head subsets that repair: the fraction repairing per size k, the threshold k*, minimal subsets
     (`surgeon threshold`). With `out`, finished chunks are kept there and a rerun resumes. The batch size is
     lowered to fit `max_memory` (default: the device's free memory).
 
     `holdout` (e.g. 0.5): the search runs on a seeded, tag-stratified share of the items (discovery) and each
-    family's best subset per size is evaluated on the rest (held-out, the headline): a `HeldOutThreshold`."""
+    family's best subset per size is evaluated on the rest (held-out, the headline): a `HeldOutThreshold`.
+    `eval_items` instead: the search on every item, the evaluation on these (a number: fresh items from the case's
+    `draw`; a case file's path; a list of Items)."""
+    if eval_items is not None:
+        eval_items_of(read(case, model), eval_items, seed)  # refused before the model loads
     case, model = case_and_model(case, model, device=device, dtype=dtype, metric=metric)
     if generate:  # refused before the search, not after it
         check_generation(case, model, pick_items(case, tag)[1], generate)
     _warn_if_no_failure(case, model, bad, tag, batch_size)
     batch_size = planned_batch_size(plan_threshold, case, model, layer or 0, chunk, chunk, batch_size=batch_size,
                                     max_memory=max_memory, bad=bad, tag=tag)
-    if holdout is not None:
+    if holdout is not None or eval_items is not None:
         if generate:
             raise AnalysisError("--generate judges the search's minimal subsets on the items it ran on; with a holdout "
                                 "it would judge them in-sample", field="--generate",
                                 fix="leave out --generate with --holdout (or evaluate named subsets with --eval)")
-        return threshold_heldout(case, model, holdout=holdout, seed=seed, tag=tag, bad=bad, component=component,
+        return threshold_heldout(case, model, holdout=holdout or 0.5, seed=seed, tag=tag, bad=bad, component=component,
+                                 eval_items=eval_items,
                                  batch_size=batch_size, out=out, layer=layer, heads=heads, groups=list(groups),
                                  grid=grid, budget=budget, grid_budget=grid_budget, item_rate=item_rate, x=x,
                                  chunk=chunk)
@@ -259,8 +264,8 @@ def repair(case, model=None, *, heads=None, mode: str = "mean", strength: float 
     case, model = case_and_model(case, model, device=device, dtype=dtype, metric=metric)
     if generate:
         check_generation(case, model, list(case.items), generate)
-    if eval_items is not None:
-        eval_items = read(replace(case, items=list(eval_items))).items  # checked like the case's own items
+    if eval_items is not None:  # a number of fresh items, a case file or Items: checked before loading
+        eval_items_of(read(case, model), eval_items, seed)
     if search:
         return search_repair(case, model, heads=heads, mode=mode, strengths=strengths, max_heads=max_heads,
                              max_kl=max_kl, max_drop=max_drop, bad=bad, tag=tag, holdout=holdout, seed=seed,
@@ -296,7 +301,7 @@ def blend(case, model=None, *, layer: int, heads=None, component: str = "z",
 def circuit(case, model=None, *, method: str | None = None, ig_steps: int = IG_STEPS, ablation: str = ABLATIONS[0],
             semantics: str = "kept", direction: str = "denoise", faithfulness: float = 0.9, edges: int | None = None, paths: int = 10,
             verify: int = 50, bad: str | None = None, tag: str | None = None, batch_size: int = 256,
-            max_memory: int | str | None = None, metric=None, holdout: float | None = None, seed: int = 0,
+            max_memory: int | str | None = None, metric=None, holdout: float | None = None, eval_items=None, seed: int = 0,
             device: str | None = None, dtype: str = "float32"):
     """Path-level circuit discovery: score every edge, prune the smallest faithful circuit, rank complete paths
     by path patching (`surgeon circuit`); `r.export("c.mib.json", "c.svg", ...)` writes the graph. `semantics`:
@@ -305,16 +310,19 @@ def circuit(case, model=None, *, method: str | None = None, ig_steps: int = IG_S
 
     `holdout` (e.g. 0.5): the circuit is found on a seeded, tag-stratified discovery share of the items (`seed`) and
     its faithfulness measured on the rest (the result; MIB's protocol): a `HeldOutCircuit` (`.search` is the circuit,
-    `.search.export(...)` writes it)."""
+    `.search.export(...)` writes it). `eval_items` instead: found on every item, measured on these (a number: fresh
+    items from the case's `draw`; a case file's path; a list of Items)."""
     case = read(case, model)
+    if eval_items is not None:
+        eval_items_of(case, eval_items, seed)  # refused before the model loads
     method = method or default_method(case, ablation)
     check_options(method, ablation, ig_steps, None if edges else faithfulness, edges, semantics)
     case, model = case_and_model(case, model, device=device, dtype=dtype, metric=metric)
     _warn_if_no_failure(case, model, bad, tag, batch_size)
     batch_size = planned_batch_size(plan_circuit, case, model, method, ig_steps, verify, ablation, batch_size=batch_size,
                                     max_memory=max_memory, bad=bad, direction=direction, tag=tag)
-    if holdout is not None:
-        return circuit_heldout(case, model, holdout=holdout, seed=seed, tag=tag, bad=bad, batch_size=batch_size,
+    if holdout is not None or eval_items is not None:
+        return circuit_heldout(case, model, holdout=holdout or 0.5, eval_items=eval_items, seed=seed, tag=tag, bad=bad, batch_size=batch_size,
                                method=method, ablation=ablation, semantics=semantics, direction=direction,
                                target=None if edges else faithfulness, n_edges=edges, n_paths=paths,
                                ig_steps=ig_steps, verify=verify)

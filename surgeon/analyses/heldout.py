@@ -22,7 +22,7 @@ from surgeon.search.subsets import ThresholdResult, parse_units, per_subset, pla
 from surgeon.search.threshold import threshold_search
 from surgeon.show import Shows
 from surgeon.sites.nodes import Site
-from surgeon.spec.case import Case, Item
+from surgeon.spec.case import Case, Item, fresh_items, read_case, validate
 from surgeon.spec.select import pick_items
 from surgeon.stats import Estimate, wilson
 
@@ -39,8 +39,13 @@ class Split:
     holdout: float
     seed: int
     stratified_by: str = "tag"
+    # where the evaluation items came from when they are not a share of the case's (`eval_split`): None for a split
+    evaluated_on: str | None = None
 
     def describe(self) -> str:
+        if self.evaluated_on:
+            return (f"{len(self.discovery)} discovery items (the case's) and {len(self.evaluation)} evaluation items "
+                    f"({self.evaluated_on})")
         return (f"{len(self.discovery)} discovery and {len(self.evaluation)} evaluation items (holdout "
                 f"{self.holdout:g}, seed {self.seed}, stratified by {self.stratified_by}, each item's prompts in every "
                 "format on one side)")
@@ -70,6 +75,46 @@ def split_items(items: Sequence[Item], holdout: float, seed: int = 0) -> Split:
                             f"evaluation items; each side needs at least {MIN_PER_SPLIT}", field="--holdout",
                             fix="add items to the case, or evaluate on other items (surgeon threshold --eval)")
     return Split(tuple(sorted(disc)), tuple(sorted(ev)), holdout, seed)
+
+
+def eval_items_of(case: Case, spec, seed: int = 0) -> tuple[list[Item], str]:
+    """(items, where they came from) for `--eval-items SPEC`: a number N (N fresh items from the case's `draw`, seed
+    1 + `seed`, none equal to one of its items), the path of another case file (its items, checked against this
+    case's formats), or a list of Items."""
+    from pathlib import Path
+
+    if isinstance(spec, (list, tuple)):
+        items = list(spec)
+        validate(replace(case, items=items, draw=None))
+        return items, f"{len(items)} items given"
+    text = str(spec).strip()
+    if text.isdigit():
+        items = fresh_items(case, int(text), seed + 1)
+        return items, f"{len(items)} fresh items from the case's draw, seed {seed + 1}"
+    path = Path(text).expanduser()
+    if not path.is_file():
+        raise AnalysisError(f"--eval-items {text!r} is neither a number of fresh items nor a case file", field="--eval-items",
+                            fix="give a number (fresh items from the case's draw) or the path of a case file whose items "
+                                "fit this case's formats")
+    items = list(read_case(path).items)
+    validate(replace(case, items=items, draw=None), str(path))
+    return items, f"the {len(items)} items of {path.name}"
+
+
+def eval_split(case: Case, tag: str | None, holdout: float | None, seed: int, eval_items=None):
+    """(Split, discovery items, evaluation items) of the items with `tag`: a seeded split of them, or all of them for
+    discovery and `eval_items` (`eval_items_of`'s spec) for evaluation."""
+    tag, items = pick_items(case, tag)
+    if eval_items is None:
+        split = split_items(items, holdout if holdout is not None else 0.5, seed)
+        return split, [items[i] for i in split.discovery], [items[i] for i in split.evaluation]
+    ev, where = eval_items_of(case, eval_items, seed)
+    ev = [it for it in ev if tag is None or it.tag == tag]
+    if len(ev) < MIN_PER_SPLIT:
+        raise AnalysisError(f"{len(ev)} evaluation items{f' with tag {tag!r}' if tag else ''}; at least {MIN_PER_SPLIT} "
+                            "are needed", field="--eval-items", fix="ask for more items")
+    split = Split(tuple(range(len(items))), tuple(range(len(ev))), 0.0, seed, "", evaluated_on=where)
+    return split, list(items), ev
 
 
 @dataclass(frozen=True)
@@ -144,13 +189,11 @@ class HeldOutThreshold(Shows):
 
 def threshold_heldout(case: Case, model, *, holdout: float = 0.5, seed: int = 0, tag: str | None = None,
                       bad: str | None = None, component: str = "z", batch_size: int = 256, out=None,
-                      **search) -> HeldOutThreshold:
+                      eval_items=None, **search) -> HeldOutThreshold:
     """The subset search (`threshold_search`, with `search`'s options) on a seeded discovery split of the items, and
     each family's best subset per size evaluated on the held-out items."""
-    tag, items = pick_items(case, tag)
-    split = split_items(items, holdout, seed)
-    as_case = lambda idx: replace(case, items=[items[i] for i in idx], focus=None)  # noqa: E731
-    disc_case, eval_case = as_case(split.discovery), as_case(split.evaluation)
+    split, disc, ev = eval_split(case, tag, holdout, seed, eval_items)
+    disc_case, eval_case = replace(case, items=disc, focus=None), replace(case, items=ev, focus=None)
     with tempfile.TemporaryDirectory(prefix="surgeon-heldout-") as tmp:
         found = threshold_search(disc_case, model, bad=bad, tag=None, component=component, batch_size=batch_size,
                                  seed=seed, out=out or tmp, **search)
@@ -188,18 +231,17 @@ class HeldOutCircuit(Shows):
 
 
 def circuit_heldout(case: Case, model, *, holdout: float = 0.5, seed: int = 0, tag: str | None = None,
-                    bad: str | None = None, batch_size: int = 256, **found) -> HeldOutCircuit:
+                    bad: str | None = None, batch_size: int = 256, eval_items=None, **found) -> HeldOutCircuit:
     """`discover` (with `found`'s options) on a seeded discovery split of the items, and the circuit it prunes
     evaluated on the held-out items under the same ablation, semantics and direction."""
-    tag, items = pick_items(case, tag)
-    split = split_items(items, holdout, seed)
-    as_case = lambda idx: replace(case, items=[items[i] for i in idx], focus=None)  # noqa: E731
-    r = discover(as_case(split.discovery), model, bad=bad, tag=None, batch_size=batch_size, **found)
-    held = evaluate_circuit(as_case(split.evaluation), model, r.names(r.circuit), ablation=r.ablation,
+    split, disc, ev = eval_split(case, tag, holdout, seed, eval_items)
+    r = discover(replace(case, items=disc, focus=None), model, bad=bad, tag=None, batch_size=batch_size, **found)
+    held = evaluate_circuit(replace(case, items=ev, focus=None), model, r.names(r.circuit), ablation=r.ablation,
                             semantics=r.options.get("semantics"), direction=r.direction, bad=bad, tag=None,
                             batch_size=batch_size)
     return HeldOutCircuit(case.name, split, r, held, len(split.discovery), len(split.evaluation))
 
 
-__all__ = ["HeldOutCircuit", "HeldOutRow", "HeldOutThreshold", "Split", "SubsetRate", "evaluate_subsets", "split_items",
+__all__ = ["HeldOutCircuit", "HeldOutRow", "HeldOutThreshold", "Split", "SubsetRate", "eval_items_of", "eval_split",
+           "evaluate_subsets", "split_items",
            "threshold_heldout", "circuit_heldout"]

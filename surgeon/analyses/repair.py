@@ -30,7 +30,7 @@ import numpy as np
 
 from surgeon.analyses.common import case_metric, format_rows, prepend_bos
 from surgeon.analyses.generation import judge
-from surgeon.analyses.heldout import Split, evaluate_subsets, split_items
+from surgeon.analyses.heldout import Split, eval_split, evaluate_subsets, split_items
 from surgeon.engine.contrast import Contrast, greedy, reference_logprobs
 from surgeon.errors import AnalysisError
 from surgeon.repairs.artifact import MODES, Repair
@@ -377,15 +377,11 @@ def measure_repair(case: Case, model, repair: Repair, items: Sequence[Item], *, 
 # ----------------------------------------------------------------------------------------------- the entry points
 
 
-def _split(case: Case, holdout: float | None, seed: int, eval_items: Sequence[Item] | None):
-    items = list(case.items)
-    if eval_items is not None:
-        return None, items, list(eval_items)
-    if holdout is None:
+def _split(case: Case, holdout: float | None, seed: int, eval_items=None):
+    if eval_items is None and holdout is None:
         raise AnalysisError("a repair is measured on items it was not built on", field="--holdout",
                             fix="give --holdout FRAC (e.g. 0.5), or items to evaluate on (eval_items=)")
-    split = split_items(items, holdout, seed)
-    return split, [items[i] for i in split.discovery], [items[i] for i in split.evaluation]
+    return eval_split(case, "all", holdout, seed, eval_items)
 
 
 def _built_on(case: Case, split: Split | None, focus: str, n: int, pool: Pool) -> dict:
@@ -393,7 +389,8 @@ def _built_on(case: Case, split: Split | None, focus: str, n: int, pool: Pool) -
             "tag": focus, "n_items": n, "mode": pool.mode,
             "split": None if split is None else {"holdout": split.holdout, "seed": split.seed,
                                                  "discovery": len(split.discovery), "evaluation": len(split.evaluation),
-                                                 "stratified_by": split.stratified_by}}
+                                                 "stratified_by": split.stratified_by,
+                                                 "evaluated_on": split.evaluated_on}}
 
 
 def repair_case(case: Case, model, *, heads: str | Sequence[str] | None, mode: str = "mean", strength: float = 1.0,

@@ -145,6 +145,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--holdout", type=cli_types.fraction, metavar="FRAC",
                    help="search on a seeded, tag-stratified share of the items and evaluate each family's best subset "
                         "per size on the held-out FRAC of them (e.g. 0.5): held-out rates beside the in-sample ones")
+    p.add_argument("--eval-items", metavar="N|FILE",
+                   help="search on every item and evaluate each family's best subset per size on these: " + "evaluate on these items instead of a share of the case's: N (fresh items from the case's draw, none equal to its own) or the path of a case file whose items fit the formats")
     p.add_argument("--eval", action="append", metavar="SUBSET",
                    help="no search: evaluate this named subset (L0H4,L0H6) on the items, as the search patches; "
                         "repeat for several")
@@ -180,6 +182,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--holdout", type=cli_types.fraction, default=0.5, metavar="FRAC",
                    help="build on a seeded, tag-stratified share of the items and measure on the held-out FRAC "
                         "(default 0.5)")
+    p.add_argument("--eval-items", metavar="N|FILE",
+                   help="build on every item and measure on these: " + "evaluate on these items instead of a share of the case's: N (fresh items from the case's draw, none equal to its own) or the path of a case file whose items fit the formats")
     p.add_argument("--neutral", type=Path, metavar="FILE",
                    help="a text file, one neutral text per line: the repair's KL and cross-entropy change on them")
     p.add_argument("--generate", type=cli_types.nonnegative, default=0, metavar="N",
@@ -210,6 +214,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--holdout", type=cli_types.fraction, metavar="FRAC",
                    help="find the circuit on a seeded, tag-stratified share of the items and measure its faithfulness "
                         "on the held-out FRAC of them (e.g. 0.5; MIB's train/test protocol)")
+    p.add_argument("--eval-items", metavar="N|FILE",
+                   help="find the circuit on every item and measure it on these: " + "evaluate on these items instead of a share of the case's: N (fresh items from the case's draw, none equal to its own) or the path of a case file whose items fit the formats")
     from surgeon.circuits.methods import IG_STEPS, METHODS
 
     p.add_argument("--method", choices=list(METHODS),
@@ -414,15 +420,18 @@ def cmd_threshold(args) -> int:
                                fix="e.g. --ray-workers 2")
         ray = RayOptions(address=None if args.ray == "local" else args.ray, workers=args.ray_workers,
                          threads=args.threads or 1)
-    if args.eval or args.holdout is not None:
+    if args.eval_items is not None and args.holdout is not None:
+        raise SurgeonError("--eval-items and --holdout are two ways to choose the evaluation items", field="--eval-items",
+                           fix="give one: --holdout FRAC (a share of the case's items) or --eval-items N|FILE")
+    if args.eval or args.holdout is not None or args.eval_items is not None:
         clash = [o for o, on in (("--shard", args.shard), ("--resume", args.resume), ("--ray", args.ray),
                                  ("--generate", args.generate)) if on]
-        if args.eval and args.holdout is not None:
-            clash.insert(0, "--holdout")
+        if args.eval and (args.holdout is not None or args.eval_items is not None):
+            clash.insert(0, "--holdout" if args.holdout is not None else "--eval-items")
         if args.eval and args.out:
             clash.append("--out")
         if clash:
-            what = "--eval" if args.eval else "--holdout"
+            what = "--eval" if args.eval else ("--holdout" if args.holdout is not None else "--eval-items")
             raise SurgeonError(f"{what} does not combine with {clash[0]}", field=what,
                                fix=f"run {what} on its own (--eval prints the named subsets' rates; --holdout runs one "
                                    "search in one process)")
@@ -430,7 +439,7 @@ def cmd_threshold(args) -> int:
             if not all(re.fullmatch(r"\s*L\d+H\d+\s*", h) for h in name.split(",")):
                 raise SurgeonError(f"cannot read the subset {name!r}", field="--eval",
                                    fix="name heads with their layers: --eval L0H4,L0H6")
-    case, model, device = load_case_and_model(args, out=out)
+    case, model, device = load_case_and_model(args, out=out, check=lambda c: eval_items_check(args, c))
     if args.eval:
         from surgeon.analyses.heldout import evaluate_subsets
 
@@ -451,10 +460,11 @@ def cmd_threshold(args) -> int:
     from surgeon.search.threshold import Interrupted, threshold_search
 
     batch = planned_batch_size(args, planning.plan_threshold, case, model, args.layer or 0, args.chunk, args.chunk)
-    if args.holdout is not None:
+    if args.holdout is not None or args.eval_items is not None:
         from surgeon.analyses.heldout import threshold_heldout
 
-        r = threshold_heldout(case, model, holdout=args.holdout, seed=args.seed, tag=args.tag, bad=args.bad,
+        r = threshold_heldout(case, model, holdout=args.holdout or 0.5, eval_items=args.eval_items, seed=args.seed,
+                              tag=args.tag, bad=args.bad,
                               component=args.component, batch_size=batch, out=out, layer=args.layer, heads=args.heads,
                               groups=groups, groups_spec=spec, grid=grid, budget=args.budget,
                               grid_budget=args.grid_budget, item_rate=args.item_rate, x=args.x, chunk=args.chunk,
@@ -487,6 +497,14 @@ def cmd_threshold(args) -> int:
     return 0
 
 
+def eval_items_check(args, case) -> None:
+    """--eval-items read and checked against the case before the model loads (fresh items drawn, a case file read)."""
+    if getattr(args, "eval_items", None) is not None:
+        from surgeon.analyses.heldout import eval_items_of
+
+        eval_items_of(case, args.eval_items, args.seed)
+
+
 def cmd_repair(args) -> int:
     from surgeon.analyses.repair import check_heads, check_repairable
 
@@ -509,7 +527,8 @@ def cmd_repair(args) -> int:
         if not neutral:
             raise SurgeonError(f"{args.neutral} holds no text", field="--neutral", fix="one neutral text per line")
     case, model, device = load_case_and_model(
-        args, check=lambda c: check_repairable(c, args.mode, "z", holdout=args.holdout))
+        args, check=lambda c: (check_repairable(c, args.mode, "z", holdout=args.holdout, eval_items=args.eval_items),
+                               eval_items_check(args, c)))
     if args.generate:
         from surgeon.analyses.generation import check_generation
 
@@ -517,6 +536,7 @@ def cmd_repair(args) -> int:
     from surgeon.analyses.repair import repair_case, search_repair
 
     common = dict(mode=args.mode, bad=args.bad, tag=args.tag, holdout=args.holdout, seed=args.seed, neutral=neutral,
+                  eval_items=args.eval_items,
                   generate=args.generate, batch_size=args.batch_size)
     if args.search:
         r = search_repair(case, model, heads=args.heads, strengths=strengths, max_heads=args.max_heads,
@@ -611,7 +631,10 @@ def cmd_circuit(args) -> int:
 
     check_targets(args.export)  # refuse before loading anything
     _ig_steps(args, args.method is None or "ig" in args.method)
-    case, model, device = load_case_and_model(args)
+    if args.eval_items is not None and args.holdout is not None:
+        raise SurgeonError("--eval-items and --holdout are two ways to choose the evaluation items", field="--eval-items",
+                           fix="give one: --holdout FRAC (a share of the case's items) or --eval-items N|FILE")
+    case, model, device = load_case_and_model(args, check=lambda c: eval_items_check(args, c))
     warn_if_no_failure(args, case, model)
     from surgeon.analyses import planning
     from surgeon.analyses.circuit import default_method, discover
@@ -622,10 +645,11 @@ def cmd_circuit(args) -> int:
     options = dict(method=method, ablation=args.ablation, semantics=args.semantics, direction=args.direction,
                    target=None if args.edges else args.faithfulness, n_edges=args.edges, n_paths=args.paths,
                    ig_steps=args.ig_steps, verify=args.verify)
-    if args.holdout is not None:
+    if args.holdout is not None or args.eval_items is not None:
         from surgeon.analyses.heldout import circuit_heldout
 
-        held = circuit_heldout(case, model, holdout=args.holdout, seed=args.seed, tag=args.tag, bad=args.bad,
+        held = circuit_heldout(case, model, holdout=args.holdout or 0.5, eval_items=args.eval_items, seed=args.seed,
+                               tag=args.tag, bad=args.bad,
                                batch_size=batch, **options)
         code, r = print_report(args, held, case, device), held.search
     else:

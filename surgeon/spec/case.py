@@ -26,7 +26,7 @@ import re
 import string
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
-from typing import Any, Literal, Mapping, Sequence
+from typing import Any, Callable, Literal, Mapping, Sequence
 
 from surgeon.errors import CaseError, did_you_mean
 from surgeon.spec.metrics import METRICS
@@ -128,6 +128,9 @@ class Case:
     # how an item scored at several positions combines the metric at each (see Item): "mean" or "sum"
     combine: str = "mean"
     notes: Mapping[str, Any] = field(default_factory=dict)  # free-form: published results, sources
+    # fresh items on demand: draw(n, seed) -> n Items from the distribution `items` came from (the organisms' cases
+    # draw from their test splits); `--eval-items N` measures held-out numbers on N of them, none equal to an item
+    draw: Callable[[int, int], Sequence[Item]] | None = None
     source: str | None = None  # set by load_case: the file it came from
     digest: str | None = None  # set by load_case: sha256 of that file
     read_as: str | None = None  # set by load_case: the content digest as read (an edit in Python no longer matches)
@@ -331,6 +334,9 @@ def validate(case: Case, where: str | None = None) -> None:
                  "give one position per answer token")
         if not isinstance(it.tag, str):
             fail(fld + ".tag", f"is a {type(it.tag).__name__}", 'tags are strings, e.g. tag="trap" (or leave it out)')
+    if case.draw is not None and not callable(case.draw):
+        fail("draw", f"is a {type(case.draw).__name__}, not a function", "give draw=lambda n, seed: [Item(...), ...] "
+             "(n fresh items from the distribution of `items`), or leave it out")
     if case.reference is not None:
         if not isinstance(case.reference, Sequence) or isinstance(case.reference, str) or not case.reference:
             fail("reference", f"is {type(case.reference).__name__ if case.reference else 'empty'}, not a list of Items",
@@ -451,7 +457,9 @@ def _metric_identity(x: Any) -> Any:
     return {"type": "code", "name": getattr(fn, "__qualname__", "?"), "source": src, "held": held}
 
 
-NOT_CONTENT = ("source", "digest", "read_as")  # where a case was read from, not what it is
+# where a case was read from, not what it is; and `draw`, which changes no number computed on the case's items (items
+# drawn from it are recorded where they are used)
+NOT_CONTENT = ("source", "digest", "read_as", "draw")
 
 
 def content_digest(case: Case) -> str | None:
@@ -463,6 +471,48 @@ def content_digest(case: Case) -> str | None:
     if data["metric"] is None and case.metric is not None:
         return None
     return hashlib.sha256(json.dumps(data, sort_keys=True, default=repr).encode()).hexdigest()
+
+
+def fresh_items(case: Case, n: int, seed: int) -> list[Item]:
+    """`n` items from the case's `draw`, none equal (values and answers) to one of its items, checked as the case's
+    own items are. Refused where the case defines no `draw` or it cannot give `n` fresh ones."""
+    where = origin(case)
+    if case.draw is None:
+        raise CaseError("defines no draw(n, seed), so it has no fresh items to give", where=where, field="draw",
+                        fix="add draw=lambda n, seed: [...] to the case (n fresh items), or evaluate on another case "
+                            "file's items: --eval-items OTHER.py")
+    if not isinstance(n, int) or n < 1:
+        raise CaseError(f"{n!r} fresh items: give a positive number", where=where, field="--eval-items", fix="e.g. 128")
+    seen = {(tuple(sorted(it.values.items())), it.correct, it.incorrect) for it in case.items}
+
+    def drawn(k: int) -> list[Item]:
+        try:
+            got = list(case.draw(k, seed))
+        except Exception as e:  # the user's function raised
+            raise CaseError(f"draw({k}, {seed}) raised {type(e).__name__}: {e}", where=where, field="draw",
+                            fix="make draw(n, seed) return a list of n Items") from None
+        for it in got:
+            if not isinstance(it, Item):
+                raise CaseError(f"draw returned a {type(it).__name__}, not an Item", where=where, field="draw",
+                                fix="return surgeon.Item(values, correct, incorrect) objects")
+        return got
+
+    want: dict[str, int] = {}
+    for it in drawn(n):  # the tags in the proportions draw(n) gives them
+        want[it.tag] = want.get(it.tag, 0) + 1
+    out, keys = [], set(seen)
+    for it in drawn(n + len(seen)):  # more, so that items equal to the case's can be left out
+        key = (tuple(sorted(it.values.items())), it.correct, it.incorrect)
+        if key not in keys and want.get(it.tag, 0) > 0:
+            keys.add(key)
+            want[it.tag] -= 1
+            out.append(it)
+    if len(out) < n:
+        raise CaseError(f"draw gave {len(out)} items not already among the case's {len(case.items)} (asked for {n})",
+                        where=where, field="--eval-items", fix=f"ask for at most {len(out)}, or widen the generator")
+    out = out[:n]
+    validate(replace(case, items=out, draw=None), where)  # as the case's own items are checked
+    return out
 
 
 def origin(case: Case) -> str:

@@ -175,3 +175,51 @@ def test_the_command_line_finds_a_circuit_held_out(capsys, tmp_path):
                  "--export", str(tmp_path / "c.json")]) == 0
     out = capsys.readouterr().out
     assert "held-out (32 items, the result)" in out and (tmp_path / "c.json").is_file()
+
+
+def test_fresh_items_from_the_cases_draw_are_new_checked_and_in_proportion():
+    """Issue 51, item 1: the organisms' cases draw fresh items from their test splits; none equals one of the case's,
+    the tags keep the draw's proportions, the same seed gives the same items, and a case without a draw is refused."""
+    from surgeon.spec.case import fresh_items
+
+    case = _case()
+    have = {(tuple(sorted(it.values.items())), it.correct, it.incorrect) for it in case.items}
+    fresh = fresh_items(case, 64, 1)
+    assert len(fresh) == 64 and sum(it.tag == "trap" for it in fresh) == 32
+    assert not have & {(tuple(sorted(it.values.items())), it.correct, it.incorrect) for it in fresh}
+    assert fresh_items(case, 64, 1) == fresh and fresh_items(case, 64, 2) != fresh
+    with pytest.raises(surgeon.CaseError, match="defines no draw"):
+        fresh_items(surgeon.api.read("threshold_organism"), 8, 1)
+
+
+def test_threshold_on_fresh_items_equals_hand_written_hooks(decimal_model):
+    """The search on every item of the case and each best subset evaluated on fresh items from the case's draw
+    (--eval-items N): the held-out rate equals the named subset patched with hand-written hooks on those items."""
+    from surgeon.analyses.heldout import eval_items_of
+
+    case = _case()
+    r = surgeon.threshold(case, decimal_model, layer=0, budget=20, item_rate=0.9, eval_items=48)
+    fresh, where = eval_items_of(case, 48, 0)
+    traps = [it for it in fresh if it.tag == "trap"]
+    assert "fresh items from the case's draw" in r.split.describe() and r.n_evaluation == len(traps) == 24
+    assert r.n_discovery == len(case.items_for(case.focus))  # every case item searched, none held out of it
+    row = r.row("all", 2)
+    assert row.held_out.value == pytest.approx(hand_rate(case, decimal_model, traps, row.subset), abs=1e-6)
+
+
+def test_eval_items_refused_before_the_model_loads(monkeypatch, tmp_path):
+    import subprocess
+    import sys
+
+    import surgeon.models.loading as loading
+
+    monkeypatch.setattr(loading, "load_model", lambda *a, **k: pytest.fail("weights loaded"))
+    monkeypatch.setattr(surgeon.api, "load_model", lambda *a, **k: pytest.fail("weights loaded"))
+    for kwargs in (dict(eval_items="nope"), dict(eval_items=0)):
+        with pytest.raises(surgeon.SurgeonError):
+            surgeon.threshold("decimal_organism", layer=0, **kwargs)
+    with pytest.raises(surgeon.CaseError, match="defines no draw"):
+        surgeon.circuit("threshold_organism", eval_items=16)
+    r = subprocess.run([sys.executable, "-m", "surgeon", "threshold", "--layer", "0", "--holdout", "0.5",
+                        "--eval-items", "16"], capture_output=True, text=True)
+    assert r.returncode == 2 and "--eval-items" in r.stderr and "Traceback" not in r.stderr
