@@ -36,7 +36,16 @@ from surgeon.analyses.circuit import (
 from surgeon.analyses.diagnose import Diagnosis, failure_check
 from surgeon.analyses.encode import Encoding
 from surgeon.analyses.generation import check_generation
-from surgeon.analyses.heldout import HeldOutCircuit, HeldOutThreshold, circuit_heldout, eval_items_of, threshold_heldout
+from surgeon.analyses.heldout import (
+    FoldsThreshold,
+    HeldOutCircuit,
+    HeldOutThreshold,
+    circuit_heldout,
+    eval_items_of,
+    fold_items,
+    threshold_folds,
+    threshold_heldout,
+)
 from surgeon.analyses.heldout import evaluate_subsets as evaluate_named
 from surgeon.analyses.repair import RepairResult, check_heads, check_repairable, repair_case, search_repair
 from surgeon.analyses.feature_circuit import FeatureCircuitResult
@@ -202,7 +211,8 @@ def threshold(case, model=None, *, layer: int | None = None, heads: str | None =
               grid_budget: int = 200, item_rate: float = 1.0, x: float = 0.5, component: str = "z",
               bad: str | None = None, tag: str | None = None, batch_size: int = 256, chunk: int = 256, seed: int = 0,
               out: str | Path | None = None, generate: int = 0, max_memory: int | str | None = None, metric=None,
-              holdout: float | None = None, eval_items=None, device: str | None = None, dtype: str = "float32"):
+              holdout: float | None = None, eval_items=None, folds: int | None = None, device: str | None = None,
+              dtype: str = "float32"):
     """Search head subsets that repair: the fraction repairing per size k, the threshold k*, minimal subsets
     (`surgeon threshold`). With `out`, finished chunks are kept there and a rerun resumes. The batch size is
     lowered to fit `max_memory` (default: the device's free memory).
@@ -210,15 +220,22 @@ def threshold(case, model=None, *, layer: int | None = None, heads: str | None =
     `holdout` (e.g. 0.5): the search runs on a seeded, tag-stratified share of the items (discovery) and each
     family's best subset per size is evaluated on the rest (held-out, the headline): a `HeldOutThreshold`.
     `eval_items` instead: the search on every item, the evaluation on these (a number: fresh items from the case's
-    `draw`; a case file's path; a list of Items)."""
+    `draw`; a case file's path; a list of Items). `folds` (e.g. 5): cross-validated, a `FoldsThreshold`: k* per
+    fold, how often each subset is the best of its size, the held-out rate per fold."""
     if eval_items is not None:
         eval_items_of(read(case, model), eval_items, seed)  # refused before the model loads
+    if folds is not None:
+        fold_items(pick_items(read(case, model), tag)[1], folds, seed)  # refused before the model loads
     case, model = case_and_model(case, model, device=device, dtype=dtype, metric=metric)
     if generate:  # refused before the search, not after it
         check_generation(case, model, pick_items(case, tag)[1], generate)
     _warn_if_no_failure(case, model, bad, tag, batch_size)
     batch_size = planned_batch_size(plan_threshold, case, model, layer or 0, chunk, chunk, batch_size=batch_size,
                                     max_memory=max_memory, bad=bad, tag=tag)
+    if folds is not None:
+        return threshold_folds(case, model, folds=folds, seed=seed, tag=tag, bad=bad, component=component,
+                               batch_size=batch_size, layer=layer, heads=heads, groups=list(groups), grid=grid,
+                               budget=budget, grid_budget=grid_budget, item_rate=item_rate, x=x, chunk=chunk)
     if holdout is not None or eval_items is not None:
         if generate:
             raise AnalysisError("--generate judges the search's minimal subsets on the items it ran on; with a holdout "
@@ -503,7 +520,7 @@ def report_key(case: Case, model, source: SAESource | None) -> dict:
 RESULT_TYPES = {cls.__name__: cls for cls in (Diagnosis, LogitAttributionResult, PatchResult, PositionPatchResult,
                                                 ThresholdResult, HeldOutThreshold, HeldOutCircuit, BlendResult, CircuitResult, AttentionResult,
                                                 OverlapResult, AmplifiedResult, HeadFeatureResult, FeatureRepairResult,
-                                                FeatureCircuitResult, RepairResult)}
+                                                FeatureCircuitResult, RepairResult, FoldsThreshold)}
 
 
 def _step_result(type_name: str, folder: Path):

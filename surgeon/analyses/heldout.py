@@ -189,10 +189,13 @@ class HeldOutThreshold(Shows):
 
 def threshold_heldout(case: Case, model, *, holdout: float = 0.5, seed: int = 0, tag: str | None = None,
                       bad: str | None = None, component: str = "z", batch_size: int = 256, out=None,
-                      eval_items=None, **search) -> HeldOutThreshold:
+                      eval_items=None, _discovery=None, _split=None, **search) -> HeldOutThreshold:
     """The subset search (`threshold_search`, with `search`'s options) on a seeded discovery split of the items, and
     each family's best subset per size evaluated on the held-out items."""
-    split, disc, ev = eval_split(case, tag, holdout, seed, eval_items)
+    if _discovery is not None:  # cross-validation: the fold's split, given
+        split, disc, ev = _split, list(_discovery), list(eval_items)
+    else:
+        split, disc, ev = eval_split(case, tag, holdout, seed, eval_items)
     disc_case, eval_case = replace(case, items=disc, focus=None), replace(case, items=ev, focus=None)
     with tempfile.TemporaryDirectory(prefix="surgeon-heldout-") as tmp:
         found = threshold_search(disc_case, model, bad=bad, tag=None, component=component, batch_size=batch_size,
@@ -242,6 +245,93 @@ def circuit_heldout(case: Case, model, *, holdout: float = 0.5, seed: int = 0, t
     return HeldOutCircuit(case.name, split, r, held, len(split.discovery), len(split.evaluation))
 
 
-__all__ = ["HeldOutCircuit", "HeldOutRow", "HeldOutThreshold", "Split", "SubsetRate", "eval_items_of", "eval_split",
+def fold_items(items: Sequence[Item], folds: int, seed: int = 0) -> list[tuple[int, ...]]:
+    """K seeded folds of `items`, stratified by tag (each tag's items dealt round-robin after a seeded shuffle), each
+    with at least MIN_PER_SPLIT items and leaving at least MIN_PER_SPLIT outside it."""
+    if not isinstance(folds, int) or folds < 2:
+        raise AnalysisError(f"--folds {folds!r}: cross-validation needs at least 2 folds", field="--folds",
+                            fix="e.g. --folds 5")
+    by_tag: dict[str, list[int]] = {}
+    for i, it in enumerate(items):
+        by_tag.setdefault(it.tag, []).append(i)
+    rng = random.Random(seed)
+    out: list[list[int]] = [[] for _ in range(folds)]
+    start = 0
+    for tag in sorted(by_tag):
+        idx = list(by_tag[tag])
+        rng.shuffle(idx)
+        for j, i in enumerate(idx):
+            out[(start + j) % folds].append(i)
+        start += len(idx)
+    if min(len(f) for f in out) < MIN_PER_SPLIT or len(items) - max(len(f) for f in out) < MIN_PER_SPLIT:
+        raise AnalysisError(f"{len(items)} items in {folds} folds leave a fold with {min(len(f) for f in out)}; each fold "
+                            f"needs at least {MIN_PER_SPLIT}", field="--folds", fix="use fewer folds, or add items")
+    return [tuple(sorted(f)) for f in out]
+
+
+@dataclass(frozen=True)
+class FoldRow:
+    family: str
+    k: int
+    subsets: dict  # "L0H4+L0H6" -> in how many folds it was the best of its size (on that fold's discovery items)
+    held_out: list  # per fold, the best subset's rate on the fold's own (held-out) items
+    held_out_mean: float
+    best: list = field(default_factory=list)  # per fold, its best subset (labels)
+
+
+@dataclass
+class FoldsThreshold(Shows):
+    """The subset search cross-validated: per fold the search on the other folds' items, each family's best subset
+    per size evaluated on the fold's items; how often each subset is the best of its size, k* per fold (on the
+    discovery items, in-sample), and the held-out rates per fold."""
+
+    case: str
+    folds: int
+    seed: int
+    n_items: int
+    fold_sizes: list
+    k_star: dict  # family -> [k* per fold]
+    rows: list = field(default_factory=list)
+
+
+def threshold_folds(case: Case, model, *, folds: int = 5, seed: int = 0, tag: str | None = None,
+                    bad: str | None = None, component: str = "z", batch_size: int = 256, **search) -> FoldsThreshold:
+    """K-fold cross-validation of the subset search (`--folds K`): K searches, each followed by the forward passes of
+    its best subsets on the held-out fold."""
+    tag, items = pick_items(case, tag)
+    parts = fold_items(items, folds, seed)
+    per: dict[tuple[str, int], list] = {}
+    kstar: dict[str, list] = {}
+    for f, held in enumerate(parts):
+        ev = set(held)
+        disc = tuple(i for i in range(len(items)) if i not in ev)
+        split = Split(disc, held, 1 / folds, seed, "tag", evaluated_on=f"fold {f + 1} of {folds}")
+        r = _heldout_on(case, model, items, split, tag=tag, bad=bad, component=component, batch_size=batch_size,
+                        seed=seed, **search)
+        for t in r.search.thresholds:
+            kstar.setdefault(t.family, []).append(t.k_star)
+        for row in r.rows:
+            per.setdefault((row.family, row.k), []).append(row)
+    rows = []
+    for (fam, k), got in per.items():
+        counts: dict[str, int] = {}
+        for row in got:
+            name = "+".join(row.subset) or "(none)"
+            counts[name] = counts.get(name, 0) + 1
+        rates = [row.held_out.value for row in got]
+        rows.append(FoldRow(fam, k, dict(sorted(counts.items(), key=lambda kv: -kv[1])), rates,
+                            float(sum(rates) / len(rates)), [list(row.subset) for row in got]))
+    return FoldsThreshold(case.name, folds, seed, len(items), [len(p) for p in parts], kstar, rows)
+
+
+def _heldout_on(case: Case, model, items, split: Split, *, tag, bad, component, batch_size, seed, **search):
+    """`threshold_heldout` on a given split of `items`."""
+    disc = [items[i] for i in split.discovery]
+    ev = [items[i] for i in split.evaluation]
+    return threshold_heldout(case, model, seed=seed, bad=bad, component=component, batch_size=batch_size,
+                             eval_items=ev, _discovery=disc, _split=split, **search)
+
+
+__all__ = ["FoldRow", "FoldsThreshold", "fold_items", "threshold_folds", "HeldOutCircuit", "HeldOutRow", "HeldOutThreshold", "Split", "SubsetRate", "eval_items_of", "eval_split",
            "evaluate_subsets", "split_items",
            "threshold_heldout", "circuit_heldout"]

@@ -145,6 +145,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--holdout", type=cli_types.fraction, metavar="FRAC",
                    help="search on a seeded, tag-stratified share of the items and evaluate each family's best subset "
                         "per size on the held-out FRAC of them (e.g. 0.5): held-out rates beside the in-sample ones")
+    p.add_argument("--folds", type=cli_types.positive, metavar="K",
+                   help="cross-validate: K searches, each on all but one fold of the items (seeded, stratified by tag) "
+                        "with its best subsets evaluated on that fold; prints k* per fold, how often each subset is "
+                        "the best of its size and the held-out rate per fold")
     p.add_argument("--eval-items", metavar="N|FILE",
                    help="search on every item and evaluate each family's best subset per size on these: " + "evaluate on these items instead of a share of the case's: N (fresh items from the case's draw, none equal to its own) or the path of a case file whose items fit the formats")
     p.add_argument("--eval", action="append", metavar="SUBSET",
@@ -420,9 +424,14 @@ def cmd_threshold(args) -> int:
                                fix="e.g. --ray-workers 2")
         ray = RayOptions(address=None if args.ray == "local" else args.ray, workers=args.ray_workers,
                          threads=args.threads or 1)
-    if args.eval_items is not None and args.holdout is not None:
-        raise SurgeonError("--eval-items and --holdout are two ways to choose the evaluation items", field="--eval-items",
-                           fix="give one: --holdout FRAC (a share of the case's items) or --eval-items N|FILE")
+    chosen = [o for o, on in (("--holdout", args.holdout is not None), ("--eval-items", args.eval_items is not None),
+                              ("--folds", args.folds is not None)) if on]
+    if len(chosen) > 1:
+        raise SurgeonError(f"{chosen[0]} and {chosen[1]} are two ways to choose the evaluation items", field=chosen[1],
+                           fix="give one: --holdout FRAC, --eval-items N|FILE or --folds K")
+    if args.folds is not None and (args.eval or args.shard or args.resume or args.ray or args.generate or args.out):
+        raise SurgeonError("--folds runs its own searches in one process and prints them", field="--folds",
+                           fix="run --folds on its own (without --eval, --out, --shard, --resume, --ray, --generate)")
     if args.eval or args.holdout is not None or args.eval_items is not None:
         clash = [o for o, on in (("--shard", args.shard), ("--resume", args.resume), ("--ray", args.ray),
                                  ("--generate", args.generate)) if on]
@@ -439,7 +448,15 @@ def cmd_threshold(args) -> int:
             if not all(re.fullmatch(r"\s*L\d+H\d+\s*", h) for h in name.split(",")):
                 raise SurgeonError(f"cannot read the subset {name!r}", field="--eval",
                                    fix="name heads with their layers: --eval L0H4,L0H6")
-    case, model, device = load_case_and_model(args, out=out, check=lambda c: eval_items_check(args, c))
+    def check(c):
+        eval_items_check(args, c)
+        if args.folds is not None:
+            from surgeon.analyses.heldout import fold_items
+            from surgeon.spec.select import pick_items
+
+            fold_items(pick_items(c, args.tag)[1], args.folds, args.seed)
+
+    case, model, device = load_case_and_model(args, out=out, check=check)
     if args.eval:
         from surgeon.analyses.heldout import evaluate_subsets
 
@@ -460,6 +477,14 @@ def cmd_threshold(args) -> int:
     from surgeon.search.threshold import Interrupted, threshold_search
 
     batch = planned_batch_size(args, planning.plan_threshold, case, model, args.layer or 0, args.chunk, args.chunk)
+    if args.folds is not None:
+        from surgeon.analyses.heldout import threshold_folds
+
+        r = threshold_folds(case, model, folds=args.folds, seed=args.seed, tag=args.tag, bad=args.bad,
+                            component=args.component, batch_size=batch, layer=args.layer, heads=args.heads,
+                            groups=groups, groups_spec=spec, grid=grid, budget=args.budget,
+                            grid_budget=args.grid_budget, item_rate=args.item_rate, x=args.x, chunk=args.chunk)
+        return print_report(args, r, case, device)
     if args.holdout is not None or args.eval_items is not None:
         from surgeon.analyses.heldout import threshold_heldout
 

@@ -195,6 +195,24 @@ def heldout_text(r) -> str:
     return "\n".join(lines)
 
 
+def folds_text(r) -> str:
+    """The subset search cross-validated (`--folds K`): how stable the choice is, and the held-out rates per fold."""
+    lines = [f"case {r.case} · the subset search cross-validated: {r.folds} folds of {r.n_items} items (fold sizes "
+             f"{', '.join(map(str, r.fold_sizes))}; seed {r.seed}, stratified by tag); each fold's items held out of "
+             "its search and its best subsets evaluated on them",
+             "k* per fold (on that fold's discovery items, in-sample): "
+             + "; ".join(f"{fam} {', '.join('-' if k is None else str(k) for k in ks)}" for fam, ks in r.k_star.items()),
+             "", f"{'family':<12} {'k':>3}  {'held-out rate: mean (per fold)':<40} best subset of its size: in how many "
+                 "folds"]
+    for row in r.rows:
+        per = ", ".join(f"{100 * v:.0f}" for v in row.held_out)
+        best = "; ".join(f"{name} {n}/{r.folds}" for name, n in list(row.subsets.items())[:3])
+        more = f"; +{len(row.subsets) - 3} others" if len(row.subsets) > 3 else ""
+        lines.append(f"{row.family:<12} {row.k:>3}  {100 * row.held_out_mean:5.1f}% ({per}){'':<{max(0, 30 - len(per))}} "
+                     f"{best}{more}")
+    return "\n".join(lines)
+
+
 def heldout_circuit_text(r) -> str:
     """The circuit found on the discovery items and its faithfulness on the held-out items (the result)."""
     c, h = r.search, r.held_out

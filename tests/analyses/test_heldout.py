@@ -223,3 +223,30 @@ def test_eval_items_refused_before_the_model_loads(monkeypatch, tmp_path):
     r = subprocess.run([sys.executable, "-m", "surgeon", "threshold", "--layer", "0", "--holdout", "0.5",
                         "--eval-items", "16"], capture_output=True, text=True)
     assert r.returncode == 2 and "--eval-items" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_folds_partition_the_items_and_each_held_out_rate_is_its_folds(decimal_model):
+    """Issue 51, item 3: K seeded, tag-stratified folds cover every item once; each fold's best subset is evaluated on
+    that fold alone (hand-written hooks on the fold's items give its rate; the other folds' items would not)."""
+    from surgeon.analyses.heldout import fold_items, threshold_folds
+
+    case = _case()
+    items = case.items_for(case.focus)
+    parts = fold_items(items, 4, seed=0)
+    assert sorted(i for p in parts for i in p) == list(range(len(items))) and {len(p) for p in parts} == {16}
+    assert fold_items(items, 4, seed=0) == parts and fold_items(items, 4, seed=1) != parts
+    with pytest.raises(AnalysisError, match="at least 2 folds"):
+        fold_items(items, 1)
+    with pytest.raises(AnalysisError, match="needs at least"):
+        fold_items(items[:10], 4)
+    r = threshold_folds(case, decimal_model, folds=4, seed=0, layer=0, budget=20, item_rate=0.9)
+    row = next(x for x in r.rows if x.family == "all" and x.k == 2)
+    assert len(row.held_out) == 4 and sum(row.subsets.values()) == 4
+    for f, part in enumerate(parts):  # each fold's best subset, patched by hand on that fold's items alone
+        fold = [items[i] for i in part]
+        assert row.held_out[f] == pytest.approx(hand_rate(case, decimal_model, fold, row.best[f]), abs=1e-6)
+    # the mutation "evaluate on the fold's discovery items" gives other numbers
+    outside = [[items[i] for i in range(len(items)) if i not in set(p)] for p in parts]
+    assert any(hand_rate(case, decimal_model, outside[f], row.best[f]) != row.held_out[f] for f in range(4))
+    assert len(r.k_star["all"]) == 4
+    assert "cross-validated" in str(r) and "4/4" in str(r)
