@@ -37,9 +37,11 @@ from surgeon.analyses.diagnose import Diagnosis, failure_check
 from surgeon.analyses.encode import Encoding
 from surgeon.analyses.generation import check_generation
 from surgeon.analyses.heldout import (
+    FoldsCircuit,
     FoldsThreshold,
     HeldOutCircuit,
     HeldOutThreshold,
+    circuit_folds,
     circuit_heldout,
     eval_items_of,
     fold_items,
@@ -318,7 +320,8 @@ def blend(case, model=None, *, layer: int, heads=None, component: str = "z",
 def circuit(case, model=None, *, method: str | None = None, ig_steps: int = IG_STEPS, ablation: str = ABLATIONS[0],
             semantics: str = "kept", direction: str = "denoise", faithfulness: float = 0.9, edges: int | None = None, paths: int = 10,
             verify: int = 50, bad: str | None = None, tag: str | None = None, batch_size: int = 256,
-            max_memory: int | str | None = None, metric=None, holdout: float | None = None, eval_items=None, seed: int = 0,
+            max_memory: int | str | None = None, metric=None, holdout: float | None = None, eval_items=None,
+            folds: int | None = None, seed: int = 0,
             device: str | None = None, dtype: str = "float32"):
     """Path-level circuit discovery: score every edge, prune the smallest faithful circuit, rank complete paths
     by path patching (`surgeon circuit`); `r.export("c.mib.json", "c.svg", ...)` writes the graph. `semantics`:
@@ -332,12 +335,19 @@ def circuit(case, model=None, *, method: str | None = None, ig_steps: int = IG_S
     case = read(case, model)
     if eval_items is not None:
         eval_items_of(case, eval_items, seed)  # refused before the model loads
+    if folds is not None:
+        fold_items(pick_items(case, tag)[1], folds, seed)
     method = method or default_method(case, ablation)
     check_options(method, ablation, ig_steps, None if edges else faithfulness, edges, semantics)
     case, model = case_and_model(case, model, device=device, dtype=dtype, metric=metric)
     _warn_if_no_failure(case, model, bad, tag, batch_size)
     batch_size = planned_batch_size(plan_circuit, case, model, method, ig_steps, verify, ablation, batch_size=batch_size,
                                     max_memory=max_memory, bad=bad, direction=direction, tag=tag)
+    if folds is not None:
+        return circuit_folds(case, model, folds=folds, seed=seed, tag=tag, bad=bad, batch_size=batch_size,
+                             method=method, ablation=ablation, semantics=semantics, direction=direction,
+                             target=None if edges else faithfulness, n_edges=edges, n_paths=0, ig_steps=ig_steps,
+                             verify=verify)
     if holdout is not None or eval_items is not None:
         return circuit_heldout(case, model, holdout=holdout or 0.5, eval_items=eval_items, seed=seed, tag=tag, bad=bad, batch_size=batch_size,
                                method=method, ablation=ablation, semantics=semantics, direction=direction,
@@ -520,7 +530,8 @@ def report_key(case: Case, model, source: SAESource | None) -> dict:
 RESULT_TYPES = {cls.__name__: cls for cls in (Diagnosis, LogitAttributionResult, PatchResult, PositionPatchResult,
                                                 ThresholdResult, HeldOutThreshold, HeldOutCircuit, BlendResult, CircuitResult, AttentionResult,
                                                 OverlapResult, AmplifiedResult, HeadFeatureResult, FeatureRepairResult,
-                                                FeatureCircuitResult, RepairResult, FoldsThreshold)}
+                                                FeatureCircuitResult, RepairResult, FoldsThreshold,
+                                                FoldsCircuit)}
 
 
 def _step_result(type_name: str, folder: Path):

@@ -324,6 +324,48 @@ def threshold_folds(case: Case, model, *, folds: int = 5, seed: int = 0, tag: st
     return FoldsThreshold(case.name, folds, seed, len(items), [len(p) for p in parts], kstar, rows)
 
 
+@dataclass
+class FoldsCircuit(Shows):
+    """The circuit cross-validated: per fold found on the other folds' items and its faithfulness measured on the
+    fold's; how often each edge is selected, and the sizes and held-out faithfulness per fold."""
+
+    case: str
+    folds: int
+    seed: int
+    n_items: int
+    fold_sizes: list
+    sizes: list  # per fold, the circuit's edges
+    held_out: list  # per fold, its faithfulness (or share removed) on the fold's items
+    in_sample: list  # per fold, on its discovery items (where it was pruned)
+    edges: dict  # edge name -> in how many folds' circuits it is
+    semantics: str = "kept"
+    circuits: list = field(default_factory=list)  # per fold, its circuit's edge names
+
+
+def circuit_folds(case: Case, model, *, folds: int = 5, seed: int = 0, tag: str | None = None, bad: str | None = None,
+                  batch_size: int = 256, **found) -> FoldsCircuit:
+    """K-fold cross-validation of circuit discovery (`surgeon circuit --folds K`)."""
+    tag, items = pick_items(case, tag)
+    parts = fold_items(items, folds, seed)
+    sizes, held, ins, freq, sem, circuits = [], [], [], {}, "kept", []
+    for part in parts:
+        ev = set(part)
+        disc = [items[i] for i in range(len(items)) if i not in ev]
+        r = discover(replace(case, items=disc, focus=None), model, bad=bad, tag=None, batch_size=batch_size, **found)
+        sem = r.options.get("semantics") or "kept"
+        h = evaluate_circuit(replace(case, items=[items[i] for i in part], focus=None), model, r.names(r.circuit),
+                             ablation=r.ablation, semantics=sem, direction=r.direction, bad=bad, tag=None,
+                             batch_size=batch_size)
+        sizes.append(len(r.circuit))
+        held.append(float(h["faithfulness"]))
+        ins.append(float(r.circuit_faithfulness))
+        circuits.append(r.names(r.circuit))
+        for name in r.names(r.circuit):
+            freq[name] = freq.get(name, 0) + 1
+    return FoldsCircuit(case.name, folds, seed, len(items), [len(p) for p in parts], sizes, held, ins,
+                        dict(sorted(freq.items(), key=lambda kv: (-kv[1], kv[0]))), sem, circuits)
+
+
 def _heldout_on(case: Case, model, items, split: Split, *, tag, bad, component, batch_size, seed, **search):
     """`threshold_heldout` on a given split of `items`."""
     disc = [items[i] for i in split.discovery]
@@ -332,6 +374,6 @@ def _heldout_on(case: Case, model, items, split: Split, *, tag, bad, component, 
                              eval_items=ev, _discovery=disc, _split=split, **search)
 
 
-__all__ = ["FoldRow", "FoldsThreshold", "fold_items", "threshold_folds", "HeldOutCircuit", "HeldOutRow", "HeldOutThreshold", "Split", "SubsetRate", "eval_items_of", "eval_split",
+__all__ = ["FoldRow", "FoldsCircuit", "FoldsThreshold", "circuit_folds", "fold_items", "threshold_folds", "HeldOutCircuit", "HeldOutRow", "HeldOutThreshold", "Split", "SubsetRate", "eval_items_of", "eval_split",
            "evaluate_subsets", "split_items",
            "threshold_heldout", "circuit_heldout"]

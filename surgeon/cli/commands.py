@@ -218,6 +218,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--holdout", type=cli_types.fraction, metavar="FRAC",
                    help="find the circuit on a seeded, tag-stratified share of the items and measure its faithfulness "
                         "on the held-out FRAC of them (e.g. 0.5; MIB's train/test protocol)")
+    p.add_argument("--folds", type=cli_types.positive, metavar="K",
+                   help="cross-validate: K circuits, each found on all but one fold of the items (seeded, stratified by "
+                        "tag) and measured on that fold; prints each edge's selection frequency and the held-out "
+                        "faithfulness per fold")
     p.add_argument("--eval-items", metavar="N|FILE",
                    help="find the circuit on every item and measure it on these: " + "evaluate on these items instead of a share of the case's: N (fresh items from the case's draw, none equal to its own) or the path of a case file whose items fit the formats")
     from surgeon.circuits.methods import IG_STEPS, METHODS
@@ -656,10 +660,24 @@ def cmd_circuit(args) -> int:
 
     check_targets(args.export)  # refuse before loading anything
     _ig_steps(args, args.method is None or "ig" in args.method)
-    if args.eval_items is not None and args.holdout is not None:
-        raise SurgeonError("--eval-items and --holdout are two ways to choose the evaluation items", field="--eval-items",
-                           fix="give one: --holdout FRAC (a share of the case's items) or --eval-items N|FILE")
-    case, model, device = load_case_and_model(args, check=lambda c: eval_items_check(args, c))
+    chosen = [o for o, on in (("--holdout", args.holdout is not None), ("--eval-items", args.eval_items is not None),
+                              ("--folds", args.folds is not None)) if on]
+    if len(chosen) > 1:
+        raise SurgeonError(f"{chosen[0]} and {chosen[1]} are two ways to choose the evaluation items", field=chosen[1],
+                           fix="give one: --holdout FRAC, --eval-items N|FILE or --folds K")
+    if args.folds is not None and args.export:
+        raise SurgeonError("--folds finds one circuit per fold: there is no one circuit to export", field="--export",
+                           fix="export a circuit found with --holdout, or on every item")
+
+    def check(c):
+        eval_items_check(args, c)
+        if args.folds is not None:
+            from surgeon.analyses.heldout import fold_items
+            from surgeon.spec.select import pick_items
+
+            fold_items(pick_items(c, args.tag)[1], args.folds, args.seed)
+
+    case, model, device = load_case_and_model(args, check=check)
     warn_if_no_failure(args, case, model)
     from surgeon.analyses import planning
     from surgeon.analyses.circuit import default_method, discover
@@ -670,6 +688,12 @@ def cmd_circuit(args) -> int:
     options = dict(method=method, ablation=args.ablation, semantics=args.semantics, direction=args.direction,
                    target=None if args.edges else args.faithfulness, n_edges=args.edges, n_paths=args.paths,
                    ig_steps=args.ig_steps, verify=args.verify)
+    if args.folds is not None:
+        from surgeon.analyses.heldout import circuit_folds
+
+        return print_report(args, circuit_folds(case, model, folds=args.folds, seed=args.seed, tag=args.tag,
+                                                bad=args.bad, batch_size=batch, **{**options, "n_paths": 0}),
+                            case, device)
     if args.holdout is not None or args.eval_items is not None:
         from surgeon.analyses.heldout import circuit_heldout
 

@@ -213,6 +213,26 @@ def folds_text(r) -> str:
     return "\n".join(lines)
 
 
+def folds_circuit_text(r) -> str:
+    """The circuit cross-validated (`surgeon circuit --folds K`): sizes and faithfulness per fold, and each edge's
+    selection frequency."""
+    reading = "faithfulness" if r.semantics == "kept" else "share removed by knocking it out"
+    lines = [f"case {r.case} · the circuit cross-validated: {r.folds} folds of {r.n_items} items (fold sizes "
+             f"{', '.join(map(str, r.fold_sizes))}; seed {r.seed}, stratified by tag); each found on the other folds "
+             "and measured on its own",
+             f"edges per fold: {', '.join(map(str, r.sizes))}",
+             f"{reading} held out, per fold: {', '.join(f'{v:.3f}' for v in r.held_out)} (mean "
+             f"{sum(r.held_out) / len(r.held_out):.3f}); in-sample, where each was pruned: "
+             f"{', '.join(f'{v:.3f}' for v in r.in_sample)}",
+             f"edges in every fold's circuit: {sum(1 for n in r.edges.values() if n == r.folds)} of {len(r.edges)} ever "
+             "selected", "", "selection frequency (folds whose circuit holds the edge):"]
+    for name, n in list(r.edges.items())[:40]:
+        lines.append(f"  {n}/{r.folds}  {name}")
+    if len(r.edges) > 40:
+        lines.append(f"  ... {len(r.edges) - 40} more")
+    return "\n".join(lines)
+
+
 def heldout_circuit_text(r) -> str:
     """The circuit found on the discovery items and its faithfulness on the held-out items (the result)."""
     c, h = r.search, r.held_out

@@ -65,6 +65,7 @@ VIEWS = {
     "HeldOutThreshold": View("threshold-heldout", text.heldout_text),
     "HeldOutCircuit": View("circuit-heldout", text.heldout_circuit_text),
     "FoldsThreshold": View("threshold-folds", text.folds_text),
+    "FoldsCircuit": View("circuit-folds", text.folds_circuit_text),
     "BlendResult": View("blend", text.blend_text, {"blend.png": figures.blend_figure}, table=tables.blend_table),
     "CircuitResult": View("circuit", text.circuit_text, {"faithfulness.png": figures.faithfulness_figure,
                                                         "circuit.png": circuit_figure}, table=tables.circuit_table,

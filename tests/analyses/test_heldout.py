@@ -250,3 +250,26 @@ def test_folds_partition_the_items_and_each_held_out_rate_is_its_folds(decimal_m
     assert any(hand_rate(case, decimal_model, outside[f], row.best[f]) != row.held_out[f] for f in range(4))
     assert len(r.k_star["all"]) == 4
     assert "cross-validated" in str(r) and "4/4" in str(r)
+
+
+def test_circuit_folds_measure_each_circuit_on_its_own_fold(decimal_model):
+    """Issue 51, item 3 for circuits: each fold's circuit is measured on that fold's items (the same edges on the
+    fold's discovery items give another number: the mutation), and the selection frequencies count the folds."""
+    from surgeon.analyses.circuit import evaluate_circuit
+    from surgeon.analyses.heldout import circuit_folds, fold_items
+
+    case = _case()
+    items = case.items_for(case.focus)
+    r = circuit_folds(case, decimal_model, folds=3, seed=0, n_paths=0, verify=10)
+    parts = fold_items(items, 3, 0)
+    assert r.fold_sizes == [len(p) for p in parts] and len(r.circuits) == 3
+    assert all(1 <= n <= 3 for n in r.edges.values()) and sum(r.edges.values()) == sum(r.sizes)
+    outside = []
+    for f, part in enumerate(parts):
+        on = dataclasses.replace(case, items=[items[i] for i in part], focus=None)
+        off = dataclasses.replace(case, items=[items[i] for i in range(len(items)) if i not in set(part)], focus=None)
+        assert evaluate_circuit(on, decimal_model, r.circuits[f])["faithfulness"] == pytest.approx(r.held_out[f],
+                                                                                                   abs=1e-9)
+        outside.append(evaluate_circuit(off, decimal_model, r.circuits[f])["faithfulness"])
+    assert any(abs(o - h) > 1e-6 for o, h in zip(outside, r.held_out))
+    assert "selection frequency" in str(r)
