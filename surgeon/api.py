@@ -49,6 +49,8 @@ from surgeon.analyses.heldout import (
     threshold_heldout,
 )
 from surgeon.analyses.heldout import evaluate_subsets as evaluate_named
+from surgeon.analyses.sinks import SinkResult
+from surgeon.analyses.sinks import sinks as sinks_of
 from surgeon.analyses.repair import RepairResult, check_heads, check_repairable, repair_case, search_repair
 from surgeon.analyses.feature_circuit import FeatureCircuitResult
 from surgeon.analyses.feature_circuit import feature_circuit as feature_circuit_of
@@ -83,7 +85,7 @@ from surgeon.version import __version__
 from surgeon.spec.case import Case, case_metric_of, content_digest, validate
 
 __all__ = ["diagnose", "encode", "dla", "attention", "patch", "patch_positions", "attribute", "threshold",
-           "evaluate_subsets", "repair", "apply", "blend", "circuit",
+           "evaluate_subsets", "repair", "apply", "sinks", "blend", "circuit",
            "circuit_eval", "sae_overlap", "sae_amplified", "sae_heads", "sae_repair", "feature_circuit", "report", "render_report",
            "read_circuit", "case_and_model", "read", "load"]
 
@@ -295,6 +297,18 @@ def repair(case, model=None, *, heads=None, mode: str = "mean", strength: float 
     return repair_case(case, model, heads=heads, mode=mode, strength=1.0 if strength is None else strength, bad=bad,
                        tag=tag, holdout=holdout, seed=seed, eval_items=eval_items, neutral=neutral, generate=generate,
                        batch_size=batch_size)
+
+
+def sinks(case, model=None, *, tag: str | None = "all", epsilon: float = 0.3, batch_size: int = 64,
+          device: str | None = None, dtype: str = "float32"):
+    """Attention sinks and massive activations in every format over the same items (`surgeon sinks`): per head the
+    attention to the first token (Gu et al.'s mass and sink rate at `epsilon`), from the last prompt token, the
+    strongest other sink; per layer the first token's residual norm against the others' and the largest activation
+    with Sun et al.'s massive criterion."""
+    if not 0 < epsilon < 1:
+        raise AnalysisError(f"epsilon {epsilon} is not in (0, 1)", field="--epsilon", fix="e.g. 0.3 (Gu et al.'s)")
+    case, model = case_and_model(case, model, device=device, dtype=dtype)
+    return sinks_of(case, model, tag=tag, epsilon=epsilon, batch_size=batch_size)
 
 
 def apply(model, repair, strength: float | None = None):
@@ -531,7 +545,7 @@ RESULT_TYPES = {cls.__name__: cls for cls in (Diagnosis, LogitAttributionResult,
                                                 ThresholdResult, HeldOutThreshold, HeldOutCircuit, BlendResult, CircuitResult, AttentionResult,
                                                 OverlapResult, AmplifiedResult, HeadFeatureResult, FeatureRepairResult,
                                                 FeatureCircuitResult, RepairResult, FoldsThreshold,
-                                                FoldsCircuit)}
+                                                FoldsCircuit, SinkResult)}
 
 
 def _step_result(type_name: str, folder: Path):

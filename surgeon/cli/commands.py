@@ -195,6 +195,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--bad", help="build and measure on this failing format only (default: every failing format)")
     p.add_argument("--tag", help="the items the repair is built on and judged by for efficacy (default: the focus)")
 
+    p = sub.add_parser("sinks", help="attention sinks and massive activations per head, layer and format: the "
+                                     "attention on the first token (sink rate), the strongest other sinks, the first "
+                                     "token's residual norm, the largest activations (Sun et al.'s criterion)")
+    add_common(p)
+    p.add_argument("--epsilon", type=cli_types.fraction, default=0.3,
+                   help="a head is a sink head when its mean attention to the first token passes this (default 0.3, "
+                        "Gu et al.'s)")
+    p.add_argument("--tag", default="all", help="only items with this tag (default: every item)")
+
     p = sub.add_parser("merge", help="merge threshold shards into the result one run gives")
     p.add_argument("dirs", nargs="+", type=Path, help="the --out directories of the shards")
     p.add_argument("--out", type=cli_types.directory, required=True, help="write the merged results.json, subsets.csv and figure here")
@@ -526,6 +535,16 @@ def cmd_threshold(args) -> int:
     return 0
 
 
+def cmd_sinks(args) -> int:
+    if not 0 < args.epsilon < 1:
+        raise SurgeonError(f"--epsilon {args.epsilon} is not in (0, 1)", field="--epsilon", fix="e.g. 0.3")
+    case, model, device = load_case_and_model(args)
+    from surgeon.analyses.sinks import sinks
+
+    return print_report(args, sinks(case, model, tag=args.tag, epsilon=args.epsilon, batch_size=min(args.batch_size, 64)),
+                        case, device)
+
+
 def eval_items_check(args, case) -> None:
     """--eval-items read and checked against the case before the model loads (fresh items drawn, a case file read)."""
     if getattr(args, "eval_items", None) is not None:
@@ -776,7 +795,7 @@ def cmd_feature_circuit(args) -> int:
 
 
 COMMANDS = {"report": cmd_report, "cases": cmd_cases, "sae": cmd_sae, "feature-circuit": cmd_feature_circuit, "diagnose": cmd_diagnose, "circuit": cmd_circuit, "circuit-eval": cmd_circuit_eval, "patch": cmd_patch, "attribute": cmd_attribute, "dla": cmd_dla, "encode": cmd_encode, "attention": cmd_attention, "patch-positions": cmd_patch_positions, "threshold": cmd_threshold,
-            "merge": cmd_merge, "repair": cmd_repair,
+            "merge": cmd_merge, "repair": cmd_repair, "sinks": cmd_sinks,
             "blend": cmd_blend, "organisms": cmd_organisms}
 
 

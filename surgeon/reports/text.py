@@ -213,6 +213,42 @@ def folds_text(r) -> str:
     return "\n".join(lines)
 
 
+def sinks_text(r, top: int = 12) -> str:
+    """Attention sinks and massive activations per format, side by side (`surgeon sinks`)."""
+    fs = r.formats
+    pct = lambda e: f"{100 * e.value:5.1f}% [{100 * e.lo:5.1f}, {100 * e.hi:5.1f}]"  # noqa: E731
+    lines = [f"case {r.case} · attention sinks and massive activations · {fs[0].n_items} items ({r.tag or 'all'}) in "
+             f"every format · sink mass: a head's attention to the first token averaged over the prompt's later "
+             f"positions (Gu et al.); sink rate: the share of heads above {r.epsilon:g}",
+             "", f"{'format':<16} {'sink rate [95% CI]':<24} heads"]
+    for f in fs:
+        lines.append(f"{f.format + (' (good)' if f.format == r.good else ''):<16} {pct(f.sink_rate):<24} "
+                     f"{int(round(f.sink_rate.value * f.sink_rate.n))} of {f.sink_rate.n}")
+    L, H = fs[0].mass.shape
+    lines += ["", "per layer: mean sink mass over heads · first token's residual norm / median of the others · the "
+                  "largest |activation| (dimension, position's token, ratio to the median; massive: > 100 and > 1000x)"]
+    for l in range(L):
+        parts = []
+        for f in fs:
+            m = f.massive[l]
+            parts.append(f"{f.format}: {f.mass[l].mean():.3f} · norm x{f.first_norm_ratio[l].value:.2f} · "
+                         f"{m['value']:.1f} (d{m['dim']}, {m['token']!r}, x{m['ratio']:.0f}){' MASSIVE' if m['massive'] else ''}")
+        lines.append(f"  layer {l}: " + " | ".join(parts))
+    good = r.of(r.good)
+    diff = np.max(np.stack([np.abs(f.mass - good.mass) for f in fs if f.format != r.good] or [good.mass * 0]), axis=0)
+    order = np.dstack(np.unravel_index(np.argsort(-diff, axis=None), diff.shape))[0][:top]
+    lines += ["", f"the {min(top, L * H)} heads whose sink mass differs most between the good format and a failing "
+                  "one (mass [95% CI]; from the last prompt token; the strongest other sink and its mass):",
+              f"{'head':<8} " + " ".join(f"{f.format:<44}" for f in fs)]
+    for l, h in order:
+        cells = []
+        for f in fs:
+            cells.append(f"{f.mass[l, h]:.3f} [{f.mass_lo[l, h]:.3f}, {f.mass_hi[l, h]:.3f}] last {f.last[l, h]:.3f} "
+                         f"{f.other_token[l][h]!r} {f.other_mass[l, h]:.2f}"[:44].ljust(44))
+        lines.append(f"L{l}H{h:<5} " + " ".join(cells))
+    return "\n".join(lines)
+
+
 def folds_circuit_text(r) -> str:
     """The circuit cross-validated (`surgeon circuit --folds K`): sizes and faithfulness per fold, and each edge's
     selection frequency."""

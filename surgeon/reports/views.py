@@ -66,6 +66,7 @@ VIEWS = {
     "HeldOutCircuit": View("circuit-heldout", text.heldout_circuit_text),
     "FoldsThreshold": View("threshold-folds", text.folds_text),
     "FoldsCircuit": View("circuit-folds", text.folds_circuit_text),
+    "SinkResult": View("sinks", text.sinks_text),
     "BlendResult": View("blend", text.blend_text, {"blend.png": figures.blend_figure}, table=tables.blend_table),
     "CircuitResult": View("circuit", text.circuit_text, {"faithfulness.png": figures.faithfulness_figure,
                                                         "circuit.png": circuit_figure}, table=tables.circuit_table,
