@@ -60,7 +60,9 @@ def check_case_against_model(case, model=None) -> None:
         except ModelError as e:
             if ("neither an organism" in e.message and case.source and Path(case.source).is_file()
                     and Path(case.source).resolve().parent != CASES_DIR.resolve()):
-                e = not_found(case.model, Path(case.source).resolve().parent)  # also the case file's own folder
+                near = not_found(case.model, Path(case.source).resolve().parent)  # also the case file's own folder
+                if "did you mean" in near.message:  # it adds a folder to try; else the message of every route
+                    e = near
             raise CaseError(e.message, where=where, field="model", fix=e.fix) from None
         organism = ref.kind == "organism"
     for L in case.layers or ():

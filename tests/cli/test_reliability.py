@@ -392,7 +392,7 @@ def test_ig_steps_given_to_a_method_that_does_not_integrate_is_said(capsys, monk
     """Said before anything loads (the model loader is not reached in this test)."""
     import surgeon.cli.commands as commands
 
-    def stop(args):
+    def stop(args, **kwargs):
         raise SystemExit(0)
 
     monkeypatch.setattr(commands, "load_case_and_model", stop)

@@ -161,8 +161,14 @@ def test_the_command_line_knows_the_pipelines_steps():
     assert sub.get_default("steps") == ",".join(STEPS)
 
 
-def test_the_command_line_knows_the_optional_steps():
-    from surgeon.analyses.pipeline import OPTIONAL_STEPS
-    from surgeon.cli.commands import REPORT_OPTIONAL
+def test_the_command_line_knows_the_optional_steps(tmp_path, capsys):
+    import argparse
 
-    assert REPORT_OPTIONAL == OPTIONAL_STEPS
+    from surgeon.analyses.pipeline import OPTIONAL_STEPS
+    from surgeon.cli import build_parser, main
+
+    sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction)).choices["report"]
+    steps = next(a for a in sub._actions if a.dest == "steps")
+    assert all(s in steps.help for s in OPTIONAL_STEPS)
+    assert main(["report", INDUCTION, "--steps", "bogus", "--out", str(tmp_path / "x")]) == 2
+    assert all(s in capsys.readouterr().err for s in OPTIONAL_STEPS)
