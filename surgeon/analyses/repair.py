@@ -393,20 +393,26 @@ def _built_on(case: Case, split: Split | None, focus: str, n: int, pool: Pool) -
                                                  "evaluated_on": split.evaluated_on}}
 
 
+def _setup(case: Case, mode: str, bad, tag, holdout, seed: int, eval_items):
+    """What building and searching share: the failing formats (one, or all), the focus tag ("all" without one), the
+    split and the discovery items of the focus tag."""
+    check_repairable(case, mode, "z")
+    bads = [pick_bad(case, bad)] if bad is not None else list(case.bad)
+    focus = pick_items(case, tag)[0] or "all"
+    split, disc, ev = _split(case, holdout, seed, eval_items)
+    disc_focus = [it for it in disc if focus == "all" or it.tag == focus]
+    if not disc_focus:
+        raise AnalysisError(f"no discovery items have tag {focus!r}", field="tag", fix="add items with that tag")
+    return bads, focus, split, disc, ev, disc_focus
+
+
 def repair_case(case: Case, model, *, heads: str | Sequence[str] | None, mode: str = "mean", strength: float = 1.0,
                 bad: str | None = None, tag: str | None = None, holdout: float | None = 0.5, seed: int = 0,
                 eval_items: Sequence[Item] | None = None, neutral: Sequence[str] | None = None, generate: int = 0,
                 batch_size: int = 256) -> RepairResult:
     """Build a `Repair` of `heads` from the discovery items of the focus tag (`tag`) and measure it on the held-out
     items (`holdout`, seeded and stratified by tag; or `eval_items`)."""
-    check_repairable(case, mode, "z")
-    bads = [pick_bad(case, bad)] if bad is not None else list(case.bad)
-    focus, _ = pick_items(case, tag)
-    focus = focus or "all"
-    split, disc, ev = _split(case, holdout, seed, eval_items)
-    disc_focus = [it for it in disc if focus == "all" or it.tag == focus]
-    if not disc_focus:
-        raise AnalysisError(f"no discovery items have tag {focus!r}", field="tag", fix="add items with that tag")
+    bads, focus, split, disc, ev, disc_focus = _setup(case, mode, bad, tag, holdout, seed, eval_items)
     units = _units(model, heads)
     pool = build_pool(case, model, disc_focus, units, mode=mode, bads=bads, batch_size=batch_size)
     repair = pool.repair(units, strength, _built_on(case, split, focus, len(disc_focus), pool))
@@ -441,15 +447,8 @@ def search_repair(case: Case, model, *, heads: str | Sequence[str] | None = None
     `max_drop` below unrepaired. Stops at `max_heads`, or when no admissible candidate raises the rate or the mean
     score; the repair is the smallest set on the path that reaches its best rate. Every candidate of a step runs in
     one batched pass per Contrast."""
-    check_repairable(case, mode, "z")
-    bads = [pick_bad(case, bad)] if bad is not None else list(case.bad)
-    focus, _ = pick_items(case, tag)
-    focus = focus or "all"
+    bads, focus, split, disc, ev, disc_focus = _setup(case, mode, bad, tag, holdout, seed, eval_items)
     strengths = tuple(strengths or STRENGTHS[mode])
-    split, disc, ev = _split(case, holdout, seed, eval_items)
-    disc_focus = [it for it in disc if focus == "all" or it.tag == focus]
-    if not disc_focus:
-        raise AnalysisError(f"no discovery items have tag {focus!r}", field="tag", fix="add items with that tag")
     pool_units = _units(model, heads)
     pool = build_pool(case, model, disc_focus, pool_units, mode=mode, bads=bads, batch_size=batch_size)
     sites = {h: ConstantSite.at(h, v, MODES[mode]) for h, v in pool.values.items()}
