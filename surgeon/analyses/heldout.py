@@ -51,15 +51,20 @@ class Split:
                 "format on one side)")
 
 
+def _indices_by_tag(items: Sequence[Item]) -> dict[str, list[int]]:
+    by_tag: dict[str, list[int]] = {}
+    for i, it in enumerate(items):
+        by_tag.setdefault(it.tag, []).append(i)
+    return by_tag
+
+
 def split_items(items: Sequence[Item], holdout: float, seed: int = 0) -> Split:
     """A seeded split: in each tag, round(holdout x n) items (at least one where the tag has two or more) go to the
     evaluation side, the rest to discovery. Refused when either side would have fewer than MIN_PER_SPLIT items."""
     if not 0 < holdout < 1:
         raise AnalysisError(f"holdout {holdout} is not in (0, 1)", field="--holdout",
                             fix="the share of items held out for evaluation, e.g. 0.5")
-    by_tag: dict[str, list[int]] = {}
-    for i, it in enumerate(items):
-        by_tag.setdefault(it.tag, []).append(i)
+    by_tag = _indices_by_tag(items)
     rng = random.Random(seed)
     disc, ev = [], []
     for tag in sorted(by_tag):
@@ -251,9 +256,7 @@ def fold_items(items: Sequence[Item], folds: int, seed: int = 0) -> list[tuple[i
     if not isinstance(folds, int) or folds < 2:
         raise AnalysisError(f"--folds {folds!r}: cross-validation needs at least 2 folds", field="--folds",
                             fix="e.g. --folds 5")
-    by_tag: dict[str, list[int]] = {}
-    for i, it in enumerate(items):
-        by_tag.setdefault(it.tag, []).append(i)
+    by_tag = _indices_by_tag(items)
     rng = random.Random(seed)
     out: list[list[int]] = [[] for _ in range(folds)]
     start = 0

@@ -30,7 +30,10 @@ from surgeon.spec.shipped import CASES_DIR
 from surgeon.version import __version__
 
 REPORT_STEPS = ("diagnose", "dla", "patch", "positions", "threshold", "blend", "circuit", "attention", "sae")  # = analyses.pipeline.STEPS (a test checks)
-REPORT_OPTIONAL = ("repair",)  # = analyses.pipeline.OPTIONAL_STEPS: run only when --steps names them
+REPORT_OPTIONAL = ("repair",)
+# what --eval-items takes, in threshold's, circuit's and repair's help
+EVAL_ITEMS = ("N fresh items from the case's draw (none equal to its own items), or the path of a case file whose "
+              "items fit the formats")  # = analyses.pipeline.OPTIONAL_STEPS: run only when --steps names them
 from surgeon.circuits.methods import SEMANTICS
 from surgeon.sites.ablations import ABLATIONS
 
@@ -150,7 +153,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "with its best subsets evaluated on that fold; prints k* per fold, how often each subset is "
                         "the best of its size and the held-out rate per fold")
     p.add_argument("--eval-items", metavar="N|FILE",
-                   help="search on every item and evaluate each family's best subset per size on these: " + "evaluate on these items instead of a share of the case's: N (fresh items from the case's draw, none equal to its own) or the path of a case file whose items fit the formats")
+                   help="search on every item and evaluate each family's best subset per size on these: " + EVAL_ITEMS)
     p.add_argument("--eval", action="append", metavar="SUBSET",
                    help="no search: evaluate this named subset (L0H4,L0H6) on the items, as the search patches; "
                         "repeat for several")
@@ -187,7 +190,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="build on a seeded, tag-stratified share of the items and measure on the held-out FRAC "
                         "(default 0.5)")
     p.add_argument("--eval-items", metavar="N|FILE",
-                   help="build on every item and measure on these: " + "evaluate on these items instead of a share of the case's: N (fresh items from the case's draw, none equal to its own) or the path of a case file whose items fit the formats")
+                   help="build on every item and measure on these: " + EVAL_ITEMS)
     p.add_argument("--neutral", type=Path, metavar="FILE",
                    help="a text file, one neutral text per line: the repair's KL and cross-entropy change on them")
     p.add_argument("--generate", type=cli_types.nonnegative, default=0, metavar="N",
@@ -232,7 +235,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "tag) and measured on that fold; prints each edge's selection frequency and the held-out "
                         "faithfulness per fold")
     p.add_argument("--eval-items", metavar="N|FILE",
-                   help="find the circuit on every item and measure it on these: " + "evaluate on these items instead of a share of the case's: N (fresh items from the case's draw, none equal to its own) or the path of a case file whose items fit the formats")
+                   help="find the circuit on every item and measure it on these: " + EVAL_ITEMS)
     from surgeon.circuits.methods import IG_STEPS, METHODS
 
     p.add_argument("--method", choices=list(METHODS),
@@ -437,11 +440,7 @@ def cmd_threshold(args) -> int:
                                fix="e.g. --ray-workers 2")
         ray = RayOptions(address=None if args.ray == "local" else args.ray, workers=args.ray_workers,
                          threads=args.threads or 1)
-    chosen = [o for o, on in (("--holdout", args.holdout is not None), ("--eval-items", args.eval_items is not None),
-                              ("--folds", args.folds is not None)) if on]
-    if len(chosen) > 1:
-        raise SurgeonError(f"{chosen[0]} and {chosen[1]} are two ways to choose the evaluation items", field=chosen[1],
-                           fix="give one: --holdout FRAC, --eval-items N|FILE or --folds K")
+    one_evaluation_choice(args)
     if args.folds is not None and (args.eval or args.shard or args.resume or args.ray or args.generate or args.out):
         raise SurgeonError("--folds runs its own searches in one process and prints them", field="--folds",
                            fix="run --folds on its own (without --eval, --out, --shard, --resume, --ray, --generate)")
@@ -461,15 +460,7 @@ def cmd_threshold(args) -> int:
             if not all(re.fullmatch(r"\s*L\d+H\d+\s*", h) for h in name.split(",")):
                 raise SurgeonError(f"cannot read the subset {name!r}", field="--eval",
                                    fix="name heads with their layers: --eval L0H4,L0H6")
-    def check(c):
-        eval_items_check(args, c)
-        if args.folds is not None:
-            from surgeon.analyses.heldout import fold_items
-            from surgeon.spec.select import pick_items
-
-            fold_items(pick_items(c, args.tag)[1], args.folds, args.seed)
-
-    case, model, device = load_case_and_model(args, out=out, check=check)
+    case, model, device = load_case_and_model(args, out=out, check=lambda c: eval_items_check(args, c))
     if args.eval:
         from surgeon.analyses.heldout import evaluate_subsets
 
@@ -545,12 +536,28 @@ def cmd_sinks(args) -> int:
                         case, device)
 
 
+def one_evaluation_choice(args) -> None:
+    """At most one of --holdout, --eval-items and --folds (each chooses the evaluation items)."""
+    chosen = [o for o, on in (("--holdout", getattr(args, "holdout", None) is not None),
+                              ("--eval-items", getattr(args, "eval_items", None) is not None),
+                              ("--folds", getattr(args, "folds", None) is not None)) if on]
+    if len(chosen) > 1:
+        raise SurgeonError(f"{chosen[0]} and {chosen[1]} are two ways to choose the evaluation items", field=chosen[1],
+                           fix="give one: --holdout FRAC, --eval-items N|FILE or --folds K")
+
+
 def eval_items_check(args, case) -> None:
-    """--eval-items read and checked against the case before the model loads (fresh items drawn, a case file read)."""
+    """--eval-items and --folds checked against the case before the model loads (fresh items drawn, a case file
+    read, the folds dealt)."""
     if getattr(args, "eval_items", None) is not None:
         from surgeon.analyses.heldout import eval_items_of
 
         eval_items_of(case, args.eval_items, args.seed)
+    if getattr(args, "folds", None) is not None:
+        from surgeon.analyses.heldout import fold_items
+        from surgeon.spec.select import pick_items
+
+        fold_items(pick_items(case, args.tag)[1], args.folds, args.seed)
 
 
 def cmd_repair(args) -> int:
@@ -679,24 +686,12 @@ def cmd_circuit(args) -> int:
 
     check_targets(args.export)  # refuse before loading anything
     _ig_steps(args, args.method is None or "ig" in args.method)
-    chosen = [o for o, on in (("--holdout", args.holdout is not None), ("--eval-items", args.eval_items is not None),
-                              ("--folds", args.folds is not None)) if on]
-    if len(chosen) > 1:
-        raise SurgeonError(f"{chosen[0]} and {chosen[1]} are two ways to choose the evaluation items", field=chosen[1],
-                           fix="give one: --holdout FRAC, --eval-items N|FILE or --folds K")
+    one_evaluation_choice(args)
     if args.folds is not None and args.export:
         raise SurgeonError("--folds finds one circuit per fold: there is no one circuit to export", field="--export",
                            fix="export a circuit found with --holdout, or on every item")
 
-    def check(c):
-        eval_items_check(args, c)
-        if args.folds is not None:
-            from surgeon.analyses.heldout import fold_items
-            from surgeon.spec.select import pick_items
-
-            fold_items(pick_items(c, args.tag)[1], args.folds, args.seed)
-
-    case, model, device = load_case_and_model(args, check=check)
+    case, model, device = load_case_and_model(args, check=lambda c: eval_items_check(args, c))
     warn_if_no_failure(args, case, model)
     from surgeon.analyses import planning
     from surgeon.analyses.circuit import default_method, discover
