@@ -29,6 +29,7 @@ SOURCES = {
     "features": ("surgeon/analyses/planning.py", "surgeon/analyses/feature_circuit.py",
                  "surgeon/analyses/feature_edges.py", "surgeon/analyses/scoring.py", "surgeon/analyses/common.py"),
     "growth": _CIRCUIT,
+    "heldout": ("surgeon/analyses/heldout.py", "surgeon/search/subsets.py", "surgeon/search/threshold.py") + _CIRCUIT,
     "install": ("pyproject.toml",),
     "memory": _CIRCUIT,
     "patch_sweep": (),

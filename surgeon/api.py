@@ -44,6 +44,7 @@ from surgeon.analyses.heldout import (
     circuit_folds,
     circuit_heldout,
     eval_items_of,
+    eval_split,
     fold_items,
     threshold_folds,
     threshold_heldout,
@@ -648,18 +649,28 @@ def report(case, model=None, *, out: str | Path | None = None, steps: Sequence[s
            budget: int = 200, verify: int = 50, paths: int = 10, sae_release: str | None = None,
            sae_id: str | None = None, sae_dir: str | None = None, batch_size: int = 256, device: str | None = None,
            dtype: str = "float32", bad: str | None = None, tag: str | None = None, item_rate: float = 1.0,
-           heads: str | None = None, groups: Sequence[str] | None = None, seed: int = 0, progress: bool = False):
+           heads: str | None = None, groups: Sequence[str] | None = None, seed: int = 0,
+           holdout: float | None = 0.5, eval_items=None, progress: bool = False):
     """The whole pipeline on a case (`surgeon report`): diagnose, per-head patching, the subset search and the blend
     at the layer patching repairs most (or `layer`), the circuit, and the SAE analyses where there are SAEs. With
     `out`, each step's results go to out/STEP (an interrupted report resumes from them) and the page to
     out/report.html, with every figure as PDF and SVG under out/figures. The subset search takes `heads`, `groups`,
-    `item_rate` and `seed` as `threshold` does. Returns the `Report` (its `.save(dir)` writes the page again)."""
+    `item_rate` and `seed` as `threshold` does. The subset search and the circuit run on discovery items and are
+    reported on held-out ones, the result: `holdout` the share held out (seeded by `seed`, stratified by tag; 0 or
+    None: every item, in-sample), or `eval_items` other items (a number of fresh items from the case's `draw`, a
+    case file, or Items). Returns the `Report` (its `.save(dir)` writes the page again)."""
+    if holdout and eval_items is not None:
+        raise AnalysisError("holdout and eval_items are two ways to choose the evaluation items", field="eval_items",
+                            fix="give one: holdout=FRAC (a share of the case's items) or eval_items (other items); "
+                                "holdout=0 with neither runs every step on every item, in-sample")
+    if {"threshold", "circuit"} & set(steps) and (holdout or eval_items is not None):  # before any weight loads
+        eval_split(read(case, model), tag, holdout, seed, eval_items)
     case, model = case_and_model(case, model, device=device, dtype=dtype)
     source = SAESource.from_case(case, sae_release, sae_id, sae_dir) if (sae_release or sae_id or sae_dir) else None
     store = _StepFolders(Path(out), case, device, report_key(case, model, source)) if out is not None else None
     rep = run_report(case, model, steps=steps, layer=layer, budget=budget, verify=verify, paths=paths,
                      sae_source=source, batch_size=batch_size, store=store, bad=bad, tag=tag, item_rate=item_rate,
-                     heads=heads, groups=groups, seed=seed, progress=progress)
+                     heads=heads, groups=groups, seed=seed, holdout=holdout, eval_items=eval_items, progress=progress)
     if out is not None:
         rep.save(out, case, device=device)
     return rep

@@ -4,6 +4,6 @@ case = "decimal_organism"          # a shipped case: 9.11 > 9.8 in its 'qa' and 
 print(surgeon.diagnose(case))      # accuracy per format and tag, 95% intervals: is the failure there?
 patch = surgeon.patch(case, bad="chat")          # every head patched alone, 'plain' -> 'chat'
 print(patch)                                     # repair fraction per head, n and 95% intervals
-circuit = surgeon.circuit(case, bad="chat", paths=3)   # edges scored, pruned to faithfulness >= 0.9
-print(circuit)
-circuit.export("circuit.mib.json", "circuit.dot", "circuit.tex")   # EAP-IG/MIB, Graphviz, TikZ
+held = surgeon.circuit(case, bad="chat", paths=3, holdout=0.5)   # found on half the items, measured on the rest
+print(held)                        # faithfulness on the held-out half (the result) beside the in-sample one
+held.search.export("circuit.mib.json", "circuit.dot", "circuit.tex")   # EAP-IG/MIB, Graphviz, TikZ

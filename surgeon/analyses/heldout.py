@@ -15,6 +15,8 @@ import tempfile
 from dataclasses import dataclass, field, replace
 from typing import Sequence
 
+import numpy as np
+
 from surgeon.analyses.circuit import CircuitResult, discover, evaluate_circuit
 from surgeon.analyses.common import make_contrast
 from surgeon.errors import AnalysisError
@@ -132,33 +134,59 @@ class SubsetRate:
     repair_fraction: float  # (patched mean - failing mean) / (good mean - failing mean)
 
 
+class _SubsetRunner:
+    """Head subsets patched from the good format into the failing one on one set of items, as the subset search
+    patches them: one Contrast, every subset a row of the batched mask, `chunk` subsets per run."""
+
+    def __init__(self, case: Case, model, layers, *, component: str = "z", bad: str | None = None,
+                 tag: str | None = None, batch_size: int = 256, chunk: int = 256):
+        self.sites = {L: Site.of(component, L) for L in sorted(set(layers)) or [0]}
+        self.contrast, _ = make_contrast(case, model, bad=bad, tag=tag, batch_size=batch_size,
+                                         sites=list(self.sites.values()))
+        self.chunk = chunk
+
+    def scores(self, subsets) -> np.ndarray:
+        """Item scores [len(subsets), items]; each subset a list of `Unit`s (empty: the failing run as it is)."""
+        import torch
+
+        out = []
+        for start in range(0, len(subsets), self.chunk):
+            part = subsets[start:start + self.chunk]
+            masks = {}
+            for L, site in self.sites.items():
+                m = torch.zeros(len(part), self.contrast.units(site))
+                for p, us in enumerate(part):
+                    for u in us:
+                        if u.layer == L:
+                            m[p, u.head] = 1.0
+                masks[site] = m
+            with torch.no_grad():
+                out.append(self.contrast.run(masks).cpu().numpy())
+        return np.concatenate(out) if out else np.zeros((0, self.contrast.n_items))
+
+    def right(self, scores):
+        return scores > self.contrast.metric.right_above
+
+
 def evaluate_subsets(case: Case, model, subsets: Sequence[str | Sequence[str]], *, component: str = "z",
                      bad: str | None = None, tag: str | None = None, batch_size: int = 256) -> list[SubsetRate]:
     """Each named subset ("L0H4,L0H6", or a list of labels; "" is none: the failing run as it is) patched alone, as
     the subset search patches: one batched run of the case's items (`tag`), the rate of items right and the repair
     fraction."""
-    import torch
-
     names = [s if isinstance(s, str) else ",".join(s) for s in subsets]
     if not names:
         raise AnalysisError("no subset to evaluate", field="--eval", fix="name heads, e.g. --eval L0H4,L0H6")
     n_units = Site.of(component, 0).n_units(model.cfg)
     units = [parse_units(n, None, model.cfg.n_layers, n_units) if n.strip() else [] for n in names]  # "": no head
-    layers = sorted({u.layer for us in units for u in us}) or [0]
-    sites = {L: Site.of(component, L) for L in layers}
-    contrast, _ = make_contrast(case, model, bad=bad, tag=tag, batch_size=batch_size, sites=list(sites.values()))
-    masks = {}
-    for L, site in sites.items():
-        m = torch.zeros(len(units), contrast.units(site))
-        for p, us in enumerate(units):
-            for u in us:
-                if u.layer == L:
-                    m[p, u.head] = 1.0
-        masks[site] = m
-    with torch.no_grad():
-        scores = contrast.run(masks).cpu().numpy()  # [P, items]
-    base, good = float(contrast.clean_base.mean()), float(contrast.clean_source.mean())
-    right = scores > contrast.metric.right_above
+    run = _SubsetRunner(case, model, [u.layer for us in units for u in us], component=component, bad=bad, tag=tag,
+                        batch_size=batch_size)
+    return _rates(run, units, run.scores(units))
+
+
+def _rates(run: _SubsetRunner, units, scores) -> list[SubsetRate]:
+    c = run.contrast
+    base, good = float(c.clean_base.mean()), float(c.clean_source.mean())
+    right = run.right(scores)
     out = []
     for p, us in enumerate(units):
         mean = float(scores[p].mean())
@@ -176,10 +204,27 @@ class HeldOutRow:
     held_out: Estimate  # its rate on the evaluation items
 
 
+@dataclass(frozen=True)
+class HeldOutKStar:
+    """A family's k* (the smallest size at which at least x of the subsets repair) on the discovery items and on the
+    evaluation items. The held-out fractions are the search's own subsets of each size re-evaluated on the
+    evaluation items (no new choice): from the discovery k*, down while the size below still reaches x, else up until
+    a size does; so k* - 1 and k* at the least, and every size between the two k* where they differ. Where the
+    fraction repairing grows with k (it does wherever a superset of a repairing subset repairs) this is the smallest
+    such k on the evaluation items."""
+
+    family: str
+    x: float
+    discovery: int | None  # in-sample
+    held_out: int | None  # None: no size evaluated reached x (or none reached it on the discovery items)
+    sizes: dict[int, Estimate] = field(default_factory=dict)  # k -> the share of its subsets repairing, held out
+    discovery_sizes: dict[int, Estimate] = field(default_factory=dict)  # the same sizes on the discovery items
+
+
 @dataclass
 class HeldOutThreshold(Shows):
     """The subset search on the discovery items (in-sample) and, per family and size, its best subset evaluated on
-    the evaluation items (held-out, the headline)."""
+    the evaluation items (held-out, the headline), with each family's k* on both."""
 
     case: str
     split: Split
@@ -187,16 +232,20 @@ class HeldOutThreshold(Shows):
     rows: list[HeldOutRow] = field(default_factory=list)
     n_discovery: int = 0
     n_evaluation: int = 0
+    k_star: list[HeldOutKStar] = field(default_factory=list)
 
     def row(self, family: str, k: int) -> HeldOutRow:
         return next(r for r in self.rows if r.family == family and r.k == k)
+
+    def threshold(self, family: str) -> HeldOutKStar:
+        return next(t for t in self.k_star if t.family == family)
 
 
 def threshold_heldout(case: Case, model, *, holdout: float = 0.5, seed: int = 0, tag: str | None = None,
                       bad: str | None = None, component: str = "z", batch_size: int = 256, out=None,
                       eval_items=None, _discovery=None, _split=None, **search) -> HeldOutThreshold:
-    """The subset search (`threshold_search`, with `search`'s options) on a seeded discovery split of the items, and
-    each family's best subset per size evaluated on the held-out items."""
+    """The subset search (`threshold_search`, with `search`'s options) on a seeded discovery split of the items, each
+    family's best subset per size evaluated on the held-out items, and each family's k* on them (`HeldOutKStar`)."""
     if _discovery is not None:  # cross-validation: the fold's split, given
         split, disc, ev = _split, list(_discovery), list(eval_items)
     else:
@@ -207,21 +256,69 @@ def threshold_heldout(case: Case, model, *, holdout: float = 0.5, seed: int = 0,
                                  seed=seed, out=out or tmp, **search)
         rates = per_subset(out or tmp)
     plan = plan_from_options(found.options)
-    labels = [u.label for u in plan.units]
+    units = list(plan.units)
+    labels = [u.label for u in units]
+    members = lambda m: [units[i] for i in range(len(units)) if (m >> i) & 1]  # noqa: E731
     picks = []
     for fam in plan.families:
-        ev = [m for m in fam.masks if m in rates]
-        if not ev:
+        ev_masks = [m for m in fam.masks if m in rates]
+        if not ev_masks:
             continue
-        best = max(ev, key=lambda m: rates[m][0])  # max keeps the first of ties, in the plan's order
-        picks.append((fam.name, fam.key[0], tuple(labels[i] for i in range(len(labels)) if (best >> i) & 1),
-                      rates[best][0]))
-    evaluated = evaluate_subsets(eval_case, model, [",".join(p[2]) for p in picks], component=component, bad=bad,
-                                 tag=None, batch_size=batch_size) if picks else []
+        best = max(ev_masks, key=lambda m: rates[m][0])  # max keeps the first of ties, in the plan's order
+        picks.append((fam.name, fam.key[0], best, rates[best][0]))
+    run = _SubsetRunner(eval_case, model, [u.layer for u in units], component=component, bad=bad,
+                        batch_size=batch_size)
+    chosen = [members(p[2]) for p in picks]
+    evaluated = _rates(run, chosen, run.scores(chosen)) if picks else []
     n_d = len(split.discovery)
-    rows = [HeldOutRow(fam, k, sub, wilson(int(round(rate * n_d)), n_d), e.rate)
-            for (fam, k, sub, rate), e in zip(picks, evaluated)]
-    return HeldOutThreshold(case.name, split, found, rows, n_d, len(split.evaluation))
+    rows = [HeldOutRow(fam, k, tuple(labels[i] for i in range(len(labels)) if (m >> i) & 1),
+                       wilson(int(round(rate * n_d)), n_d), e.rate)
+            for (fam, k, m, rate), e in zip(picks, evaluated)]
+    k_star = [_held_out_k_star(run, plan, found, t, rates, members) for t in found.thresholds]
+    return HeldOutThreshold(case.name, split, found, rows, n_d, len(split.evaluation), k_star)
+
+
+def _held_out_k_star(run: _SubsetRunner, plan, found: ThresholdResult, t, rates: dict, members) -> HeldOutKStar:
+    """`HeldOutKStar` of family `t.family` (see there): the walk from the discovery k*."""
+    by_k = {f.key[0]: f for f in plan.families if f.name == t.family and len(f.key) == 1}
+    item_rate = found.item_rate
+    held: dict[int, Estimate] = {}
+    disc: dict[int, Estimate] = {}
+
+    def share(k: int) -> float:
+        if k not in held:
+            fam = by_k[k]
+            masks = [m for m in fam.masks if m in rates]  # the subsets the search evaluated
+            right = run.right(run.scores([members(m) for m in masks])) if masks else np.zeros((0, 1), bool)
+            n_rep = int((right.mean(axis=1) >= item_rate - 1e-12).sum()) if masks else 0
+            exact = fam.enumerated and len(masks) == len(fam.masks)
+            held[k] = _share(n_rep, len(masks), exact)
+            d_rep = sum(rates[m][0] >= item_rate - 1e-12 for m in masks)
+            disc[k] = _share(int(d_rep), len(masks), exact)
+        return held[k].value
+
+    k = t.k_star
+    if k is None or k not in by_k:
+        return HeldOutKStar(t.family, t.x, t.k_star, None)
+    if share(k) >= t.x:
+        while k - 1 in by_k and share(k - 1) >= t.x:
+            k -= 1
+    else:
+        while k + 1 in by_k:
+            k += 1
+            if share(k) >= t.x:
+                break
+        else:
+            k = None
+    return HeldOutKStar(t.family, t.x, t.k_star, k, dict(sorted(held.items())), dict(sorted(disc.items())))
+
+
+def _share(n_rep: int, n: int, exact: bool) -> Estimate:
+    """The share of `n` subsets that repair: exact where they are every subset of the size, else Wilson's interval."""
+    if exact and n:
+        v = n_rep / n
+        return Estimate(v, v, v, n, "exact (every subset)")
+    return wilson(n_rep, n)
 
 
 @dataclass
@@ -293,8 +390,9 @@ class FoldsThreshold(Shows):
     seed: int
     n_items: int
     fold_sizes: list
-    k_star: dict  # family -> [k* per fold]
+    k_star: dict  # family -> [k* per fold], on each fold's discovery items (in-sample)
     rows: list = field(default_factory=list)
+    k_star_held_out: dict = field(default_factory=dict)  # family -> [k* per fold on the fold's own items]
 
 
 def threshold_folds(case: Case, model, *, folds: int = 5, seed: int = 0, tag: str | None = None,
@@ -305,6 +403,7 @@ def threshold_folds(case: Case, model, *, folds: int = 5, seed: int = 0, tag: st
     parts = fold_items(items, folds, seed)
     per: dict[tuple[str, int], list] = {}
     kstar: dict[str, list] = {}
+    kstar_held: dict[str, list] = {}
     for f, held in enumerate(parts):
         ev = set(held)
         disc = tuple(i for i in range(len(items)) if i not in ev)
@@ -313,6 +412,8 @@ def threshold_folds(case: Case, model, *, folds: int = 5, seed: int = 0, tag: st
                         seed=seed, **search)
         for t in r.search.thresholds:
             kstar.setdefault(t.family, []).append(t.k_star)
+        for t in r.k_star:
+            kstar_held.setdefault(t.family, []).append(t.held_out)
         for row in r.rows:
             per.setdefault((row.family, row.k), []).append(row)
     rows = []
@@ -324,7 +425,7 @@ def threshold_folds(case: Case, model, *, folds: int = 5, seed: int = 0, tag: st
         rates = [row.held_out.value for row in got]
         rows.append(FoldRow(fam, k, dict(sorted(counts.items(), key=lambda kv: -kv[1])), rates,
                             float(sum(rates) / len(rates)), [list(row.subset) for row in got]))
-    return FoldsThreshold(case.name, folds, seed, len(items), [len(p) for p in parts], kstar, rows)
+    return FoldsThreshold(case.name, folds, seed, len(items), [len(p) for p in parts], kstar, rows, kstar_held)
 
 
 @dataclass
@@ -377,6 +478,6 @@ def _heldout_on(case: Case, model, items, split: Split, *, tag, bad, component, 
                              eval_items=ev, _discovery=disc, _split=split, **search)
 
 
-__all__ = ["FoldRow", "FoldsCircuit", "FoldsThreshold", "circuit_folds", "fold_items", "threshold_folds", "HeldOutCircuit", "HeldOutRow", "HeldOutThreshold", "Split", "SubsetRate", "eval_items_of", "eval_split",
+__all__ = ["FoldRow", "FoldsCircuit", "FoldsThreshold", "circuit_folds", "fold_items", "threshold_folds", "HeldOutCircuit", "HeldOutKStar", "HeldOutRow", "HeldOutThreshold", "Split", "SubsetRate", "eval_items_of", "eval_split",
            "evaluate_subsets", "split_items",
            "threshold_heldout", "circuit_heldout"]

@@ -15,7 +15,7 @@ folder, so an interrupted report resumes); what the steps did and with which opt
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Protocol, Sequence
 
 import numpy as np
@@ -25,6 +25,7 @@ from surgeon.analyses.blend import blend
 from surgeon.analyses.circuit import default_method, discover
 from surgeon.analyses.diagnose import diagnose
 from surgeon.analyses.feature_circuit import feature_circuit
+from surgeon.analyses.heldout import HeldOutCircuit, circuit_heldout, eval_items_of, threshold_heldout
 from surgeon.analyses.logit_attribution import logit_attribution
 from surgeon.analyses.patching import patch_heads
 from surgeon.analyses.positions import patch_positions
@@ -37,7 +38,7 @@ from surgeon.results import versions
 from surgeon.sae.load import SAESource, load_sae
 from surgeon.search.threshold import threshold_search
 from surgeon.show import Shows
-from surgeon.spec.case import Case
+from surgeon.spec.case import Case, content_digest
 
 STEPS = ("diagnose", "dla", "patch", "positions", "threshold", "blend", "circuit", "attention", "sae")
 # steps a report runs only when asked (--steps ...,repair): the repair search adds a minute on the decimal organism
@@ -91,12 +92,18 @@ def run_report(case: Case, model, *, steps=STEPS, layer: int | None = None, budg
                blend_step: float = 0.02, circuit_method: str | None = None, verify: int = 50, paths: int = 10,
                sae_source: SAESource | None = None, batch_size: int = 256, store: Store | None = None,
                bad: str | None = None, tag: str | None = None, item_rate: float = 1.0, heads: str | None = None,
-               groups: Sequence[str] | None = None, seed: int = 0, progress: bool = False) -> Report:
+               groups: Sequence[str] | None = None, seed: int = 0, holdout: float | None = 0.5, eval_items=None,
+               progress: bool = False) -> Report:
     """Run `steps` on `case` (see the module's docstring); `layer` fixes the threshold and blend layer; `bad` and
     `tag` pick the failing format and the items (default: the case's first failing format and its focus; the SAE
     comparisons default to every item). The subset search: `heads` its candidates (default: every head of the
     layer), `groups` the built-in groups searched within (default: even, odd and a random half, with 4 heads or
-    more), `item_rate` the fraction of items a repairing subset gets right, `seed` its sampling."""
+    more), `item_rate` the fraction of items a repairing subset gets right, `seed` its sampling and the split's.
+
+    The steps that select (the subset search and the circuit) run on discovery items and report what they chose on
+    held-out items, the result (`heldout`): `holdout` the share of the items held out (seeded by `seed`, stratified by
+    tag), or `eval_items` other items to evaluate on (a number of fresh items from the case's `draw`, a case file, or
+    Items); `holdout=None` (or 0) with no `eval_items` runs them on every item, every number in-sample."""
     unknown = [s for s in steps if s not in STEPS + OPTIONAL_STEPS]
     if unknown:
         raise AnalysisError(f"unknown report steps {unknown}", field="--steps",
@@ -126,6 +133,10 @@ def run_report(case: Case, model, *, steps=STEPS, layer: int | None = None, budg
 
     H = model.cfg.n_heads
     sel = {"bad": bad, "tag": tag}  # in every step's options: a stored step is reused only for the same choice
+    held = bool(holdout) or eval_items is not None
+    # how the selecting steps split the items (in their options: a stored step is reused only for the same split)
+    split = ({"holdout": holdout if eval_items is None else None, "split_seed": seed,
+              "eval_items": _eval_key(case, eval_items, seed)} if held else {"holdout": None})
     if "diagnose" in steps:
         step("diagnose", {"batch_size": batch_size}, lambda: diagnose(case, model, batch_size=batch_size,
                                                                       progress=progress))
@@ -146,20 +157,23 @@ def run_report(case: Case, model, *, steps=STEPS, layer: int | None = None, budg
                                                         **sel))
     if "threshold" in steps:
         opts = {"layer": L, "heads": heads, "groups": groups, "budget": budget,
-                "item_rate": item_rate, "seed": seed, **sel}
-        step("threshold", opts, lambda: threshold_search(case, model, layer=opts["layer"], heads=heads, groups=groups,
-                                                         budget=budget, item_rate=item_rate, seed=seed,
-                                                         batch_size=batch_size, progress=progress, **sel))
+                "item_rate": item_rate, "seed": seed, **sel, **split}
+        search = dict(layer=L, heads=heads, groups=groups, budget=budget, item_rate=item_rate, seed=seed,
+                      batch_size=batch_size, progress=progress, bad=bad, tag=tag)
+        step("threshold", opts, lambda: threshold_heldout(case, model, holdout=holdout or 0.5, eval_items=eval_items,
+                                                          **search) if held else threshold_search(case, model, **search))
     if "blend" in steps:
         opts = {"layer": L, "step": blend_step, **sel}
         step("blend", opts, lambda: blend(case, model, layer=L, step=blend_step, batch_size=batch_size, **sel))
     if "circuit" in steps or "attention" in steps:  # the attention step shows the circuit's heads
         method = circuit_method or default_method(case)
-        opts = {"method": method, "verify": verify, "paths": paths, "faithfulness": 0.9, **sel}
-        step("circuit", opts, lambda: discover(case, model, method=method, verify=verify, n_paths=paths,
-                                               batch_size=batch_size, **sel))
+        opts = {"method": method, "verify": verify, "paths": paths, "faithfulness": 0.9, **sel, **split}
+        found = dict(method=method, verify=verify, n_paths=paths, batch_size=batch_size, bad=bad, tag=tag)
+        step("circuit", opts, lambda: circuit_heldout(case, model, holdout=holdout or 0.5, seed=seed,
+                                                      eval_items=eval_items, **found) if held else
+             discover(case, model, **found))
     if "attention" in steps:
-        heads = circuit_heads(rep.steps["circuit"])
+        heads = circuit_heads(found_circuit(rep.steps["circuit"]))
         if heads:
             opts = {"heads": heads, "items": [0], **sel}
             step("attention", opts, lambda: attention_patterns(case, model, heads=heads, items=[0], tag=tag,
@@ -176,6 +190,21 @@ def run_report(case: Case, model, *, steps=STEPS, layer: int | None = None, budg
     if bar is not None:
         bar.close()
     return rep
+
+
+def found_circuit(result):
+    """The circuit a circuit step found: the step's `CircuitResult`, or a held-out one's search on the discovery
+    items."""
+    return result.search if isinstance(result, HeldOutCircuit) else result
+
+
+def _eval_key(case: Case, eval_items, seed: int):
+    """`eval_items` as a step option: the items it gives, by content (a case file's or a draw's items, not its name
+    or the number asked: an edited file or `draw` is other items)."""
+    if eval_items is None:
+        return None
+    items, _ = eval_items_of(case, eval_items, seed)
+    return content_digest(replace(case, items=items, draw=None))
 
 
 def circuit_heads(circuit, n: int = ATTENTION_HEADS) -> list[str]:

@@ -297,6 +297,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--sae-release", help="a sae-lens release for the SAE steps (default: the case's saes)")
     p.add_argument("--sae-id", help="the SAE id within the release; {layer} is replaced")
     p.add_argument("--sae-dir", help="local SAE directories; {layer} is replaced")
+    p.add_argument("--holdout", type=cli_types.holdout, metavar="FRAC",
+                   help="the subset search and the circuit run on discovery items and are reported on the held-out "
+                        "FRAC, seeded by --seed and stratified by tag (default 0.5; 0: every item, in-sample)")
+    p.add_argument("--eval-items", metavar="N|FILE",
+                   help="the subset search and the circuit run on every item and are reported on these: " + EVAL_ITEMS)
     add_items(p)
     add_metric(p)
 
@@ -731,14 +736,23 @@ def cmd_report(args) -> int:
         raise SurgeonError(f"unknown report steps {unknown}" if unknown else "no report step given", field="--steps",
                            fix=f"choose from: {','.join(REPORT_STEPS + REPORT_OPTIONAL)}")
     out = args.out or Path("out") / f"report-{Path(args.case).stem}"
-    case, model, device = load_case_and_model(args, out=out)
+    one_evaluation_choice(args)
+    holdout = 0.5 if args.holdout is None and args.eval_items is None else args.holdout
+
+    def split_check(case):  # too few items for the split, or evaluation items that do not fit, before the model loads
+        if {"threshold", "circuit"} & set(steps) and (holdout or args.eval_items is not None):
+            from surgeon.analyses.heldout import eval_split
+
+            eval_split(case, args.tag, holdout, args.seed, args.eval_items)
+
+    case, model, device = load_case_and_model(args, out=out, check=split_check)
     import surgeon.api as api
 
     rep = api.report(case, model, out=out, steps=steps, layer=args.layer, budget=args.budget, verify=args.verify,
                      paths=args.paths, sae_release=args.sae_release, sae_id=args.sae_id, sae_dir=args.sae_dir,
                      batch_size=args.batch_size, device=device, dtype=args.dtype, bad=args.bad, tag=args.tag,
                      item_rate=args.item_rate, heads=args.heads, seed=args.seed, progress=True,
-                     groups=None if args.groups is None else [] if args.groups.strip() in ("", "none") else
+                     holdout=holdout, eval_items=args.eval_items, groups=None if args.groups is None else [] if args.groups.strip() in ("", "none") else
                      [g.strip() for g in args.groups.split(",") if g.strip()])
     print(rep)
     print(f"\nwrote {out}/report.html, figures/ and one folder per step")

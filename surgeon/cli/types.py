@@ -44,6 +44,17 @@ def fraction(text: str) -> float:
     return v
 
 
+def holdout(text: str) -> float:
+    """A share of items held out, or 0 for none."""
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number, got {text!r}") from None
+    if not 0 <= v < 1:
+        raise argparse.ArgumentTypeError(f"must be in [0, 1) (0: no items held out), got {text!r}")
+    return v
+
+
 def bounded(lo: int, hi: int):
     """An integer type for argparse accepting lo..hi."""
     def check(text: str) -> int:

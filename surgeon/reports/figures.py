@@ -209,6 +209,37 @@ def threshold_figure(r, path: Path):
     return _save(fig, path)
 
 
+def heldout_figure(r, path: Path):
+    """A `HeldOutThreshold`: per family and size k, the best subset on the discovery items evaluated on the held-out
+    items (filled, the result) beside its in-sample rate (hollow), with 95% intervals; each family's held-out k*."""
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(6, 3.6))
+    fams = list(dict.fromkeys(row.family for row in r.rows))
+    for i, fam in enumerate(fams):
+        rows = sorted((row for row in r.rows if row.family == fam), key=lambda row: row.k)
+        k = np.array([row.k for row in rows], dtype=float) + 0.1 * (i - (len(fams) - 1) / 2)
+        h = [row.held_out for row in rows]
+        d = [row.discovery for row in rows]
+        line = ax.errorbar(k, [e.value for e in h], yerr=_yerr([e.value for e in h], [e.lo for e in h], [e.hi for e in h]),
+                           marker="o", capsize=3, label=f"{fam}: held out (n={r.n_evaluation})")
+        ax.plot(k, [e.value for e in d], marker="o", mfc="none", ls=":", color=line[0].get_color(),
+                label=f"{fam}: in-sample (n={r.n_discovery})")
+        t = next((t for t in r.k_star if t.family == fam), None)
+        if t is not None and t.held_out is not None:
+            ax.axvline(t.held_out, color=line[0].get_color(), lw=0.8, ls="--")
+            ax.annotate(f"k*={t.held_out} held out", (t.held_out, 0.02 + 0.07 * i), fontsize=7,
+                        color=line[0].get_color())
+    from matplotlib.ticker import MaxNLocator
+
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_xlabel("subset size k")
+    ax.set_ylabel("items right, best subset of its size")
+    ax.set_ylim(-0.03, 1.03)
+    ax.set_title("the best subset per k, chosen on the discovery items", fontsize=8)
+    ax.legend(fontsize=6, ncol=2)
+    return _save(fig, path)
+
+
 def blend_figure(r, path: Path):
     """Repair rate vs blend fraction a, with 95% intervals, and the distribution of switching points."""
     plt = _plt()

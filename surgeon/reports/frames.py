@@ -66,6 +66,14 @@ def threshold_frame(r):
     return pd.DataFrame(rows[1:], columns=rows[0])
 
 
+def heldout_frame(r):
+    """Per family and size k: the best subset on the discovery items, its held-out rate (the result) and its in-sample
+    rate, each with its Wilson 95% interval and n."""
+    return _df([{"family": row.family, "k": row.k, "subset": "+".join(row.subset),
+                 **{f"{side}_{part}": getattr(getattr(row, side), part) for side in ("held_out", "discovery")
+                    for part in ("value", "lo", "hi", "n")}} for row in r.rows])
+
+
 def blend_frame(b):
     """item, the blend fraction a* where its score crosses into right, and how often its sign changes."""
     return _df([{"item": i, "switch": _nan(b.switch[i]), "crossings": int(b.crossings[i])}

@@ -10,6 +10,8 @@ from __future__ import annotations
 import html
 from pathlib import Path
 
+from surgeon.analyses.heldout import HeldOutCircuit, HeldOutThreshold
+from surgeon.analyses.pipeline import found_circuit
 from surgeon.reports.figures import journal_width, save_figure
 from surgeon.reports import circuit_view
 from surgeon.reports.latex import CAPTIONS, main_tex, paper_tables
@@ -71,6 +73,8 @@ def methods_paragraph(rep, how: str = "text") -> str:
                      "on the first item in every format.")
     if "threshold" in o:
         t, r = o["threshold"], st.get("threshold")
+        held = r if isinstance(r, HeldOutThreshold) else None
+        r = held.search if held is not None else r
         rate = t.get("item_rate", 1.0)
         right = "every item" if rate >= 1 else f"at least {100 * rate:g}% of the items"
         n = len(r.units) if r is not None else None
@@ -81,11 +85,18 @@ def methods_paragraph(rep, how: str = "text") -> str:
                      + (f"; also within the {' and '.join(t['groups'])} heads" if t["groups"] else "")
                      + f"); a subset repairs when the model is right on {right}, and k* is the smallest k at "
                        f"which at least {100 * (r.x if r is not None else 0.5):g}% of the subsets repair.")
+        if held is not None:
+            parts.append(f"The search ran on discovery items and what it chose was evaluated on held-out items, the "
+                         f"results reported (as MIB's circuit-localization track does {cite('mueller2025mib')}): "
+                         f"{held.split.describe()}. Per size k, the subset best on the discovery items was patched "
+                         "on the held-out items, and k* was measured there on the search's own subsets of the sizes "
+                         "around it; rates on the discovery items are in-sample and overstated by the choice.")
     if "blend" in o:
         parts.append(f"Layer {o['blend']['layer']}'s head outputs were blended (1-a) failing + a good on a grid of "
                      f"step {o['blend']['step']}.")
     if "circuit" in o and st.get("circuit") is not None:
-        c = st["circuit"]
+        held = st["circuit"] if isinstance(st["circuit"], HeldOutCircuit) else None
+        c = held.search if held is not None else st["circuit"]
         co = c.options
         name, keys = METHOD_NAMES.get(c.method, (c.method, ()))
         steps = f" with {co['ig_steps']} steps" if "ig" in c.method and co.get("ig_steps") else ""
@@ -109,7 +120,15 @@ def methods_paragraph(rep, how: str = "text") -> str:
                      + (f"the top {verified} verified by exact edge patching; " if verified and c.method != "exact"
                         else "")
                      + f"{meaning}. The circuit is {target}: {len(c.circuit)} edges, f = "
-                       f"{c.circuit_faithfulness:.3f}.{paths}")
+                       f"{c.circuit_faithfulness:.3f}" + (" on the discovery items (in-sample)." if held else ".")
+                     + paths)
+        if held is not None:
+            h = held.held_out
+            ci = h.get("faithfulness_ci")
+            parts.append(f"The circuit was found on discovery items and measured on held-out items under the same "
+                         f"ablation, semantics and direction, MIB's protocol {cite('mueller2025mib')}: "
+                         f"{held.split.describe()}; on the held-out items f = {h['faithfulness']:.3f}"
+                         + (f" (95% interval {ci[0]:.3f} to {ci[1]:.3f})" if ci else "") + ", the result.")
     sae = [k for k in ("sae_overlap", "sae_amplified", "sae_heads", "sae_repair", "sae_feature_circuit") if k in o]
     if sae:
         what = {"sae_overlap": f"the overlap of the formats' top {o.get('sae_overlap', {}).get('k', 20)} features per "
@@ -192,7 +211,7 @@ def render(rep, drawn: dict | None = None) -> str:
         v = view_of(result)
         out.append(f"<section id='{name}'><h2>{html.escape(TITLES.get(name, name))}</h2>")
         if name == "circuit":
-            out.append(circuit_view.view(result))
+            out.append(circuit_view.view(found_circuit(result)))
         if name in tables:
             out.append(tables[name].html())
         if name == "diagnose":

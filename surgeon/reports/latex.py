@@ -13,6 +13,12 @@ CAPTIONS = {
                               "into the failing one, (patched - failing) / (good - failing) of the mean score.",
     ("threshold", "threshold.png"): "Fraction of head subsets of each size k that repair the failure (95\\% "
                                     "intervals), and the repair rate of subsets with and without each head.",
+    ("threshold", "heldout.png"): "The best head subset of each size k, chosen on the discovery items: its share of "
+                                  "held-out items right (filled, the result) and of the discovery items (hollow, "
+                                  "in-sample), with Wilson 95\\% intervals; k* measured on the held-out items.",
+    ("threshold", "search.png"): "The subset search on the discovery items (in-sample): fraction of head subsets of "
+                                 "each size k that repair (95\\% intervals), and the repair rate of subsets with and "
+                                 "without each head.",
     ("blend", "blend.png"): "Share of items right as the layer's head outputs are blended from the failing "
                             "format's towards the good format's, and where each item switches.",
     ("dla", "dla.png"): "Direct logit attribution: each head's direct effect on the logit difference per format "
@@ -23,6 +29,8 @@ CAPTIONS = {
                                     "format side by side.",
     ("circuit", "faithfulness.png"): "Faithfulness of the top-k edges of the ranking, by the fraction of edges kept.",
     ("circuit", "circuit.png"): "The circuit: its edges, by layer.",
+    ("circuit", "faithfulness_discovery.png"): "Faithfulness of the top-k edges of the ranking on the discovery items "
+                                               "(in-sample), by the fraction of edges kept.",
     ("sae_overlap", "overlap.png"): "Overlap of the formats' top SAE features per layer.",
     ("sae_heads", "heads_features.png"): "The effect of each head on the SAE features that differ between formats.",
 }

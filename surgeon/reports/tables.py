@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from surgeon.reports.citations import tex_escape
+from surgeon.show import view_of
 
 
 @dataclass
@@ -137,6 +138,41 @@ def threshold_table(r) -> Table:
                  ["k", "subsets", "repairing", "best subset"], rows, "rrrr")
 
 
+def heldout_threshold_table(r) -> Table:
+    rows = []
+    for row in sorted((row for row in r.rows if row.family == "all"), key=lambda row: row.k):
+        size = r.search.size("all", row.k)
+        rows.append([str(row.k), "+".join(row.subset) or "(none)",
+                     _pct(row.held_out.value, row.held_out.lo, row.held_out.hi),
+                     _pct(row.discovery.value, row.discovery.lo, row.discovery.hi),
+                     _pct(size.fraction, size.lo, size.hi)])
+    t = next((t for t in r.k_star if t.family == "all"), None)
+    k = ("" if t is None else
+         f"; k* = {'--' if t.held_out is None else t.held_out} held out ({'--' if t.discovery is None else t.discovery} "
+         f"in-sample), the smallest k at which {100 * t.x:g}% of the subsets repair")
+    return Table("threshold", f"Head subsets by size k, the search run on {r.n_discovery} discovery items: the best "
+                 f"subset of each size evaluated on {r.n_evaluation} held-out items (the result) beside its rate on "
+                 f"the discovery items, where it was chosen (in-sample, overstated by the choice), and the in-sample "
+                 f"share of subsets repairing (right on at least {100 * r.search.item_rate:g}% of the items){k}. "
+                 "Wilson 95% intervals.",
+                 ["k", "best subset (discovery)", "held out", "in-sample", "repairing (in-sample)"], rows, "rlrrr")
+
+
+def heldout_circuit_table(r) -> Table:
+    t = circuit_table(r.search)
+    h = r.held_out
+    ci = h.get("faithfulness_ci")
+    reading = "faithfulness" if h.get("semantics", "kept") == "kept" else "share removed by knocking it out"
+    held = _ci(h["faithfulness"], *(ci if ci else (None, None)))
+    c = r.search
+    t.caption = (f"The circuit found on {r.n_discovery} discovery items: {len(c.circuit)} edges, {reading} {held} on "
+                 f"{r.n_evaluation} held-out items (the result; 95% interval over items) and "
+                 f"{c.circuit_faithfulness:.3f} on the discovery items where it was pruned (in-sample). Its "
+                 f"{len(t.rows)} top-scoring edges of {c.n_edges} (estimated and exact effect on the mean score over "
+                 "the discovery items, 95% bootstrap intervals).")
+    return t
+
+
 def blend_table(b) -> Table:
     alphas = np.asarray(b.alphas, dtype=float)
     picks = sorted({int(np.argmin(np.abs(alphas - a))) for a in np.linspace(0, 1, 11)})
@@ -230,15 +266,15 @@ def repair_table(r) -> Table:
                  ["measure", "format", "tag", "repaired", "unrepaired", "n"], rows, "lllrrr")
 
 
-TABLES = {"diagnose": diagnose_table, "dla": dla_table, "patch": patch_table, "positions": positions_table,
-          "threshold": threshold_table, "blend": blend_table, "circuit": circuit_table, "sae_overlap": overlap_table,
-          "sae_amplified": amplified_table, "sae_heads": head_feature_table, "sae_repair": feature_repair_table,
-          "sae_feature_circuit": feature_circuit_table, "repair": repair_table}
-
-
 def step_tables(rep) -> dict[str, Table]:
-    """{step: its table} for the steps that ran (in the report's order)."""
-    return {step: TABLES[step](result) for step, result in rep.steps.items() if step in TABLES}
+    """{step: its table} for the steps that ran (in the report's order): each result's view's table (`surgeon.show`),
+    so a step holding a held-out result shows the held-out table."""
+    out = {}
+    for step, result in rep.steps.items():
+        table = view_of(result).table
+        if table is not None:
+            out[step] = table(result)
+    return out
 
 
 SORT_JS = r"""

@@ -191,6 +191,15 @@ def heldout_text(r) -> str:
     for row in r.rows:
         lines.append(f"{row.family:<12} {row.k:>3}  {est(row.held_out):<24} {est(row.discovery):<24} "
                      f"{'+'.join(row.subset) or '(none)'}")
+    if r.k_star:
+        lines += ["", f"k* (the smallest k at which at least x of the subsets repair): held out, the search's own subsets "
+                      f"of the sizes around it re-evaluated on the {r.n_evaluation} evaluation items; in-sample on the "
+                      "discovery items"]
+        for t in r.k_star:
+            shares = "; ".join(f"k={k}: {100 * e.value:.1f}% held out, {100 * t.discovery_sizes[k].value:.1f}% in-sample"
+                               for k, e in t.sizes.items())
+            lines.append(f"  {t.family:<10} k* held out {'-' if t.held_out is None else t.held_out:>3} · in-sample "
+                         f"{'-' if t.discovery is None else t.discovery:>3}  (x = {100 * t.x:g}%{'; ' + shares if shares else ''})")
     lines += ["", f"the search on the discovery items (in-sample, n={r.n_discovery}):", threshold_text(s)]
     return "\n".join(lines)
 
@@ -202,6 +211,9 @@ def folds_text(r) -> str:
              "its search and its best subsets evaluated on them",
              "k* per fold (on that fold's discovery items, in-sample): "
              + "; ".join(f"{fam} {', '.join('-' if k is None else str(k) for k in ks)}" for fam, ks in r.k_star.items()),
+             "k* per fold held out (on the fold's own items): "
+             + ("; ".join(f"{fam} {', '.join('-' if k is None else str(k) for k in ks)}"
+                          for fam, ks in r.k_star_held_out.items()) or "(not measured)"),
              "", f"{'family':<12} {'k':>3}  {'held-out rate: mean (per fold)':<40} best subset of its size: in how many "
                  "folds"]
     for row in r.rows:

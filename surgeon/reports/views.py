@@ -40,6 +40,22 @@ def _circuit_line(c) -> str:
             f"({c.method}, {c.ablation} ablation)")
 
 
+def _heldout_line(r) -> str:
+    t = next((t for t in r.k_star if t.family == "all"), None)
+    if t is None:
+        return f"{len(r.rows)} best subsets evaluated on {r.n_evaluation} held-out items"
+    return (f"k* = {'-' if t.held_out is None else t.held_out} held out on {r.n_evaluation} items "
+            f"({'-' if t.discovery is None else t.discovery} in-sample on {r.n_discovery})")
+
+
+def _heldout_circuit_line(r) -> str:
+    h, c = r.held_out, r.search
+    ci = h.get("faithfulness_ci")
+    return (f"{len(c.circuit)} of {c.n_edges} edges, f = {h['faithfulness']:.3f}"
+            + (f" [{ci[0]:.3f}, {ci[1]:.3f}]" if ci else "")
+            + f" held out on {r.n_evaluation} items ({c.circuit_faithfulness:.3f} in-sample)")
+
+
 def _feature_circuit_line(r) -> str:
     d = r.directions["denoise"]
     return (f"{len(d.circuit)} of {len(r.nodes)} nodes, faithfulness {d.faithfulness.value:.3f} "
@@ -62,8 +78,14 @@ VIEWS = {
     "ThresholdResult": View("threshold", text.threshold_text, {"threshold.png": figures.threshold_figure},
                             {"subsets.csv": text.threshold_rows}, table=tables.threshold_table,
                             headline=_threshold_line),
-    "HeldOutThreshold": View("threshold-heldout", text.heldout_text),
-    "HeldOutCircuit": View("circuit-heldout", text.heldout_circuit_text),
+    "HeldOutThreshold": View("threshold-heldout", text.heldout_text,
+                             {"heldout.png": figures.heldout_figure,
+                              "search.png": lambda r, p: figures.threshold_figure(r.search, p)},
+                             table=tables.heldout_threshold_table, headline=_heldout_line),
+    "HeldOutCircuit": View("circuit-heldout", text.heldout_circuit_text,
+                           {"faithfulness_discovery.png": lambda r, p: figures.faithfulness_figure(r.search, p),
+                            "circuit.png": lambda r, p: circuit_figure(r.search, p)},
+                           table=tables.heldout_circuit_table, headline=_heldout_circuit_line),
     "FoldsThreshold": View("threshold-folds", text.folds_text),
     "FoldsCircuit": View("circuit-folds", text.folds_circuit_text),
     "SinkResult": View("sinks", text.sinks_text),
@@ -90,6 +112,7 @@ VIEWS = {
 FRAMES = {"Diagnosis": frames.diagnosis_frame, "PatchResult": frames.patch_frame,
           "PositionPatchResult": frames.positions_frame, "AttentionResult": frames.attention_frame,
           "AttributionResult": frames.attribution_frame, "ThresholdResult": frames.threshold_frame,
+          "HeldOutThreshold": frames.heldout_frame,
           "BlendResult": frames.blend_frame, "CircuitResult": frames.circuit_frame,
           "OverlapResult": frames.overlap_frame, "AmplifiedResult": frames.amplified_frame,
           "HeadFeatureResult": frames.head_feature_frame, "FeatureRepairResult": frames.feature_repair_frame,
@@ -117,7 +140,7 @@ for _name, _view in VIEWS.items():
         _view.text = _saying_the_metric(_view.text)
     register(_name, _view)
 
-register("RepairResult", View("repair", repair_view.repair_text, save=repair_view.save_repair,
+register("RepairResult", View("repair", repair_view.repair_text, save=repair_view.save_repair, table=tables.repair_table,
                               headline=lambda r: f"{'+'.join(r.repair.heads)} ({r.repair.mode}): held-out efficacy "
                                                  f"{100 * r.efficacy().repaired.value:.1f}%"))
 register("Report", View("report", html.report_text, save=html.save_report, headline=_report_line,

@@ -273,3 +273,54 @@ def test_circuit_folds_measure_each_circuit_on_its_own_fold(decimal_model):
         outside.append(evaluate_circuit(off, decimal_model, r.circuits[f])["faithfulness"])
     assert any(abs(o - h) > 1e-6 for o, h in zip(outside, r.held_out))
     assert "selection frequency" in str(r)
+
+
+def _closed_form_shares(item_index, k_values):
+    """Per k, the share of the C(16, k) subsets of even heads that repair every item in `item_index` (indices into
+    the organism's `items_values()`), from the organism's closed form alone (no model, no engine)."""
+    from itertools import combinations
+
+    from surgeon.organisms import threshold as organism
+
+    out, by_weight = {}, {}  # the closed form reads a subset through its even heads' summed weight alone
+    for k in k_values:
+        subsets = list(combinations(organism.EVEN, k))
+        ok = 0
+        for s in subsets:
+            w = sum(organism.WEIGHTS[h] for h in s)
+            if w not in by_weight:
+                scores = organism.subset_scores(s)
+                by_weight[w] = all(scores[i] > 0 for i in item_index)
+            ok += by_weight[w]
+        out[k] = ok / len(subsets)
+    return out
+
+
+def test_held_out_k_star_on_the_threshold_organism_is_what_its_construction_implies():
+    """Discovery: the 8 items hardest to repair (one of them needs even weights summing to 69 of 136: k* = 9 by the
+    closed form); evaluation: the 8 easiest (65 suffices: k* = 8). Every subset of the 16 even heads is evaluated,
+    so the held-out shares are exact and must equal the closed form's on the evaluation items; an engine that
+    measured k* on the discovery items (or copied the discovery shares) reports 9."""
+    from surgeon.organisms import threshold as organism
+
+    case, model = surgeon.api.case_and_model("threshold_organism")
+    values = organism.items_values()
+    g = dict(zip(organism.LETTERS, organism.GAIN))
+    need = [organism.W_BAD * g[y] * organism.TOTAL / (g[x] + organism.W_BAD * g[y]) for x, y in values]
+    order = sorted(range(len(values)), key=lambda i: need[i])
+    easy, hard = order[:8], order[-8:]
+    disc_case = dataclasses.replace(case, items=[case.items[i] for i in hard])
+    r = threshold_heldout(disc_case, model, eval_items=[case.items[i] for i in easy], layer=0,
+                          heads=",".join(map(str, organism.EVEN)), groups=[], budget=13000)
+    t = r.threshold("all")
+    expected_held = _closed_form_shares(easy, range(6, 11))
+    expected_disc = _closed_form_shares(hard, range(6, 11))
+    k_held = next(k for k in range(6, 11) if expected_held[k] >= 0.5)
+    k_disc = next(k for k in range(6, 11) if expected_disc[k] >= 0.5)
+    assert (k_disc, k_held) == (9, 8)  # the construction's two thresholds
+    assert (t.discovery, t.held_out) == (k_disc, k_held)
+    assert set(t.sizes) >= {k_held - 1, k_held, k_disc}  # k* - 1 and every size between the two k* evaluated
+    for k, e in t.sizes.items():
+        assert e.value == pytest.approx(expected_held[k], abs=1e-12) and e.lo == e.hi == e.value
+        assert t.discovery_sizes[k].value == pytest.approx(expected_disc[k], abs=1e-12)
+    assert "k* held out   8 · in-sample   9" in str(r)

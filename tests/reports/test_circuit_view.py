@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 import surgeon
+from surgeon.analyses.pipeline import found_circuit
 from surgeon.reports.circuit_view import circuit_data, edge_tip, layout, shown_nodes
 from tests.browser import browser
 from tests.conftest import ROOT, tiny_model
@@ -57,7 +58,7 @@ def _click_at_centre(b, node_id):
 def threshold_page(tmp_path_factory, threshold_model):
     out = tmp_path_factory.mktemp("report") / "threshold"
     rep = surgeon.report(THRESHOLD, threshold_model, out=out, steps=["circuit"], verify=20, paths=2)
-    return out / "report.html", rep.steps["circuit"]
+    return out / "report.html", found_circuit(rep.steps["circuit"])
 
 
 @pytest.mark.slow
@@ -144,7 +145,7 @@ def wide_page(tmp_path_factory, charset):
     case = replace(case, items=case.items[:24])
     out = tmp_path_factory.mktemp("report") / "wide"
     rep = surgeon.report(case, model, out=out, steps=["circuit"], verify=5, paths=0)
-    return out / "report.html", rep.steps["circuit"]
+    return out / "report.html", found_circuit(rep.steps["circuit"])
 
 
 @pytest.mark.slow

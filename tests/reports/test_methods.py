@@ -23,7 +23,7 @@ def run(tmp_path_factory, induction_model):
 def test_each_statement_is_what_ran(run):
     rep, out = run
     text = methods_paragraph(rep)
-    c, t = rep.steps["circuit"], rep.steps["threshold"]
+    c, t = rep.steps["circuit"].search, rep.steps["threshold"].search  # found on the discovery items
     # the verified edges are those exact patching ran on (never more than the graph has)
     assert 0 < len(c.exact) <= c.n_edges < 50
     assert f"the top {len(c.exact)} verified by exact edge patching" in text and f"({c.n_edges} in all)" in text
@@ -37,6 +37,15 @@ def test_each_statement_is_what_ran(run):
     assert f"layer {rep.options['threshold']['layer']}'s {len(t.units)} heads" in text
     assert "every item" in text and t.item_rate == 1.0
     assert "(Hanna et al., 2024; Sundararajan et al., 2017; Mueller et al., 2025)" in text
+    # the split the selecting steps ran on, from what ran: n per side, the seed, the stratification, and the
+    # held-out numbers named the result
+    held = rep.steps["circuit"]
+    assert held.split.seed == 5 and held.split.holdout == 0.5
+    assert (f"{held.n_discovery} discovery and {held.n_evaluation} evaluation items (holdout 0.5, seed 5, stratified "
+            "by tag") in text
+    assert f"on the held-out items f = {held.held_out['faithfulness']:.3f}" in text and ", the result." in text
+    assert f"{c.circuit_faithfulness:.3f} on the discovery items (in-sample)" in text
+    assert "rates on the discovery items are in-sample" in text
     assert "[[" not in text and "eap-ig-inputs" not in text.replace("(EAP-IG-inputs)", "")
 
 
@@ -127,11 +136,11 @@ def test_main_tex_compiles_with_the_tables_figures_and_bibliography(run, tmp_pat
     assert "Type 3" not in fonts
     main = (paper / "main.tex").read_text()
     assert main.count("\\includegraphics") == len(list((copy / "figures").glob("*.pdf")))
-    c = rep.steps["circuit"]
+    c = rep.steps["circuit"].search
     top = int(np.argmax(np.abs(c.scores)))
     row = next(ln for ln in (paper / "circuit.tex").read_text().splitlines() if ln.startswith(tex_escape(c.edge_names[top]) + " &"))
     assert f"{c.scores[top]:+.3f}" in row
-    t = rep.steps["threshold"]
+    t = rep.steps["threshold"].search
     k_rows = [ln for ln in (paper / "threshold.tex").read_text().splitlines() if re.match(r"^\d+ & ", ln)]
     assert len(k_rows) == len([s for s in t.sizes if s.family == "all" and s.evaluated])
 

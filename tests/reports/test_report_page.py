@@ -8,6 +8,7 @@ import time
 import pytest
 
 import surgeon
+from surgeon.analyses.pipeline import found_circuit
 from surgeon.cli import main
 from tests.browser import browser
 from tests.conftest import ROOT
@@ -44,7 +45,7 @@ def test_the_report_runs_every_step_and_writes_one_page(report_dir):
     assert "Direct logit attribution" in methods and "(Elhage et al., 2021)" in methods
     assert "including its value bias" in methods and "with the unembedding bias" in methods
     assert rep.options["positions"]["layers"] == [rep.options["threshold"]["layer"]]
-    c = rep.steps["circuit"]
+    c = found_circuit(rep.steps["circuit"])
     weight = {}
     for e in c.circuit:
         for layer, head in re.findall(r"a(\d+)\.h(\d+)", c.edge_names[e]):
@@ -104,7 +105,7 @@ def test_the_page_works_in_a_real_browser(report_dir, tmp_path):
         shown = lambda: len([e for e in b.find_elements("css selector", "#circuit-svg path.edge")  # noqa: E731
                              if e.value_of_css_property("display") != "none"])
         at_circuit = shown()
-        c = rep.steps["circuit"]
+        c = found_circuit(rep.steps["circuit"])
         label = lambda: b.find_element("id", "k-label").text  # noqa: E731
         # the page opens on the circuit found, marked, with its faithfulness
         assert at_circuit == len(c.circuit) > 0 and f"(the circuit: {len(c.circuit)} edges)" in label()

@@ -9,6 +9,7 @@ import pytest
 
 import surgeon
 from surgeon.cli import main
+from surgeon.analyses.heldout import threshold_heldout
 from surgeon.reports.html import methods_paragraph
 from surgeon.reports.text import threshold_text
 from surgeon.search.threshold import threshold_search
@@ -18,19 +19,31 @@ HEADS = "L0H0,L0H1,L0H2,L0H3,L1H0,L1H1,L1H2,L1H3"
 
 
 def test_report_threshold_equals_the_threshold_command_with_the_same_options(tmp_path, decimal_case, decimal_model):
+    """By default the report's subset search is the held-out one (`surgeon threshold --holdout 0.5`); with holdout=0
+    it is the search on every item, in-sample."""
     kw = dict(heads=HEADS, groups=["first_half"], item_rate=0.75, seed=3)
     rep = surgeon.report(decimal_case, decimal_model, out=tmp_path / "r", steps=["threshold"], budget=12, layer=0, **kw)
     got = rep.steps["threshold"]
-    want = threshold_search(decimal_case, decimal_model, layer=0, budget=12, **kw)
-    assert got.item_rate == 0.75 and got.units == want.units and len(got.units) == 8
-    assert [(s.family, s.key, s.repairing, s.evaluated) for s in got.sizes] == \
-        [(s.family, s.key, s.repairing, s.evaluated) for s in want.sizes]
+    want = threshold_heldout(decimal_case, decimal_model, holdout=0.5, layer=0, budget=12, **kw)
+    assert got.split == want.split and got.split.seed == 3
+    assert got.search.item_rate == 0.75 and got.search.units == want.search.units and len(got.search.units) == 8
+    assert [(s.family, s.key, s.repairing, s.evaluated) for s in got.search.sizes] == \
+        [(s.family, s.key, s.repairing, s.evaluated) for s in want.search.sizes]
+    assert [(r.family, r.k, r.subset, r.held_out.value) for r in got.rows] == \
+        [(r.family, r.k, r.subset, r.held_out.value) for r in want.rows]
+    assert got.search.n_items == len(got.split.discovery)  # the search saw the discovery items alone
     # the sample depends on the seed: another seed draws other subsets of some size
     other = threshold_search(decimal_case, decimal_model, layer=0, budget=12, **{**kw, "seed": 4})
-    assert got.options["seed"] == 3 and other.options["seed"] == 4
+    assert got.search.options["seed"] == 3 and other.options["seed"] == 4
     text = methods_paragraph(rep)
     assert "seed 3" in text and "at least 75% of the items" in text and HEADS in text and "seed 0" not in text
-    assert rep.options["threshold"]["item_rate"] == 0.75
+    assert rep.options["threshold"]["item_rate"] == 0.75 and rep.options["threshold"]["holdout"] == 0.5
+    # in-sample on request: the search on every item, as `surgeon threshold` without --holdout
+    flat = surgeon.report(decimal_case, decimal_model, out=tmp_path / "flat", steps=["threshold"], budget=12, layer=0,
+                          holdout=0, **kw).steps["threshold"]
+    every = threshold_search(decimal_case, decimal_model, layer=0, budget=12, **kw)
+    assert [(s.family, s.key, s.repairing, s.evaluated) for s in flat.sizes] == \
+        [(s.family, s.key, s.repairing, s.evaluated) for s in every.sizes]
 
 
 def test_the_cli_report_takes_the_options_and_checks_them_before_loading(tmp_path, capsys):
@@ -41,7 +54,9 @@ def test_the_cli_report_takes_the_options_and_checks_them_before_loading(tmp_pat
     res = (out / "threshold" / "results.json").read_text()
     assert '"item_rate": 0.5' in res and '"seed": 7' in res
     for argv, words in [(["--groups", "evn"], "did you mean 'even'"), (["--heads", "L9H0"], "out of range"),
-                        (["--item-rate", "1.5"], "--item-rate")]:
+                        (["--item-rate", "1.5"], "--item-rate"), (["--holdout", "0.97"], "each side needs at least 4"),
+                        (["--holdout", "0.5", "--eval-items", "8"], "two ways to choose the evaluation items"),
+                        (["--holdout", "1"], "must be in [0, 1)")]:
         try:
             code = main(["report", case, "--steps", "threshold", "--out", str(tmp_path / "x"), *argv])
         except SystemExit as e:
