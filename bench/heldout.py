@@ -5,7 +5,7 @@ On the decimal organism's 64 trap items (the case's focus), side by side in one 
               every item, in-sample, against `threshold_heldout` at holdout 0.5: the same search on the 32
               discovery items, then each family's best subset per size and the subsets around each k* patched on the
               32 held-out items;
-  circuit     `discover` (EAP-IG, the top 50 edges verified exactly, the smallest faithful prefix) on every item
+  circuit     `discover` (its default method, the top 50 edges verified exactly, the smallest faithful prefix) on every item
               against `circuit_heldout`: the same on the discovery items, then the circuit it prunes measured once on
               the held-out items.
 The held-out evaluation's own cost is the held-out run's time minus that of its search on the discovery items alone
@@ -69,13 +69,13 @@ def main() -> int:
         print(f"  the held-out evaluation alone: {max(t_held - t_disc, 0.0):.2f} s for {n_eval} subsets x {len(ev)} "
               f"items = {n_eval * len(ev)} patched forwards, against the search's {n_search} x {len(disc)} = "
               f"{n_search * len(disc)} ({100 * n_eval / n_search:.0f}% of its work)")
-        found = dict(method="eap-ig", verify=50, n_paths=0)
+        found = dict(verify=50, n_paths=0)  # the default method: what surgeon circuit and the report run
         t_call, c_all = best_of(args.repeats, lambda: discover(case, model, **found))
         t_cdisc, _ = best_of(args.repeats, lambda: discover(disc_case, model, **found))
         t_chold, c_held = best_of(args.repeats, lambda: circuit_heldout(case, model, holdout=0.5, **found))
-        print(f"\ncircuit (EAP-IG over {c_all.n_edges} edges, the top 50 verified exactly):")
-        print(f"  in-sample on all {c_all.n_items if hasattr(c_all, 'n_items') else len(disc) + len(ev)} items"
-              f"              {t_call:7.2f} s   ({len(c_all.circuit)} edges, f = {c_all.circuit_faithfulness:.3f})")
+        print(f"\ncircuit ({c_all.method} over {c_all.n_edges} edges, the top 50 verified exactly):")
+        print(f"  in-sample on all {len(disc) + len(ev)} items              {t_call:7.2f} s   ({len(c_all.circuit)} edges, "
+              f"f = {c_all.circuit_faithfulness:.3f})")
         print(f"  held-out: found on {len(disc)} discovery items       {t_cdisc:7.2f} s")
         print(f"  held-out: found + measured on {len(ev)} items        {t_chold:7.2f} s   ratio to in-sample "
               f"{t_chold / t_call:.2f}x   ({len(c_held.search.circuit)} edges, f = "

@@ -192,6 +192,19 @@ class ShiftRow:
 
 
 @dataclass(frozen=True)
+class CompareRow:
+    """One head set, as the paired diagnosis would choose it or as shipped, on the held-out items of one failing
+    format: the paired interchange's rate (needs each item's good-format twin) and the shippable repair's."""
+
+    chosen_by: str  # "paired" (the greedy best paired subset) or "shippable" (`search_repair`'s choice)
+    heads: tuple[str, ...]
+    format: str
+    paired: Estimate
+    shippable: Estimate
+    kl_good: Estimate  # the shippable repair's mean KL from the unrepaired model in the good format
+
+
+@dataclass(frozen=True)
 class GenRow:
     format: str
     tag: str
@@ -326,6 +339,8 @@ class RepairResult(Shows):
     bounds: dict = field(default_factory=dict)
     n_discovery: int = 0
     n_evaluation: int = 0
+    # `search_repair`: the best paired subset and the repair to ship, each measured both ways on the held-out items
+    compare: list[CompareRow] = field(default_factory=list)
 
     def rows(self, measure: str) -> list[RateRow]:
         return [r for r in self.held_out if r.measure == measure]
@@ -510,11 +525,55 @@ def search_repair(case: Case, model, *, heads: str | Sequence[str] | None = None
     held, shifts, gens = measure_repair(case, model, repair, ev, focus=focus, bads=bads, neutral=neutral,
                                         generate=generate, batch_size=batch_size)
     disc_rows = _discovery_rows(case, model, repair, disc_focus, focus, bads, batch_size)
+    paired_units = best_paired(case, model, disc_focus, pool_units, bads, max_heads, batch_size)
+    compare = _compare(case, model, ev, focus, bads, held, shifts, repair, "shippable", batch_size)
+    if [u.label for u in paired_units] != list(repair.heads):
+        as_shipped = pool.repair(paired_units, best_strength, repair.built_on)
+        p_held, p_shifts, _ = measure_repair(case, model, as_shipped, ev, focus=focus, bads=bads,
+                                             batch_size=batch_size)
+        compare = _compare(case, model, ev, focus, bads, p_held, p_shifts, as_shipped, "paired", batch_size) + compare
+    else:  # the same heads: one row says both
+        compare = [replace(r, chosen_by="paired and shippable") for r in compare]
     return RepairResult(case.name, repair, split, focus, held, shifts, gens, disc_rows, steps,
                         {"max_kl": max_kl, "max_drop": max_drop, "max_heads": max_heads, "strengths": list(strengths),
                          "pool": [u.label for u in pool_units]},
-                        n_discovery=len(disc), n_evaluation=len(ev))
+                        n_discovery=len(disc), n_evaluation=len(ev), compare=compare)
 
 
-__all__ = ["GenRow", "RateRow", "RepairResult", "ShiftRow", "build_pool", "measure_repair", "repair_case",
-           "search_repair"]
+def best_paired(case: Case, model, items: Sequence[Item], pool: Sequence[Unit], bads: Sequence[str], max_heads: int,
+                batch_size: int) -> list[Unit]:
+    """The head set a paired diagnosis would pick from `pool`: greedy forward selection of the failing formats' mean
+    paired repair rate on `items` (ties: the higher mean repair fraction), no side-effect bound, up to `max_heads`;
+    the smallest set on the path reaching its best rate."""
+    chosen: list[Unit] = []
+    path: list[tuple[list[Unit], float]] = []
+    cur = (-1.0, -np.inf)
+    sub = replace(case, items=list(items), focus=None)
+    while len(chosen) < max_heads:
+        cand = [chosen + [u] for u in pool if u not in chosen]
+        if not cand:
+            break
+        got = [evaluate_subsets(sub, model, [",".join(x.label for x in c) for c in cand], bad=f, tag=None,
+                                batch_size=batch_size) for f in bads]
+        rate = np.mean([[r.rate.value for r in g] for g in got], axis=0)
+        frac = np.nan_to_num(np.mean([[r.repair_fraction for r in g] for g in got], axis=0), nan=-np.inf)
+        p = int(np.lexsort((-frac, -rate))[0])
+        if (rate[p], frac[p]) <= cur:
+            break
+        chosen, cur = cand[p], (float(rate[p]), float(frac[p]))
+        path.append((chosen, float(rate[p])))
+    if not path:
+        return []
+    top = max(r for _, r in path)
+    return next(c for c, r in path if r == top)
+
+
+def _compare(case, model, ev, focus, bads, held, shifts, repair, chosen_by, batch_size) -> list[CompareRow]:
+    kl = next(s.kl for s in shifts if s.where == case.good)
+    eff = {r.format: r.repaired for r in held if r.measure == "efficacy" and (focus == "all" or r.tag == focus)}
+    paired = {r.format: r.repaired for r in held if r.measure == "paired"}
+    return [CompareRow(chosen_by, tuple(repair.heads), f, paired[f], eff[f], kl) for f in bads if f in eff and f in paired]
+
+
+__all__ = ["CompareRow", "GenRow", "RateRow", "RepairResult", "ShiftRow", "build_pool", "measure_repair", "repair_case",
+           "search_repair", "best_paired"]

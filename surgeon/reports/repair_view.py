@@ -53,6 +53,14 @@ def repair_text(r) -> str:
         for g in r.generation:
             lines.append(f"  {g.format:<10} {g.tag:<10} repaired {_pct(g.repaired)}  unrepaired {_pct(g.unrepaired)}  "
                          f"other {g.other} (n={g.repaired.n})")
+    if r.compare:
+        lines += ["", "the best paired subset (greedy on the paired repair rate, no side-effect bound) and the repair "
+                      "to ship, each both ways on the held-out items: paired needs each item's good-format twin, "
+                      "shippable the failing prompt alone",
+                  f"  {'chosen by':<22} {'format':<10} {'paired':<24} {'shippable':<24} {'good-format KL':<16} heads"]
+        for c in r.compare:
+            lines.append(f"  {c.chosen_by:<22} {c.format:<10} {_pct(c.paired):<24} {_pct(c.shippable):<24} "
+                         f"{c.kl_good.value:<16.4f} {'+'.join(c.heads)}")
     if r.discovery:
         lines += ["", f"in-sample (the {rep.built_on.get('n_items', '?')} discovery items it was built on):"]
         for row in r.discovery:

@@ -191,7 +191,7 @@ def test_steer_repair_equals_hand_written_hooks(decimal_model):
 def test_search_chooses_on_discovery_items_within_bounds(decimal_model):
     case = _case(n_trap=12, n_control=8, seed=3)
     with torch.no_grad():
-        r = surgeon.repair(case, decimal_model, search=True, heads="L0H2,L0H4,L0H5,L0H6,L1H2", max_heads=3,
+        r = surgeon.repair(case, decimal_model, search=True, heads="L0H2,L0H4,L0H5,L0H6", max_heads=3,
                            max_kl=0.05, holdout=0.5, seed=0)
     steps = [s for s in r.search if "added" in s]
     assert steps and len(steps) <= 3
@@ -203,6 +203,18 @@ def test_search_chooses_on_discovery_items_within_bounds(decimal_model):
     assert len(r.repair.heads) == k and [s["k"] for s in steps if s["chosen"]] == [k]
     assert set(r.repair.heads) == {s["added"] for s in steps[:k]}
     assert r.n_evaluation and r.efficacy("qa").repaired.n == sum(case.items[i].tag == "trap" for i in r.split.evaluation)
+    # side by side: the best paired subset and the repair to ship, each measured both ways on the held-out items
+    from tests.analyses.test_heldout import hand_rate
+
+    ev = [case.items[i] for i in r.split.evaluation if case.items[i].tag == "trap"]
+    shipped = [c for c in r.compare if "shippable" in c.chosen_by]
+    assert {c.format for c in shipped} == set(case.bad) and all(c.heads == r.repair.heads for c in shipped)
+    for c in shipped:
+        assert c.shippable == r.efficacy(c.format).repaired
+        assert c.kl_good == next(x.kl for x in r.shifts if x.where == case.good)
+    for c in r.compare:  # the paired rate of each head set, from hand-written hooks on the held-out traps
+        assert c.paired.value == pytest.approx(hand_rate(case, decimal_model, ev, c.heads, bad=c.format), abs=1e-9)
+    assert "the best paired subset" in str(r)
 
 
 @pytest.mark.parametrize("kwargs,field", [
