@@ -255,6 +255,8 @@ def repair_table(r) -> Table:
     e = lambda x: _pct(x.value, x.lo, x.hi)  # noqa: E731
     rows = [[row.measure, row.format, row.tag, e(row.repaired), e(row.unrepaired), str(row.repaired.n)]
             for row in r.held_out]
+    rows += [[f"{c.chosen_by} heads ({len(c.heads)}), {how}", c.format, r.focus, e(est), "--", str(est.n)]
+             for c in r.compare for how, est in (("paired", c.paired), ("shippable", c.shippable))]
     rows += [["KL from unrepaired", s.where, "all", f"{s.kl.value:.4f} [{s.kl.lo:.4f}, {s.kl.hi:.4f}]"
               if math.isfinite(s.kl.lo) else f"{s.kl.value:.4f}", "0", str(s.kl.n)] for s in r.shifts]
     rep = r.repair
@@ -262,7 +264,8 @@ def repair_table(r) -> Table:
                  f"strength {rep.strength:g}), built on {rep.built_on.get('n_items', '?')} discovery items and measured "
                  f"on {r.n_evaluation} held-out items: items right (Wilson 95% intervals) and the mean KL of the "
                  "next-token distribution from the unrepaired model (nats, bootstrap 95% intervals); 'paired' is the "
-                 "same heads patched from each item's good-format twin, which a shipped repair does not have.",
+                 "same heads patched from each item's good-format twin, which a shipped repair does not have; where the repair "
+                 "was searched, the heads a paired diagnosis would choose and the heads shipped, each both ways.",
                  ["measure", "format", "tag", "repaired", "unrepaired", "n"], rows, "lllrrr")
 
 
