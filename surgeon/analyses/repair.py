@@ -431,7 +431,8 @@ def repair_case(case: Case, model, *, heads: str | Sequence[str] | None, mode: s
     units = _units(model, heads)
     pool = build_pool(case, model, disc_focus, units, mode=mode, bads=bads, batch_size=batch_size)
     repair = pool.repair(units, strength, _built_on(case, split, focus, len(disc_focus), pool))
-    held, shifts, gens = measure_repair(case, model, repair, ev, focus=focus, bads=bads, neutral=neutral,
+    held, shifts, gens = measure_repair(case, model, repair, ev, focus=focus, bads=bads,
+                                        neutral=case.neutral if neutral is None else neutral,
                                         generate=generate, batch_size=batch_size)
     disc_rows = _discovery_rows(case, model, repair, disc_focus, focus, bads, batch_size)
     return RepairResult(case.name, repair, split, focus, held, shifts, gens, disc_rows,
@@ -522,7 +523,8 @@ def search_repair(case: Case, model, *, heads: str | Sequence[str] | None = None
     for st in steps:
         st["chosen"] = st.get("k") == len(chosen) and "added" in st
     repair = pool.repair(chosen, best_strength, _built_on(case, split, focus, len(disc_focus), pool))
-    held, shifts, gens = measure_repair(case, model, repair, ev, focus=focus, bads=bads, neutral=neutral,
+    held, shifts, gens = measure_repair(case, model, repair, ev, focus=focus, bads=bads,
+                                        neutral=case.neutral if neutral is None else neutral,
                                         generate=generate, batch_size=batch_size)
     disc_rows = _discovery_rows(case, model, repair, disc_focus, focus, bads, batch_size)
     paired_units = best_paired(case, model, disc_focus, pool_units, bads, max_heads, batch_size)

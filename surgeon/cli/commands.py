@@ -192,7 +192,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--eval-items", metavar="N|FILE",
                    help="build on every item and measure on these: " + EVAL_ITEMS)
     p.add_argument("--neutral", type=Path, metavar="FILE",
-                   help="a text file, one neutral text per line: the repair's KL and cross-entropy change on them")
+                   help="a text file, one neutral text per line: the repair's KL and cross-entropy change on them (default: "
+                        "the case's neutral texts, where it names some)")
     p.add_argument("--generate", type=cli_types.nonnegative, default=0, metavar="N",
                    help="also judge N greedily generated tokens per held-out item with the repair applied")
     p.add_argument("--bad", help="build and measure on this failing format only (default: every failing format)")

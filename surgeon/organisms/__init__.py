@@ -18,6 +18,12 @@ from surgeon.organisms.training import TextStream, TrainConfig
 
 WEIGHTS = Path(__file__).parent / "weights"
 PREFIX = "organism:"
+# text unrelated to any organism's task, each well inside a 64-token context: a case's `neutral` default, on which a
+# repair's side effects (next-token KL and cross-entropy change against the unrepaired model) are measured
+NEUTRAL_TEXTS = ("The quick brown fox jumps over the lazy dog.", "It was a bright cold day in April.",
+                 "Rain fell on the old stone bridge all night.", "She counted the boats: 3, 4, 5, 6.",
+                 "Bread, milk and two green apples.", "The meeting starts at ten, not at nine.",
+                 "He wrote a short letter to his sister.", "Water boils at 100 degrees at sea level.")
 
 
 @dataclass(frozen=True)

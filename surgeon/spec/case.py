@@ -131,6 +131,9 @@ class Case:
     # fresh items on demand: draw(n, seed) -> n Items from the distribution `items` came from (the organisms' cases
     # draw from their test splits); `--eval-items N` measures held-out numbers on N of them, none equal to an item
     draw: Callable[[int, int], Sequence[Item]] | None = None
+    # texts unrelated to the task on which a repair's side effects are measured (`surgeon repair`: the KL of each
+    # text's next-token distribution from the unrepaired model and the change in its cross-entropy); None: none
+    neutral: Sequence[str] | None = None
     source: str | None = None  # set by load_case: the file it came from
     digest: str | None = None  # set by load_case: sha256 of that file
     read_as: str | None = None  # set by load_case: the content digest as read (an edit in Python no longer matches)
@@ -334,6 +337,9 @@ def validate(case: Case, where: str | None = None) -> None:
                  "give one position per answer token")
         if not isinstance(it.tag, str):
             fail(fld + ".tag", f"is a {type(it.tag).__name__}", 'tags are strings, e.g. tag="trap" (or leave it out)')
+    if case.neutral is not None and (isinstance(case.neutral, str) or not isinstance(case.neutral, Sequence)
+                                     or not all(isinstance(t, str) and t.strip() for t in case.neutral)):
+        fail("neutral", "must be a list of non-empty texts", 'e.g. neutral=["The sun rose over the hills.", ...]')
     if case.draw is not None and not callable(case.draw):
         fail("draw", f"is a {type(case.draw).__name__}, not a function", "give draw=lambda n, seed: [Item(...), ...] "
              "(n fresh items from the distribution of `items`), or leave it out")
@@ -468,6 +474,8 @@ def content_digest(case: Case) -> str | None:
     same case built in Python; another for any edit. None when the metric is a function whose source Python cannot
     show (nothing computed with it can be reused)."""
     data = {f.name: _canonical(getattr(case, f.name)) for f in fields(case) if f.name not in NOT_CONTENT}
+    if data.get("neutral") is None:  # a case without neutral texts keeps the digest it had before the field existed
+        data.pop("neutral", None)
     if data["metric"] is None and case.metric is not None:
         return None
     return hashlib.sha256(json.dumps(data, sort_keys=True, default=repr).encode()).hexdigest()

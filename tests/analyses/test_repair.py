@@ -118,6 +118,32 @@ def test_mean_repair_equals_hand_written_hooks(decimal_model, mean_repair):
     assert not set(r.split.discovery) & set(r.split.evaluation)
 
 
+def test_the_cases_neutral_texts_measure_its_side_effects(decimal_model, mean_repair):
+    """The case's `neutral` texts (the decimal organism names eight) are where a repair's side effects on unrelated
+    text are measured by default: each text but its last character as the prompt, the repair's constant at the last
+    prompt position, KL(unrepaired || repaired) of the next token, written here with a hook over one text at a time."""
+    case, r = mean_repair
+    row = next(s for s in r.shifts if s.where == "neutral")
+    assert case.neutral and row.kl.n == len(case.neutral)
+    v = r.repair.values["blocks.0.attn.hook_z"]
+
+    def write(z, hook):
+        z[:, -1, list(HEADS)] = v[0, list(HEADS)]
+        return z
+
+    kls = []
+    with torch.no_grad():
+        for text in case.neutral:
+            toks = decimal_model.to_tokens(text[:-1], prepend_bos=True)
+            un = decimal_model(toks)[0, -1].log_softmax(-1)
+            rep = decimal_model.run_with_hooks(toks, fwd_hooks=[("blocks.0.attn.hook_z", write)])[0, -1].log_softmax(-1)
+            kls.append(float((un.exp() * (un - rep)).sum()))
+    assert row.kl.value == pytest.approx(sum(kls) / len(kls), abs=1e-4) and max(kls) > 1e-6
+    for bad in ("one text", ["ok", ""], [3]):
+        with pytest.raises(surgeon.errors.CaseError, match="field 'neutral'"):
+            surgeon.api.read(dataclasses.replace(case, neutral=bad))
+
+
 def test_repair_is_measured_on_held_out_items_only(decimal_model, mean_repair):
     """Mutation guard: the efficacy row is the evaluation items' (its n), and the in-sample row is labelled apart."""
     case, r = mean_repair
