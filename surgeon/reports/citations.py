@@ -14,13 +14,13 @@ REFERENCES: dict[str, tuple[str, str]] = {
   title = {TransformerLens},
   author = {Nanda, Neel and Bloom, Joseph},
   year = {2022},
-  howpublished = {https://github.com/TransformerLensOrg/TransformerLens}
+  howpublished = {\\url{https://github.com/TransformerLensOrg/TransformerLens}}
 }"""),
     "bloom2024saelens": ("Bloom et al., 2024", """@misc{bloom2024saelens,
   title = {{SAELens}},
   author = {Bloom, Joseph and Tigges, Curt and Duong, Anthony and Chanin, David},
   year = {2024},
-  howpublished = {https://github.com/jbloomAus/SAELens}
+  howpublished = {\\url{https://github.com/jbloomAus/SAELens}}
 }"""),
     "marks2024sparse": ("Marks et al., 2024", """@misc{marks2024sparse,
   title = {Sparse Feature Circuits: Discovering and Editing Interpretable Causal Graphs in Language Models},
@@ -212,6 +212,11 @@ def render(text: str, how: str = "text") -> str:
     return "".join(parts).replace(" ~\\cite", "~\\cite")
 
 
+# a document without the url package still compiles the entries' \url{...} (set in typewriter type, unbroken)
+URL_FALLBACK = '@preamble{ "\\providecommand{\\url}[1]{\\texttt{#1}}" }'
+
+
 def bibtex(keys) -> str:
-    """The BibTeX entries of `keys`."""
-    return "\n\n".join(REFERENCES[k][1] for k in keys) + "\n"
+    """The BibTeX entries of `keys` (URLs as \\url{...}: main.tex loads the url package, which breaks them at the
+    line's end; elsewhere a fallback in the file's preamble sets them as they are)."""
+    return URL_FALLBACK + "\n\n" + "\n\n".join(REFERENCES[k][1] for k in keys) + "\n"

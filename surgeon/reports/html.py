@@ -14,7 +14,7 @@ from surgeon.analyses.heldout import HeldOutCircuit, HeldOutThreshold
 from surgeon.analyses.pipeline import found_circuit
 from surgeon.reports.figures import journal_width, save_figure
 from surgeon.reports import circuit_view
-from surgeon.reports.latex import CAPTIONS, main_tex, paper_tables
+from surgeon.reports.latex import CAPTIONS, main_tex, paper_tables, strip_titles
 from surgeon.reports.tables import SORT_JS, step_tables
 from surgeon.reports.text import model_info
 from surgeon.results import manifest, staging, write_json
@@ -265,14 +265,17 @@ def save_report(out, command: str, rep, case, *, options: dict, device: str | No
         (tmp / "references.bib").write_text(bibtex(cited(methods_paragraph(rep, "marked"))), encoding="utf-8")
         (tmp / "paper").mkdir()
         (tmp / "paper" / "methods.tex").write_text(methods_paragraph(rep, "latex") + "\n", encoding="utf-8")
+        (tmp / "figures").mkdir()
+        shown = {}  # (step, name) -> (width in inches, the titles the paper's copy gives its caption instead)
+        for (step, fname), fig in drawn.items():
+            save_figure(fig, tmp / "figures" / f"{step}-{Path(fname).stem}.svg")
+            titles = strip_titles(fig)
+            save_figure(fig, tmp / "figures" / f"{step}-{Path(fname).stem}.pdf")
+            shown[step, fname] = (float(fig.get_size_inches()[0]), titles)
         tables = paper_tables(rep)
         for name, tex in tables.items():
             (tmp / "paper" / name).write_text(tex, encoding="utf-8")
-        (tmp / "paper" / "main.tex").write_text(main_tex(rep, list(tables), list(drawn)), encoding="utf-8")
-        (tmp / "figures").mkdir()
-        for (step, fname), fig in drawn.items():
-            for ext in ("svg", "pdf"):
-                save_figure(fig, tmp / "figures" / f"{step}-{Path(fname).stem}.{ext}")
+        (tmp / "paper" / "main.tex").write_text(main_tex(rep, list(tables), shown, TITLES), encoding="utf-8")
         m = manifest(command, case, seed=rep.options.get("threshold", {}).get("seed", 0), device=device, dtype=rep.facts.get("dtype"),
                      options={**options, "steps": rep.options, "reused": rep.reused}, model_info=model_info(case),
                      argv=[] if api else None)

@@ -26,7 +26,7 @@ class Table:
         """A booktabs table (`tab:STEP`)."""
         body = "\n".join(" & ".join(tex_escape(c) for c in r) + r" \\" for r in self.rows)
         # scaled down to the text width only when wider than it
-        return ("\\begin{table}[htbp]\n\\centering\\small\n\\caption{" + tex_escape(self.caption) + "}\\label{tab:"
+        return ("\\begin{table}[tbp]\n\\centering\\small\n\\caption{" + tex_escape(self.caption) + "}\\label{tab:"
                 + self.step.replace("_", "-") + "}\n\\sbox0{\\begin{tabular}{" + self.align + "}\n\\toprule\n"
                 + " & ".join(tex_escape(h) for h in self.header) + r" \\" + "\n\\midrule\n" + body +
                 "\n\\bottomrule\n\\end{tabular}}\n"

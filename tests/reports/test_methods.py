@@ -160,3 +160,42 @@ def test_the_shipped_reports_paper_with_every_steps_table_compiles(tmp_path):
     log = (paper / "main.log").read_text(errors="replace")
     assert "undefined" not in log.lower() and "Float too large" not in log
     assert all(f"\\input{{{t[:-4]}}}" in (paper / "main.tex").read_text() for t in tables)
+    _check_layout(copy)
+
+
+MAX_PAGES = 12  # every step of the decimal organism's report (12 tables, 13 figures) on a few pages, floats packed
+
+
+def _words(pdf, page=None):
+    """(page width, page height, [(xmin, ymin, xmax, ymax, word)]) of each page (pdftotext -bbox)."""
+    import xml.etree.ElementTree as ET
+
+    args = ["pdftotext", "-bbox", *(["-f", str(page), "-l", str(page)] if page else []), str(pdf), "-"]
+    xml = subprocess.run(args, capture_output=True, text=True, check=True).stdout
+    root = ET.fromstring(re.sub(r"<!DOCTYPE[^>]*>", "", xml).replace('xmlns="http://www.w3.org/1999/xhtml"', ""))
+    out = []
+    for pg in root.iter("page"):
+        words = [(float(w.get("xMin")), float(w.get("yMin")), float(w.get("xMax")), float(w.get("yMax")), w.text or "")
+                 for w in pg.iter("word")]
+        out.append((float(pg.get("width")), float(pg.get("height")), words))
+    return out
+
+
+def _check_layout(report):
+    """The compiled paper as a journal takes it: a few pages, no overfull box, every table and figure before the
+    bibliography, and no text outside a page, neither the paper's nor any figure's own (a title cut at its edge)."""
+    paper = report / "paper"
+    log = (paper / "main.log").read_text(errors="replace")
+    assert "Overfull \\hbox" not in log and "Overfull \\vbox" not in log, re.findall(r"Overfull.*", log)[:5]
+    pages = _words(paper / "main.pdf")
+    assert len(pages) <= MAX_PAGES, len(pages)
+    text = subprocess.run(["pdftotext", str(paper / "main.pdf"), "-"], capture_output=True, text=True, check=True).stdout
+    refs = text.rfind("References")
+    captions = [m.start() for m in re.finditer(r"^(Figure|Table) \d+:", text, re.M)]
+    assert refs > 0 and captions and max(captions) < refs  # the bibliography last
+    for w, h, words in pages:
+        assert all(-0.5 <= x0 and x1 <= w + 0.5 and -0.5 <= y0 and y1 <= h + 0.5 for x0, y0, x1, y1, _ in words)
+    for fig in sorted((report / "figures").glob("*.pdf")):
+        for w, h, words in _words(fig):
+            out = [t for x0, y0, x1, y1, t in words if x0 < -0.5 or x1 > w + 0.5 or y0 < -0.5 or y1 > h + 0.5]
+            assert not out, (fig.name, out[:5])
