@@ -40,12 +40,18 @@ from surgeon.analyses.heldout import (
     FoldsCircuit,
     FoldsThreshold,
     HeldOutCircuit,
+    HeldOutFeatureCircuit,
+    HeldOutFeatureRepair,
+    HeldOutPatch,
     HeldOutThreshold,
     circuit_folds,
     circuit_heldout,
     eval_items_of,
     eval_split,
+    feature_circuit_heldout,
     fold_items,
+    patch_heldout,
+    sae_repair_heldout,
     threshold_folds,
     threshold_heldout,
 )
@@ -151,14 +157,26 @@ def diagnose(case, model=None, *, batch_size: int = 256, generate: int = 0, metr
 
 def patch(case, model=None, *, layers: Sequence[int] | None = None, component: str = "z",
           direction: str = "denoise", bad: str | None = None, tag: str | None = None, batch_size: int = 256,
-          max_memory: int | str | None = None, metric=None, device: str | None = None, dtype: str = "float32"):
+          max_memory: int | str | None = None, metric=None, device: str | None = None, dtype: str = "float32",
+          holdout: float | None = None, eval_items=None, seed: int = 0, top: int = 10):
     """Patch every head (unit) of each layer alone from one format into the other (`surgeon patch`). The batch size
-    is lowered to fit `max_memory` ("80GB"; default: the device's free memory), the plan printed to stderr."""
+    is lowered to fit `max_memory` ("80GB"; default: the device's free memory), the plan printed to stderr.
+    `holdout` (e.g. 0.5, seeded by `seed`) or `eval_items`: the units are ranked on discovery items and the `top` of
+    them reported on the held-out ones, the result (a `HeldOutPatch`)."""
+    if holdout is not None and eval_items is not None:
+        raise AnalysisError("holdout and eval_items are two ways to choose the evaluation items", field="eval_items",
+                            fix="give one: holdout=FRAC (a share of the case's items) or eval_items (other items)")
+    if holdout is not None or eval_items is not None:  # refused before any weight loads
+        eval_split(read(case, model), tag, holdout, seed, eval_items)
     case, model = case_and_model(case, model, device=device, dtype=dtype, metric=metric)
     _warn_if_no_failure(case, model, bad, tag, batch_size)
     layers = _layers(case, layers)
     batch_size = planned_batch_size(plan_patch, case, model, layers, component, batch_size=batch_size,
                                     max_memory=max_memory, bad=bad, direction=direction, tag=tag)
+    if holdout is not None or eval_items is not None:
+        return patch_heldout(case, model, holdout=holdout or 0.5, seed=seed, tag=tag, bad=bad, top=top,
+                             eval_items=eval_items, layers=layers, component=component, direction=direction,
+                             batch_size=batch_size)
     return patch_heads(case, model, layers=layers, component=component, direction=direction, bad=bad,
                        tag=tag, batch_size=batch_size)
 
@@ -466,11 +484,23 @@ def sae_heads(case, model=None, *, layer: int, sae_layer: int, top: int = 10, gr
 def sae_repair(case, model=None, *, layer: int, top: int = 8, budget: int = 2000, item_rate: float = 1.0,
                direction: str = "denoise", bad: str | None = None, tag: str | None = None, batch_size: int = 256,
                sae_release: str | None = None, sae_id: str | None = None, sae_dir: str | None = None,
-               device: str | None = None, dtype: str = "float32", progress: bool = False):
+               device: str | None = None, dtype: str = "float32", progress: bool = False,
+               holdout: float | None = None, eval_items=None, seed: int = 0):
     """Feature-level repair: attribution over all features of the SAE at `layer`, then subsets of the top ones,
-    against patching the whole activation (`surgeon sae repair`)."""
+    against patching the whole activation (`surgeon sae repair`). `holdout` (e.g. 0.5, seeded by `seed`) or
+    `eval_items`: the features are chosen on discovery items and patched on the held-out ones (a
+    `HeldOutFeatureRepair`)."""
+    if holdout is not None and eval_items is not None:
+        raise AnalysisError("holdout and eval_items are two ways to choose the evaluation items", field="eval_items",
+                            fix="give one: holdout=FRAC (a share of the case's items) or eval_items (other items)")
+    if holdout is not None or eval_items is not None:  # refused before any weight loads
+        eval_split(read(case, model), tag, holdout, seed, eval_items)
     case, model = case_and_model(case, model, device=device, dtype=dtype)
     saes, where, _ = _saes(case, model, [layer], sae_release, sae_id, sae_dir, device, dtype, "--layer")
+    if holdout is not None or eval_items is not None:
+        return sae_repair_heldout(case, model, saes[layer], holdout=holdout or 0.5, seed=seed, tag=tag, bad=bad,
+                                  batch_size=batch_size, eval_items=eval_items, top=top, direction=direction,
+                                  budget=budget, item_rate=item_rate, source=where[layer], progress=progress)
     return feature_repair(case, model, saes[layer], top=top, direction=direction, bad=bad, tag=tag, budget=budget,
                           item_rate=item_rate, batch_size=batch_size, source=where[layer], progress=progress)
 
@@ -480,15 +510,28 @@ def feature_circuit(case, model=None, *, layers: Sequence[int] | None = None, me
                     bad: str | None = None, tag: str | None = None, batch_size: int = 256,
                     sae_release: str | None = None, sae_id: str | None = None, sae_dir: str | None = None,
                     by_position: bool = False, max_memory: int | str | None = None, device: str | None = None,
-                    dtype: str = "float32", progress: bool = False) -> FeatureCircuitResult:
+                    dtype: str = "float32", progress: bool = False, holdout: float | None = None, eval_items=None,
+                    seed: int = 0):
     """The feature circuit (SAE features and each SAE's error term as nodes) of the failing format and of the
     working one, their difference and the repair it suggests (`surgeon feature-circuit`; every layer with an SAE
     unless `layers`; `by_position`: a node per feature and error term at each aligned position). The batch size is
-    lowered to fit `max_memory` (default: the device's free memory): the plan counts the SAEs' feature tensors."""
+    lowered to fit `max_memory` (default: the device's free memory): the plan counts the SAEs' feature tensors.
+    `holdout` (e.g. 0.5, seeded by `seed`) or `eval_items`: found on discovery items and measured on the held-out ones
+    (a `HeldOutFeatureCircuit`)."""
+    if holdout is not None and eval_items is not None:
+        raise AnalysisError("holdout and eval_items are two ways to choose the evaluation items", field="eval_items",
+                            fix="give one: holdout=FRAC (a share of the case's items) or eval_items (other items)")
+    if holdout is not None or eval_items is not None:  # refused before any weight loads
+        eval_split(read(case, model), tag, holdout, seed, eval_items)
     case, model = case_and_model(case, model, device=device, dtype=dtype)
     saes, where, _ = _saes(case, model, layers, sae_release, sae_id, sae_dir, device, dtype)
     batch_size = planned_batch_size(plan_feature_circuit, case, model, saes, method, steps, verify, by_position,
                                     batch_size=batch_size, max_memory=max_memory, bad=bad, tag=tag)
+    if holdout is not None or eval_items is not None:
+        return feature_circuit_heldout(case, model, saes, holdout=holdout or 0.5, seed=seed, tag=tag, bad=bad,
+                                       batch_size=batch_size, eval_items=eval_items, method=method, steps=steps,
+                                       verify=verify, target=faithfulness, threshold=threshold, sources=where,
+                                       by_position=by_position, progress=progress)
     return feature_circuit_of(case, model, saes, method=method, steps=steps, verify=verify, target=faithfulness,
                               threshold=threshold, bad=bad, tag=tag, batch_size=batch_size, sources=where,
                               by_position=by_position, progress=progress)
@@ -543,7 +586,7 @@ def report_key(case: Case, model, source: SAESource | None) -> dict:
 
 
 RESULT_TYPES = {cls.__name__: cls for cls in (Diagnosis, LogitAttributionResult, PatchResult, PositionPatchResult,
-                                                ThresholdResult, HeldOutThreshold, HeldOutCircuit, BlendResult, CircuitResult, AttentionResult,
+                                                ThresholdResult, HeldOutThreshold, HeldOutCircuit, HeldOutPatch, HeldOutFeatureCircuit, HeldOutFeatureRepair, BlendResult, CircuitResult, AttentionResult,
                                                 OverlapResult, AmplifiedResult, HeadFeatureResult, FeatureRepairResult,
                                                 FeatureCircuitResult, RepairResult, FoldsThreshold,
                                                 FoldsCircuit, SinkResult)}

@@ -17,16 +17,22 @@ from typing import Sequence
 
 import numpy as np
 
-from surgeon.analyses.circuit import CircuitResult, discover, evaluate_circuit
+from surgeon.analyses.circuit import CircuitResult, discover, evaluate_circuit, faithfulness_curve
+from surgeon.analyses.circuit_runs import circuit_runs
 from surgeon.analyses.common import make_contrast
+from surgeon.analyses.feature_circuit import FeatureCircuitResult, feature_circuit, run_nodes
+from surgeon.analyses.patching import PatchResult, patch_heads
+from surgeon.analyses.sae_repair import FeatureRepairResult, feature_repair
 from surgeon.errors import AnalysisError
 from surgeon.search.subsets import ThresholdResult, parse_units, per_subset, plan_from_options
 from surgeon.search.threshold import threshold_search
 from surgeon.show import Shows
+from surgeon.sites.edges import EdgeSite
+from surgeon.sites.features import FeatureSite
 from surgeon.sites.nodes import Site
 from surgeon.spec.case import Case, Item, fresh_items, read_case, validate
 from surgeon.spec.select import pick_items
-from surgeon.stats import Estimate, wilson
+from surgeon.stats import Estimate, bootstrap_fraction, wilson
 
 MIN_PER_SPLIT = 4  # fewer items on either side say nothing a reader could use
 
@@ -333,6 +339,10 @@ class HeldOutCircuit(Shows):
     held_out: dict  # `evaluate_circuit` of the found circuit on the evaluation items
     n_discovery: int = 0
     n_evaluation: int = 0
+    # the discovery ranking's faithfulness curve (its top-k edges at MIB's fractions) on the evaluation items
+    curve: list = field(default_factory=list)
+    cpr: float = float("nan")
+    cmd: float = float("nan")
 
 
 def circuit_heldout(case: Case, model, *, holdout: float = 0.5, seed: int = 0, tag: str | None = None,
@@ -341,10 +351,185 @@ def circuit_heldout(case: Case, model, *, holdout: float = 0.5, seed: int = 0, t
     evaluated on the held-out items under the same ablation, semantics and direction."""
     split, disc, ev = eval_split(case, tag, holdout, seed, eval_items)
     r = discover(replace(case, items=disc, focus=None), model, bad=bad, tag=None, batch_size=batch_size, **found)
-    held = evaluate_circuit(replace(case, items=ev, focus=None), model, r.names(r.circuit), ablation=r.ablation,
+    eval_case = replace(case, items=ev, focus=None)
+    held = evaluate_circuit(eval_case, model, r.names(r.circuit), ablation=r.ablation,
                             semantics=r.options.get("semantics"), direction=r.direction, bad=bad, tag=None,
                             batch_size=batch_size)
-    return HeldOutCircuit(case.name, split, r, held, len(split.discovery), len(split.evaluation))
+    runs = circuit_runs(eval_case, model, EdgeSite.of(model.cfg, r.ablation), semantics=held["semantics"],
+                        direction=r.direction, bad=bad, tag=None, batch_size=batch_size)
+    order = np.argsort(-np.abs(np.asarray(r.scores, dtype=float)), kind="stable")  # the discovery items' ranking
+    _, _, curve, cpr, cmd = faithfulness_curve(runs, order)
+    return HeldOutCircuit(case.name, split, r, held, len(split.discovery), len(split.evaluation),
+                          [float(v) for v in curve], float(cpr), float(cmd))
+
+
+@dataclass(frozen=True)
+class HeldOutUnit:
+    unit: str  # "L0H6"
+    rank: int  # its rank on the discovery items (1: repairs most)
+    discovery: Estimate  # its repair fraction there: in-sample (the ranking was made there)
+    held_out: Estimate  # its repair fraction on the evaluation items
+
+
+@dataclass
+class HeldOutPatch(Shows):
+    """Per-head patching on the discovery items, and its top units (ranked there) patched on the evaluation items:
+    their held-out repair fractions are the result; the rank correlation over every unit says how well the ranking
+    carries over."""
+
+    case: str
+    split: Split
+    search: PatchResult  # on the discovery items: in-sample
+    held: PatchResult  # every unit on the evaluation items
+    top: list[HeldOutUnit] = field(default_factory=list)
+    spearman: float = float("nan")  # between the discovery and held-out repair fractions of every unit
+    n_discovery: int = 0
+    n_evaluation: int = 0
+
+
+def patch_heldout(case: Case, model, *, holdout: float = 0.5, seed: int = 0, tag: str | None = None,
+                  bad: str | None = None, top: int = 10, eval_items=None, **patch) -> HeldOutPatch:
+    """`patch_heads` (with `patch`'s options) on a seeded discovery split of the items and on the held-out items;
+    the `top` units by discovery repair fraction, with their held-out fractions (the result), and the Spearman
+    correlation of the two over every unit. The held-out sweep is one more per-head sweep on the held-out items."""
+    split, disc, ev = eval_split(case, tag, holdout, seed, eval_items)
+    found = patch_heads(replace(case, items=disc, focus=None), model, bad=bad, tag=None, **patch)
+    held = patch_heads(replace(case, items=ev, focus=None), model, bad=bad, tag=None, **patch)
+    d = np.nan_to_num(np.asarray(found.fraction, dtype=float), nan=-np.inf)
+    order = np.argsort(-d, axis=None, kind="stable")[:top]
+    rows = []
+    for rank, flat in enumerate(order, 1):
+        li, u = np.unravel_index(int(flat), d.shape)
+        est = lambda r: Estimate(float(r.fraction[li, u]), float(r.fraction_lo[li, u]), float(r.fraction_hi[li, u]),  # noqa: E731
+                                 r.n_items, "bootstrap")
+        rows.append(HeldOutUnit(f"L{found.layers[li]}H{u}", rank, est(found), est(held)))
+    a, b = np.asarray(found.fraction, dtype=float).ravel(), np.asarray(held.fraction, dtype=float).ravel()
+    ok = np.isfinite(a) & np.isfinite(b)
+    rho = float(np.corrcoef(_ranks(a[ok]), _ranks(b[ok]))[0, 1]) if ok.sum() > 2 else float("nan")
+    return HeldOutPatch(case.name, split, found, held, rows, rho, len(split.discovery), len(split.evaluation))
+
+
+@dataclass(frozen=True)
+class HeldOutFeatureDirection:
+    direction: str  # denoise | noise
+    nodes: int  # the circuit's nodes (chosen on the discovery items)
+    faithfulness: Estimate  # on the evaluation items: the result
+    completeness: Estimate
+    discovery_faithfulness: Estimate  # where it was chosen: in-sample
+    discovery_completeness: Estimate
+
+
+@dataclass
+class HeldOutFeatureCircuit(Shows):
+    """The feature circuits found on the discovery items (every number in `search` in-sample) and, on the evaluation
+    items, each direction's circuit kept and ablated (faithfulness and completeness, Marks et al.'s definitions) and
+    the repair the two circuits' difference suggests (its rate of items right when patched): the result."""
+
+    case: str
+    split: Split
+    search: FeatureCircuitResult
+    directions: list[HeldOutFeatureDirection] = field(default_factory=list)
+    repair_rate: Estimate | None = None  # the difference's nodes patched on the evaluation items
+    repair_base: Estimate | None = None  # those items right unpatched
+    n_discovery: int = 0
+    n_evaluation: int = 0
+
+
+def feature_circuit_heldout(case: Case, model, saes: dict, *, holdout: float = 0.5, seed: int = 0,
+                            tag: str | None = None, bad: str | None = None, batch_size: int = 256, eval_items=None,
+                            **found) -> HeldOutFeatureCircuit:
+    """`feature_circuit` (with `found`'s options) on a seeded discovery split of the items, and what it chose (each
+    direction's circuit; the repair of the difference) run on the held-out items: the forward passes of those node
+    sets only."""
+    split, disc, ev = eval_split(case, tag, holdout, seed, eval_items)
+    r = feature_circuit(replace(case, items=disc, focus=None), model, saes, bad=bad, tag=None, batch_size=batch_size,
+                        **found)
+    eval_case = replace(case, items=ev, focus=None)
+    sites = [FeatureSite.of(saes[layer], error=True) for layer in sorted(saes)]
+    rows, repair_rate, repair_base = [], None, None
+    for name, d in r.directions.items():
+        contrast, _ = make_contrast(eval_case, model, bad=bad, direction=name, batch_size=batch_size,
+                                    sites=[Site.coerce(x.hook) for x in sites])
+        S = contrast.n_slots if found.get("by_position") else None
+        base = contrast.clean_base.double().cpu().numpy()
+        everything = run_nodes(contrast, sites, [list(range(len(r.nodes)))], S=S)[0]
+        kept = run_nodes(contrast, sites, [d.circuit], complement=True, S=S)[0]
+        ablated = run_nodes(contrast, sites, [d.circuit], S=S)[0]
+        rows.append(HeldOutFeatureDirection(name, len(d.circuit), _fraction(kept, everything, base),
+                                            _fraction(ablated, everything, base), d.faithfulness, d.completeness))
+        if name == "denoise" and r.repair.nodes:
+            patched = run_nodes(contrast, sites, [r.repair.nodes], S=S)[0]
+            right = contrast.metric.right_above
+            repair_rate = wilson(int((patched > right).sum()), len(patched))
+            repair_base = wilson(int((base > right).sum()), len(base))
+    return HeldOutFeatureCircuit(case.name, split, r, rows, repair_rate, repair_base, len(split.discovery),
+                                 len(split.evaluation))
+
+
+@dataclass(frozen=True)
+class HeldOutFeatures:
+    features: tuple[int, ...]  # SAE features chosen on the discovery items
+    discovery: float  # their repair fraction there: in-sample
+    held_out: Estimate  # their repair fraction on the evaluation items (bootstrap 95% interval)
+    rate: Estimate  # items right there when patched (Wilson)
+
+
+@dataclass
+class HeldOutFeatureRepair(Shows):
+    """`sae repair` on the discovery items (every number in `search` in-sample): the top features by attribution,
+    each alone and all together, patched on the evaluation items (the result)."""
+
+    case: str
+    split: Split
+    search: FeatureRepairResult
+    rows: list[HeldOutFeatures] = field(default_factory=list)
+    n_discovery: int = 0
+    n_evaluation: int = 0
+
+
+def sae_repair_heldout(case: Case, model, sae, *, holdout: float = 0.5, seed: int = 0, tag: str | None = None,
+                       bad: str | None = None, batch_size: int = 256, eval_items=None, **found) -> HeldOutFeatureRepair:
+    """`feature_repair` (with `found`'s options) on a seeded discovery split of the items, and the features it chose
+    (each alone, then all of them) patched on the held-out items."""
+    import torch
+
+    split, disc, ev = eval_split(case, tag, holdout, seed, eval_items)
+    r = feature_repair(replace(case, items=disc, focus=None), model, sae, bad=bad, tag=None, batch_size=batch_size,
+                       **found)
+    fs = FeatureSite.of(sae)
+    contrast, _ = make_contrast(replace(case, items=ev, focus=None), model, bad=bad,
+                                direction=found.get("direction", "denoise"), batch_size=batch_size,
+                                sites=[Site.coerce(fs.hook)])
+    chosen = [int(j) for j, _, _ in r.top]
+    sets = [[j] for j in chosen] + ([chosen] if len(chosen) > 1 else [])
+    disc_frac = [float(s) for _, _, s in r.top] + ([float("nan")] if len(chosen) > 1 else [])
+    mask = torch.zeros(len(sets), fs.n_units())
+    for i, js in enumerate(sets):
+        mask[i, js] = 1.0
+    with torch.no_grad():
+        scores = contrast.run({fs: mask}).double().cpu().numpy()
+    base, source = contrast.clean_base.double().cpu().numpy(), contrast.clean_source.double().cpu().numpy()
+    right = contrast.metric.right_above
+    rows = [HeldOutFeatures(tuple(js), d, _fraction(sc, base, source), wilson(int((sc > right).sum()), len(sc)))
+            for js, d, sc in zip(sets, disc_frac, scores)]
+    return HeldOutFeatureRepair(case.name, split, r, rows, len(split.discovery), len(split.evaluation))
+
+
+def _fraction(scores: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> Estimate:
+    """(mean scores - mean lo) / (mean hi - mean lo), bootstrap 95% interval over items (as the feature circuit's)."""
+    v, a, b = bootstrap_fraction(scores[None], lo, hi)
+    return Estimate(float(v[0]), float(a[0]), float(b[0]), len(lo), "bootstrap")
+
+
+def _ranks(x: np.ndarray) -> np.ndarray:
+    """Average ranks (ties share theirs), for Spearman's correlation."""
+    order = np.argsort(x, kind="stable")
+    ranks = np.empty(len(x))
+    ranks[order] = np.arange(len(x), dtype=float)
+    for v in np.unique(x):
+        same = x == v
+        ranks[same] = ranks[same].mean()
+    return ranks
 
 
 def fold_items(items: Sequence[Item], folds: int, seed: int = 0) -> list[tuple[int, ...]]:
@@ -478,6 +663,6 @@ def _heldout_on(case: Case, model, items, split: Split, *, tag, bad, component, 
                              eval_items=ev, _discovery=disc, _split=split, **search)
 
 
-__all__ = ["FoldRow", "FoldsCircuit", "FoldsThreshold", "circuit_folds", "fold_items", "threshold_folds", "HeldOutCircuit", "HeldOutKStar", "HeldOutRow", "HeldOutThreshold", "Split", "SubsetRate", "eval_items_of", "eval_split",
+__all__ = ["FoldRow", "FoldsCircuit", "FoldsThreshold", "circuit_folds", "fold_items", "threshold_folds", "HeldOutCircuit", "HeldOutFeatureRepair", "HeldOutFeatures", "sae_repair_heldout", "HeldOutFeatureCircuit", "HeldOutFeatureDirection", "feature_circuit_heldout", "HeldOutKStar", "HeldOutPatch", "HeldOutRow", "HeldOutUnit", "patch_heldout", "HeldOutThreshold", "Split", "SubsetRate", "eval_items_of", "eval_split",
            "evaluate_subsets", "split_items",
            "threshold_heldout", "circuit_heldout"]

@@ -18,6 +18,7 @@ from surgeon.cli.common import (
     add_memory,
     add_metric,
     layers_of,
+    one_evaluation_choice,
     load_case_and_model,
     planned_batch_size,
     print_report,
@@ -99,6 +100,13 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("patch", help="patch each head (unit) of each layer from one format into the other")
     add_patching(p, COMPONENTS)
     add_memory(p)
+    p.add_argument("--holdout", type=cli_types.fraction, metavar="FRAC",
+                   help="rank the units on a seeded, tag-stratified share of the items and report the top ones on the "
+                        "held-out FRAC (e.g. 0.5)")
+    p.add_argument("--eval-items", metavar="N|FILE", help="rank the units on every item and report the top ones on "
+                                                         "these: " + EVAL_ITEMS)
+    p.add_argument("--top", type=cli_types.positive, default=10, help="with --holdout/--eval-items: the units reported "
+                                                                      "held out (default 10)")
 
     p = sub.add_parser("attribute", help="estimate every unit's patching effect from one backward pass "
                                          "(gradients w.r.t. the masks); --compare checks it against exact patching")
@@ -344,12 +352,28 @@ def cmd_diagnose(args) -> int:
 
 
 def cmd_patch(args) -> int:
-    case, model, device = load_case_and_model(args)
+    one_evaluation_choice(args)
+    held = args.holdout is not None or args.eval_items is not None
+
+    def split_check(case):  # too few items for the split, or evaluation items that do not fit, before the model loads
+        if held:
+            from surgeon.analyses.heldout import eval_split
+
+            eval_split(case, args.tag, args.holdout, args.seed, args.eval_items)
+
+    case, model, device = load_case_and_model(args, check=split_check)
     warn_if_no_failure(args, case, model)
     from surgeon.analyses import patch_heads, planning
 
     layers = layers_of(args, case)
     batch = planned_batch_size(args, planning.plan_patch, case, model, layers, args.component)
+    if held:
+        from surgeon.analyses.heldout import patch_heldout
+
+        r = patch_heldout(case, model, holdout=args.holdout or 0.5, seed=args.seed, tag=args.tag, bad=args.bad,
+                          top=args.top, eval_items=args.eval_items, layers=layers, component=args.component,
+                          direction=args.direction, batch_size=batch)
+        return print_report(args, r, case, device)
     r = patch_heads(case, model, layers=layers, component=args.component, direction=args.direction, bad=args.bad,
                     tag=args.tag, batch_size=batch, progress=True)
     return print_report(args, r, case, device)
@@ -540,16 +564,6 @@ def cmd_sinks(args) -> int:
 
     return print_report(args, sinks(case, model, tag=args.tag, epsilon=args.epsilon, batch_size=min(args.batch_size, 64)),
                         case, device)
-
-
-def one_evaluation_choice(args) -> None:
-    """At most one of --holdout, --eval-items and --folds (each chooses the evaluation items)."""
-    chosen = [o for o, on in (("--holdout", getattr(args, "holdout", None) is not None),
-                              ("--eval-items", getattr(args, "eval_items", None) is not None),
-                              ("--folds", getattr(args, "folds", None) is not None)) if on]
-    if len(chosen) > 1:
-        raise SurgeonError(f"{chosen[0]} and {chosen[1]} are two ways to choose the evaluation items", field=chosen[1],
-                           fix="give one: --holdout FRAC, --eval-items N|FILE or --folds K")
 
 
 def eval_items_check(args, case) -> None:

@@ -218,3 +218,13 @@ def planned_batch_size(args, plan, case, model, *a, **kw) -> int:
     return planned(plan, case, model, *a, batch_size=args.batch_size, max_memory=args.max_memory,
                    bad=getattr(args, "bad", None), direction=getattr(args, "direction", "denoise"),
                    tag=getattr(args, "tag", None), **kw)
+
+
+def one_evaluation_choice(args) -> None:
+    """At most one of --holdout, --eval-items and --folds (each chooses the evaluation items)."""
+    chosen = [o for o, on in (("--holdout", getattr(args, "holdout", None) is not None),
+                              ("--eval-items", getattr(args, "eval_items", None) is not None),
+                              ("--folds", getattr(args, "folds", None) is not None)) if on]
+    if len(chosen) > 1:
+        raise SurgeonError(f"{chosen[0]} and {chosen[1]} are two ways to choose the evaluation items", field=chosen[1],
+                           fix="give one: --holdout FRAC, --eval-items N|FILE or --folds K")

@@ -75,6 +75,12 @@ def add_parser(sub, common, items) -> None:
     q.add_argument("--item-rate", type=cli_types.fraction, default=1.0,
                    help="a subset repairs when it fixes at least this fraction of items, as in threshold (default 1.0: all)")
     q.add_argument("--direction", default="denoise", choices=["denoise", "noise"], help="default: denoise")
+    q.add_argument("--holdout", type=cli_types.fraction, metavar="FRAC",
+                   help="choose the features on a seeded, tag-stratified share of the items and patch them on the "
+                        "held-out FRAC (e.g. 0.5; --seed seeds it)")
+    q.add_argument("--eval-items", metavar="N|FILE",
+                   help="choose the features on every item and patch them on these: N fresh items from the case's draw, "
+                        "or the path of a case file whose items fit the formats")
     items(q)
 
 
@@ -106,6 +112,12 @@ def add_feature_circuit(sub, common, items) -> None:
     q.add_argument("--export", nargs="+", type=Path, default=[], metavar="FILE",
                    help="write the failing format's circuit; format from the suffix: .json .graphml .gexf .dot .tex "
                         ".svg .pdf .png")
+    q.add_argument("--holdout", type=cli_types.fraction, metavar="FRAC",
+                   help="find the circuits on a seeded, tag-stratified share of the items and measure them on the "
+                        "held-out FRAC (e.g. 0.5; --seed seeds it)")
+    q.add_argument("--eval-items", metavar="N|FILE",
+                   help="find the circuits on every item and measure them on these: N fresh items from the case's draw, "
+                        "or the path of a case file whose items fit the formats")
     items(q)
 
 
@@ -124,17 +136,30 @@ def run_feature_circuit(args) -> int:
         raise SurgeonError(f"{mib[0]}: a feature circuit has no EAP-IG / MIB form", field="--export",
                            fix="export .json, .graphml, .gexf, .dot, .tex, .svg, .pdf or .png")
     layers = parse_layers(args.layers)
-    case, model, device = load_case_and_model(args, check=lambda case: _source(args, case).check_available(layers))
+    from surgeon.cli.common import one_evaluation_choice
+
+    one_evaluation_choice(args)
+    held = args.holdout is not None or args.eval_items is not None
+
+    def check(case):  # the SAEs on disk, and the split (or the evaluation items), before the model loads
+        _source(args, case).check_available(layers)
+        if held:
+            from surgeon.analyses.heldout import eval_split
+
+            eval_split(case, args.tag, args.holdout, args.seed, args.eval_items)
+
+    case, model, device = load_case_and_model(args, check=check)
     import surgeon.api as api
 
     r = api.feature_circuit(case, model, layers=layers, method=args.method, steps=args.steps, verify=args.verify,
                             faithfulness=args.faithfulness, threshold=args.threshold, bad=args.bad, tag=args.tag,
                             batch_size=args.batch_size, sae_release=args.sae_release, sae_id=args.sae_id,
                             sae_dir=args.sae_dir, by_position=args.by_position, max_memory=args.max_memory,
-                            device=device, dtype=args.dtype, progress=True)
+                            device=device, dtype=args.dtype, progress=True, holdout=args.holdout,
+                            eval_items=args.eval_items, seed=args.seed)
     code = print_report(args, r, case, device)
     if args.export:
-        r.export(*args.export)
+        (r.search if held else r).export(*args.export)
         print("exported " + ", ".join(str(f) for f in args.export))
     return code
 
@@ -148,11 +173,17 @@ def _source(args, case):
 def run(args) -> int:
     from surgeon.cli.common import load_case_and_model, parse_layers, print_report
 
-    def sae_first(case):  # the SAEs named and on disk, before the model loads
+    def sae_first(case):  # the SAEs named and on disk, and a held-out split, before the model loads
         if args.action != "train":
             layers = [args.sae_layer] if args.action == "heads" else (
                 [args.layer] if getattr(args, "layer", None) is not None else parse_layers(getattr(args, "layers", None)))
             _source(args, case).check_available(layers)
+        if getattr(args, "holdout", None) is not None or getattr(args, "eval_items", None) is not None:
+            from surgeon.analyses.heldout import eval_split
+            from surgeon.cli.common import one_evaluation_choice
+
+            one_evaluation_choice(args)
+            eval_split(case, args.tag, args.holdout, args.seed, args.eval_items)
 
     case, model, device = load_case_and_model(args, check=sae_first)
     from surgeon.reports import text as report
@@ -180,7 +211,7 @@ def run(args) -> int:
         return print_report(args, r, case, device)
     r = api.sae_repair(case, model, layer=args.layer, top=args.top, budget=args.budget, item_rate=args.item_rate,
                        direction=args.direction, bad=args.bad, tag=args.tag, batch_size=args.batch_size, progress=True,
-                       **sae)
+                       holdout=args.holdout, eval_items=args.eval_items, seed=args.seed, **sae)
     return print_report(args, r, case, device)
 
 

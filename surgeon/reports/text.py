@@ -293,6 +293,70 @@ def heldout_circuit_text(r) -> str:
              f"in-sample ({r.n_discovery} discovery items, where it was pruned to reach the target): {reading} = "
              f"{c.circuit_faithfulness:.3f} {ci(c.circuit_faithfulness_ci)}",
              "", f"the circuit on the discovery items (in-sample, n={r.n_discovery}):", circuit_text(c)]
+    if r.curve:
+        head = lines[:3]
+        curve = [f"faithfulness curve of the discovery ranking (its top-k edges at MIB's fractions) on the "
+                 f"{r.n_evaluation} held-out items:",
+                 "  " + "  ".join(f"{100 * x:g}%:{k}" for x, k in zip(c.curve_fractions, c.curve_edges)),
+                 "  held out   " + "  ".join(f"{v:.3f}" for v in r.curve) + f"   CPR {r.cpr:.3f}, CMD {r.cmd:.3f}",
+                 "  in-sample  " + "  ".join(f"{v:.3f}" for v in c.curve) + f"   CPR {c.cpr:.3f}, CMD {c.cmd:.3f}"]
+        lines = head + curve + lines[3:]
+    return "\n".join(lines)
+
+
+def heldout_feature_circuit_text(r) -> str:
+    """The feature circuits found on the discovery items, measured on the held-out ones (the result)."""
+    ci = lambda e: f"{e.value:.3f} [{e.lo:.3f}, {e.hi:.3f}]"  # noqa: E731
+    pct = lambda e: f"{100 * e.value:.1f}% [{100 * e.lo:.1f}, {100 * e.hi:.1f}] (n={e.n})"  # noqa: E731
+    lines = [f"case {r.case} · feature circuits found on {r.split.describe()}",
+             f"each direction's circuit (its nodes chosen on the {r.n_discovery} discovery items) kept and ablated on "
+             f"the {r.n_evaluation} held-out items (the result), beside the discovery items (in-sample; 95% bootstrap "
+             "intervals over items)", "",
+             f"{'direction':<10} {'nodes':>5}  {'faithfulness held out':<24} {'in-sample':<24} {'completeness held out':<24} in-sample"]
+    for d in r.directions:
+        lines.append(f"{d.direction:<10} {d.nodes:>5}  {ci(d.faithfulness):<24} {ci(d.discovery_faithfulness):<24} "
+                     f"{ci(d.completeness):<24} {ci(d.discovery_completeness)}")
+    if r.repair_rate is not None:
+        lines += ["", f"the repair the circuits' difference suggests ({len(r.search.repair.nodes)} nodes), patched on the "
+                      f"held-out items: {pct(r.repair_rate)} right (unpatched {pct(r.repair_base)})"]
+    lines += ["", f"the feature circuits on the discovery items (in-sample, n={r.n_discovery}):",
+              feature_circuit_text(r.search)]
+    return "\n".join(lines)
+
+
+def heldout_feature_repair_text(r) -> str:
+    """`sae repair --holdout`: the features chosen on the discovery items, patched on the held-out ones."""
+    ci = lambda e: f"{e.value:+.3f} [{e.lo:+.3f}, {e.hi:+.3f}]"  # noqa: E731
+    pct = lambda e: f"{100 * e.value:5.1f}% [{100 * e.lo:5.1f}, {100 * e.hi:5.1f}]"  # noqa: E731
+    s = r.search
+    lines = [f"case {r.case} · SAE features at layer {s.layer} ({s.hook}) chosen on {r.split.describe()}",
+             f"the top {len(s.top)} features by attribution on the {r.n_discovery} discovery items, each alone and all "
+             f"together, patched {s.source!r} into {s.base!r} on the {r.n_evaluation} held-out items (the result); the "
+             "discovery fraction is in-sample", "",
+             f"{'features':<28} {'held-out repair fraction':<28} {'held-out items right':<24} in-sample fraction"]
+    for row in r.rows:
+        name = "all: " + "+".join(map(str, row.features)) if len(row.features) > 1 else f"feature {row.features[0]}"
+        d = "--" if row.discovery != row.discovery else f"{row.discovery:+.3f}"
+        lines.append(f"{name[:28]:<28} {ci(row.held_out):<28} {pct(row.rate):<24} {d}")
+    lines += ["", f"the search on the discovery items (in-sample, n={r.n_discovery}):", feature_repair_text(s)]
+    return "\n".join(lines)
+
+
+def heldout_patch_text(r) -> str:
+    """Per-head patching's top units, ranked on the discovery items, with their held-out repair fractions (the
+    result) beside the in-sample ones."""
+    s = r.search
+    ci = lambda e: f"{e.value:+.3f} [{e.lo:+.3f}, {e.hi:+.3f}]"  # noqa: E731
+    what = "repair" if s.direction == "denoise" else "damage"
+    lines = [f"case {r.case} · patch {s.component} from {s.source!r} into {s.base!r} ({s.direction}) · units ranked on "
+             f"{r.split.describe()}",
+             f"the top {len(r.top)} units by {what} fraction on the {r.n_discovery} discovery items, patched on the "
+             f"{r.n_evaluation} held-out items (the result); the discovery fraction is in-sample: the ranking was made "
+             "there",
+             f"rank correlation (Spearman) of every unit's {what} fraction, discovery vs held out: {r.spearman:.3f}",
+             "", f"{'rank':>4}  {'unit':<8} {'held-out fraction [95% CI]':<30} in-sample fraction [95% CI]"]
+    for u in r.top:
+        lines.append(f"{u.rank:>4}  {u.unit:<8} {ci(u.held_out):<30} {ci(u.discovery)}")
     return "\n".join(lines)
 
 

@@ -86,6 +86,12 @@ VIEWS = {
                            {"faithfulness_discovery.png": lambda r, p: figures.faithfulness_figure(r.search, p),
                             "circuit.png": lambda r, p: circuit_figure(r.search, p)},
                            table=tables.heldout_circuit_table, headline=_heldout_circuit_line),
+    "HeldOutPatch": View("patch-heldout", text.heldout_patch_text,
+                         headline=lambda r: f"top unit {r.top[0].unit}: {r.top[0].held_out.value:+.3f} held out, "
+                                            f"{r.top[0].discovery.value:+.3f} in-sample; Spearman {r.spearman:.3f}"
+                         if r.top else "no unit"),
+    "HeldOutFeatureCircuit": View("feature-circuit-heldout", text.heldout_feature_circuit_text),
+    "HeldOutFeatureRepair": View("sae-repair-heldout", text.heldout_feature_repair_text),
     "FoldsThreshold": View("threshold-folds", text.folds_text),
     "FoldsCircuit": View("circuit-folds", text.folds_circuit_text),
     "SinkResult": View("sinks", text.sinks_text),

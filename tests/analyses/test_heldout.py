@@ -166,6 +166,48 @@ def test_a_circuit_found_on_discovery_items_is_scored_on_the_held_out_ones(decim
     assert abs(on_disc["faithfulness"] - on_eval["faithfulness"]) > 1e-4  # the sides differ: which one is read matters
     text = str(r)
     assert "held-out (" in text and "in-sample (" in text
+    # the discovery ranking's faithfulness curve, measured on the held-out items: each point is the top-k edges (by
+    # the discovery scores) evaluated there
+    import numpy as np
+
+    order = np.argsort(-np.abs(np.asarray(r.search.scores)), kind="stable")
+    assert len(r.curve) == len(r.search.curve_edges)
+    for i in (3, 6, 8):
+        k = r.search.curve_edges[i]
+        top = evaluate_circuit(as_case(r.split.evaluation), decimal_model, r.search.names(order[:k]))
+        assert r.curve[i] == pytest.approx(top["faithfulness"], abs=1e-5)
+    assert max(abs(a - b) for a, b in zip(r.curve, r.search.curve)) > 1e-4 and "CPR" in text
+
+
+def test_per_head_patching_ranked_on_discovery_items_reported_held_out(decimal_model):
+    """`surgeon patch --holdout`: the units are ranked on the discovery items; the top ones' held-out fractions are
+    those of patching them on the evaluation items alone, which hand-written hooks reproduce for the first."""
+    import numpy as np
+
+    from surgeon.analyses.heldout import patch_heldout
+    from surgeon.analyses.patching import patch_heads
+
+    case = _case()
+    r = patch_heldout(case, decimal_model, holdout=0.5, seed=2, top=5, layers=[0, 1])
+    items = case.items_for(case.focus)
+    ev = [items[i] for i in r.split.evaluation]
+    disc = [items[i] for i in r.split.discovery]
+    on_disc = patch_heads(dataclasses.replace(case, items=disc, focus=None), decimal_model, layers=[0, 1])
+    on_eval = patch_heads(dataclasses.replace(case, items=ev, focus=None), decimal_model, layers=[0, 1])
+    f = np.asarray(on_disc.fraction)
+    want = [f"L{on_disc.layers[li]}H{u}" for li, u in
+            (np.unravel_index(i, f.shape) for i in np.argsort(-f, axis=None, kind="stable")[:5])]
+    assert [u.unit for u in r.top] == want  # ranked where they were chosen
+    for u in r.top:
+        li, h = on_eval.layers.index(int(u.unit[1])), int(u.unit[3:])
+        assert u.held_out.value == pytest.approx(float(on_eval.fraction[li, h]), abs=1e-9)
+        assert u.discovery.value == pytest.approx(float(on_disc.fraction[li, h]), abs=1e-9)
+    assert any(abs(u.held_out.value - u.discovery.value) > 1e-4 for u in r.top)
+    # the first unit's held-out accuracy when patched, from hand-written hooks (layer 0 only in hand_rate)
+    first = next(u for u in r.top if u.unit.startswith("L0"))
+    h = int(first.unit[3:])
+    assert float(on_eval.accuracy[0, h]) == pytest.approx(hand_rate(case, decimal_model, ev, [first.unit]), abs=1e-6)
+    assert 0.8 < r.spearman <= 1.0 and "Spearman" in str(r)
 
 
 def test_the_command_line_finds_a_circuit_held_out(capsys, tmp_path):

@@ -85,7 +85,7 @@ def _hand_written_kept(case, model, saes, keep, items):
         fwd = []
         for L, h, sae in hooks:
             F = int(sae.cfg.d_sae)
-            units = torch.tensor([u - offsets[L] for u in keep if offsets[L] <= u < offsets[L] + F + 1])
+            units = torch.tensor([u - offsets[L] for u in keep if offsets[L] <= u < offsets[L] + F + 1], dtype=torch.long)
             src = cache[h][0, pg]
             f_src = sae.encode(src)
             err_src = src - sae.decode(f_src)
@@ -272,3 +272,59 @@ def test_the_feature_circuit_view_in_a_browser(threshold_case, threshold_model, 
         assert set(d.circuit) <= set(r.profiles)
     finally:
         b.quit()
+
+
+def test_a_feature_circuit_found_on_discovery_items_is_measured_on_held_out_ones(decimal_case, decimal_model):
+    """`feature-circuit --holdout`: the circuits are chosen on the discovery items only; the failing direction's
+    circuit kept on the held-out items scores what hand-written hooks give there (faithfulness from those scores),
+    and differs from its in-sample value (which side is read matters)."""
+    import dataclasses
+
+    from surgeon.analyses.heldout import feature_circuit_heldout
+
+    saes = {L: shipped("decimal", L) for L in (0, 2)}
+    r = feature_circuit_heldout(decimal_case, decimal_model, saes, holdout=0.5, seed=1, method="gradient", verify=3)
+    items = decimal_case.items_for(decimal_case.focus)
+    ev = [items[i] for i in r.split.evaluation]
+    assert r.search.n_items == len(r.split.discovery) and r.n_evaluation == len(ev)
+    d = next(x for x in r.directions if x.direction == "denoise")
+    circuit = r.search.directions["denoise"].circuit
+    assert d.nodes == len(circuit) > 0
+    case = dataclasses.replace(decimal_case, items=ev, focus=None)
+    N = len(r.search.nodes)
+    with torch.no_grad():
+        kept = _hand_written_kept(case, decimal_model, saes, set(circuit), ev).double().numpy()
+        everything = _hand_written_kept(case, decimal_model, saes, set(), ev).double().numpy()
+        base = _hand_written_kept(case, decimal_model, saes, set(range(N)), ev).double().numpy()
+    want = (kept.mean() - everything.mean()) / (base.mean() - everything.mean())
+    assert d.faithfulness.value == pytest.approx(want, abs=1e-3)
+    assert d.discovery_faithfulness == r.search.directions["denoise"].faithfulness
+    assert abs(d.faithfulness.value - d.discovery_faithfulness.value) > 1e-4
+    assert "held out" in str(r) and "in-sample" in str(r)
+
+
+def test_sae_repair_features_chosen_on_discovery_items_patched_on_held_out_ones(decimal_case, decimal_model, tmp_path,
+                                                                             capsys):
+    """`sae repair --holdout`: the top features are chosen on the discovery items; each alone, and all together, is
+    patched on the held-out items, where hand-written hooks give the same scores for the set of all of them."""
+    import dataclasses
+
+    from surgeon.analyses.heldout import sae_repair_heldout
+    from surgeon.cli import main
+
+    sae = shipped("decimal", 0)
+    r = sae_repair_heldout(decimal_case, decimal_model, sae, holdout=0.5, seed=4, top=3, budget=20)
+    items = decimal_case.items_for(decimal_case.focus)
+    ev = [items[i] for i in r.split.evaluation]
+    chosen = [j for j, _, _ in r.search.top]
+    assert r.search.n_items == len(r.split.discovery) and [x.features for x in r.rows] == [(j,) for j in chosen] + [tuple(chosen)]
+    F = int(sae.cfg.d_sae)
+    keep = set(range(F + 1)) - set(chosen)  # every node but the chosen features keeps the failing run's value
+    case = dataclasses.replace(decimal_case, items=ev, focus=None)
+    with torch.no_grad():
+        patched = _hand_written_kept(case, decimal_model, {0: sae}, keep, ev).double().numpy()
+    every = r.rows[-1]
+    assert every.rate.value == pytest.approx(float((patched > 0).mean()), abs=1e-9)
+    assert main(["sae", "repair", "--layer", "0", "--top", "2", "--budget", "10", "--holdout", "0.5"]) == 0
+    out = capsys.readouterr().out
+    assert "held-out repair fraction" in out and "in-sample" in out
