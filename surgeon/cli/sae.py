@@ -75,13 +75,18 @@ def add_parser(sub, common, items) -> None:
     q.add_argument("--item-rate", type=cli_types.fraction, default=1.0,
                    help="a subset repairs when it fixes at least this fraction of items, as in threshold (default 1.0: all)")
     q.add_argument("--direction", default="denoise", choices=["denoise", "noise"], help="default: denoise")
-    q.add_argument("--holdout", type=cli_types.fraction, metavar="FRAC",
-                   help="choose the features on a seeded, tag-stratified share of the items and patch them on the "
-                        "held-out FRAC (e.g. 0.5; --seed seeds it)")
-    q.add_argument("--eval-items", metavar="N|FILE",
-                   help="choose the features on every item and patch them on these: N fresh items from the case's draw, "
-                        "or the path of a case file whose items fit the formats")
+    add_heldout(q, "choose the features", "patch them")
     items(q)
+
+
+def add_heldout(q, chosen: str, measured: str) -> None:
+    """--holdout and --eval-items: `chosen` ("choose the features") on discovery items, `measured` on the others."""
+    q.add_argument("--holdout", type=cli_types.fraction, metavar="FRAC",
+                   help=f"{chosen} on a seeded, tag-stratified share of the items and {measured} on the held-out FRAC "
+                        "(e.g. 0.5; --seed seeds it)")
+    q.add_argument("--eval-items", metavar="N|FILE",
+                   help=f"{chosen} on every item and {measured} on these: N fresh items from the case's draw, or the "
+                        "path of a case file whose items fit the formats")
 
 
 def add_feature_circuit(sub, common, items) -> None:
@@ -112,12 +117,7 @@ def add_feature_circuit(sub, common, items) -> None:
     q.add_argument("--export", nargs="+", type=Path, default=[], metavar="FILE",
                    help="write the failing format's circuit; format from the suffix: .json .graphml .gexf .dot .tex "
                         ".svg .pdf .png")
-    q.add_argument("--holdout", type=cli_types.fraction, metavar="FRAC",
-                   help="find the circuits on a seeded, tag-stratified share of the items and measure them on the "
-                        "held-out FRAC (e.g. 0.5; --seed seeds it)")
-    q.add_argument("--eval-items", metavar="N|FILE",
-                   help="find the circuits on every item and measure them on these: N fresh items from the case's draw, "
-                        "or the path of a case file whose items fit the formats")
+    add_heldout(q, "find the circuits", "measure them")
     items(q)
 
 
