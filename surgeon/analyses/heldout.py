@@ -21,6 +21,7 @@ from surgeon.analyses.circuit import CircuitResult, discover, evaluate_circuit, 
 from surgeon.analyses.circuit_runs import circuit_runs
 from surgeon.analyses.common import make_contrast
 from surgeon.analyses.feature_circuit import FeatureCircuitResult, feature_circuit, run_nodes
+from surgeon.analyses.feature_edges import verify_edges
 from surgeon.analyses.patching import PatchResult, patch_heads
 from surgeon.analyses.sae_repair import FeatureRepairResult, feature_repair
 from surgeon.errors import AnalysisError
@@ -417,6 +418,9 @@ class HeldOutFeatureDirection:
     completeness: Estimate
     discovery_faithfulness: Estimate  # where it was chosen: in-sample
     discovery_completeness: Estimate
+    # the circuit's edges verified exactly on the discovery items, each verified again on the evaluation items:
+    # (upstream node, downstream node, its exact effect there (in-sample), its effect held out), fractions of the gap
+    edges: list[tuple[int, int, float, Estimate]] = field(default_factory=list)
 
 
 @dataclass
@@ -455,8 +459,13 @@ def feature_circuit_heldout(case: Case, model, saes: dict, *, holdout: float = 0
         everything = run_nodes(contrast, sites, [list(range(len(r.nodes)))], S=S)[0]
         kept = run_nodes(contrast, sites, [d.circuit], complement=True, S=S)[0]
         ablated = run_nodes(contrast, sites, [d.circuit], S=S)[0]
+        source = contrast.clean_source.double().cpu().numpy()
+        verified = [(e.up, e.down, e.exact.value) for e in d.edges if e.exact is not None]
+        again = verify_edges(contrast, sites, r.nodes, [(u, v) for u, v, _ in verified], S) if verified else {}
+        edges = [(u, v, x, _fraction(again[(u, v)], base, source)) for u, v, x in verified]
         rows.append(HeldOutFeatureDirection(name, len(d.circuit), _fraction(kept, everything, base),
-                                            _fraction(ablated, everything, base), d.faithfulness, d.completeness))
+                                            _fraction(ablated, everything, base), d.faithfulness, d.completeness,
+                                            edges))
         if name == "denoise" and r.repair.nodes:
             patched = run_nodes(contrast, sites, [r.repair.nodes], S=S)[0]
             right = contrast.metric.right_above

@@ -316,6 +316,13 @@ def heldout_feature_circuit_text(r) -> str:
     for d in r.directions:
         lines.append(f"{d.direction:<10} {d.nodes:>5}  {ci(d.faithfulness):<24} {ci(d.discovery_faithfulness):<24} "
                      f"{ci(d.completeness):<24} {ci(d.discovery_completeness)}")
+    for d in r.directions:
+        if d.edges:
+            names = r.search.nodes
+            lines += ["", f"{d.direction}: the circuit's edges verified exactly on the discovery items, verified again "
+                          "on the held-out items (fractions of the gap; held out [95% CI] · in-sample):"]
+            for u, v, x, e in d.edges[:10]:
+                lines.append(f"  {names[u].name} -> {names[v].name}: {e.value:+.3f} [{e.lo:+.3f}, {e.hi:+.3f}] · {x:+.3f}")
     if r.repair_rate is not None:
         lines += ["", f"the repair the circuits' difference suggests ({len(r.search.repair.nodes)} nodes), patched on the "
                       f"held-out items: {pct(r.repair_rate)} right (unpatched {pct(r.repair_base)})"]

@@ -301,6 +301,10 @@ def test_a_feature_circuit_found_on_discovery_items_is_measured_on_held_out_ones
     assert d.discovery_faithfulness == r.search.directions["denoise"].faithfulness
     assert abs(d.faithfulness.value - d.discovery_faithfulness.value) > 1e-4
     assert "held out" in str(r) and "in-sample" in str(r)
+    # the verified edges, verified again on the held-out items: the same edges, their effects measured there
+    verified = [(e.up, e.down) for e in r.search.directions["denoise"].edges if e.exact is not None]
+    assert verified and [(u, v) for u, v, _, _ in d.edges] == verified
+    assert all(e.n == len(ev) for _, _, _, e in d.edges)
 
 
 def test_sae_repair_features_chosen_on_discovery_items_patched_on_held_out_ones(decimal_case, decimal_model, tmp_path,
