@@ -281,6 +281,12 @@ def folds_circuit_text(r) -> str:
     return "\n".join(lines)
 
 
+def _f3(v: float) -> str:
+    """v to 3 decimals, a value that rounds to zero without a sign."""
+    out = f"{v:.3f}"
+    return "0.000" if out == "-0.000" else out
+
+
 def heldout_circuit_text(r) -> str:
     """The circuit found on the discovery items and its faithfulness on the held-out items (the result)."""
     c, h = r.search, r.held_out
@@ -298,8 +304,8 @@ def heldout_circuit_text(r) -> str:
         curve = [f"faithfulness curve of the discovery ranking (its top-k edges at MIB's fractions) on the "
                  f"{r.n_evaluation} held-out items:",
                  "  " + "  ".join(f"{100 * x:g}%:{k}" for x, k in zip(c.curve_fractions, c.curve_edges)),
-                 "  held out   " + "  ".join(f"{v:.3f}" for v in r.curve) + f"   CPR {r.cpr:.3f}, CMD {r.cmd:.3f}",
-                 "  in-sample  " + "  ".join(f"{v:.3f}" for v in c.curve) + f"   CPR {c.cpr:.3f}, CMD {c.cmd:.3f}"]
+                 "  held out   " + "  ".join(_f3(v) for v in r.curve) + f"   CPR {r.cpr:.3f}, CMD {r.cmd:.3f}",
+                 "  in-sample  " + "  ".join(_f3(v) for v in c.curve) + f"   CPR {c.cpr:.3f}, CMD {c.cmd:.3f}"]
         lines = head + curve + lines[3:]
     return "\n".join(lines)
 
