@@ -141,7 +141,7 @@ class SubsetRate:
     repair_fraction: float  # (patched mean - failing mean) / (good mean - failing mean)
 
 
-class _SubsetRunner:
+class SubsetRunner:
     """Head subsets patched from the good format into the failing one on one set of items, as the subset search
     patches them: one Contrast, every subset a row of the batched mask, `chunk` subsets per run."""
 
@@ -174,6 +174,10 @@ class _SubsetRunner:
     def right(self, scores):
         return scores > self.contrast.metric.right_above
 
+    def rates(self, subsets) -> list[SubsetRate]:
+        """Each subset (a list of `Unit`s) patched: its rate of items right and repair fraction."""
+        return _rates(self, subsets, self.scores(subsets))
+
 
 def evaluate_subsets(case: Case, model, subsets: Sequence[str | Sequence[str]], *, component: str = "z",
                      bad: str | None = None, tag: str | None = None, batch_size: int = 256) -> list[SubsetRate]:
@@ -185,12 +189,12 @@ def evaluate_subsets(case: Case, model, subsets: Sequence[str | Sequence[str]], 
         raise AnalysisError("no subset to evaluate", field="--eval", fix="name heads, e.g. --eval L0H4,L0H6")
     n_units = Site.of(component, 0).n_units(model.cfg)
     units = [parse_units(n, None, model.cfg.n_layers, n_units) if n.strip() else [] for n in names]  # "": no head
-    run = _SubsetRunner(case, model, [u.layer for us in units for u in us], component=component, bad=bad, tag=tag,
+    run = SubsetRunner(case, model, [u.layer for us in units for u in us], component=component, bad=bad, tag=tag,
                         batch_size=batch_size)
     return _rates(run, units, run.scores(units))
 
 
-def _rates(run: _SubsetRunner, units, scores) -> list[SubsetRate]:
+def _rates(run: SubsetRunner, units, scores) -> list[SubsetRate]:
     c = run.contrast
     base, good = float(c.clean_base.mean()), float(c.clean_source.mean())
     right = run.right(scores)
@@ -273,7 +277,7 @@ def threshold_heldout(case: Case, model, *, holdout: float = 0.5, seed: int = 0,
             continue
         best = max(ev_masks, key=lambda m: rates[m][0])  # max keeps the first of ties, in the plan's order
         picks.append((fam.name, fam.key[0], best, rates[best][0]))
-    run = _SubsetRunner(eval_case, model, [u.layer for u in units], component=component, bad=bad,
+    run = SubsetRunner(eval_case, model, [u.layer for u in units], component=component, bad=bad,
                         batch_size=batch_size)
     chosen = [members(p[2]) for p in picks]
     evaluated = _rates(run, chosen, run.scores(chosen)) if picks else []
@@ -285,7 +289,7 @@ def threshold_heldout(case: Case, model, *, holdout: float = 0.5, seed: int = 0,
     return HeldOutThreshold(case.name, split, found, rows, n_d, len(split.evaluation), k_star)
 
 
-def _held_out_k_star(run: _SubsetRunner, plan, found: ThresholdResult, t, rates: dict, members) -> HeldOutKStar:
+def _held_out_k_star(run: SubsetRunner, plan, found: ThresholdResult, t, rates: dict, members) -> HeldOutKStar:
     """`HeldOutKStar` of family `t.family` (see there): the walk from the discovery k*."""
     by_k = {f.key[0]: f for f in plan.families if f.name == t.family and len(f.key) == 1}
     item_rate = found.item_rate
@@ -673,5 +677,5 @@ def _heldout_on(case: Case, model, items, split: Split, *, tag, bad, component, 
 
 
 __all__ = ["FoldRow", "FoldsCircuit", "FoldsThreshold", "circuit_folds", "fold_items", "threshold_folds", "HeldOutCircuit", "HeldOutFeatureRepair", "HeldOutFeatures", "sae_repair_heldout", "HeldOutFeatureCircuit", "HeldOutFeatureDirection", "feature_circuit_heldout", "HeldOutKStar", "HeldOutPatch", "HeldOutRow", "HeldOutUnit", "patch_heldout", "HeldOutThreshold", "Split", "SubsetRate", "eval_items_of", "eval_split",
-           "evaluate_subsets", "split_items",
+           "evaluate_subsets", "split_items", "SubsetRunner",
            "threshold_heldout", "circuit_heldout"]

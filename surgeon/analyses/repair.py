@@ -30,7 +30,7 @@ import numpy as np
 
 from surgeon.analyses.common import case_metric, format_rows, prepend_bos
 from surgeon.analyses.generation import judge
-from surgeon.analyses.heldout import Split, eval_split, evaluate_subsets, split_items
+from surgeon.analyses.heldout import Split, SubsetRunner, eval_split, evaluate_subsets, split_items
 from surgeon.engine.contrast import Contrast, greedy, reference_logprobs
 from surgeon.errors import AnalysisError
 from surgeon.repairs.artifact import MODES, Repair
@@ -551,12 +551,13 @@ def best_paired(case: Case, model, items: Sequence[Item], pool: Sequence[Unit], 
     path: list[tuple[list[Unit], float]] = []
     cur = (-1.0, -np.inf)
     sub = replace(case, items=list(items), focus=None)
+    # one Contrast per failing format (its clean runs once), every step's candidates a batch of masks on it
+    runners = [SubsetRunner(sub, model, [u.layer for u in pool], bad=f, batch_size=batch_size) for f in bads]
     while len(chosen) < max_heads:
         cand = [chosen + [u] for u in pool if u not in chosen]
         if not cand:
             break
-        got = [evaluate_subsets(sub, model, [",".join(x.label for x in c) for c in cand], bad=f, tag=None,
-                                batch_size=batch_size) for f in bads]
+        got = [run.rates(cand) for run in runners]
         rate = np.mean([[r.rate.value for r in g] for g in got], axis=0)
         frac = np.nan_to_num(np.mean([[r.repair_fraction for r in g] for g in got], axis=0), nan=-np.inf)
         p = int(np.lexsort((-frac, -rate))[0])
