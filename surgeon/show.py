@@ -51,11 +51,12 @@ def view_of(result) -> View:
 
 
 def svg_of(fig) -> str:
-    """A matplotlib figure as inline SVG (for HTML); the same figure gives the same text (no date, fixed ids)."""
+    """A matplotlib figure as inline SVG (for HTML), its text kept as text (selectable, searchable, measurable); the
+    same figure gives the same text (no date, fixed ids)."""
     import matplotlib
 
     buf = io.StringIO()
-    with matplotlib.rc_context({"svg.hashsalt": "surgeon"}):
+    with matplotlib.rc_context({"svg.hashsalt": "surgeon", "svg.fonttype": "none"}):  # text kept as text
         fig.savefig(buf, format="svg", bbox_inches="tight", metadata={"Date": None})
     text = buf.getvalue()
     return text[text.find("<svg"):]  # drop the XML prolog and doctype: inline SVG in HTML

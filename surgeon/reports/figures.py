@@ -4,11 +4,15 @@ Each function draws one result into `path` (None: no file) and returns the (clos
 notebook or a test can look at what was drawn."""
 from __future__ import annotations
 
+import math
+import textwrap
+import weakref
 from pathlib import Path
 
 import numpy as np
 
 from surgeon.reports.citations import METHOD_NAMES
+from surgeon.reports.legibility import MIN_POINTS, place_legends
 
 
 def _plt():
@@ -43,12 +47,56 @@ def save_figure(fig, path, **kw) -> None:
         fig.savefig(path, **{"dpi": 150, **kw})
 
 
+# what a figure does once it is laid out at its printed size (label what fits, per axes): figure -> callables(renderer)
+_AFTER_LAYOUT: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _wrap_titles(fig, renderer) -> bool:
+    """Wrap each panel title and x-axis label wider than its panel onto as many lines as it needs; whether any was
+    wrapped."""
+    wrapped = False
+    for ax in fig.axes:
+        for t in (ax.title, ax.xaxis.label):
+            text = t.get_text()
+            if not text.strip() or "\n" in text:
+                continue
+            w, room = t.get_window_extent(renderer).width, ax.get_window_extent(renderer).width * 1.1
+            if w > room:
+                t.set_text(textwrap.fill(text, max(12, int(len(text) * room / w) - 1)))
+                wrapped = True
+    return wrapped
+
+
+def _fit_ticks(ax, labels: list[str], size: float = 7.0):
+    """Label the x axis's positions 0..n-1 with `labels` (rotated); once the figure is laid out, every k-th only
+    where one per position would not fit at `size`."""
+    n = len(labels)
+
+    def after(renderer):
+        pitch = ax.get_window_extent(renderer).width / max(n, 1) * 72 / ax.figure.dpi
+        step = max(1, math.ceil(size * 1.25 / pitch))
+        shown = list(range(0, n, step))
+        ax.set_xticks(shown, [labels[i] for i in shown], rotation=90, fontsize=size)
+
+    _AFTER_LAYOUT.setdefault(ax.figure, []).append(after)
+
+
 def _save(fig, path: Path | None):
-    """Lay out at a journal's column width, write to `path` (none: only return it, for a notebook) and close."""
+    """Lay out at a journal's column width (titles wrapped to their panels, then what each figure labels once its
+    size is known, then legends moved off the data: `legibility`), write to `path` (none: only return it, for a
+    notebook) and close."""
     import matplotlib.pyplot as plt
 
     journal_width(fig)
     fig.tight_layout()
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    if _wrap_titles(fig, renderer):
+        fig.tight_layout()
+    for after in _AFTER_LAYOUT.pop(fig, []):
+        after(renderer)
+        fig.tight_layout()
+    place_legends(fig, layout=fig.tight_layout)
     if path is not None:
         save_figure(fig, path)
     plt.close(fig)
@@ -82,23 +130,48 @@ def diagnosis_figure(d, path: Path):
     return _save(fig, path)
 
 
-def _heatmap(ax, values: np.ndarray, layers, component: str, title: str, label: str):
-    """Layers x units on a diverging scale symmetric about 0 and fitted to the data (the largest |value| is
-    full colour), with a labelled colorbar."""
+def _symmetric_limit(*arrays) -> float:
+    """The largest finite |value| over `arrays` (1 where there is none): the ends of a diverging scale about 0."""
+    finite = np.concatenate([np.abs(np.asarray(a, dtype=float)).ravel() for a in arrays])
+    finite = finite[np.isfinite(finite)]
+    return float(finite.max()) if finite.size and finite.max() > 0 else 1.0
+
+
+def _annotate_cells(ax, values: np.ndarray, lim: float):
+    """Once the figure is laid out: write each cell's value in it where the widest value fits its cell at
+    `MIN_POINTS` or more (else the colour and the step's table say it)."""
+
+    def after(renderer):
+        box = ax.get_window_extent(renderer)
+        cell = box.width / values.shape[1] * 72 / ax.figure.dpi  # points
+        labels = [f"{v:.2f}" for v in values.ravel() if np.isfinite(v)]
+        widest = max((len(x) for x in labels), default=0) * 0.64  # DejaVu Sans digits: 0.64 em
+        size = min(7.0, (cell - 2) / widest) if widest else 0
+        if size < MIN_POINTS:
+            return
+        for (i, j), v in np.ndenumerate(values):
+            if np.isfinite(v):
+                ax.text(j, i, f"{v:.2f}", ha="center", va="center", fontsize=size,
+                        color="white" if abs(v) > 0.6 * lim else "black")
+
+    _AFTER_LAYOUT.setdefault(ax.figure, []).append(after)
+
+
+def _heatmap(ax, values: np.ndarray, layers, component: str, title: str, label: str | None, lim: float | None = None):
+    """Layers x units on a diverging scale symmetric about 0 (fitted to the data: the largest |value| is full colour,
+    or +-`lim` where panels share a scale), each cell's value written in it where it fits; a labelled colorbar unless
+    `label` is None (the caller draws one for several panels)."""
     n_units = values.shape[1]
-    finite = np.abs(values[np.isfinite(values)])
-    lim = float(finite.max()) if finite.size and finite.max() > 0 else 1.0
+    lim = _symmetric_limit(values) if lim is None else lim
     im = ax.imshow(values, cmap="RdBu_r", vmin=-lim, vmax=lim, aspect="auto")
     ax.set_yticks(range(len(layers)), [str(L) for L in layers])
     ax.set_xticks(range(n_units), [str(u) for u in range(n_units)])
     ax.set_xlabel("head" if component in ("z", "q", "pattern", "o_slices") else "unit")
     ax.set_ylabel("layer")
     ax.set_title(title, fontsize=9)
-    for (i, j), v in np.ndenumerate(values):
-        if np.isfinite(v):
-            ax.text(j, i, f"{v:.2f}", ha="center", va="center", fontsize=6,
-                    color="white" if abs(v) > 0.6 * lim else "black")
-    ax.figure.colorbar(im, ax=ax, fraction=0.046, label=label)
+    _annotate_cells(ax, values, lim)
+    if label is not None:
+        ax.figure.colorbar(im, ax=ax, fraction=0.046, label=label)
     return im
 
 
@@ -137,7 +210,7 @@ def attribution_heatmap(r, path: Path):
             ax.plot([lo, hi], [lo, hi], color="grey", lw=0.8, ls="--", label="estimate = exact")
         corr = ("r undefined" if r.pearson is None
                 else f"r = {r.pearson:.2f}, Spearman {r.spearman:.2f}")
-        ax.set_xlabel(f"exact {what} fraction (patching the unit alone)")
+        ax.set_xlabel(f"exact {what} fraction (the unit patched alone)")
         ax.set_ylabel(f"estimated {what} fraction")
         ax.set_title(f"estimate vs exact ({x.size} units): {corr}", fontsize=8)
         ax.legend(fontsize=7)
@@ -202,7 +275,7 @@ def threshold_figure(r, path: Path):
            label="with head")
     ax.bar(x + 0.2, wo, 0.4, yerr=_yerr(wo, [s.rate_without_lo for s in u], [s.rate_without_hi for s in u]), capsize=2,
            label="without head")
-    ax.set_xticks(x, [s.unit for s in u], rotation=90, fontsize=7)
+    _fit_ticks(ax, [s.unit for s in u])
     ax.set_ylabel("fraction of subsets")
     ax.set_title("repairing, with and without each head", fontsize=8)
     ax.legend(fontsize=8)
@@ -331,24 +404,29 @@ def head_feature_heatmap(r, path: Path):
 
 
 def logit_attribution_figure(r, path: Path):
-    """Each head's direct effect on the logit difference in every format (one heatmap each, symmetric about 0), and the
-    logit lens per format with 95% intervals."""
+    """Each head's direct effect on the logit difference in every format (a heatmap each, one colour scale for all,
+    symmetric about 0), and below them the logit lens per format with 95% intervals."""
     plt = _plt()
     n = len(r.formats)
-    fig, axes = plt.subplots(1, n + 1, figsize=(1.5 + (0.45 * r.n_heads + 1.5) * n + 4, 1.6 + 0.45 * max(r.n_layers, 5)),
-                             squeeze=False)
     layers = list(range(r.n_layers))
-    for ax, f in zip(axes[0], r.formats):
-        _heatmap(ax, f.heads[..., 0], layers, "z", f"{f.format} ({f.role}): direct effect per head (n={r.n_items})",
-                 "logit difference")
-    ax = axes[0, n]
+    fig = plt.figure(figsize=(TWO_COLUMNS, 1.2 + 0.28 * max(r.n_layers, 3) + 2.2))
+    grid = fig.add_gridspec(2, n + 1, width_ratios=[1] * n + [0.05], height_ratios=[0.4 + 0.28 * max(r.n_layers, 3), 2.2])
+    lim = _symmetric_limit(*(f.heads[..., 0] for f in r.formats))
+    heat = [fig.add_subplot(grid[0, j]) for j in range(n)]
+    for j, (ax, f) in enumerate(zip(heat, r.formats)):
+        im = _heatmap(ax, f.heads[..., 0], layers, "z", f"{f.format} ({f.role})", None, lim=lim)
+        if j:
+            ax.set_ylabel("")
+    fig.colorbar(im, cax=fig.add_subplot(grid[0, n]), label="logit diff.")
+    fig.suptitle(f"direct effect of each head on the logit difference (n={r.n_items})", fontsize=9)
+    ax = fig.add_subplot(grid[1, :])
     for f in r.formats:
         m = f.lens[:, 0]
         ax.errorbar(layers, m, yerr=_yerr(m, f.lens[:, 1], f.lens[:, 2]), marker="o", capsize=3, label=f.format)
     ax.axhline(0, color="grey", lw=0.8)
     ax.set_xticks(layers)
     ax.set_xlabel("after layer")
-    ax.set_ylabel("logit difference (correct - incorrect)")
+    ax.set_ylabel("logit difference\n(correct - incorrect)")
     ax.set_title("logit lens (95% CI)", fontsize=9)
     ax.legend(fontsize=7)
     return _save(fig, path)
@@ -364,7 +442,7 @@ def position_heatmap(r, path: Path):
     finite = np.abs(values[np.isfinite(values)])
     lim = float(finite.max()) if finite.size and finite.max() > 0 else 1.0
     im = ax.imshow(values, cmap="RdBu_r", vmin=-lim, vmax=lim, aspect="auto")
-    ax.set_xticks(range(len(r.slots)), r.slots, rotation=30, ha="right", fontsize=7)
+    ax.set_xticks(range(len(r.slots)), r.slots, rotation=90, fontsize=7)
     ax.set_yticks(range(len(rows)), labels, fontsize=6 if len(rows) > 30 else 8)
     what = "repair" if r.direction == "denoise" else "damage"
     unit = "heads" if r.component == "z" else r.component
@@ -373,22 +451,48 @@ def position_heatmap(r, path: Path):
     return _save(fig, path)
 
 
+def _token_ticks(ax, labels: list[str], weight=None, size: float = 7.0):
+    """Label the axes' keys and queries with their tokens; once the figure is laid out, where one label per position
+    would not fit at `size`, as many as fit, chosen first and last position first, then by `weight` (the attention a
+    key receives: the positions a reader looks for), then evenly."""
+    n = len(labels)
+    order = [0, n - 1] + ([int(i) for i in np.argsort(-np.asarray(weight), kind="stable")] if weight is not None
+                          else []) + list(range(n))
+
+    def after(renderer):
+        box = ax.get_window_extent(renderer)
+        pitch = min(box.width, box.height) / max(n, 1) * 72 / ax.figure.dpi  # points per position
+        gap = max(1, math.ceil(size * 1.25 / pitch))  # positions between two labels that do not touch
+        shown: list[int] = []
+        for i in order:
+            if all(abs(i - j) >= gap for j in shown):
+                shown.append(i)
+        shown.sort()
+        ax.set_xticks(shown, [labels[i] for i in shown], rotation=90, fontsize=size)
+        ax.set_yticks(shown, [labels[i] for i in shown], fontsize=size)
+
+    _AFTER_LAYOUT.setdefault(ax.figure, []).append(after)
+
+
+def _shown_token(t: str) -> str:
+    """A token as a tick label: a newline as \\n, a token of spaces as open boxes (a blank label reads as none)."""
+    t = t.replace("\n", "\\n")
+    return t if t.strip() else "\u2423" * len(t)
+
+
 def attention_figure(r, path: Path):
     """Each chosen head on each chosen item: its pattern (query x key, labelled by token) in every format, side by
-    side on one colour scale (0 to 1)."""
+    side on one colour scale (0 to 1); every k-th token labelled where one per position would not fit."""
     plt = _plt()
     pairs = [(h, i) for h in r.heads for i in r.items]
-    n = max(len(r.get(h, i, f).tokens) for h, i in pairs for f in r.formats)
-    size = 1.2 + 0.22 * n
-    fig, axes = plt.subplots(len(pairs), len(r.formats), figsize=(size * len(r.formats), size * len(pairs)),
-                             squeeze=False)
+    cols = len(r.formats)
+    size = min(MAX_HEIGHT / len(pairs), TWO_COLUMNS / cols)
+    fig, axes = plt.subplots(len(pairs), cols, figsize=(TWO_COLUMNS, size * len(pairs)), squeeze=False)
     for row, (h, i) in enumerate(pairs):
         for col, fmt in enumerate(r.formats):
             p, ax = r.get(h, i, fmt), axes[row, col]
             ax.imshow(p.pattern, cmap="Blues", vmin=0, vmax=1)
-            labels = [t.replace("\n", "\\n") for t in p.tokens]
-            ax.set_xticks(range(len(labels)), labels, rotation=90, fontsize=6)
-            ax.set_yticks(range(len(labels)), labels, fontsize=6)
+            _token_ticks(ax, [_shown_token(t) for t in p.tokens], weight=np.asarray(p.pattern).sum(axis=0))
             ax.set_title(f"{h}, item {i}, {fmt}", fontsize=8)
             ax.set_xlabel("key", fontsize=7)
             ax.set_ylabel("query", fontsize=7)
