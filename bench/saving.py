@@ -16,8 +16,12 @@ from pathlib import Path
 RESULTS = Path(__file__).resolve().parent / "results"
 ROOT = RESULTS.parent.parent
 ENGINE = ("surgeon/engine", "surgeon/sites")  # a change here makes every saved bench result stale
+# the circuit code the scale/growth/memory/edges/circuit-recovery benches run (scores, runs, graph, pruning);
+# surgeon/circuits/export.py (file formats and drawing) is imported with it but never runs in them
+# (tests/test_bench.py checks that by tracing), so a change to how a circuit is written leaves their numbers alone
 _CIRCUIT = ("surgeon/analyses/circuit.py", "surgeon/analyses/circuit_runs.py", "surgeon/analyses/scoring.py",
-            "surgeon/analyses/common.py", "surgeon/circuits")
+            "surgeon/analyses/common.py", "surgeon/circuits/__init__.py", "surgeon/circuits/graph.py",
+            "surgeon/circuits/methods.py", "surgeon/circuits/prune.py")
 # Beyond ENGINE, the code whose work or numbers each bench times and prints (files or folders): a change there makes
 # that bench's saved result stale. The bench scripts themselves are not in it (a result says whether they differed
 # from its commit when it ran, `run_record`).
@@ -29,7 +33,8 @@ SOURCES = {
     "features": ("surgeon/analyses/planning.py", "surgeon/analyses/feature_circuit.py",
                  "surgeon/analyses/feature_edges.py", "surgeon/analyses/scoring.py", "surgeon/analyses/common.py"),
     "growth": _CIRCUIT,
-    "heldout": ("surgeon/analyses/heldout.py", "surgeon/search/subsets.py", "surgeon/search/threshold.py") + _CIRCUIT,
+    "heldout": ("surgeon/analyses/heldout.py", "surgeon/search/subsets.py", "surgeon/search/threshold.py",
+                "surgeon/circuits/export.py") + _CIRCUIT,  # discover() checks its output paths there
     "install": ("pyproject.toml",),
     "memory": _CIRCUIT,
     "patch_sweep": (),

@@ -359,3 +359,41 @@ def test_stale_compares_the_code_a_result_ran_on_not_only_that_it_exists(monkeyp
     assert not saving.stale(name)
     monkeypatch.setattr(saving, "sources_sha256", lambda n, root=None: "0" * 64)
     assert saving.stale(name)
+
+
+def test_the_circuit_benches_never_run_the_export_code_their_key_leaves_out(induction_model):
+    """bench/saving.py's _CIRCUIT key leaves surgeon/circuits/export.py out (file formats and drawing): traced, the
+    code the circuit benches time (circuit runs, every scoring method, the faithfulness curve, pruning to a target,
+    the graph) executes no function of it; the held-out bench, whose discover() checks output paths, keeps it."""
+    import sys
+
+    import numpy as np
+
+    import surgeon
+    from surgeon.analyses.circuit import METHODS, edge_scores, faithfulness_curve, prune
+    from surgeon.analyses.circuit_runs import circuit_runs
+    from surgeon.circuits.graph import build_graph
+    from surgeon.sites.edges import EdgeSite
+
+    assert "surgeon/circuits/export.py" not in SOURCES["scale"] and "surgeon/circuits/export.py" in SOURCES["heldout"]
+    ran = set()
+
+    def trace(frame, event, arg):
+        if event == "call":
+            ran.add((frame.f_code.co_filename, frame.f_code.co_name))
+
+    case = surgeon.load_case("induction_organism")
+    site = EdgeSite.of(induction_model.cfg)
+    sys.setprofile(trace)
+    try:
+        runs = circuit_runs(case, induction_model, site)
+        scores = {m: edge_scores(runs.scoring, site, m) for m in METHODS if m != "exact" or len(site.edges) < 400}
+        order = np.argsort(-np.abs(scores["eap"]), kind="stable")
+        g = build_graph(site, scores["eap"])
+        faithfulness_curve(runs, order)
+        prune(runs, g, order, 0.8, None)
+    finally:
+        sys.setprofile(None)
+    files = {f for f, _ in ran}
+    assert any(f.endswith("surgeon/analyses/circuit.py") for f in files)  # the trace saw the circuit code run
+    assert not [name for f, name in ran if f.endswith("surgeon/circuits/export.py")]
