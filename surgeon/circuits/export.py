@@ -13,8 +13,9 @@ Every writer shows the circuit (the edges with `in_circuit`); the JSON formats c
 from __future__ import annotations
 
 import json
-import re
 import math
+import re
+import textwrap
 from pathlib import Path
 
 import networkx as nx
@@ -73,7 +74,8 @@ def _clean(g: nx.DiGraph) -> nx.DiGraph:
 def drawn(g: nx.DiGraph) -> nx.DiGraph:
     """What a figure of the circuit shows: its heads, MLPs, key/value heads (grouped-query attention) and
     always `input` and `logits`; one edge per scored circuit edge, from its sender to the head (or KV head,
-    MLP, logits) whose input it is, labelled with the port (q, k, v)."""
+    MLP, logits) whose input it is, labelled with the port (q, k, v). Where no edge leaves the input, the graph's
+    `note` says so and why (`NO_INPUT_EDGE`): every drawing shows it."""
     if "input" not in g:  # a circuit of feature nodes (surgeon feature-circuit): its nodes, and edges among them
         keep = [n for n, d in g.nodes(data=True) if d.get("in_circuit")]
         h = nx.DiGraph()
@@ -108,7 +110,16 @@ def drawn(g: nx.DiGraph) -> nx.DiGraph:
             h.edges[u, head]["score"] = max(h.edges[u, head]["score"], d["score"], key=abs)
         else:
             h.add_edge(u, head, score=d["score"], port=port, name=d["name"])
+    if len(h) > 2 and not h.out_degree("input"):
+        h.graph["note"] = NO_INPUT_EDGE
     return h
+
+
+# what a drawing says where no edge from the input is in the circuit (the nodes drawn are not pruned for it)
+NO_INPUT_EDGE = ("No edge from the input is in the circuit: every edge leaving it is ablated, so the first heads drawn "
+                 "read the ablated input; a node without a path from the input still moves the output here and is "
+                 "kept (dead ends are pruned only where they change nothing: a kept circuit under resample ablation "
+                 "at every position).")
 
 
 def _kv_label(name: str) -> str:
@@ -198,7 +209,12 @@ def _figure(g: nx.DiGraph, title: str = ""):
     ax.axis("off")
     if title:
         ax.set_title(title, fontsize=9)
-    fig.tight_layout()
+    if h.graph.get("note"):
+        fig.text(0.5, 0.01, textwrap.fill(h.graph["note"], int(fig.get_size_inches()[0] * 14)), ha="center",
+                 va="bottom", fontsize=6.5, color="#444444")
+        fig.tight_layout(rect=(0, 0.02 + 0.1 * len(h.graph["note"]) / (fig.get_size_inches()[0] * 14) / 3.0, 1, 1))
+    else:
+        fig.tight_layout()
     return fig
 
 
@@ -273,8 +289,9 @@ def mib_json(g: CircuitGraph, cfg=None, semantics: str | None = None) -> dict:
 def dot(g: nx.DiGraph, title: str = "") -> str:
     h = drawn(g)
     lines = ["digraph circuit {", "  rankdir=BT;", '  node [shape=box, style=rounded, fontname="Helvetica"];']
-    if title:
-        lines.append(f'  label="{title}"; labelloc=t;')
+    label = "\\n".join(x for x in (title, h.graph.get("note", "")) if x)
+    if label:
+        lines.append(f'  label="{label}"; labelloc=t;')
     by_row: dict[int, list[str]] = {}
     for n, d in h.nodes(data=True):
         by_row.setdefault(_row(d, g.graph["n_layers"]), []).append(n)
@@ -291,43 +308,67 @@ def dot(g: nx.DiGraph, title: str = "") -> str:
     return "\n".join(lines) + "\n"
 
 
+def _tex(s: str) -> str:
+    """`s` as LaTeX text (its special characters escaped)."""
+    return "".join({"_": r"\_", "&": r"\&", "%": r"\%", "#": r"\#", "$": r"\$", "{": r"\{", "}": r"\}",
+                    "<": r"\textless{}", ">": r"\textgreater{}", "\\": r"\textbackslash{}", "^": r"\^{}",
+                    "~": r"\~{}"}.get(ch, ch) for ch in s)
+
+
+def tikz_caption(g: nx.DiGraph, title: str = "") -> str:
+    """The caption a `tikz` picture of `g` comes with (LaTeX): the title as a sentence, and the drawing's note."""
+    return _tex(" ".join(x for x in (title[:1].upper() + title[1:] + "." if title else "", drawn(g).graph.get("note", ""))
+                         if x))
+
+
+def tikz_fit(g: nx.DiGraph) -> str:
+    """How a paper scales the `tikz` picture of `g` into a figure: to the text width, or, for a picture taller than
+    it is wide, to three quarters of the text height (a float never splits across pages)."""
+    pos, _ = layout(drawn(g), g.graph["n_layers"])
+    xs, ys = [p[0] for p in pos.values()], [p[1] for p in pos.values()]
+    wide = max(xs) - min(xs) + NODE_W >= max(ys) - min(ys) + NODE_H
+    return r"\resizebox{\linewidth}{!}" if wide else r"\resizebox{!}{0.75\textheight}"
+
+
 def tikz(g: nx.DiGraph, title: str = "") -> str:
-    """A LaTeX document (pdflatex or lualatex; article, geometry and TikZ only) whose one page is the circuit,
-    laid out and routed as the PNG is; node names are TikZ-safe (n0, n1, ...), labels as shown. For a paper,
-    copy its tikzpicture."""
+    """The circuit as a `tikzpicture` for a paper to `\\input` (inside a figure, with a caption: the title is not
+    drawn in the picture but written, with how to include the file, as the comments that open it), laid out and
+    routed as the PNG is; node names are TikZ-safe (n0, n1, ...), labels as shown. Needs `\\usepackage{tikz}` and
+    `\\usetikzlibrary{arrows.meta}` in the preamble."""
     h = drawn(g)
     pos, routes = layout(h, g.graph["n_layers"])
     name = {n: f"n{i}" for i, n in enumerate(h.nodes)}
     top = max((abs(d["score"]) for *_, d in h.edges(data=True)), default=1.0) or 1.0
 
-    def tex(s: str) -> str:
-        return "".join({"_": r"\_", "&": r"\&", "%": r"\%", "#": r"\#", "$": r"\$", "{": r"\{", "}": r"\}",
-                        "<": r"\textless{}", ">": r"\textgreater{}", "\\": r"\textbackslash{}", "^": r"\^{}",
-                        "~": r"\~{}"}.get(ch, ch) for ch in s)
-
-    xs, ys = [p[0] for p in pos.values()], [p[1] for p in pos.values()]
-    # a page cut to the picture with article + geometry (no `standalone` class, which not every TeX has)
-    w = (max(xs) - min(xs) + NODE_W + 0.6) * 1.6 + 0.6
-    hgt = (max(ys) - min(ys) + NODE_H + (1.3 if title else 0.4)) * 1.6 + 0.6
-    lines = [r"\documentclass{article}", r"\usepackage{tikz}", r"\usetikzlibrary{arrows.meta}",
-             rf"\usepackage[paperwidth={w:.2f}cm,paperheight={hgt:.2f}cm,margin=0.3cm]{{geometry}}",
-             r"\pagestyle{empty}", r"\begin{document}", r"\noindent",
-             r"\begin{tikzpicture}[x=1.6cm,y=1.6cm,every node/.style={font=\scriptsize},"
-             rf"box/.style={{draw,rounded corners=2pt,minimum width={NODE_W * 1.6}cm,minimum height={NODE_H * 1.6}cm,"
-             r"inner sep=1pt}]"]
-    if title:
-        lines.append(rf"\node[font=\small,text width={(max(xs) - min(xs) + NODE_W) * 1.6:.2f}cm,align=center] at "
-                     rf"({(min(xs) + max(xs)) / 2:.3f},{max(ys) + 0.75:.3f}) {{{tex(title)}}};")
+    caption = tikz_caption(g, title)
+    lines = ["% A circuit drawn by surgeon as a TikZ picture, to \\input inside a figure of a LaTeX document.",
+             "% Preamble: \\usepackage{tikz} \\usetikzlibrary{arrows.meta}",
+             "% Use: \\begin{figure}[tbp]\\centering" + tikz_fit(g) + "{\\input{THIS FILE}}\\caption{...}\\end{figure}"]
+    if caption:
+        lines += ["% Caption (what the picture shows):"] + [f"%   {x}" for x in textwrap.wrap(caption, 100)]
+    lines.append(r"\begin{tikzpicture}[x=1.6cm,y=1.6cm,every node/.style={font=\scriptsize},"
+                 rf"box/.style={{draw,rounded corners=2pt,minimum width={NODE_W * 1.6}cm,minimum height={NODE_H * 1.6}cm,"
+                 r"inner sep=1pt}]")
     for n, (x, y) in pos.items():  # nodes first: an edge may refer to a node only once it is defined
-        lines.append(rf"\node[box] ({name[n]}) at ({x:.3f},{y:.3f}) {{{tex(h.nodes[n].get('label', n))}}};")
+        lines.append(rf"\node[box] ({name[n]}) at ({x:.3f},{y:.3f}) {{{_tex(h.nodes[n].get('label', n))}}};")
     for (u, v), pts in routes.items():
         d = h.edges[u, v]
         color = "blue!70!black" if d["score"] >= 0 else "red!70!black"
         path = " -- ".join(f"({x:.3f},{y:.3f})" for x, y in pts[1:-1])
-        port = rf" node[pos=0.97,right,font=\tiny,text=black] {{{tex(d['port'])}}}" if d["port"] else ""
+        port = rf" node[pos=0.97,right,font=\tiny,text=black] {{{_tex(d['port'])}}}" if d["port"] else ""
         lines.append(rf"\draw[{color},line width={0.3 + 1.5 * abs(d['score']) / top:.2f}pt,-{{Stealth[length=3pt]}}] "
                      rf"({name[u]}.north) -- {path} -- ({name[v]}.south){port};")
-    return "\n".join(lines + [r"\end{tikzpicture}", r"\end{document}"]) + "\n"
+    return "\n".join(lines + [r"\end{tikzpicture}"]) + "\n"
+
+
+def tikz_document(picture: str, caption: str = "", fit: str = r"\resizebox{\linewidth}{!}") -> str:
+    """A one-page LaTeX document (article, TikZ; pdflatex or lualatex) that includes `picture` (from `tikz`, or an
+    \\input of its file) as a paper would: in a figure, scaled by `fit` (`tikz_fit`), with `caption` (LaTeX, as
+    `tikz_caption` gives it)."""
+    return "\n".join([r"\documentclass{article}", r"\usepackage{tikz}", r"\usetikzlibrary{arrows.meta}",
+                      r"\usepackage[margin=2cm]{geometry}", r"\pagestyle{empty}", r"\begin{document}",
+                      r"\begin{figure}[h]\centering", fit + "{%", picture.rstrip("\n") + "%", "}",
+                      rf"\caption{{{caption}}}" if caption else "", r"\end{figure}", r"\end{document}"]) + "\n"
 
 
 def write(g: CircuitGraph, path: Path, cfg=None, title: str = "", semantics: str | None = None) -> None:

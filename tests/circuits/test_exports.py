@@ -7,6 +7,7 @@ import os
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import networkx as nx
 import numpy as np
@@ -17,13 +18,19 @@ from surgeon import load_case
 from surgeon.analyses.circuit import discover, evaluate_circuit
 from surgeon.circuits.export import (
     FORMATS,
+    NO_INPUT_EDGE,
     NODE_H,
     NODE_W,
     check_targets,
     drawn,
     edges_for_model,
+    figure,
     layout,
     read_circuit,
+    tikz,
+    tikz_caption,
+    tikz_document,
+    tikz_fit,
     write,
 )
 from surgeon.circuits.graph import CircuitGraph, build_graph
@@ -307,10 +314,11 @@ def test_every_export_opens_in_its_tool(circuits, name, tmp_path):
         assert out.returncode == 0 and "<svg" in out.stdout, out.stderr
     for tex in ("pdflatex", "lualatex"):
         if shutil.which(tex):
-            out = subprocess.run([tex, "-interaction=nonstopmode", "-halt-on-error", files[".tex"].name],
+            (tmp_path / "paper.tex").write_text(tikz_document(r"\input{" + files[".tex"].name + "}", "A circuit."))
+            out = subprocess.run([tex, "-interaction=nonstopmode", "-halt-on-error", "paper.tex"],
                                  cwd=tmp_path, capture_output=True, text=True, timeout=300)
             assert out.returncode == 0, out.stdout[-2000:]
-            assert (tmp_path / "c.pdf").read_bytes()[:5] == b"%PDF-"
+            assert (tmp_path / "paper.pdf").read_bytes()[:5] == b"%PDF-"
 
 
 def opens_in_its_tool(path, tmp_path) -> None:
@@ -338,8 +346,9 @@ def opens_in_its_tool(path, tmp_path) -> None:
     elif name.endswith(".dot") and shutil.which("dot"):
         out = subprocess.run(["dot", "-Tsvg", str(path)], capture_output=True, text=True)
         assert out.returncode == 0 and "<svg" in out.stdout, out.stderr
-    elif name.endswith(".tex") and shutil.which("pdflatex"):
-        shutil.copy(path, tmp_path / "doc.tex")
+    elif name.endswith(".tex") and shutil.which("pdflatex"):  # a tikzpicture, \input by a paper
+        shutil.copy(path, tmp_path / "picture.tex")
+        (tmp_path / "doc.tex").write_text(tikz_document(r"\input{picture.tex}", "The circuit."))
         out = subprocess.run(["pdflatex", "-interaction=nonstopmode", "-halt-on-error", "doc.tex"], cwd=tmp_path,
                              capture_output=True, text=True, timeout=300)
         assert out.returncode == 0, out.stdout[-2000:]
@@ -373,6 +382,52 @@ def test_figures_draw_input_and_logits_and_route_edges_around_nodes(circuits, na
                         continue
                     inside = abs(x - nx_) < NODE_W / 2 and abs(y - ny) < NODE_H / 2
                     assert not inside, f"edge {u}->{v} passes through {n}"
+
+
+def test_the_tex_export_is_a_picture_a_paper_inputs_with_its_caption(tmp_path):
+    """The `.tex` export is a tikzpicture (no document around it, no title drawn in it) that a paper \\inputs in a
+    figure; its opening comments say how and give the caption (the title, and the drawing's note). pdflatex compiles
+    a paper that inputs it; the caption is under the picture and the title nowhere inside it."""
+    g = read_circuit(Path(ROOT) / "circuits" / "decimal_organism.json")
+    title = "the circuit: 81 edges"
+    text = tikz(g, title)
+    assert text.lstrip("% \n").startswith("A circuit drawn by surgeon")
+    body = [x for x in text.splitlines() if not x.startswith("%")]
+    assert body[0].startswith(r"\begin{tikzpicture}") and body[-1] == r"\end{tikzpicture}"
+    assert "documentclass" not in "\n".join(body) and "81 edges" not in "\n".join(body)
+    assert "% Caption (what the picture shows):" in text and "81 edges" in text
+    if not shutil.which("pdflatex") or not shutil.which("pdftotext"):
+        pytest.skip("needs pdflatex and pdftotext (apt-get install texlive-latex-base texlive-pictures poppler-utils)")
+    (tmp_path / "circuit.tex").write_text(text)
+    (tmp_path / "paper.tex").write_text(tikz_document(r"\input{circuit.tex}", tikz_caption(g, title), tikz_fit(g)))
+    out = subprocess.run(["pdflatex", "-interaction=nonstopmode", "-halt-on-error", "paper.tex"], cwd=tmp_path,
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stdout[-2000:]
+    assert "Overfull" not in out.stdout
+    page = subprocess.run(["pdftotext", "-layout", "paper.pdf", "-"], cwd=tmp_path, capture_output=True,
+                          text=True, check=True).stdout
+    assert "Figure 1: The circuit: 81 edges." in " ".join(page.split())
+    assert "L1H0" in page and "logits" in page
+    assert page.index("logits") < page.index("Figure 1")  # the caption under the picture
+
+
+def test_a_circuit_whose_input_keeps_no_edge_says_so_in_every_drawing(tmp_path):
+    """The shipped decimal circuit keeps no edge from the input (its dead ends are not pruned under its ablation):
+    the figure, the TikZ caption and the DOT label say so and why; a circuit with an
+    input edge has no such note."""
+    g = read_circuit(Path(ROOT) / "circuits" / "decimal_organism.json")
+    h = drawn(g)
+    assert h.out_degree("input") == 0
+    assert h.graph["note"] == NO_INPUT_EDGE
+    fig = figure(g, None)
+    assert any("No edge from the input" in t.get_text() for t in fig.texts)
+    assert "No edge from the input" in " ".join(tikz_caption(g).split())
+    from surgeon.circuits.export import dot
+
+    assert "No edge from the input" in dot(g)
+    ind = read_circuit(Path(ROOT) / "circuits" / "induction_organism.json")
+    assert drawn(ind).out_degree("input") > 0 and "note" not in drawn(ind).graph
+    assert not any("No edge" in t.get_text() for t in figure(ind, None).texts)
 
 
 def test_bad_export_targets_are_refused_before_any_work(tmp_path):
