@@ -3,7 +3,8 @@
     python circuits/regenerate.py [--out circuits]
 
 Each case runs `surgeon circuit` with the options below, one thread (the numbers are then the same on every
-run), and writes every export format plus the printed report (`NAME.txt`). `tests/circuits/test_circuits.py` runs
+run), and writes every export format plus the printed report (`NAME.txt`); the figures the documentation site
+shows are copied into docs/ (`DOCS_FIGURES`). `tests/circuits/test_circuits.py` runs
 the same commands into a temporary folder and fails when the files here differ (stale circuits).
 """
 from __future__ import annotations
@@ -19,6 +20,9 @@ SHIPPED = {
     "threshold_organism": ["--paths", "5", "--faithfulness", "1.0"],
 }
 FORMATS = ("graphml", "gexf", "json", "mib.json", "dot", "tex", "png", "svg", "pdf")
+# the figures the documentation site shows, copied beside its pages (a page reads nothing from the network)
+DOCS = Path(__file__).resolve().parent.parent / "docs"
+DOCS_FIGURES = ("induction_organism.png",)
 
 
 def command(name: str, out: Path) -> list[str]:
@@ -60,6 +64,11 @@ def main() -> int:
         regenerate(name, args.out)
         print(f"{name}: {', '.join(f'{name}.{f}' for f in (*FORMATS, 'txt'))} in {args.out}")
     write_provenance(args.out, args.cases)
+    if args.out.resolve() == Path(__file__).resolve().parent:
+        import shutil
+
+        for f in DOCS_FIGURES:
+            shutil.copyfile(args.out / f, DOCS / f)
     return 0
 
 

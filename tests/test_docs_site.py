@@ -33,12 +33,19 @@ def test_the_readme_is_short_and_shows_the_own_model_path_and_the_report():
         assert colours is None or len(colours) > 20, png  # not blank
 
 
-def test_the_site_builds_without_a_warning(tmp_path):
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    """The site as `mkdocs build --strict` writes it, and what mkdocs printed."""
     pytest.importorskip("mkdocs", reason="the docs extra: pip install -e \".[docs]\"")
     pytest.importorskip("mkdocstrings")
-    site = tmp_path / "site"
+    site = tmp_path_factory.mktemp("docs") / "site"
     r = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(site)], cwd=ROOT,
                        capture_output=True, text=True, env={**__import__("os").environ, "NO_MKDOCS_2_WARNING": "1"})
+    return site, r
+
+
+def test_the_site_builds_without_a_warning(built):
+    site, r = built
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert "WARNING" not in r.stderr, r.stderr[-3000:]
     nav = re.findall(r":\s+(\S+\.md)$", (ROOT / "mkdocs.yml").read_text(), re.M)
@@ -50,6 +57,38 @@ def test_the_site_builds_without_a_warning(tmp_path):
     for name in surgeon.API:  # every notebook function is documented, from its docstring
         assert f'id="surgeon.api.{name}"' in api, name
     assert (site / "report-decimal" / "report.html").exists() and (site / "report-decimal.png").exists()
+
+
+def test_the_site_reads_offline(built):
+    """No page asks anything of the network (fonts, figures, the repository's stars): no external resource in the
+    HTML, and in a real browser every page of the built site requests only its own files, and every image loads."""
+    import json
+    import time
+
+    from tests.browser import browser
+
+    site, r = built
+    assert r.returncode == 0
+    pages = sorted(site.rglob("index.html"))
+    assert len(pages) >= 16
+    for page in pages:
+        text = page.read_text()
+        external = re.findall(r'<(?:link|script|img)\b[^>]*\b(?:href|src)="(https?://[^"]*)"', text)
+        assert not [u for u in external if not re.match(r"https?://[^/]*github\.com/gussand/", u)], (page, external)
+    assert (ROOT / "docs" / "induction_organism.png").read_bytes() == (ROOT / "circuits" / "induction_organism.png").read_bytes()
+    b = browser()
+    try:
+        for page in pages:
+            b.get(page.as_uri())
+            time.sleep(0.4)
+            urls = {json.loads(e["message"])["message"]["params"]["request"]["url"] for e in b.get_log("performance")
+                    if json.loads(e["message"])["message"]["method"] == "Network.requestWillBeSent"}
+            assert all(u.startswith(("file:", "data:", "about:", "blob:")) for u in urls), (page, urls)
+            broken = b.execute_script("return Array.prototype.filter.call(document.images, function(i) {"
+                                      "return !i.complete || i.naturalWidth === 0; }).map(function(i) { return i.src; });")
+            assert not broken, (page, broken)
+    finally:
+        b.quit()
 
 
 def test_the_version_is_one_number_everywhere(tmp_path):
