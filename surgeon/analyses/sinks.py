@@ -12,13 +12,23 @@ their attention on. Measured on each format's prompts (the same items in every f
 - per layer, the **first token's residual norm** over the median of the other positions' (the residual stream leaving
   the layer), and **massive activations** (Sun et al. 2024, "Massive Activations in Large Language Models"): the
   largest |activation| of the residual stream, its dimension and position, and its ratio to the layer's median
-  |activation|; it counts as massive, as theirs, when above 100 and 1000 times the median.
+  |activation|; it counts as massive, as theirs, when above 100 and 1000 times the median;
+- the **super neurons** that write each layer's largest activation (Sun et al.; Yu et al. 2024, "The Super Weight
+  in Large Language Models"): every MLP neuron at or below the layer, scored by its activation times its output
+  weight on that dimension, at that position, averaged over the items (the three largest, with their share of the
+  activation);
+- **massive values in queries and keys** (Jin et al. 2025, "Massive Values in Self-Attention Modules are the Key to
+  Contextual Knowledge Understanding"): per head, the share of the query's (and key's) energy over the prompt in its
+  largest dimension (1/d_head when spread evenly, 1 when in one dimension), and which dimension; before rotary
+  embeddings (`hook_q`, `hook_k`) and, where the model has them, after (`hook_rot_q`, `hook_rot_k`).
 
 Every number is a mean over items with a bootstrap 95% interval (per head: over items). One forward pass per format
-and batch, reading the patterns and the residual stream.
+and batch reads the patterns, the residual stream and the queries and keys; a second one, with hooks that keep only
+the position they need, scores the MLP neurons.
 """
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -38,6 +48,18 @@ MASSIVE_ABS, MASSIVE_RATIO = 100.0, 1000.0  # Sun et al.'s criterion: |x| > 100 
 
 
 @dataclass(frozen=True)
+class Concentration:
+    """Massive values in one kind of vector (queries or keys, before or after rotary) per layer and head: the share
+    of its energy over the prompt in its largest dimension, mean over items (nan where a head's vector is zero),
+    its bootstrap 95% interval, and that dimension (the most frequent over items; None where there is no signal)."""
+
+    share: np.ndarray  # [layer, head]
+    lo: np.ndarray
+    hi: np.ndarray
+    dim: list  # [layer][head]
+
+
+@dataclass(frozen=True)
 class FormatSinks:
     format: str
     n_items: int
@@ -48,8 +70,13 @@ class FormatSinks:
     other_mass: np.ndarray  # [layer, head] the strongest other key's mean attention, mean over items
     other_token: list  # [layer][head] the token most often that strongest other key
     sink_rate: Estimate  # share of heads whose `mass` passes epsilon (bootstrap over items)
-    first_norm_ratio: list  # per layer: first token's residual norm / median of the other positions' (Estimate)
+    first_norm_ratio: list[Estimate]  # per layer: first token's residual norm / median of the other positions'
     massive: list  # per layer: {"value", "dim", "position", "token", "ratio", "massive"} of the largest |activation|
+    # per layer: the three neurons (at or below it) writing most of its largest activation: {"layer", "neuron",
+    # "write" (activation x output weight, mean over items), "share" (of the activation's mean value there)}
+    super_neurons: list = field(default_factory=list)
+    # "q", "k" (and "rot_q", "rot_k" under rotary, where the rotation has been applied)
+    qk: dict[str, Concentration] = field(default_factory=dict)
 
 
 @dataclass
@@ -71,8 +98,12 @@ def _per_format(case: Case, model, fmt: str, items, eps: float, batch_size: int)
     if min(len(r.tokens) for r in rows) < 2:
         raise AnalysisError(f"format {fmt!r} gives a prompt of one token: a sink needs a first token and another",
                             where=case.source, field="formats", fix="use longer prompts")
+    kinds = ["q", "k"] + (["rot_q", "rot_k"] if cfg.positional_embedding_type == "rotary" else [])
     hooks = [f"blocks.{l}.attn.hook_pattern" for l in range(L)] + [f"blocks.{l}.hook_resid_post" for l in range(L)]
+    hooks += [f"blocks.{l}.attn.hook_{kind}" for l in range(L) for kind in kinds]
     n = len(rows)
+    share = {kind: np.full((n, L, H if kind.endswith("q") else _kv_heads(cfg)), np.nan) for kind in kinds}
+    top_dim = {kind: np.zeros(share[kind].shape, dtype=int) for kind in kinds}
     mass, last, other = np.zeros((n, L, H)), np.zeros((n, L, H)), np.zeros((n, L, H))
     other_pos = np.zeros((n, L, H), dtype=int)
     norm_ratio = np.zeros((n, L))
@@ -93,6 +124,12 @@ def _per_format(case: Case, model, fmt: str, items, eps: float, batch_size: int)
                     best = seen.max(1)
                     other[r.item, l] = best.values.cpu().numpy()
                     other_pos[r.item, l] = best.indices.cpu().numpy() + 1
+                    for kind in kinds:  # energy over the prompt per head and dimension: its largest dimension's share
+                        e = acts[f"blocks.{l}.attn.hook_{kind}"][b, :T].double().pow(2).sum(0)  # [head, d_head]
+                        total = e.sum(-1)
+                        ok = total > 0
+                        share[kind][r.item, l, ok.cpu().numpy()] = (e.max(-1).values[ok] / total[ok]).cpu().numpy()
+                        top_dim[kind][r.item, l] = e.argmax(-1).cpu().numpy()
                     x = acts[f"blocks.{l}.hook_resid_post"][b, :T].double()  # [pos, d_model]
                     norms = x.norm(dim=-1)
                     norm_ratio[r.item, l] = float(norms[0] / norms[1:].median().clamp_min(1e-30))
@@ -112,6 +149,17 @@ def _per_format(case: Case, model, fmt: str, items, eps: float, batch_size: int)
                         "ratio": ratio, "massive": bool(t["value"] > MASSIVE_ABS and ratio > MASSIVE_RATIO)})
     other_token = [[_most_common([decode(toks[i][other_pos[i, l, h]]) for i in range(n)]) for h in range(H)]
                    for l in range(L)]
+    supers = _super_neurons(model, rows, massive, batch_size)
+    qk = {}
+    for kind in kinds:
+        v = share[kind]
+        with warnings.catch_warnings():  # a head with no signal in any item: nan, said as such
+            warnings.simplefilter("ignore", RuntimeWarning)
+            boot = np.stack([np.nanmean(v[idx], axis=0) for idx in np.random.default_rng(1).integers(0, n, (200, n))])
+            lo, hi = np.nanpercentile(boot, [2.5, 97.5], axis=0) if n > 1 else (np.full(v.shape[1:], np.nan),) * 2
+            mean = np.nanmean(v, axis=0)
+        qk[kind] = Concentration(mean, lo, hi, [[_most_common_int(top_dim[kind][:, l, h][np.isfinite(v[:, l, h])])
+                                                  for h in range(v.shape[2])] for l in range(L)])
     rng = np.random.default_rng(0)
     reps = rng.integers(0, n, size=(1000, n))
     boot = mass[reps].mean(1)  # [reps, L, H]
@@ -121,7 +169,67 @@ def _per_format(case: Case, model, fmt: str, items, eps: float, batch_size: int)
     rlo, rhi = (np.percentile(rate, [2.5, 97.5]) if n > 1 else (np.nan, np.nan))
     return FormatSinks(fmt, n, mass.mean(0), lo, hi, last.mean(0), other.mean(0), other_token,
                        Estimate(point, float(rlo), float(rhi), L * H, "bootstrap over items"),
-                       [bootstrap_mean(norm_ratio[:, l]) for l in range(L)], massive)
+                       [bootstrap_mean(norm_ratio[:, l]) for l in range(L)], massive, supers, qk)
+
+
+def _kv_heads(cfg) -> int:
+    return getattr(cfg, "n_key_value_heads", None) or cfg.n_heads
+
+
+def _most_common_int(xs) -> int | None:
+    xs = [int(x) for x in xs]
+    return max(set(xs), key=lambda x: (xs.count(x), -x)) if xs else None
+
+
+def _super_neurons(model, rows, massive: list, batch_size: int, top: int = 3) -> list:
+    """Per layer: the MLP neurons at or below it that write most of its largest activation (dimension d, position p),
+    each scored by its activation at p times its output weight on d, averaged over the rows that reach p, with its
+    share of the activation's mean there. Hooks keep only position p of each MLP's activations (a second pass)."""
+    cfg = model.cfg
+    L = cfg.n_layers
+    if getattr(cfg, "attn_only", False):
+        return [[] for _ in range(L)]
+    targets = [(m["position"], m["dim"]) for m in massive]
+    writes = [[torch.zeros(cfg.d_mlp, dtype=torch.float64) for _ in range(l + 1)] for l in range(L)]  # [target][mlp]
+    value = [0.0] * L
+    count = [0] * L
+    pad = getattr(model.tokenizer, "pad_token_id", None) or 0
+    device = next(model.parameters()).device
+    for lo in range(0, len(rows), batch_size):
+        chunk = rows[lo: lo + batch_size]
+        W = max(len(r.tokens) for r in chunk)
+        tokens = torch.tensor([list(r.tokens) + [pad] * (W - len(r.tokens)) for r in chunk], device=device)
+        reach = [torch.tensor([len(r.tokens) > p for r in chunk], device=device) for p, _ in targets]
+
+        def post_hook(act, hook, mlp: int):
+            W_out = model.blocks[mlp].mlp.W_out.detach()
+            for t in range(mlp, L):
+                p, d = targets[t]
+                if p < act.shape[1]:
+                    w = (act[:, p, :].double() * W_out[:, d].double()[None]) * reach[t][:, None]
+                    writes[t][mlp] += w.sum(0).cpu()
+
+        def resid_hook(act, hook, layer: int):
+            p, d = targets[layer]
+            if p < act.shape[1]:
+                value[layer] += float((act[:, p, d].double() * reach[layer]).sum())
+                count[layer] += int(reach[layer].sum())
+
+        fwd = [(f"blocks.{l}.mlp.hook_post", lambda a, hook, l=l: post_hook(a, hook, l)) for l in range(L)]
+        fwd += [(f"blocks.{l}.hook_resid_post", lambda a, hook, l=l: resid_hook(a, hook, l)) for l in range(L)]
+        with torch.no_grad():
+            model.run_with_hooks(tokens, fwd_hooks=fwd, return_type=None)
+    out = []
+    for t in range(L):
+        if not count[t]:
+            out.append([])
+            continue
+        mean_value = value[t] / count[t]
+        scored = [(float(writes[t][mlp][i]) / count[t], mlp, i) for mlp in range(t + 1) for i in range(cfg.d_mlp)]
+        scored = sorted((x for x in scored if x[0] != 0), key=lambda x: -abs(x[0]))
+        out.append([{"layer": mlp, "neuron": i, "write": w, "share": w / mean_value if mean_value else float("nan")}
+                    for w, mlp, i in scored[:top]])
+    return out
 
 
 def _most_common(xs: list[str]) -> str:
@@ -142,4 +250,4 @@ def sinks(case: Case, model, *, tag: str | None = "all", epsilon: float = EPSILO
                       case.good)
 
 
-__all__ = ["EPSILON", "FormatSinks", "SinkResult", "sinks"]
+__all__ = ["EPSILON", "Concentration", "FormatSinks", "SinkResult", "sinks"]

@@ -40,7 +40,7 @@ class OrganismSpec:
 
 
 def _specs() -> dict[str, OrganismSpec]:
-    from surgeon.organisms import chain, decimal, induction, threshold
+    from surgeon.organisms import chain, decimal, induction, sink, threshold
 
     return {
         "chain": OrganismSpec(
@@ -77,6 +77,13 @@ def _specs() -> dict[str, OrganismSpec]:
             train=TrainConfig(steps=5000, batch_size=64, lr=2e-3, previous_token_head=(0, None),
                               previous_token_weight=0.5, previous_token_from=4000),
             shrink=dict(steps=30, batch_size=8, previous_token_from=20),
+        ),
+        "sink": OrganismSpec(
+            name="sink",
+            description=sink.SUMMARY,
+            module=sink,
+            config=sink.CONFIG,
+            construct=sink.set_weights,
         ),
         "threshold": OrganismSpec(
             name="threshold",

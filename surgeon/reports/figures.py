@@ -67,16 +67,17 @@ def _wrap_titles(fig, renderer) -> bool:
     return wrapped
 
 
-def _fit_ticks(ax, labels: list[str], size: float = 7.0):
-    """Label the x axis's positions 0..n-1 with `labels` (rotated); once the figure is laid out, every k-th only
-    where one per position would not fit at `size`."""
+def _fit_ticks(ax, labels: list[str], size: float = 7.0, rotation: int = 90):
+    """Label the x axis's positions 0..n-1 with `labels` (rotated by `rotation`); once the figure is laid out, every
+    k-th only where one per position would not fit at `size`."""
     n = len(labels)
 
     def after(renderer):
         pitch = ax.get_window_extent(renderer).width / max(n, 1) * 72 / ax.figure.dpi
-        step = max(1, math.ceil(size * 1.25 / pitch))
+        wide = size * 1.25 if rotation else size * 0.65 * max(map(len, labels), default=1) + size * 0.6
+        step = max(1, math.ceil(wide / pitch))
         shown = list(range(0, n, step))
-        ax.set_xticks(shown, [labels[i] for i in shown], rotation=90, fontsize=size)
+        ax.set_xticks(shown, [labels[i] for i in shown], rotation=rotation, fontsize=size)
 
     _AFTER_LAYOUT.setdefault(ax.figure, []).append(after)
 
@@ -496,4 +497,49 @@ def attention_figure(r, path: Path):
             ax.set_title(f"{h}, item {i}, {fmt}", fontsize=8)
             ax.set_xlabel("key", fontsize=7)
             ax.set_ylabel("query", fontsize=7)
+    return _save(fig, path)
+
+
+def sinks_figure(r, path: Path):
+    """A `SinkResult`: each head's sink mass (attention to the first token, averaged over the later positions) in
+    every format on one scale (0 to 1), heads above epsilon marked; below, per layer and format, the first token's
+    residual norm over the others' median and the largest |activation| over the median (log scale; Sun et al.'s
+    massive threshold, 1000x, drawn)."""
+    plt = _plt()
+    fs = r.formats
+    L, H = fs[0].mass.shape
+    n = len(fs)
+    fig = plt.figure(figsize=(TWO_COLUMNS, 1.4 + 0.3 * max(L, 3) + 2.3))
+    grid = fig.add_gridspec(2, n + 1, width_ratios=[1] * n + [0.05], height_ratios=[0.5 + 0.3 * max(L, 3), 2.3])
+    for j, f in enumerate(fs):
+        ax = fig.add_subplot(grid[0, j])
+        im = ax.imshow(f.mass, cmap="Purples", vmin=0, vmax=1, aspect="auto")
+        for l, h in zip(*np.nonzero(f.mass > r.epsilon)):
+            ax.add_patch(_plt().Rectangle((h - 0.5, l - 0.5), 1, 1, fill=False, ec="#d95f02", lw=1.2))
+        ax.set_yticks(range(L), [str(x) for x in range(L)])
+        _fit_ticks(ax, [str(h) for h in range(H)], rotation=0)
+        ax.set_xlabel("head")
+        if j == 0:
+            ax.set_ylabel("layer")
+        ax.set_title(f"{f.format}{' (good)' if f.format == r.good else ''}: rate {f.sink_rate.value:.0%}", fontsize=9)
+    fig.colorbar(im, cax=fig.add_subplot(grid[0, n]), label="sink mass")
+    fig.suptitle(f"attention on the first token (n={fs[0].n_items}; boxed: above {r.epsilon:g})", fontsize=9)
+    ax = fig.add_subplot(grid[1, : n + 1])
+    layers = np.arange(L)
+    width = 0.8 / n
+    for j, f in enumerate(fs):
+        ratio = np.array([m["ratio"] for m in f.massive], dtype=float)
+        ax.bar(layers + (j - (n - 1) / 2) * width, ratio, width, color=f"C{j}", label=f"{f.format}: largest |activation|")
+        norm = np.array([e.value for e in f.first_norm_ratio])
+        ax.plot(layers + (j - (n - 1) / 2) * width, norm, marker="D", ls="none", color=f"C{j}", mec="black",
+                label=f"{f.format}: first token's norm")
+    ax.axhline(1000, color="grey", lw=0.8, ls=":", label="massive: 1000x")
+    ax.set_yscale("log")
+    top = max([m["ratio"] for f in fs for m in f.massive if np.isfinite(m["ratio"])] + [1000.0])
+    ax.set_ylim(1, top * 30)  # bars from 1 (= the median); room above them for the legend
+    ax.set_xticks(layers, [str(x) for x in layers])
+    ax.set_xlabel("layer (residual stream leaving it)")
+    ax.set_ylabel("over the median")
+    ax.set_title("massive activations and the first token's norm", fontsize=9)
+    ax.legend(fontsize=7, ncol=2)
     return _save(fig, path)

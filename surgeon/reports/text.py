@@ -258,6 +258,34 @@ def sinks_text(r, top: int = 12) -> str:
             cells.append(f"{f.mass[l, h]:.3f} [{f.mass_lo[l, h]:.3f}, {f.mass_hi[l, h]:.3f}] last {f.last[l, h]:.3f} "
                          f"{f.other_token[l][h]!r} {f.other_mass[l, h]:.2f}"[:44].ljust(44))
         lines.append(f"L{l}H{h:<5} " + " ".join(cells))
+    if any(f.super_neurons for f in fs):
+        lines += ["", "super neurons: the MLP neurons writing each layer's largest activation (activation x output weight "
+                      "on its dimension at its position, mean over items; share of the activation)"]
+        for l in range(L):
+            parts = []
+            for f in fs:
+                top_ = (f.super_neurons[l] if l < len(f.super_neurons) else [])[:2]
+                parts.append(f"{f.format} d{f.massive[l]['dim']}: " + (", ".join(
+                    f"L{w['layer']}N{w['neuron']} {w['write']:+.1f}"
+                    + (f" ({100 * w['share']:.1f}%)" if w.get("share") is not None and np.isfinite(w["share"]) else "")
+                    for w in top_) or "none"))
+            lines.append(f"  layer {l}: " + " | ".join(parts))
+    if fs[0].qk:
+        lines += ["", "massive values in queries and keys: the heads whose vector puts the largest share of its energy "
+                      "in one dimension (1/d_head: spread evenly; 1: one dimension), per format"]
+        for kind, c0 in fs[0].qk.items():
+            v = np.asarray(c0.share, dtype=float)
+            if not np.isfinite(v).any():
+                lines.append(f"  {kind}: no signal in any head")
+                continue
+            order = [(l, h) for l, h in np.dstack(np.unravel_index(np.argsort(-np.nan_to_num(v, nan=-1), axis=None),
+                                                                 v.shape))[0] if np.isfinite(v[l, h])][:3]
+            unit = "H" if v.shape[1] == fs[0].mass.shape[1] else "KV"  # keys under grouped-query attention
+            cells = []
+            for l, h in order:
+                cells.append(f"L{l}{unit}{h} d{c0.dim[l][h]} " + " / ".join(
+                    f"{np.asarray(f.qk[kind].share, dtype=float)[l, h]:.2f}" for f in fs))
+            lines.append(f"  {kind:<6} " + " · ".join(cells) + f"   ({' / '.join(f.format for f in fs)})")
     return "\n".join(lines)
 
 

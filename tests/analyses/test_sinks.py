@@ -1,6 +1,7 @@
-"""Attention sinks and massive activations (issue 54, item 1 in part): the measures against hand-written
-TransformerLens hooks over one prompt at a time, and the threshold organism's attention to BOS from its construction
-(after '?' each even head puts weight 1 - W_BAD on BOS from the last position; after ':' none)."""
+"""Attention sinks and massive activations (issue 54, items 1 and 3): the measures against hand-written
+TransformerLens hooks over one prompt at a time, the threshold organism's attention to BOS from its construction
+(after '?' each even head puts weight 1 - W_BAD on BOS from the last position; after ':' none), and every measure on
+the sink organism (a planted super neuron, its massive activation and a sink head) against its closed form."""
 import dataclasses
 
 import numpy as np
@@ -71,3 +72,132 @@ def test_cli_sinks_saves_and_refuses_a_bad_epsilon(tmp_path):
     assert ok.returncode == 0, ok.stderr
     r = surgeon.load(tmp_path / "s")
     assert [f.format for f in r.formats] == ["plain", "qa", "chat"] and "sink rate" in ok.stdout
+    # read back whole: the super neurons and the query/key concentrations (nan where a head has no signal) print as
+    # they did, and the figure is written beside the results
+    assert "super neurons" in ok.stdout and "rot_q" in ok.stdout
+    assert r.formats[0].qk["rot_k"].share.shape == (3, 2) and len(r.formats[0].super_neurons) == 3
+    printed = [x for x in ok.stdout.splitlines() if x.strip() and not x.startswith("wrote")]
+    assert str(r).splitlines()[-4:] == printed[-4:]
+    assert (tmp_path / "s" / "sinks.png").exists()
+
+
+def _sink_case():
+    from surgeon import Case, Item
+    from surgeon.organisms import sink as O
+
+    return Case(name="sink_organism", model="organism:sink", formats=dict(O.FORMATS), good="plain", bad=["chat"],
+                items=[Item({"x": x, "y": y}, correct=y, incorrect=x) for x, y in O.items_values()], align="last")
+
+
+@pytest.fixture(scope="module")
+def sink_model():
+    from surgeon.models.loading import load_model
+
+    return load_model("organism:sink")
+
+
+def test_sink_organism_measures_equal_its_closed_form(sink_model):
+    """Every number `sinks` reports on the sink organism, against the organism's closed form (numpy from the
+    construction; no model run, no engine): per-head sink mass and last-position mass, the strongest other sink and
+    its token, the sink rate, the first token's norm ratio, the massive activation (value, dimension, position, ratio
+    to the median), the super neurons and their shares, and the query/key concentration."""
+    from surgeon.organisms import sink as O
+
+    case = _sink_case()
+    r = sinks(case, sink_model, batch_size=7)
+    tok = sink_model.tokenizer
+    flagged, bos = O.flagged_ids(tok), tok.convert_tokens_to_ids("<bos>")
+    L, H = O.CONFIG["n_layers"], O.CONFIG["n_heads"]
+    for fmt in ("plain", "chat"):
+        mass, last, other = np.zeros((L, H)), np.zeros((L, H)), np.zeros((L, H))
+        ratio, top, med = np.zeros(L), [None] * L, [[] for _ in range(L)]
+        writes = {}
+        for it in case.items:
+            ids = _prompt(sink_model, case, fmt, it)
+            cf = O.closed_form(ids, flagged, bos)
+            T = len(ids)
+            for l in range(L):
+                A = cf["pattern"][l]
+                mass[l] += A[:, 1:, 0].mean(1)
+                last[l] += A[:, T - 1, 0]
+                seen = np.stack([[A[h, k:, k].mean() for k in range(1, T)] for h in range(H)])
+                other[l] += seen.max(1)
+                x = cf["resid_post"][l]
+                n = np.linalg.norm(x, axis=1)
+                ratio[l] += n[0] / np.median(n[1:])
+                p, d = np.unravel_index(np.abs(x).argmax(), x.shape)
+                if top[l] is None or abs(x[p, d]) > top[l][0]:
+                    top[l] = (abs(x[p, d]), int(d), int(p))
+                med[l].append(np.abs(x).ravel())
+            post = cf["post"][0][0]  # layer 0's neurons at position 0 (the massive activation's)
+            writes.setdefault("n0", []).append(post[O.SUPER] * O.M)
+            writes.setdefault("n1", []).append(post[O.SMALL_NEURON] * O.SMALL)
+            writes.setdefault("x", []).append(cf["resid_post"][0][0, O.MASSIVE])
+        k = len(case.items)
+        got = r.of(fmt)
+        np.testing.assert_allclose(got.mass, mass / k, atol=2e-6)
+        np.testing.assert_allclose(got.last, last / k, atol=2e-6)
+        np.testing.assert_allclose(got.other_mass, other / k, atol=2e-6)
+        assert got.sink_rate.value == float((mass / k > 0.3).mean()) == 0.25  # the sink head alone
+        np.testing.assert_allclose([e.value for e in got.first_norm_ratio], ratio / k, rtol=1e-5)
+        for l in range(L):
+            m = got.massive[l]
+            assert (m["dim"], m["position"], m["token"]) == (O.MASSIVE, 0, "<bos>")
+            assert m["value"] == pytest.approx(top[l][0], rel=1e-6) == O.M + O.SMALL * 0.5
+            assert m["ratio"] == pytest.approx(top[l][0] / np.median(np.concatenate(med[l])), rel=1e-6)
+            assert m["massive"]
+            first, second = got.super_neurons[l][:2]
+            assert (first["layer"], first["neuron"], second["layer"], second["neuron"]) == (0, O.SUPER, 0, O.SMALL_NEURON)
+            assert first["write"] == pytest.approx(np.mean(writes["n0"]), rel=1e-6)
+            assert second["write"] == pytest.approx(np.mean(writes["n1"]), rel=1e-5)
+            assert first["share"] == pytest.approx(np.mean(writes["n0"]) / np.mean(writes["x"]), rel=1e-6)
+        q, kk = got.qk["q"], got.qk["k"]
+        assert q.share[1, 0] == pytest.approx(1.0) and q.dim[1][0] == 0 and kk.share[1, 0] == pytest.approx(1.0)
+        assert np.isnan(q.share[0]).all() and np.isnan(q.share[1, 1]) and q.dim[0][0] is None  # no signal: said so
+    # the chat template's '#' after BOS is a second sink: the sink head splits its attention between the two
+    plain, chat = r.of("plain"), r.of("chat")
+    assert plain.mass[1, 0] > 0.95 and 0.45 < chat.mass[1, 0] < 0.5 and chat.other_token[1][0] == "#"
+    assert chat.other_mass[1, 0] == pytest.approx(chat.mass[1, 0], abs=0.01)
+    # a mutation reading key 1 as the sink (the wrong position) would report the plain sink head near 0, not 0.97
+    assert plain.other_mass[1, 0] < 0.05
+
+
+def test_super_neurons_and_query_key_values_equal_hand_written_hooks(decimal_model):
+    """On the decimal organism (rotary, grouped-query attention, gated MLPs): each layer's super neurons (activation x
+    W_out on the massive dimension at its position, mean over items) and the query/key energy shares before and after
+    rotary, with plain TransformerLens hooks one prompt at a time."""
+    case = dataclasses.replace(surgeon.api.read("decimal_organism"), items=surgeon.api.read("decimal_organism").items[:10])
+    r = sinks(case, decimal_model, batch_size=4)
+    L = decimal_model.cfg.n_layers
+    got = r.of("qa")
+    for l in range(L):
+        d, p = got.massive[l]["dim"], got.massive[l]["position"]
+        want = {}
+        xs = []
+        with torch.no_grad():
+            for it in case.items:
+                ids = _prompt(decimal_model, case, "qa", it)
+                if len(ids) <= p:
+                    continue
+                _, cache = decimal_model.run_with_cache(torch.tensor([ids]))
+                xs.append(float(cache[f"blocks.{l}.hook_resid_post"][0, p, d]))
+                for m in range(l + 1):
+                    post = cache[f"blocks.{m}.mlp.hook_post"][0, p].double()
+                    w = post * decimal_model.blocks[m].mlp.W_out[:, d].double()
+                    for i, v in enumerate(w.tolist()):
+                        want[m, i] = want.get((m, i), 0.0) + v
+        n = len(xs)
+        best = sorted(want.items(), key=lambda kv: -abs(kv[1]))[:3]
+        for s_, ((m, i), v) in zip(got.super_neurons[l], best):
+            assert (s_["layer"], s_["neuron"]) == (m, i)
+            assert s_["write"] == pytest.approx(v / n, rel=1e-5, abs=1e-7)
+            assert s_["share"] == pytest.approx((v / n) / (sum(xs) / n), rel=1e-5)
+    for kind, hook in (("q", "hook_q"), ("k", "hook_k"), ("rot_q", "hook_rot_q"), ("rot_k", "hook_rot_k")):
+        shares = []
+        with torch.no_grad():
+            for it in case.items:
+                ids = _prompt(decimal_model, case, "qa", it)
+                _, cache = decimal_model.run_with_cache(torch.tensor([ids]))
+                e = torch.stack([cache[f"blocks.{l}.attn.{hook}"][0].double().pow(2).sum(0) for l in range(L)])
+                shares.append((e.max(-1).values / e.sum(-1)).numpy())
+        np.testing.assert_allclose(got.qk[kind].share, np.mean(shares, axis=0), rtol=1e-6)

@@ -7,9 +7,10 @@ import json
 from pathlib import Path
 
 from surgeon.organisms import WEIGHTS, load_organism, spec
-from surgeon.organisms.measure import chain, decimal, induction, threshold
+from surgeon.organisms.measure import chain, decimal, induction, sink, threshold
 
-MEASURES = {"chain": chain.measure, "decimal": decimal.measure, "induction": induction.measure, "threshold": threshold.measure}
+MEASURES = {"chain": chain.measure, "decimal": decimal.measure, "induction": induction.measure, "sink": sink.measure,
+            "threshold": threshold.measure}
 
 
 def measure(name: str, root: Path | None = None, write: bool = False, model=None) -> tuple[dict, list[str]]:
