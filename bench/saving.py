@@ -15,7 +15,12 @@ from pathlib import Path
 
 RESULTS = Path(__file__).resolve().parent / "results"
 ROOT = RESULTS.parent.parent
-ENGINE = ("surgeon/engine", "surgeon/sites")  # a change here makes every saved bench result stale
+# a change here makes every saved bench result stale: the engine and the site kinds the engine and the benches run
+# (a site kind no bench runs, e.g. surgeon/sites/sinks.py, is left out: tests/test_bench.py checks that every site
+# module the engine, a bench or a source a bench times imports is listed)
+ENGINE = ("surgeon/engine", "surgeon/sites/__init__.py", "surgeon/sites/ablations.py", "surgeon/sites/edges.py",
+          "surgeon/sites/features.py", "surgeon/sites/head_input_grads.py", "surgeon/sites/nodes.py",
+          "surgeon/sites/protocol.py", "surgeon/sites/qk_fix.py")
 # the circuit code the scale/growth/memory/edges/circuit-recovery benches run (scores, runs, graph, pruning);
 # surgeon/circuits/export.py (file formats and drawing) is imported with it but never runs in them
 # (tests/test_bench.py checks that by tracing), so a change to how a circuit is written leaves their numbers alone
@@ -55,7 +60,7 @@ def _sha256(paths, root: Path) -> str:
 
 
 def engine_sha256(root: Path = ROOT) -> str:
-    """sha256 over the paths and bytes of every .py file under ENGINE (the code every bench times)."""
+    """sha256 over the paths and bytes of every .py file in ENGINE (the code every bench times)."""
     return _sha256(ENGINE, root)
 
 

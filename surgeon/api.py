@@ -56,6 +56,8 @@ from surgeon.analyses.heldout import (
     threshold_heldout,
 )
 from surgeon.analyses.heldout import evaluate_subsets as evaluate_named
+from surgeon.analyses.sink_interventions import SinkInterventionResult
+from surgeon.analyses.sink_interventions import sink_interventions as sink_interventions_of
 from surgeon.analyses.sinks import SinkResult
 from surgeon.analyses.sinks import sinks as sinks_of
 from surgeon.analyses.repair import RepairResult, check_heads, check_repairable, repair_case, search_repair
@@ -318,16 +320,34 @@ def repair(case, model=None, *, heads=None, mode: str = "mean", strength: float 
                        batch_size=batch_size)
 
 
-def sinks(case, model=None, *, tag: str | None = "all", epsilon: float = 0.3, batch_size: int = 64,
-          device: str | None = None, dtype: str = "float32"):
+def sinks(case, model=None, *, tag: str | None = None, epsilon: float = 0.3, batch_size: int = 64,
+          intervene: bool = False, heads=None, amplify: tuple | None = None, device: str | None = None,
+          dtype: str = "float32"):
     """Attention sinks and massive activations in every format over the same items (`surgeon sinks`): per head the
     attention to the first token (Gu et al.'s mass and sink rate at `epsilon`), from the last prompt token, the
-    strongest other sink; per layer the first token's residual norm against the others' and the largest activation
-    with Sun et al.'s massive criterion."""
+    strongest other sink; per layer the first token's residual norm against the others', the largest activation
+    with Sun et al.'s massive criterion and the super neurons that write it; per head the concentration of its
+    queries and keys. With `intervene`, the sinks tested as causes of the failure (a `SinkInterventionResult`):
+    each sink removed (`heads`: these heads' instead, e.g. "L1H0,L1H6"), the massive dimension and its super neuron
+    ablated, and (`amplify=(position, factor, layer)`) a token's residual stream amplified, each in every format.
+    `tag`: only these items (default: every item measured; the effects of interventions on the case's focus)."""
     if not 0 < epsilon < 1:
         raise AnalysisError(f"epsilon {epsilon} is not in (0, 1)", field="--epsilon", fix="e.g. 0.3 (Gu et al.'s)")
+    if heads is not None and not intervene:
+        raise AnalysisError("heads name the sinks to remove, which only intervene=True does", field="heads",
+                            fix="pass intervene=True, or leave heads out")
     case, model = case_and_model(case, model, device=device, dtype=dtype)
-    return sinks_of(case, model, tag=tag, epsilon=epsilon, batch_size=batch_size)
+    if intervene:
+        return sink_interventions_of(case, model, tag=tag, heads=_head_list(heads), amplify=amplify, epsilon=epsilon,
+                                     batch_size=batch_size)
+    return sinks_of(case, model, tag=tag or "all", epsilon=epsilon, batch_size=batch_size)
+
+
+def _head_list(heads) -> list[str] | None:
+    """Heads as "L1H0,L1H6", ["L1H0", "L1H6"] or None."""
+    if heads is None:
+        return None
+    return [h.strip() for h in (heads.split(",") if isinstance(heads, str) else heads) if h.strip()]
 
 
 def apply(model, repair, strength: float | None = None):
@@ -589,7 +609,7 @@ RESULT_TYPES = {cls.__name__: cls for cls in (Diagnosis, LogitAttributionResult,
                                                 ThresholdResult, HeldOutThreshold, HeldOutCircuit, HeldOutPatch, HeldOutFeatureCircuit, HeldOutFeatureRepair, BlendResult, CircuitResult, AttentionResult,
                                                 OverlapResult, AmplifiedResult, HeadFeatureResult, FeatureRepairResult,
                                                 FeatureCircuitResult, RepairResult, FoldsThreshold,
-                                                FoldsCircuit, SinkResult)}
+                                                FoldsCircuit, SinkResult, SinkInterventionResult)}
 
 
 def _step_result(type_name: str, folder: Path):

@@ -61,14 +61,50 @@ def test_every_saved_bench_output_says_what_it_ran_on():
 
 
 def test_the_engine_hash_sees_every_engine_and_site_source(tmp_path):
-    for folder in ENGINE:
-        shutil.copytree(Path(ROOT) / folder, tmp_path / folder, ignore=shutil.ignore_patterns("__pycache__"))
+    files = [p for entry in ENGINE for p in ((Path(ROOT) / entry).rglob("*.py") if (Path(ROOT) / entry).is_dir()
+                                             else [Path(ROOT) / entry])]
+    for f in files:
+        (tmp_path / f.relative_to(ROOT)).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(f, tmp_path / f.relative_to(ROOT))
     assert engine_sha256(tmp_path) == engine_sha256()
-    for folder in ENGINE:
-        f = sorted((tmp_path / folder).rglob("*.py"))[-1]
+    for f in files:
+        g = tmp_path / f.relative_to(ROOT)
         before = engine_sha256(tmp_path)
-        f.write_text(f.read_text() + "\n")
+        g.write_text(g.read_text() + "\n")
         assert engine_sha256(tmp_path) != before, f
+
+
+def _surgeon_imports(path: Path) -> set[str]:
+    import ast
+
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            out |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            out.add(node.module)
+            out |= {f"{node.module}.{a.name}" for a in node.names}
+    return {m for m in out if m.startswith("surgeon.")}
+
+
+def test_every_site_module_the_benches_can_run_is_in_the_engine_key():
+    """ENGINE lists surgeon/sites file by file: every site module imported by the engine, by a site module in the
+    key, by a source a bench times (SOURCES) or by a bench script is in it, so a site kind left out (e.g.
+    surgeon/sites/sinks.py, the sink interventions) is one no bench can run."""
+    listed = {e for e in ENGINE if e.startswith("surgeon/sites/")}
+    paths = [p for p in (Path(ROOT) / "surgeon" / "engine").rglob("*.py")]
+    paths += [Path(ROOT) / e for e in listed]
+    for srcs in SOURCES.values():
+        for src in srcs:
+            q = Path(ROOT) / src
+            paths += list(q.rglob("*.py")) if q.is_dir() else [q] if q.suffix == ".py" else []
+    paths += list((Path(ROOT) / "bench").glob("*.py"))
+    for p in paths:
+        for m in _surgeon_imports(p):
+            parts = m.split(".")
+            if parts[:2] == ["surgeon", "sites"] and len(parts) >= 3 and (Path(ROOT) / "surgeon/sites" / f"{parts[2]}.py").exists():
+                assert f"surgeon/sites/{parts[2]}.py" in listed, (p.relative_to(ROOT), m)
+    assert "surgeon/sites/sinks.py" not in listed
 
 
 def test_a_bench_is_stale_when_a_source_it_times_changes_and_only_then(tmp_path):
@@ -78,7 +114,8 @@ def test_a_bench_is_stale_when_a_source_it_times_changes_and_only_then(tmp_path)
     for name, paths in SOURCES.items():
         for p in paths:
             assert (Path(ROOT) / p).exists(), (name, p)
-    for p in ENGINE + ("surgeon/analyses", "surgeon/search", "surgeon/circuits", "surgeon/cli", "surgeon/spec"):
+    for p in ("surgeon/engine", "surgeon/sites", "surgeon/analyses", "surgeon/search", "surgeon/circuits", "surgeon/cli",
+              "surgeon/spec"):
         shutil.copytree(Path(ROOT) / p, tmp_path / p, ignore=shutil.ignore_patterns("__pycache__"))
     for f in ("surgeon/__init__.py", "surgeon/api.py", "pyproject.toml"):
         shutil.copy(Path(ROOT) / f, tmp_path / f)

@@ -214,7 +214,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--epsilon", type=cli_types.fraction, default=0.3,
                    help="a head is a sink head when its mean attention to the first token passes this (default 0.3, "
                         "Gu et al.'s)")
-    p.add_argument("--tag", default="all", help="only items with this tag (default: every item)")
+    p.add_argument("--tag", help="only items with this tag (default: every item; with --intervene, the effects on "
+                                 "the case's focus items)")
+    p.add_argument("--intervene", action="store_true",
+                   help="also test the sinks as causes of the failure, each in every format: remove each sink head's "
+                        "attention to the first token (renormalised), ablate the massive dimension and its super "
+                        "neuron (zero, mean)")
+    p.add_argument("--heads", help="with --intervene: remove the sinks of these heads (e.g. L1H0,L1H6) instead of "
+                                   "the measured sink heads")
+    p.add_argument("--amplify", type=cli_types.amplify, metavar="POS:FACTOR@LAYER",
+                   help="with --intervene: also scale position POS's residual stream by FACTOR entering LAYER "
+                        "(e.g. 3:10@1), the papers' way to make a sink of a token")
 
     p = sub.add_parser("merge", help="merge threshold shards into the result one run gives")
     p.add_argument("dirs", nargs="+", type=Path, help="the --out directories of the shards")
@@ -559,11 +569,21 @@ def cmd_threshold(args) -> int:
 def cmd_sinks(args) -> int:
     if not 0 < args.epsilon < 1:
         raise SurgeonError(f"--epsilon {args.epsilon} is not in (0, 1)", field="--epsilon", fix="e.g. 0.3")
+    if (args.heads or args.amplify) and not args.intervene:
+        raise SurgeonError("--heads and --amplify choose interventions, which only --intervene runs",
+                           field="--intervene", fix="add --intervene, or leave --heads and --amplify out")
     case, model, device = load_case_and_model(args)
+    if args.intervene:
+        from surgeon.analyses.sink_interventions import sink_interventions
+
+        heads = [h.strip() for h in args.heads.split(",") if h.strip()] if args.heads else None
+        return print_report(args, sink_interventions(case, model, tag=args.tag, heads=heads, amplify=args.amplify,
+                                                     epsilon=args.epsilon, batch_size=min(args.batch_size, 64)),
+                            case, device)
     from surgeon.analyses.sinks import sinks
 
-    return print_report(args, sinks(case, model, tag=args.tag, epsilon=args.epsilon, batch_size=min(args.batch_size, 64)),
-                        case, device)
+    return print_report(args, sinks(case, model, tag=args.tag or "all", epsilon=args.epsilon,
+                                    batch_size=min(args.batch_size, 64)), case, device)
 
 
 def eval_items_check(args, case) -> None:

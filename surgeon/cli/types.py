@@ -55,6 +55,20 @@ def holdout(text: str) -> float:
     return v
 
 
+def amplify(text: str) -> tuple[int, float, int]:
+    """POS:FACTOR@LAYER (e.g. 3:10@1): a position, a positive scale and the layer whose input it scales."""
+    import re
+
+    m = re.fullmatch(r"\s*(\d+)\s*:\s*([0-9.eE+-]+)\s*@\s*(\d+)\s*", text)
+    try:
+        factor = float(m.group(2)) if m else float("nan")
+    except ValueError:
+        factor = float("nan")
+    if not m or not factor > 0:
+        raise argparse.ArgumentTypeError(f"must be POS:FACTOR@LAYER with a factor above 0 (e.g. 3:10@1), got {text!r}")
+    return int(m.group(1)), factor, int(m.group(3))
+
+
 def bounded(lo: int, hi: int):
     """An integer type for argparse accepting lo..hi."""
     def check(text: str) -> int:

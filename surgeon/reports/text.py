@@ -289,6 +289,34 @@ def sinks_text(r, top: int = 12) -> str:
     return "\n".join(lines)
 
 
+def sink_interventions_text(r) -> str:
+    """The sinks measured, then each intervention's effect in every format and the attention it moves
+    (`surgeon sinks --intervene`)."""
+    pct = lambda e: f"{100 * e.value:5.1f}% [{100 * e.lo:5.1f}, {100 * e.hi:5.1f}]"  # noqa: E731
+
+    def frac(e):
+        return "   n/a (no gap)" if e.value is None or not np.isfinite(e.value) else \
+            f"{e.value:+.3f} [{e.lo:+.3f}, {e.hi:+.3f}]"
+
+    lines = [sinks_text(r.measured)] if r.measured is not None else []
+    lines += ["", f"interventions on the one engine, at every position, in every format ({r.n_items} items "
+                  f"({r.tag or 'all'})): accuracy after [95% CI] (before); in a failing format the repair fraction "
+                  f"(after - failing) / (good - failing), in the good one the damage fraction (good - after) / "
+                  f"(good - failing), of the mean score [95% CI]"]
+    lines += [f"note: {n}" for n in r.notes]
+    for name in r.interventions:
+        lines.append(f"  {name}")
+        for e in (e for e in r.effects if e.intervention == name):
+            what = "damage" if e.role == "good" else "repair"
+            lines.append(f"    {e.format + (' (good)' if e.role == 'good' else ''):<14} {pct(e.accuracy)} "
+                         f"(before {100 * e.unintervened.value:5.1f}%)   {what} {frac(e.fraction)}")
+        moved = [m for m in r.moved if m.intervention == name]
+        if moved:
+            lines.append("    attention on the first token, before -> after: " + "; ".join(
+                f"{m.head} {m.format} {m.before:.3f} -> {m.after:.3f}" for m in moved))
+    return "\n".join(lines)
+
+
 def folds_circuit_text(r) -> str:
     """The circuit cross-validated (`surgeon circuit --folds K`): sizes and faithfulness per fold, and each edge's
     selection frequency."""

@@ -95,6 +95,8 @@ VIEWS = {
     "FoldsThreshold": View("threshold-folds", text.folds_text),
     "FoldsCircuit": View("circuit-folds", text.folds_circuit_text),
     "SinkResult": View("sinks", text.sinks_text, {"sinks.png": figures.sinks_figure}),
+    "SinkInterventionResult": View("sinks-intervene", text.sink_interventions_text,
+                                   {"sinks.png": lambda r, p: figures.sinks_figure(r.measured, p)}),
     "BlendResult": View("blend", text.blend_text, {"blend.png": figures.blend_figure}, table=tables.blend_table),
     "CircuitResult": View("circuit", text.circuit_text, {"faithfulness.png": figures.faithfulness_figure,
                                                         "circuit.png": circuit_figure}, table=tables.circuit_table,

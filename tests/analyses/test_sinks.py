@@ -201,3 +201,145 @@ def test_super_neurons_and_query_key_values_equal_hand_written_hooks(decimal_mod
                 e = torch.stack([cache[f"blocks.{l}.attn.{hook}"][0].double().pow(2).sum(0) for l in range(L)])
                 shares.append((e.max(-1).values / e.sum(-1)).numpy())
         np.testing.assert_allclose(got.qk[kind].share, np.mean(shares, axis=0), rtol=1e-6)
+
+
+# ------------------------------------------------------------------------------------------- interventions
+
+def _hand_scores(model, rows, hooks) -> np.ndarray:
+    """Each row's score (sum of sign x log P(target) over its targets) with `hooks` installed: plain TransformerLens,
+    one row at a time, every position of the row intervened."""
+    out = np.zeros(max(r.item for r in rows) + 1)
+    with torch.no_grad():
+        for r in rows:
+            logits = model.run_with_hooks(torch.tensor([list(r.tokens)]), fwd_hooks=hooks)[0].double()
+            logp = logits.log_softmax(-1)
+            out[r.item] += float(sum(sign * logp[p, t] for p, t, sign in r.targets))
+    return out
+
+
+def _remove(head, key=0, renormalise=True):
+    def hook(p, hook):
+        orig, p = p, p.clone()
+        p[:, head, :, key] = 0
+        if renormalise:  # a query with no other key (the first position) keeps its pattern
+            total = p.sum(-1, keepdim=True)
+            p = torch.where(total > 0, p / total.clamp_min(1e-30), orig)
+        return p
+    return hook
+
+
+def _set(unit, value, position=None):
+    def hook(x, hook):
+        x = x.clone()
+        if position is None:
+            x[..., unit] = value
+        else:
+            x[:, position, unit] = value
+        return x
+    return hook
+
+
+def _scale(position, factor):
+    def hook(x, hook):
+        x = x.clone()
+        x[:, position] = x[:, position] * factor
+        return x
+    return hook
+
+
+def test_every_intervention_equals_hand_written_hooks(decimal_model):
+    """Each intervention's scores from the one engine (all candidates batched) equal a plain TransformerLens run of
+    the same intervention by hand, row by row, on the decimal organism (rotary, grouped-query attention): a sink
+    removed and renormalised, a residual dimension and an MLP neuron set to zero or a mean at every position, a
+    token's residual stream scaled. A removal that does not renormalise, or removes key 1, gives other scores."""
+    from surgeon.analyses.common import case_metric, format_rows
+    from surgeon.analyses.sink_interventions import Candidate, run_candidates
+    from surgeon.engine.contrast import Contrast
+    from surgeon.sites.sinks import SinkRemoval, TokenScale, UnitValue
+
+    case = surgeon.api.read("decimal_organism")
+    items = case.items_for("trap")[:8]
+    rows = format_rows(case, decimal_model, "qa", items)
+    metric, ref = case_metric(case, decimal_model, items)
+    c = Contrast(decimal_model, rows, rows, "index", batch_size=16, metric=metric, reference=ref)
+    cfg = decimal_model.cfg
+
+    def one(n, unit):
+        m = torch.zeros(1, n)
+        m[0, unit] = 1.0
+        return m
+
+    v = torch.zeros(cfg.d_model)
+    v[56] = 0.7
+    w = torch.zeros(cfg.d_mlp)
+    cands = [Candidate("remove L1H6", SinkRemoval(1), one(cfg.n_heads, 6)),
+             Candidate("remove L2H3", SinkRemoval(2), one(cfg.n_heads, 3)),
+             Candidate("d56 := 0.7", UnitValue("blocks.0.hook_resid_post", v), one(cfg.d_model, 56)),
+             Candidate("neuron 5 := 0", UnitValue("blocks.0.mlp.hook_post", w), one(cfg.d_mlp, 5)),
+             Candidate("d56 := 0.7 at position 2", UnitValue("blocks.1.hook_resid_post", v, 2), one(cfg.d_model, 56)),
+             Candidate("position 3 x10", TokenScale(1, 3, 10.0), torch.ones(1, 1))]
+    got = run_candidates(c, cands)
+    hands = [[("blocks.1.attn.hook_pattern", _remove(6))], [("blocks.2.attn.hook_pattern", _remove(3))],
+             [("blocks.0.hook_resid_post", _set(56, 0.7))], [("blocks.0.mlp.hook_post", _set(5, 0.0))],
+             [("blocks.1.hook_resid_post", _set(56, 0.7, position=2))],
+             [("blocks.1.hook_resid_pre", _scale(3, 10.0))]]
+    for p, hooks in enumerate(hands):
+        np.testing.assert_allclose(got[p], _hand_scores(decimal_model, rows, hooks), atol=2e-4, err_msg=cands[p].name)
+    clean = _hand_scores(decimal_model, rows, [])
+    np.testing.assert_allclose(c.clean_base.numpy(), clean, atol=2e-4)
+    assert np.abs(got - clean[None]).max() > 1e-2  # the interventions do something here
+    # mutations: not renormalised, or the wrong key, are other numbers
+    for wrong in (_remove(6, renormalise=False), _remove(6, key=1)):
+        assert np.abs(_hand_scores(decimal_model, rows, [("blocks.1.attn.hook_pattern", wrong)]) - got[0]).max() > 1e-3
+
+
+def test_sink_organism_interventions_move_attention_as_constructed(sink_model):
+    """On the sink organism, from its construction: removing the sink of L1H0 leaves it no attention on BOS; zeroing
+    the massive dimension after layer 0 (or the super neuron) leaves the sink head's scores flat, so it attends
+    uniformly, 1/(p+1) from position p, as the head beside it does; nothing writes the answer, so the effects on
+    the failure say there is no gap to repair."""
+    from surgeon.analyses.sink_interventions import sink_interventions
+    from surgeon.organisms import sink as O
+
+    case = _sink_case()
+    r = sink_interventions(case, sink_model, tag="all")
+    assert r.interventions[0] == "remove the sink of L1H0"
+    assert any(n.startswith("zero-ablate the massive dimension d1 after layer 0") for n in r.interventions)
+    assert any(n.startswith("zero-ablate the super neuron L0N0") for n in r.interventions)
+    tok = sink_model.tokenizer
+    T = len(_prompt(sink_model, case, "plain", case.items[0]))
+    uniform = float(np.mean([1 / (p + 1) for p in range(1, T)]))
+    moved = {(m.intervention, m.format): m for m in r.moved if m.head == "L1H0"}
+    plain_before = moved["remove the sink of L1H0", "plain"].before
+    cf = O.closed_form(_prompt(sink_model, case, "plain", case.items[0]), O.flagged_ids(tok),
+                       tok.convert_tokens_to_ids("<bos>"))["pattern"][1][0]
+    assert plain_before == pytest.approx(cf[1:, 0].mean(), abs=1e-6)
+    for fmt in ("plain", "chat"):
+        assert moved["remove the sink of L1H0", fmt].after == pytest.approx(0.0, abs=1e-7)
+        zeroed = moved["zero-ablate the massive dimension d1 after layer 0", fmt]
+        T_f = len(_prompt(sink_model, case, fmt, case.items[0]))
+        assert zeroed.after == pytest.approx(float(np.mean([1 / (p + 1) for p in range(1, T_f)])), abs=1e-6)
+    assert moved["zero-ablate the massive dimension d1 after layer 0", "plain"].after == pytest.approx(uniform, abs=1e-6)
+    # the super neuron zeroed: BOS keeps the small neuron's 0.25, a score of S x 0.25 / M: almost flat
+    assert moved["zero-ablate the super neuron L0N0", "plain"].after < uniform + 0.01
+    assert all(np.isnan(e.fraction.value) for e in r.effects)  # the organism answers nothing: no gap to repair
+
+
+def test_cli_sinks_intervene(tmp_path):
+    import subprocess
+    import sys
+
+    bad = subprocess.run([sys.executable, "-m", "surgeon", "sinks", "--heads", "L1H0"], capture_output=True, text=True)
+    assert bad.returncode == 2 and "--intervene" in bad.stderr and "Traceback" not in bad.stderr
+    bad = subprocess.run([sys.executable, "-m", "surgeon", "sinks", "--intervene", "--amplify", "3x10"],
+                         capture_output=True, text=True)
+    assert bad.returncode == 2 and "POS:FACTOR@LAYER" in bad.stderr
+    ok = subprocess.run([sys.executable, "-m", "surgeon", "sinks", "--intervene", "--heads", "L1H6", "--amplify", "3:10@1",
+                         "--out", str(tmp_path / "i")], capture_output=True, text=True)
+    assert ok.returncode == 0, ok.stderr
+    assert "remove the sink of L1H6" in ok.stdout and "amplify position 3 x10 entering layer 1" in ok.stdout
+    r = surgeon.load(tmp_path / "i")
+    assert r.interventions[0] == "remove the sink of L1H6" and r.measured is not None
+    assert {e.format for e in r.effects} == {"plain", "qa", "chat"} and r.n_items == 64  # the focus: trap items
+    printed = [x for x in ok.stdout.splitlines() if x.strip() and not x.startswith("wrote")]
+    assert str(r).splitlines()[-3:] == printed[-3:]
