@@ -240,6 +240,28 @@ def llama_memory() -> None:
         f"and Ray).")
 
 
+def sinks_line() -> None:
+    """One sentence: what the decimal organism's formats do to its attention sinks, and what intervening on them does
+    (`surgeon sinks --intervene`, run now)."""
+    execute("surgeon sinks --intervene", name="readme_sinks")
+    r = RESULTS["readme_sinks"]
+    m = r["measured"]
+    rates = ", ".join(f"{f['format']} {100 * f['sink_rate']['value']:.1f}%" for f in m["formats"])
+    ratio = max(x["ratio"] for f in m["formats"] for x in f["massive"])
+    bad = next(f["format"] for f in m["formats"] if f["format"] != m["good"])
+
+    def frac(name_start: str) -> str:
+        e = next(e for e in r["effects"] if e["intervention"].startswith(name_start) and e["format"] == bad)
+        f = e["fraction"]
+        return f"{f['value']:+.3f} [{f['lo']:+.3f}, {f['hi']:+.3f}]"
+
+    sup = next(n for n in r["interventions"] if n.startswith("zero-ablate the super neuron"))
+    out(f"On the decimal organism `surgeon sinks --intervene` finds sink rates of {rates} and a largest activation "
+        f"{ratio:.0f} times its layer's median (massive is 1000): removing the first-token attention of the heads that "
+        f"attend to it most moves {bad}'s repair fraction by {frac('remove the sinks of')}, and the {sup.split('the ')[-1]} "
+        f"(zeroed) by {frac('zero-ablate the super neuron')} ([tutorial](docs/tutorial.md#attention-sinks)).")
+
+
 def out(text: str) -> None:
     """Write generated text (a sentence whose numbers come from RESULTS); kept as is in a check of a slow block."""
     _cog().outl(text)

@@ -4,7 +4,9 @@
     layer) -> positions (that layer's heads patched at each aligned position) -> threshold (subsets at the layer
     patching repairs most; even/odd groups when it has at least 4 heads) -> blend (that layer's heads) -> circuit
     (edges scored, the top ones verified exactly, the smallest faithful prefix, its strongest paths) -> attention
-    (the patterns of the circuit's strongest heads on the first item, every format) -> sae (where the case has SAEs:
+    (the patterns of the circuit's strongest heads on the first item, every format) -> sinks (attention sinks, massive
+    activations and their super neurons in every format, and each tested as a cause of the failure by intervening on
+    it: `surgeon sinks --intervene`) -> sae (where the case has SAEs:
     overlap per layer; amplified features and feature repair at the layer whose features overlap least; the
     patched layer's heads against those features; the feature circuit over every SAE), each step under one progress
     bar over the steps
@@ -33,6 +35,8 @@ from surgeon.analyses.repair import search_repair
 from surgeon.analyses.sae_features import amplified, overlap
 from surgeon.analyses.sae_heads import head_feature_effects
 from surgeon.analyses.sae_repair import feature_repair
+from surgeon.analyses.sink_interventions import sink_interventions
+from surgeon.analyses.sinks import EPSILON
 from surgeon.errors import AnalysisError
 from surgeon.results import versions
 from surgeon.sae.load import SAESource, load_sae
@@ -40,7 +44,7 @@ from surgeon.search.threshold import threshold_search
 from surgeon.show import Shows
 from surgeon.spec.case import Case, content_digest
 
-STEPS = ("diagnose", "dla", "patch", "positions", "threshold", "blend", "circuit", "attention", "sae")
+STEPS = ("diagnose", "dla", "patch", "positions", "threshold", "blend", "circuit", "attention", "sinks", "sae")
 # steps a report runs only when asked (--steps ...,repair): the repair search adds a minute on the decimal organism
 OPTIONAL_STEPS = ("repair",)
 ATTENTION_HEADS = 4  # the circuit's heads whose patterns the report shows
@@ -180,6 +184,10 @@ def run_report(case: Case, model, *, steps=STEPS, layer: int | None = None, budg
                                                                batch_size=batch_size))
         else:
             rep.skipped["attention"] = "the circuit holds no attention head"
+    if "sinks" in steps:  # measured over every item; the interventions' effects on the focus items
+        opts = {"epsilon": EPSILON, "tag": tag}
+        step("sinks", opts, lambda: sink_interventions(case, model, tag=tag, epsilon=EPSILON,
+                                                       batch_size=min(batch_size, 64)))
     if "sae" in steps:
         _sae_steps(rep, step, case, model, L, sae_source, batch_size, bad, tag)
     if "repair" in steps:  # a repair that needs the failing prompt alone, chosen on discovery items, measured held out

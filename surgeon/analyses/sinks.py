@@ -28,6 +28,7 @@ the position they need, scores the MLP neurons.
 """
 from __future__ import annotations
 
+import math
 import warnings
 from dataclasses import dataclass, field
 
@@ -35,6 +36,8 @@ import numpy as np
 import torch
 
 from surgeon.analyses.common import prepend_bos
+from surgeon.analyses.planning import budget_of
+from surgeon.engine import memory
 from surgeon.engine.contrast import cached_batches
 from surgeon.errors import AnalysisError
 from surgeon.show import Shows
@@ -112,6 +115,19 @@ def _per_format(case: Case, model, fmt: str, items, eps: float, batch_size: int)
     toks = []
     with torch.no_grad():
         for chunk, acts in cached_batches(model, rows, hooks, batch_size):
+            lengths = torch.tensor([len(r.tokens) for r in chunk])
+            items_ = [r.item for r in chunk]
+            for l in range(L):  # queries and keys, the whole batch at once: energy over each prompt's real positions
+                for kind in kinds:
+                    x = acts[f"blocks.{l}.attn.hook_{kind}"].double()  # [batch, width, head, d_head]
+                    real = (torch.arange(x.shape[1])[None, :] < lengths[:, None]).to(x.device, x.dtype)
+                    e = (x.pow(2) * real[:, :, None, None]).sum(1)  # [batch, head, d_head]
+                    total = e.sum(-1)
+                    largest = e.max(-1)
+                    frac = torch.where(total > 0, largest.values / total.clamp_min(1e-300),
+                                       torch.full_like(total, float("nan")))
+                    share[kind][items_, l] = frac.cpu().numpy()
+                    top_dim[kind][items_, l] = largest.indices.cpu().numpy()
             for b, r in enumerate(chunk):
                 T = len(r.tokens)
                 toks.append(r.tokens)
@@ -124,12 +140,6 @@ def _per_format(case: Case, model, fmt: str, items, eps: float, batch_size: int)
                     best = seen.max(1)
                     other[r.item, l] = best.values.cpu().numpy()
                     other_pos[r.item, l] = best.indices.cpu().numpy() + 1
-                    for kind in kinds:  # energy over the prompt per head and dimension: its largest dimension's share
-                        e = acts[f"blocks.{l}.attn.hook_{kind}"][b, :T].double().pow(2).sum(0)  # [head, d_head]
-                        total = e.sum(-1)
-                        ok = total > 0
-                        share[kind][r.item, l, ok.cpu().numpy()] = (e.max(-1).values[ok] / total[ok]).cpu().numpy()
-                        top_dim[kind][r.item, l] = e.argmax(-1).cpu().numpy()
                     x = acts[f"blocks.{l}.hook_resid_post"][b, :T].double()  # [pos, d_model]
                     norms = x.norm(dim=-1)
                     norm_ratio[r.item, l] = float(norms[0] / norms[1:].median().clamp_min(1e-30))
@@ -183,14 +193,15 @@ def _most_common_int(xs) -> int | None:
 
 def _super_neurons(model, rows, massive: list, batch_size: int, top: int = 3) -> list:
     """Per layer: the MLP neurons at or below it that write most of its largest activation (dimension d, position p),
-    each scored by its activation at p times its output weight on d, averaged over the rows that reach p, with its
-    share of the activation's mean there. Hooks keep only position p of each MLP's activations (a second pass)."""
+    each scored by its activation at p times its output weight on d, averaged over the rows that reach p (with a
+    normal 95% interval over them), with its share of the activation's mean there. Hooks keep only position p of each MLP's activations (a second pass)."""
     cfg = model.cfg
     L = cfg.n_layers
     if getattr(cfg, "attn_only", False):
         return [[] for _ in range(L)]
     targets = [(m["position"], m["dim"]) for m in massive]
     writes = [[torch.zeros(cfg.d_mlp, dtype=torch.float64) for _ in range(l + 1)] for l in range(L)]  # [target][mlp]
+    squares = [[torch.zeros(cfg.d_mlp, dtype=torch.float64) for _ in range(l + 1)] for l in range(L)]
     value = [0.0] * L
     count = [0] * L
     pad = getattr(model.tokenizer, "pad_token_id", None) or 0
@@ -208,6 +219,7 @@ def _super_neurons(model, rows, massive: list, batch_size: int, top: int = 3) ->
                 if p < act.shape[1]:
                     w = (act[:, p, :].double() * W_out[:, d].double()[None]) * reach[t][:, None]
                     writes[t][mlp] += w.sum(0).cpu()
+                    squares[t][mlp] += w.pow(2).sum(0).cpu()
 
         def resid_hook(act, hook, layer: int):
             p, d = targets[layer]
@@ -227,8 +239,14 @@ def _super_neurons(model, rows, massive: list, batch_size: int, top: int = 3) ->
         mean_value = value[t] / count[t]
         scored = [(float(writes[t][mlp][i]) / count[t], mlp, i) for mlp in range(t + 1) for i in range(cfg.d_mlp)]
         scored = sorted((x for x in scored if x[0] != 0), key=lambda x: -abs(x[0]))
-        out.append([{"layer": mlp, "neuron": i, "write": w, "share": w / mean_value if mean_value else float("nan")}
-                    for w, mlp, i in scored[:top]])
+        n = count[t]
+        rows_ = []
+        for w, mlp, i in scored[:top]:  # a normal 95% interval over the items from the write's mean and variance
+            var = max(float(squares[t][mlp][i]) / n - w * w, 0.0) * n / max(n - 1, 1)
+            half = 1.959964 * math.sqrt(var / n) if n > 1 else float("nan")
+            rows_.append({"layer": mlp, "neuron": i, "write": w, "lo": w - half, "hi": w + half,
+                          "share": w / mean_value if mean_value else float("nan")})
+        out.append(rows_)
     return out
 
 
@@ -237,6 +255,33 @@ def _most_common(xs: list[str]) -> str:
     for x in xs:
         counts[x] = counts.get(x, 0) + 1
     return max(counts, key=lambda k: (counts[k], k)) if counts else ""
+
+
+def plan(case: Case, model, items, batch_size: int, max_memory: int | str | None = None):
+    """The sinks measure's batch size and predicted peak (a `surgeon.engine.memory.Prediction`) within `max_memory`
+    (default: the device's free memory and the weights): per row, what its pass keeps of every layer (the attention
+    pattern [heads, width, width], the residual stream, the queries and keys, rotated too under rotary) and the
+    largest layer's working set, in the model's dtype; the batch is the largest that fits, at most `batch_size`."""
+    cfg = model.cfg
+    W = max(len(r.tokens) for f in [case.good, *case.bad_formats]
+            for r in prompt_rows(case.formats[f], items, model.tokenizer, prepend_bos(case, model)))
+    e = next(model.parameters()).element_size()
+    kv = getattr(cfg, "n_key_value_heads", None) or cfg.n_heads
+    rot = 2 if cfg.positional_embedding_type == "rotary" else 1
+    kept = cfg.n_layers * (cfg.n_heads * W * W + W * cfg.d_model + rot * W * (cfg.n_heads + kv) * cfg.d_head) * e
+    working = (3 * cfg.n_heads * W * W + W * (4 * cfg.d_model + 3 * (cfg.d_mlp or 0)) + W * cfg.d_vocab) * e
+    weights = memory.model_bytes(model)
+    budget = budget_of(model, max_memory)
+    if budget < weights + kept + working:
+        raise AnalysisError(f"the sinks measure needs {memory.human(weights + kept + working)} at batch size 1 "
+                            f"(weights {memory.human(weights)}, one row's activations "
+                            f"{memory.human(kept + working)}), more than the {memory.human(budget)} it may use",
+                            field="--max-memory", fix="allow more memory, or use shorter prompts or a smaller dtype")
+    fits = max(1, int((budget - weights) // max(kept + working, 1)))
+    bs = max(1, min(batch_size, fits, len(items)))
+    return memory.Prediction("sinks", bs, weights + bs * (kept + working),
+                             {"weights": weights, "kept activations": bs * kept, "working": bs * working},
+                             forwards=2 * (1 + len(case.bad_formats)) * math.ceil(len(items) / bs)), budget
 
 
 def sinks(case: Case, model, *, tag: str | None = "all", epsilon: float = EPSILON, batch_size: int = 64) -> SinkResult:

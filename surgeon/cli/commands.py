@@ -30,7 +30,8 @@ from surgeon.errors import SurgeonError, warn
 from surgeon.spec.shipped import CASES_DIR
 from surgeon.version import __version__
 
-REPORT_STEPS = ("diagnose", "dla", "patch", "positions", "threshold", "blend", "circuit", "attention", "sae")  # = analyses.pipeline.STEPS (a test checks)
+REPORT_STEPS = ("diagnose", "dla", "patch", "positions", "threshold", "blend", "circuit", "attention", "sinks",
+                "sae")  # = analyses.pipeline.STEPS (a test checks)
 REPORT_OPTIONAL = ("repair",)
 # what --eval-items takes, in threshold's, circuit's and repair's help
 EVAL_ITEMS = ("N fresh items from the case's draw (none equal to its own items), or the path of a case file whose "
@@ -216,6 +217,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "Gu et al.'s)")
     p.add_argument("--tag", help="only items with this tag (default: every item; with --intervene, the effects on "
                                  "the case's focus items)")
+    add_memory(p)
     p.add_argument("--intervene", action="store_true",
                    help="also test the sinks as causes of the failure, each in every format: remove each sink head's "
                         "attention to the first token (renormalised), ablate the massive dimension and its super "
@@ -573,17 +575,19 @@ def cmd_sinks(args) -> int:
         raise SurgeonError("--heads and --amplify choose interventions, which only --intervene runs",
                            field="--intervene", fix="add --intervene, or leave --heads and --amplify out")
     case, model, device = load_case_and_model(args)
+    from surgeon.analyses.sinks import plan, sinks
+    from surgeon.spec.select import pick_items
+
+    p, budget = plan(case, model, pick_items(case, "all")[1], min(args.batch_size, 64), args.max_memory)
+    print(f"plan: {p.line(budget)}", file=sys.stderr)
     if args.intervene:
         from surgeon.analyses.sink_interventions import sink_interventions
 
         heads = [h.strip() for h in args.heads.split(",") if h.strip()] if args.heads else None
         return print_report(args, sink_interventions(case, model, tag=args.tag, heads=heads, amplify=args.amplify,
-                                                     epsilon=args.epsilon, batch_size=min(args.batch_size, 64)),
-                            case, device)
-    from surgeon.analyses.sinks import sinks
-
+                                                     epsilon=args.epsilon, batch_size=p.batch_size), case, device)
     return print_report(args, sinks(case, model, tag=args.tag or "all", epsilon=args.epsilon,
-                                    batch_size=min(args.batch_size, 64)), case, device)
+                                    batch_size=p.batch_size), case, device)
 
 
 def eval_items_check(args, case) -> None:

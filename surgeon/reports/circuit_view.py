@@ -35,7 +35,7 @@ def _row_y(kind: str, layer: int, n_layers: int) -> float:
     return {"logits": TOP, "mlp": mlp, "head": mlp + 40, "input": TOP + 50 + (n_layers - 1) * LAYER + 40 + 70}[kind]
 
 
-def circuit_data(r) -> dict:
+def circuit_data(r, sinks: dict | None = None) -> dict:
     """What the page's script draws from: nodes (row, order within the row, port anchors), the scored edges in
     ranking order (|score|) with estimated and exact effects, intervals and shares of the gap, the faithfulness
     measured per k, and the circuit found (its prefix k, its edges, f and interval)."""
@@ -57,6 +57,8 @@ def circuit_data(r) -> dict:
             n["y"] = _row_y(kind, d["layer"], n_layers)
             n["order"] = d.get("head", -1)
             n["label"] = f"H{d['head']}" if kind == "head" else d["label"]
+            if kind == "head" and sinks and (d["layer"], d["head"]) in sinks:
+                n["sink"] = round(float(sinks[d["layer"], d["head"]]), 3)
         nodes.append(n)
     rows = [{"y": _row_y("head", ly, n_layers), "label": f"L{ly}"} for ly in range(n_layers)]
     rows += [{"y": _row_y("mlp", ly, n_layers), "label": f"MLP{ly}"} for ly in range(n_layers)
@@ -163,11 +165,19 @@ def static_svg(data: dict) -> str:
         x, y = pos[n["id"]]
         label = (f"<text x='{_fmt(x)}' y='{_fmt(y - 9)}' text-anchor='middle'>{html.escape(n['label'])}</text>"
                  if n["label"] else "")
-        out.append(f"<g class='node' data-id='{html.escape(n['id'])}'><circle cx='{_fmt(x)}' cy='{_fmt(y)}' "
-                   f"r='{3 if n['kind'] == 'port' else 6}' fill='{FILL.get(n['kind'], '#ccc')}'/>{label}"
-                   f"<title>{html.escape(n['name'])}</title></g>")
+        sink = n.get("sink")
+        out.append(f"<g class='node{' sink' if sink is not None else ''}' data-id='{html.escape(n['id'])}'><circle "
+                   f"cx='{_fmt(x)}' cy='{_fmt(y)}' r='{3 if n['kind'] == 'port' else 6}' "
+                   f"fill='{FILL.get(n['kind'], '#ccc')}'/>{label}<title>{html.escape(node_tip(n))}</title></g>")
     out.append("</svg>")
     return "".join(out)
+
+
+def node_tip(n: dict) -> str:
+    """A node's name, and for a sink head its attention on the first token (the script's `nodeTip` adds its edges)."""
+    sink = n.get("sink")
+    return n["name"] + (f"\nsink head: {sink:.3f} of its attention on the first token (most in any format)"
+                        if sink is not None else "")
 
 
 def edge_path(x1: float, y1: float, x2: float, y2: float) -> str:
@@ -192,9 +202,10 @@ def edge_tip(data: dict, rank: int, e: dict) -> str:
     return "\n".join(lines)
 
 
-def view(r) -> str:
-    """The circuit view's markup: controls, the static SVG, the tooltip and the data for the script."""
-    data = circuit_data(r)
+def view(r, sinks: dict | None = None) -> str:
+    """The circuit view's markup: controls, the static SVG, the tooltip and the data for the script; `sinks`
+    {(layer, head): attention on the first token} marks those heads as sink heads (a ring)."""
+    data = circuit_data(r, sinks)
     blob = json.dumps(data).replace("</", "<\\/")
     checked = " checked" if data["touched"] else ""
     # the controls are hidden until the script runs (without it the page shows the circuit found, labelled)
@@ -206,7 +217,8 @@ def view(r) -> str:
             f"<div class='scroll'>{static_svg(data)}</div><div id='tip' role='tooltip' hidden></div>"
             "<p class='hint'>hover an edge or node for its numbers; click a node to highlight the paths through it "
             "(click again to clear); dashed edges of the prefix lie on no complete path and are not in the circuit"
-            "</p></div>"
+            + ("; ringed heads are sink heads (most of their attention on the first token)"
+               if any("sink" in n for n in data["nodes"]) else "") + "</p></div>"
             f"<script id='circuit-data' type='application/json'>{blob}</script>")
 
 
@@ -225,7 +237,7 @@ def k_label(data: dict, k: int) -> str:
 CSS = """
 #circuit-view .scroll{overflow-x:auto;border:1px solid #ddd;background:#fff}
 #circuit-svg{display:block}#circuit-svg text{font-size:10px;fill:#222}#circuit-svg text.row{font-weight:600;fill:#555}
-.node circle{stroke:#333;stroke-width:1;cursor:pointer}.node text{pointer-events:none}.node .hit{fill:transparent;stroke:none}
+.node circle{stroke:#333;stroke-width:1;cursor:pointer}.node.sink circle{stroke:#7b3294;stroke-width:3}.node text{pointer-events:none}.node .hit{fill:transparent;stroke:none}
 .edge{fill:none}.edge.dim{opacity:.08}.internal{stroke:#bbb;stroke-width:1}.node.on circle{stroke-width:3}
 #tip{position:fixed;z-index:10;background:#fff;border:1px solid #888;border-radius:4px;padding:.4em .6em;
 font-size:12px;white-space:pre;box-shadow:0 2px 6px rgba(0,0,0,.2);pointer-events:none}
@@ -301,7 +313,7 @@ JS = r"""
       p.addEventListener('mouseleave', hideTip);
       ge.appendChild(p); return p; });
     d.nodes.forEach(function(n){ var c = pos[n.id]; if (!c) return;
-      var g = el('g', {'class': 'node', 'data-id': n.id});
+      var g = el('g', {'class': 'node' + (n.sink != null ? ' sink' : ''), 'data-id': n.id});
       g.appendChild(el('circle', {cx: fmt(c[0]), cy: fmt(c[1]), r: n.kind === 'port' ? 3 : 6, fill:
         {input: '#999', logits: '#999', head: '#ffbb78', mlp: '#98df8a', port: '#ddd'}[n.kind] || '#ccc'}));
       g.appendChild(el('circle', {'class': 'hit', cx: fmt(c[0]), cy: fmt(c[1]), r: n.kind === 'port' ? 5 : 8}));
@@ -313,7 +325,8 @@ JS = r"""
     draw(); }
   function nodeTip(n){ var i = 0, o = 0;
     d.edges.slice(0, k).forEach(function(e){ if (e.r === n.id) i++; if (e.s === n.id) o++; });
-    return n.name + '\n' + i + ' shown edge' + (i === 1 ? '' : 's') + ' in, ' + o + ' out'; }
+    return n.name + (n.sink != null ? '\nsink head: ' + n.sink.toFixed(3) + ' of its attention on the first token (most in any format)' : '') +
+      '\n' + i + ' shown edge' + (i === 1 ? '' : 's') + ' in, ' + o + ' out'; }
   function links(){ var on = d.edges.slice(0, k); return on.concat(d.internal); }
   function reach(from, fwd){ var seen = {}; seen[from] = 1; var todo = [from], on = links();
     while (todo.length){ var x = todo.pop(); on.forEach(function(e){ var a = fwd ? e.s : e.r, b = fwd ? e.r : e.s;
@@ -326,7 +339,8 @@ JS = r"""
       var lit = !chosen || ((up[e.r] && up[e.s]) || (down[e.s] && down[e.r]));
       p.setAttribute('class', 'edge' + (lit ? '' : ' dim')); });
     Array.prototype.forEach.call(svg.querySelectorAll('g.node'), function(g){
-      g.setAttribute('class', 'node' + (chosen && g.getAttribute('data-id') === chosen ? ' on' : '')); }); }
+      var n = byId[g.getAttribute('data-id')];
+      g.setAttribute('class', 'node' + (n && n.sink != null ? ' sink' : '') + (chosen && g.getAttribute('data-id') === chosen ? ' on' : '')); }); }
   slider.addEventListener('input', function(){ k = +slider.value; if (touched.checked) build(); else draw(); });
   touched.addEventListener('change', build);
   document.getElementById('k-controls').hidden = false; document.getElementById('touched-control').hidden = false;

@@ -10,6 +10,8 @@ from __future__ import annotations
 import html
 from pathlib import Path
 
+import numpy as np
+
 from surgeon.analyses.heldout import HeldOutCircuit, HeldOutThreshold
 from surgeon.analyses.pipeline import found_circuit
 from surgeon.reports.figures import journal_width, save_figure
@@ -28,7 +30,8 @@ TITLES = {"diagnose": "Is the failure there?", "dla": "Direct logit attribution"
           "blend": "Blending the layer's heads", "circuit": "The circuit", "sae_overlap": "SAE features: overlap",
           "sae_amplified": "SAE features: amplified in the failing format",
           "sae_heads": "Heads against SAE features", "sae_repair": "Feature-level repair",
-          "sae_feature_circuit": "Feature circuit", "repair": "A repair that needs the failing prompt alone"}
+          "sae_feature_circuit": "Feature circuit", "repair": "A repair that needs the failing prompt alone",
+          "sinks": "Attention sinks and massive activations"}
 
 
 def methods_paragraph(rep, how: str = "text") -> str:
@@ -91,6 +94,20 @@ def methods_paragraph(rep, how: str = "text") -> str:
                          f"{held.split.describe()}. Per size k, the subset best on the discovery items was patched "
                          "on the held-out items, and k* was measured there on the search's own subsets of the sizes "
                          "around it; rates on the discovery items are in-sample and overstated by the choice.")
+    if "sinks" in o and st.get("sinks") is not None:
+        si = st["sinks"]
+        eps = si.measured.epsilon if si.measured is not None else o["sinks"]["epsilon"]
+        parts.append(f"Attention sinks {cite('xiao2024streaming')} were measured in every format over every item: "
+                     f"each head's attention on the first token averaged over the prompt's later positions, and the "
+                     f"share of heads above {eps:g} (the sink rate, {cite('gu2025sink')}); per layer the largest "
+                     f"residual activation against the median, massive above 100 and 1000 times it "
+                     f"{cite('sun2024massive')}, with the MLP neurons writing it (activation times output weight, "
+                     f"the super neurons {cite('yu2024superweight')}), and the share of each head's query and key "
+                     f"energy in one dimension {cite('jin2025massivevalues')}. Each was then tested as a cause of the "
+                     f"failure by intervening at every position of every format on the {si.n_items} "
+                     f"{si.tag or 'focus'} items: the sink heads' attention to the first token removed and the rest "
+                     "renormalised, the largest dimension and its super neuron set to zero or their mean; repair "
+                     "fraction (after - failing) / (good - failing) in the failing formats, damage in the good one.")
     if "blend" in o:
         parts.append(f"Layer {o['blend']['layer']}'s head outputs were blended (1-a) failing + a good on a grid of "
                      f"step {o['blend']['step']}.")
@@ -195,6 +212,17 @@ def _figures(rep) -> dict:
     return out
 
 
+def sink_heads(rep) -> dict:
+    """{(layer, head): its largest attention on the first token over the formats} for the heads the report's sinks step
+    found above its epsilon (none without the step)."""
+    si = rep.steps.get("sinks")
+    m = getattr(si, "measured", None)
+    if m is None:
+        return {}
+    most = np.max(np.stack([np.asarray(f.mass, dtype=float) for f in m.formats]), axis=0)
+    return {(int(l), int(h)): float(most[l, h]) for l, h in zip(*np.nonzero(most > m.epsilon))}
+
+
 def render(rep, drawn: dict | None = None) -> str:
     """The report as one HTML page (no external resource); `drawn`: its figures, when already drawn (`_figures`)."""
     drawn = _figures(rep) if drawn is None else drawn
@@ -211,7 +239,7 @@ def render(rep, drawn: dict | None = None) -> str:
         v = view_of(result)
         out.append(f"<section id='{name}'><h2>{html.escape(TITLES.get(name, name))}</h2>")
         if name == "circuit":
-            out.append(circuit_view.view(found_circuit(result)))
+            out.append(circuit_view.view(found_circuit(result), sink_heads(rep)))
         if name in tables:
             out.append(tables[name].html())
         if name == "diagnose":

@@ -10,6 +10,9 @@ from surgeon.reports.tables import step_tables
 
 # what each figure shows, for its caption (by step and file name); the step's numbers complete it
 CAPTIONS = {
+    ("sinks", "sinks.png"): "Attention on the first token per head in every format (boxed: above the sink-rate "
+                            "threshold), and per layer the largest residual activation and the first token's norm, "
+                            "each over the median (log scale; massive above 1000 times).",
     ("diagnose", "accuracy.png"): "Accuracy per prompt format and item tag, with Wilson 95\\% intervals.",
     ("patch", "heatmap.png"): "Repair fraction of patching each attention head alone from the good format's run "
                               "into the failing one, (patched - failing) / (good - failing) of the mean score.",

@@ -269,6 +269,23 @@ def repair_table(r) -> Table:
                  ["measure", "format", "tag", "repaired", "unrepaired", "n"], rows, "lllrrr")
 
 
+def sinks_table(r) -> Table:
+    """Each sink intervention in every format: items right after it (before), and the repair (failing format) or
+    damage (good format) fraction of the mean score."""
+    rows = []
+    for e in r.effects:
+        f = e.fraction
+        frac = "--" if f.value is None or not math.isfinite(f.value) else _ci(f.value, f.lo, f.hi, sign=True)
+        rows.append([e.intervention, e.format + (" (good)" if e.role == "good" else ""),
+                     _pct(e.accuracy.value, e.accuracy.lo, e.accuracy.hi), f"{100 * e.unintervened.value:.1f}%",
+                     ("damage " if e.role == "good" else "repair ") + frac])
+    return Table("sinks", f"Sink interventions at every position of every format ({r.n_items} items, "
+                 f"{r.tag or 'focus'}): items right after it (Wilson 95% intervals) and before, and the repair fraction "
+                 "(after - failing) / (good - failing) in a failing format or the damage (good - after) / (good - "
+                 "failing) in the good one, of the mean score (bootstrap 95% intervals).",
+                 ["intervention", "format", "items right", "before", "fraction"], rows, "llrrr")
+
+
 def step_tables(rep) -> dict[str, Table]:
     """{step: its table} for the steps that ran (in the report's order): each result's view's table (`surgeon.show`),
     so a step holding a held-out result shows the held-out table."""

@@ -260,13 +260,14 @@ def sinks_text(r, top: int = 12) -> str:
         lines.append(f"L{l}H{h:<5} " + " ".join(cells))
     if any(f.super_neurons for f in fs):
         lines += ["", "super neurons: the MLP neurons writing each layer's largest activation (activation x output weight "
-                      "on its dimension at its position, mean over items; share of the activation)"]
+                      "on its dimension at its position, mean over items [95% CI]; share of the activation)"]
         for l in range(L):
             parts = []
             for f in fs:
                 top_ = (f.super_neurons[l] if l < len(f.super_neurons) else [])[:2]
                 parts.append(f"{f.format} d{f.massive[l]['dim']}: " + (", ".join(
                     f"L{w['layer']}N{w['neuron']} {w['write']:+.1f}"
+                    + (f" [{w['lo']:+.1f}, {w['hi']:+.1f}]" if w.get("lo") is not None and np.isfinite(w["lo"]) else "")
                     + (f" ({100 * w['share']:.1f}%)" if w.get("share") is not None and np.isfinite(w["share"]) else "")
                     for w in top_) or "none"))
             lines.append(f"  layer {l}: " + " | ".join(parts))

@@ -185,13 +185,16 @@ def test_super_neurons_and_query_key_values_equal_hand_written_hooks(decimal_mod
                     post = cache[f"blocks.{m}.mlp.hook_post"][0, p].double()
                     w = post * decimal_model.blocks[m].mlp.W_out[:, d].double()
                     for i, v in enumerate(w.tolist()):
-                        want[m, i] = want.get((m, i), 0.0) + v
+                        want.setdefault((m, i), []).append(v)
         n = len(xs)
-        best = sorted(want.items(), key=lambda kv: -abs(kv[1]))[:3]
-        for s_, ((m, i), v) in zip(got.super_neurons[l], best):
+        best = sorted(want.items(), key=lambda kv: -abs(sum(kv[1])))[:3]
+        for s_, ((m, i), vs) in zip(got.super_neurons[l], best):
             assert (s_["layer"], s_["neuron"]) == (m, i)
-            assert s_["write"] == pytest.approx(v / n, rel=1e-5, abs=1e-7)
-            assert s_["share"] == pytest.approx((v / n) / (sum(xs) / n), rel=1e-5)
+            assert s_["write"] == pytest.approx(np.mean(vs), rel=1e-5, abs=1e-7)
+            half = 1.959964 * np.std(vs, ddof=1) / np.sqrt(n)  # a normal 95% interval over the items
+            assert (s_["lo"], s_["hi"]) == (pytest.approx(np.mean(vs) - half, abs=1e-6),
+                                            pytest.approx(np.mean(vs) + half, abs=1e-6))
+            assert s_["share"] == pytest.approx(np.mean(vs) / (sum(xs) / n), rel=1e-5)
     for kind, hook in (("q", "hook_q"), ("k", "hook_k"), ("rot_q", "hook_rot_q"), ("rot_k", "hook_rot_k")):
         shares = []
         with torch.no_grad():
@@ -343,3 +346,89 @@ def test_cli_sinks_intervene(tmp_path):
     assert {e.format for e in r.effects} == {"plain", "qa", "chat"} and r.n_items == 64  # the focus: trap items
     printed = [x for x in ok.stdout.splitlines() if x.strip() and not x.startswith("wrote")]
     assert str(r).splitlines()[-3:] == printed[-3:]
+
+
+@pytest.mark.parametrize("layout", ["tiny-llama-gqa", "qwen2", "gemma-2-local"])
+def test_sinks_and_interventions_on_real_layouts(layout, tmp_path):
+    """Llama (rotary, grouped-query attention, RMSNorm), Qwen2 (q/k/v biases) and Gemma-2 (soft-capping, sliding
+    window, sandwich norms) layouts from Hugging Face checkpoints: the measures and a sink removal equal
+    hand-written TransformerLens hooks, and every intervention runs in every format."""
+    import os
+
+    from surgeon import load_case
+    from surgeon.analyses.common import case_metric, format_rows
+    from surgeon.analyses.sink_interventions import Candidate, run_candidates, sink_interventions
+    from surgeon.engine.contrast import Contrast
+    from surgeon.models.loading import load_model
+    from surgeon.sites.sinks import SinkRemoval
+    from tests.checkpoints import make_gemma2, make_llama, make_qwen2
+    from tests.conftest import ROOT
+
+    path = {"tiny-llama-gqa": make_llama, "qwen2": make_qwen2, "gemma-2-local": make_gemma2}[layout](tmp_path / layout)
+    model = load_model(str(path))
+    case = load_case(os.path.join(ROOT, "cases", "llama31_decimal.py"), model=str(path), check_model=False)
+    case = dataclasses.replace(case, items=case.items[:6], layers=None)
+    if not getattr(model.tokenizer, "chat_template", None):  # a checkpoint without a chat template: no chat format
+        case = dataclasses.replace(case, formats={k: v for k, v in case.formats.items() if k != "chat"},
+                                   bad=[b for b in case.bad_formats if b != "chat"])
+    r = sinks(case, model, batch_size=4)
+    L = model.cfg.n_layers
+    for fmt in r.formats:
+        rows = format_rows(case, model, fmt.format, case.items)  # prompts as the case encodes them (chat template)
+        mass = np.zeros_like(fmt.mass)
+        with torch.no_grad():
+            for it in range(len(case.items)):
+                ids = next(x for x in rows if x.item == it).tokens[: next(x for x in rows if x.item == it).n_prompt]
+                _, cache = model.run_with_cache(torch.tensor([list(ids)]))
+                for layer in range(L):
+                    A = cache[f"blocks.{layer}.attn.hook_pattern"][0].double()
+                    mass[layer] += A[:, 1:, 0].mean(1).numpy()
+        np.testing.assert_allclose(fmt.mass, mass / len(case.items), atol=1e-5, err_msg=fmt.format)
+        assert set(fmt.qk) == {"q", "k", "rot_q", "rot_k"}
+    bad = case.bad_formats[0]
+    rows = format_rows(case, model, bad, case.items)
+    metric, ref = case_metric(case, model, case.items)
+    c = Contrast(model, rows, rows, "index", batch_size=8, metric=metric, reference=ref)
+    m = torch.zeros(1, model.cfg.n_heads)
+    m[0, 1] = 1.0
+    got = run_candidates(c, [Candidate("remove L1H1", SinkRemoval(1), m)])[0]
+    np.testing.assert_allclose(got, _hand_scores(model, rows, [("blocks.1.attn.hook_pattern", _remove(1))]), atol=2e-4)
+    res = sink_interventions(case, model, tag="all", measured=r, batch_size=4)
+    assert {e.format for e in res.effects} == set(case.formats) and len(res.interventions) >= 3
+
+
+def test_the_sinks_memory_plan_counts_what_a_pass_keeps_and_fits_max_memory(decimal_model, tmp_path):
+    """The plan's kept activations per row are what a batch of the longest rows holds (patterns, residual stream,
+    queries and keys of every layer, counted from the tensors); a smaller --max-memory lowers the batch size without
+    changing a number, and one that cannot hold a row is refused before the work."""
+    import subprocess
+    import sys
+
+    from surgeon.analyses.sinks import plan
+    from surgeon.analyses.common import prepend_bos
+    from surgeon.engine.contrast import cached_batches
+    from surgeon.spec.encoding import prompt_rows
+
+    case = surgeon.api.read("decimal_organism")
+    items = case.items[:16]
+    p, _ = plan(case, decimal_model, items, 64, None)
+    rows = sorted((r for f in [case.good, *case.bad_formats]
+                   for r in prompt_rows(case.formats[f], items, decimal_model.tokenizer, prepend_bos(case, decimal_model))),
+                  key=lambda r: -len(r.tokens))[:3]
+    kinds = ["q", "k", "rot_q", "rot_k"]
+    L = decimal_model.cfg.n_layers
+    hooks = [f"blocks.{l}.attn.hook_pattern" for l in range(L)] + [f"blocks.{l}.hook_resid_post" for l in range(L)]
+    hooks += [f"blocks.{l}.attn.hook_{k}" for l in range(L) for k in kinds]
+    with torch.no_grad():
+        _, acts = next(cached_batches(decimal_model, rows, hooks, 3))
+    held = sum(a.numel() * a.element_size() for a in acts.values())
+    assert p.parts["kept activations"] / p.batch_size * 3 == held
+    # --max-memory: a smaller batch, the same numbers; too small: refused before the work
+    small, _ = plan(case, decimal_model, items, 64, p.parts["weights"] + 3 * (p.peak - p.parts["weights"]) // p.batch_size)
+    assert small.batch_size == 3 < p.batch_size
+    a, b = sinks(dataclasses.replace(case, items=items), decimal_model, batch_size=p.batch_size), \
+        sinks(dataclasses.replace(case, items=items), decimal_model, batch_size=small.batch_size)
+    np.testing.assert_allclose(a.of("qa").mass, b.of("qa").mass, atol=1e-6)
+    r = subprocess.run([sys.executable, "-m", "surgeon", "sinks", "--max-memory", "1MB", "--out", str(tmp_path / "o")],
+                       capture_output=True, text=True)
+    assert r.returncode == 2 and "at batch size 1" in r.stderr and not (tmp_path / "o").exists()

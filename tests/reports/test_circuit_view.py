@@ -180,3 +180,33 @@ def test_32_heads_per_layer_are_readable_and_clickable(wide_page):
     # the script's placement is the module's
     pos, _ = layout(data, shown_nodes(data, data["circuit_k"], False))
     assert len(pos) == len(data["nodes"])
+
+
+def test_sink_heads_are_marked_in_the_circuit_view(tmp_path):
+    """The report's sinks step marks the circuit's sink heads: a ring in the static SVG and in the script's drawing,
+    their attention on the first token in the tooltip, and a line of the hint; heads that are not sinks are not."""
+    from pathlib import Path
+
+    from surgeon.reports.circuit_view import view
+    from surgeon.reports.html import CSS, JS
+
+    rep = surgeon.load(Path(ROOT) / "docs" / "report-decimal")
+    c = found_circuit(rep.steps["circuit"])
+    data = circuit_data(c)
+    heads = sorted({(n["layer"], n["order"]) for n in data["nodes"] if n["kind"] == "head"})
+    marked = heads[0]
+    html_ = view(c, {marked: 0.812})
+    assert html_.count("class='node sink'") == 1 and "0.812 of its attention on the first token" in html_
+    assert "ringed heads are sink heads" in html_ and "ringed heads" not in view(c)
+    page = tmp_path / "v.html"
+    page.write_text(f"<!DOCTYPE html><html><head><meta charset='utf-8'><style>{CSS}</style></head><body>{html_}"
+                    f"<script>{JS}</script></body></html>")
+    b = browser()
+    try:
+        b.get(page.resolve().as_uri())
+        time.sleep(0.4)
+        rings = b.find_elements("css selector", "#circuit-svg g.node.sink")
+        assert len(rings) == 1  # drawn again by the script, still marked
+        assert rings[0].find_element("css selector", "circle").value_of_css_property("stroke-width") == "3px"
+    finally:
+        b.quit()

@@ -26,7 +26,8 @@ def report_dir(tmp_path_factory, induction_model):
 @pytest.mark.slow
 def test_the_report_runs_every_step_and_writes_one_page(report_dir):
     out, rep = report_dir
-    assert list(rep.steps) == ["diagnose", "dla", "patch", "positions", "threshold", "blend", "circuit", "attention"]
+    assert list(rep.steps) == ["diagnose", "dla", "patch", "positions", "threshold", "blend", "circuit", "attention",
+                               "sinks"]
     assert not rep.reused
     assert rep.skipped["sae"].startswith("the case names no SAEs")
     page = (out / "report.html").read_text()
@@ -53,8 +54,13 @@ def test_the_report_runs_every_step_and_writes_one_page(report_dir):
     strongest = sorted(weight, key=lambda h: -weight[h])[:4]
     assert rep.steps["attention"].heads == strongest and ", ".join(strongest) in methods
     assert {p.format for p in rep.steps["attention"].patterns} == set(rep.facts["formats"])
-    for step in ("dla", "positions", "patch", "threshold", "blend", "circuit", "diagnose"):
+    for step in ("dla", "positions", "patch", "threshold", "blend", "circuit", "diagnose", "sinks"):
         assert f"<table class='data sortable' id='table-{step}'>" in page
+    # the sinks step: measured in every format, each intervention's effects, its methods sentence with its papers
+    si = rep.steps["sinks"]
+    assert si.measured is not None and {e.format for e in si.effects} == set(rep.facts["formats"])
+    assert "Attention sinks (Xiao et al., 2024)" in methods and "(Sun et al., 2024)" in methods
+    assert "renormalised" in methods
     figs = sorted(p.name for p in (out / "figures").iterdir())
     assert any(f.endswith(".pdf") for f in figs) and any(f.endswith(".svg") for f in figs)
     assert len([f for f in figs if f.endswith(".pdf")]) == len([f for f in figs if f.endswith(".svg")])
