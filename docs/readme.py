@@ -247,7 +247,7 @@ def sinks_line() -> None:
     r = RESULTS["readme_sinks"]
     m = r["measured"]
     rates = ", ".join(f"{f['format']} {100 * f['sink_rate']['value']:.1f}%" for f in m["formats"])
-    ratio = max(x["ratio"] for f in m["formats"] for x in f["massive"])
+    ratio = max(x["ratio"] for f in m["formats"] for x in f["massive"] if x["ratio"] is not None)  # None: median 0
     bad = next(f["format"] for f in m["formats"] if f["format"] != m["good"])
 
     def frac(name_start: str) -> str:

@@ -26,7 +26,7 @@ import numpy as np
 import torch
 
 from surgeon.analyses.common import case_metric, format_rows, prepend_bos
-from surgeon.analyses.sinks import EPSILON, SinkResult, sinks
+from surgeon.analyses.sinks import EPSILON, SinkResult, massive_ratio, sinks
 from surgeon.engine.contrast import Contrast, cached_batches
 from surgeon.errors import AnalysisError
 from surgeon.show import Shows
@@ -145,8 +145,8 @@ def candidates(case: Case, model, measured: SinkResult, items, *, heads: Sequenc
                              sites[chosen[0][0]], m, tuple(chosen)))
     # the massive dimension, where the largest activation (in the failing formats) first reaches its dimension
     bad = [f for f in measured.formats if f.format != measured.good]
-    ref = max(bad or measured.formats, key=lambda f: max(m["ratio"] for m in f.massive))
-    top = max(range(L), key=lambda l: ref.massive[l]["ratio"])
+    ref = max(bad or measured.formats, key=lambda f: max(massive_ratio(m) for m in f.massive))
+    top = max(range(L), key=lambda l: massive_ratio(ref.massive[l]))
     dim = ref.massive[top]["dim"]
     first = next(l for l in range(L) if ref.massive[l]["dim"] == dim)
     rows = format_rows(case, model, case.bad_formats[0], items)

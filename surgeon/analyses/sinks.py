@@ -182,6 +182,13 @@ def _per_format(case: Case, model, fmt: str, items, eps: float, batch_size: int)
                        [bootstrap_mean(norm_ratio[:, l]) for l in range(L)], massive, supers, qk)
 
 
+def massive_ratio(m: dict) -> float:
+    """A layer's largest |activation| over its median (`FormatSinks.massive`): infinite where the median is 0 (kept
+    as null in results.json, read back as None)."""
+    r = m.get("ratio")
+    return float("inf") if r is None else float(r)
+
+
 def _kv_heads(cfg) -> int:
     return getattr(cfg, "n_key_value_heads", None) or cfg.n_heads
 
@@ -295,4 +302,4 @@ def sinks(case: Case, model, *, tag: str | None = "all", epsilon: float = EPSILO
                       case.good)
 
 
-__all__ = ["EPSILON", "Concentration", "FormatSinks", "SinkResult", "sinks"]
+__all__ = ["EPSILON", "Concentration", "FormatSinks", "SinkResult", "massive_ratio", "plan", "sinks"]

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
+from surgeon.analyses.sinks import massive_ratio
 from surgeon.reports.citations import METHOD_NAMES
 from surgeon.reports.legibility import MIN_POINTS, place_legends
 
@@ -528,14 +529,15 @@ def sinks_figure(r, path: Path):
     layers = np.arange(L)
     width = 0.8 / n
     for j, f in enumerate(fs):
-        ratio = np.array([m["ratio"] for m in f.massive], dtype=float)
+        ratio = np.array([massive_ratio(m) for m in f.massive], dtype=float)
+        ratio[~np.isfinite(ratio)] = np.nan  # the median is 0: no ratio to draw (the text says so)
         ax.bar(layers + (j - (n - 1) / 2) * width, ratio, width, color=f"C{j}", label=f"{f.format}: largest |activation|")
         norm = np.array([e.value for e in f.first_norm_ratio])
         ax.plot(layers + (j - (n - 1) / 2) * width, norm, marker="D", ls="none", color=f"C{j}", mec="black",
                 label=f"{f.format}: first token's norm")
     ax.axhline(1000, color="grey", lw=0.8, ls=":", label="massive: 1000x")
     ax.set_yscale("log")
-    top = max([m["ratio"] for f in fs for m in f.massive if np.isfinite(m["ratio"])] + [1000.0])
+    top = max([massive_ratio(m) for f in fs for m in f.massive if np.isfinite(massive_ratio(m))] + [1000.0])
     ax.set_ylim(1, top * 30)  # bars from 1 (= the median); room above them for the legend
     ax.set_xticks(layers, [str(x) for x in layers])
     ax.set_xlabel("layer (residual stream leaving it)")

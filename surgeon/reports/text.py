@@ -7,6 +7,7 @@ from pathlib import Path
 import numpy as np
 
 from surgeon.analyses.feature_circuit import EDGE_MIN
+from surgeon.analyses.sinks import massive_ratio
 from surgeon.models.loading import resolve, shape
 from surgeon.reports import figures
 from surgeon.results import manifest, shown_path, staging, write_json
@@ -225,6 +226,10 @@ def folds_text(r) -> str:
     return "\n".join(lines)
 
 
+def _times(ratio: float) -> str:
+    return f"x{ratio:.0f}" if np.isfinite(ratio) else "median 0"
+
+
 def sinks_text(r, top: int = 12) -> str:
     """Attention sinks and massive activations per format, side by side (`surgeon sinks`)."""
     fs = r.formats
@@ -244,7 +249,8 @@ def sinks_text(r, top: int = 12) -> str:
         for f in fs:
             m = f.massive[l]
             parts.append(f"{f.format}: {f.mass[l].mean():.3f} · norm x{f.first_norm_ratio[l].value:.2f} · "
-                         f"{m['value']:.1f} (d{m['dim']}, {m['token']!r}, x{m['ratio']:.0f}){' MASSIVE' if m['massive'] else ''}")
+                         f"{m['value']:.1f} (d{m['dim']}, {m['token']!r}, {_times(massive_ratio(m))})"
+                         f"{' MASSIVE' if m['massive'] else ''}")
         lines.append(f"  layer {l}: " + " | ".join(parts))
     good = r.of(r.good)
     diff = np.max(np.stack([np.abs(f.mass - good.mass) for f in fs if f.format != r.good] or [good.mass * 0]), axis=0)

@@ -29,6 +29,8 @@ def test_threshold_organism_sinks_as_constructed(threshold_model):
         assert plain.last[0, h] == pytest.approx(0.0, abs=1e-6)  # x alone
     for h in T.ODD:  # the marker itself
         assert qa.last[0, h] == pytest.approx(0.0, abs=1e-6) and plain.last[0, h] == pytest.approx(0.0, abs=1e-6)
+    # one-hot embeddings: the median |activation| is 0, the ratio infinite, said as such (and read back as such)
+    assert "median 0" in str(r) and not qa.massive[0]["massive"]
 
 
 def test_decimal_measures_equal_hand_written_hooks(decimal_model):
