@@ -270,20 +270,26 @@ def repair_table(r) -> Table:
 
 
 def sinks_table(r) -> Table:
-    """Each sink intervention in every format: items right after it (before), and the repair (failing format) or
-    damage (good format) fraction of the mean score."""
+    """Each sink intervention, one row, a column per format: the repair (failing format) or damage (good format)
+    fraction of the mean score, and the items right after it."""
+    formats = list(dict.fromkeys(e.format for e in r.effects))
+    cells = {(e.intervention, e.format): e for e in r.effects}
     rows = []
-    for e in r.effects:
-        f = e.fraction
-        frac = "--" if f.value is None or not math.isfinite(f.value) else _ci(f.value, f.lo, f.hi, sign=True)
-        rows.append([e.intervention, e.format + (" (good)" if e.role == "good" else ""),
-                     _pct(e.accuracy.value, e.accuracy.lo, e.accuracy.hi), f"{100 * e.unintervened.value:.1f}%",
-                     ("damage " if e.role == "good" else "repair ") + frac])
+    for name in r.interventions:
+        row = [name]
+        for f in formats:
+            e = cells[name, f]
+            fr = e.fraction
+            frac = "--" if fr.value is None or not math.isfinite(fr.value) else _ci(fr.value, fr.lo, fr.hi, sign=True)
+            row.append(f"{frac}; {100 * e.accuracy.value:.1f}%")
+        rows.append(row)
+    good = next((e.format for e in r.effects if e.role == "good"), "")
     return Table("sinks", f"Sink interventions at every position of every format ({r.n_items} items, "
-                 f"{r.tag or 'focus'}): items right after it (Wilson 95% intervals) and before, and the repair fraction "
-                 "(after - failing) / (good - failing) in a failing format or the damage (good - after) / (good - "
-                 "failing) in the good one, of the mean score (bootstrap 95% intervals).",
-                 ["intervention", "format", "items right", "before", "fraction"], rows, "llrrr")
+                 f"{r.tag or 'focus'}): per format, the repair fraction (after - failing) / (good - failing) of the "
+                 f"mean score in a failing format, or the damage (good - after) / (good - failing) in the good one "
+                 f"({good}), with bootstrap 95% intervals; then the items right after it.",
+                 ["intervention", *[f + (" (good)" if f == good else "") for f in formats]], rows,
+                 "l" + "r" * len(formats))
 
 
 def step_tables(rep) -> dict[str, Table]:

@@ -165,9 +165,12 @@ def test_feature_circuit_command(tmp_path, capsys):
         r = subprocess.run(["dot", "-Tsvg", str(ex[".dot"])], capture_output=True, text=True)
         assert r.returncode == 0 and r.stdout.count("<g id=\"node") == len(circuit), r.stderr
     if shutil.which("pdflatex"):
-        r = subprocess.run(["pdflatex", "-interaction=nonstopmode", "-halt-on-error", ex[".tex"].name], cwd=tmp_path,
+        from surgeon.circuits.export import tikz_document
+
+        (tmp_path / "doc.tex").write_text(tikz_document(r"\input{" + ex[".tex"].name + "}", "The feature circuit."))
+        r = subprocess.run(["pdflatex", "-interaction=nonstopmode", "-halt-on-error", "doc.tex"], cwd=tmp_path,
                            capture_output=True, text=True)
-        assert r.returncode == 0 and (tmp_path / "c.pdf").stat().st_size > 1000, r.stdout[-2000:]
+        assert r.returncode == 0 and (tmp_path / "doc.pdf").stat().st_size > 1000, r.stdout[-2000:]
     assert main(["feature-circuit", case, "--export", str(tmp_path / "c.mib.json"), "--out", str(tmp_path / "z")]) == 2
     assert "no EAP-IG / MIB form" in capsys.readouterr().err and not (tmp_path / "z").exists()
     assert "denoise: the 'qa' run" in text and "across formats" in text and "faithfulness" in text

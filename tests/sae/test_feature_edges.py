@@ -256,9 +256,12 @@ def test_the_chain_circuit_with_its_edges_in_every_tool_and_a_browser(tmp_path, 
         r = subprocess.run(["dot", "-Tsvg", str(ex[".dot"])], capture_output=True, text=True)
         assert r.returncode == 0 and r.stdout.count('<g id="edge') == 6 and r.stdout.count('<g id="node') == 12, r.stderr
     if shutil.which("pdflatex"):
-        r = subprocess.run(["pdflatex", "-interaction=nonstopmode", "-halt-on-error", ex[".tex"].name], cwd=tmp_path,
+        from surgeon.circuits.export import tikz_document
+
+        (tmp_path / "doc.tex").write_text(tikz_document(r"\input{" + ex[".tex"].name + "}", "The feature circuit."))
+        r = subprocess.run(["pdflatex", "-interaction=nonstopmode", "-halt-on-error", "doc.tex"], cwd=tmp_path,
                            capture_output=True, text=True)
-        assert r.returncode == 0 and (tmp_path / "c.pdf").stat().st_size > 1000, r.stdout[-2000:]
+        assert r.returncode == 0 and (tmp_path / "doc.pdf").stat().st_size > 1000, r.stdout[-2000:]
     res = surgeon.load(tmp_path / "fc")
     assert [(e.up, e.down) for e in res.directions["denoise"].edges] and str(res) in text
     b = open_widget(tmp_path / "fc.html", widget(res))
