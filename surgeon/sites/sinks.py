@@ -36,9 +36,24 @@ def _no_parse(key: str):
     return None  # built with their values, never named by text
 
 
+class EveryPosition(SiteKind):
+    """What the three kinds share: one hook point (`hook`), acted on at every position of rows that share no prefix,
+    reading no run's activations; a kind writes `mix(mask, copies, n)`, the hook's function for one chunk."""
+
+    def node_sites(self) -> list:
+        return []  # the source is the intervention itself
+
+    def mix(self, mask: "Tensor", copies: int, n: int):
+        raise NotImplementedError
+
+    def hooks(self, ctx, mask: "Tensor", copies: int, offset: int, start: int) -> list:
+        _every_position(offset, self.name)
+        return [(self.hook, self.mix(mask, copies, ctx.bucket.n))]
+
+
 @register("sink-removal", parse=_no_parse)
 @dataclass(frozen=True, eq=False)
-class SinkRemoval(SiteKind):
+class SinkRemoval(EveryPosition):
     """Layer `at`'s heads with their attention to key position `key` removed (share m) and renormalised."""
 
     at: int
@@ -59,19 +74,13 @@ class SinkRemoval(SiteKind):
     def n_units(self, cfg) -> int:
         return cfg.n_heads
 
-    def node_sites(self) -> list:
-        return []
-
     def keeps_head_outputs(self, layer: int) -> bool:
         return self.at > layer
 
-    def hooks(self, ctx, mask: "Tensor", copies: int, offset: int, start: int) -> list:
+    def mix(self, mask: "Tensor", copies: int, n: int):
         import torch
 
-        _every_position(offset, self.name)
-        n = ctx.bucket.n
-
-        def mix(act, hook):  # [copies * n, head, query, key]
+        def fn(act, hook):  # [copies * n, head, query, key]
             out = act.clone() if torch.is_grad_enabled() else act
             p = out.view(copies, n, *out.shape[1:])
             m = mask.to(p.device, p.dtype)[:, None, :, None]  # [copies, 1, head, 1]
@@ -84,12 +93,12 @@ class SinkRemoval(SiteKind):
             p.copy_(torch.where((total - kept > 0)[..., None], renorm, p))
             return out
 
-        return [(self.hook, mix)]
+        return fn
 
 
 @register("unit-value", parse=_no_parse)
 @dataclass(frozen=True, eq=False)
-class UnitValue(SiteKind):
+class UnitValue(EveryPosition):
     """Units of `hook`'s last dimension set towards `value` [units] (act <- act + m (value - act)), at `position`
     (None: every position)."""
 
@@ -110,19 +119,13 @@ class UnitValue(SiteKind):
     def n_units(self, cfg) -> int:
         return int(self.value.shape[-1])
 
-    def node_sites(self) -> list:
-        return []
-
     def keeps_head_outputs(self, layer: int) -> bool:
         return self.layer > layer or (self.layer == layer and not self.hook.endswith("hook_resid_pre"))
 
-    def hooks(self, ctx, mask: "Tensor", copies: int, offset: int, start: int) -> list:
+    def mix(self, mask: "Tensor", copies: int, n: int):
         import torch
 
-        _every_position(offset, self.name)
-        n = ctx.bucket.n
-
-        def mix(act, hook):  # [copies * n, pos, units]
+        def fn(act, hook):  # [copies * n, pos, units]
             out = act.clone() if torch.is_grad_enabled() else act
             x = out.view(copies, n, *out.shape[1:])
             m = mask.to(x.device, x.dtype)[:, None, None, :]  # [copies, 1, 1, units]
@@ -133,12 +136,12 @@ class UnitValue(SiteKind):
                 x[:, :, self.position] = x[:, :, self.position] + m[:, :, 0] * (v - x[:, :, self.position])
             return out
 
-        return [(self.hook, mix)]
+        return fn
 
 
 @register("token-scale", parse=_no_parse)
 @dataclass(frozen=True, eq=False)
-class TokenScale(SiteKind):
+class TokenScale(EveryPosition):
     """The residual stream entering layer `at` at `position` scaled by 1 + m (factor - 1)."""
 
     at: int
@@ -160,16 +163,10 @@ class TokenScale(SiteKind):
     def n_units(self, cfg) -> int:
         return 1
 
-    def node_sites(self) -> list:
-        return []
-
-    def hooks(self, ctx, mask: "Tensor", copies: int, offset: int, start: int) -> list:
+    def mix(self, mask: "Tensor", copies: int, n: int):
         import torch
 
-        _every_position(offset, self.name)
-        n = ctx.bucket.n
-
-        def mix(act, hook):  # [copies * n, pos, d_model]
+        def fn(act, hook):  # [copies * n, pos, d_model]
             out = act.clone() if torch.is_grad_enabled() else act
             x = out.view(copies, n, *out.shape[1:])
             if self.position < x.shape[2]:
@@ -177,7 +174,7 @@ class TokenScale(SiteKind):
                 x[:, :, self.position] = x[:, :, self.position] * (1 + m * (self.factor - 1))
             return out
 
-        return [(self.hook, mix)]
+        return fn
 
 
-__all__ = ["SinkRemoval", "TokenScale", "UnitValue"]
+__all__ = ["EveryPosition", "SinkRemoval", "TokenScale", "UnitValue"]
