@@ -3,7 +3,7 @@
 Each bench runs in its own fresh process with `--save` (bench/results/NAME.txt is what it printed, NAME.json the
 commit, the engine's sources and the organism weights it ran on), one after the other so that none slows another;
 then the README and the docs pages render the new outputs (`docs/readme.py`'s fast path: the bench blocks and the
-line under each saying which commit it ran on and whether surgeon/engine and surgeon/sites have changed since).
+line under each saying which commit it ran on and whether the code it times (bench/saving.py: the engine, the sites, the case scoring and its SOURCES) has changed since).
 A bench that fails stops the run before anything is rendered; its earlier results are kept.
 
     python bench/all.py [--only NAME ...] [--skip NAME ...] [--stale]

@@ -454,7 +454,7 @@ def install_line() -> None:
 
 def _run(name: str) -> tuple[str, str, bool]:
     """A saved result's record: its commit (and whether the tree differed from it), its date, and whether the code
-    it timed (the engine, the sites and the bench's SOURCES) is still this one."""
+    it timed (the engine, the sites, the case scoring and the bench's SOURCES) is still this one."""
     sys.path.insert(0, str(ROOT / "bench"))
     from saving import stale
 
@@ -463,7 +463,7 @@ def _run(name: str) -> tuple[str, str, bool]:
     return commit, run["date"], not stale(name)
 
 
-CODE_TIMED = "the code it times (surgeon/engine, surgeon/sites, bench/saving.py's SOURCES)"
+CODE_TIMED = "the code it times (surgeon/engine, surgeon/sites, surgeon/spec's scoring, bench/saving.py's SOURCES)"
 
 
 def ran_on_many(names: list[str]) -> str:

@@ -108,8 +108,9 @@ def test_every_site_module_the_benches_can_run_is_in_the_engine_key():
 
 
 def test_a_bench_is_stale_when_a_source_it_times_changes_and_only_then(tmp_path):
-    """Each bench's key covers the engine, the sites and its SOURCES: an edit to surgeon/analyses/feature_edges.py
-    moves the features bench's key and not the subset search's; every SOURCES path exists."""
+    """Each bench's key covers the engine, the sites, the case scoring and its SOURCES: an edit to
+    surgeon/analyses/feature_edges.py moves the features bench's key and not the subset search's, one to the metrics or
+    the encoding of rows moves every bench's; every SOURCES path exists."""
     assert set(SOURCES) == {p.stem for p in RESULTS.glob("*.json")}
     for name, paths in SOURCES.items():
         for p in paths:
@@ -125,6 +126,13 @@ def test_a_bench_is_stale_when_a_source_it_times_changes_and_only_then(tmp_path)
     f.write_text(f.read_text() + "\n")
     after = {n: sources_sha256(n, tmp_path) for n in SOURCES}
     assert after["features"] != before["features"] and after["subset_search"] == before["subset_search"]
+    # the case's scoring (surgeon/spec: rows, metrics) is timed by every bench: a change there makes each stale
+    for src in ("surgeon/spec/metrics.py", "surgeon/spec/encoding.py"):
+        g = tmp_path / src
+        g.write_text(g.read_text() + "\n")
+        again = {n: sources_sha256(n, tmp_path) for n in SOURCES}
+        assert all(again[n] != after[n] for n in SOURCES), src
+        after = again
 
 
 # modules a bench imports without timing their code: planning.graph_size (EdgeSite's graph size, under ENGINE);
