@@ -213,8 +213,12 @@ def _in_empty_folder(path: str, name: str, argv: list[str]) -> tuple[str, str]:
     return code, r.stdout.replace(str(ROOT) + os.sep, "")
 
 
-def example(path: str, keep=None) -> None:
-    """A Python example (a file under docs/examples), shown as it is, and what it prints when run (see `pick`)."""
+def example(path: str, keep=None, slow: bool = False) -> None:
+    """A Python example (a file under docs/examples), shown as it is, and what it prints when run (see `pick`). A
+    slow one keeps its previous text in a check."""
+    if slow and FAST:
+        _cog().out(_cog().previous)
+        return
     code, stdout = _in_empty_folder(path, "example.py", ["example.py"])
     _cog().outl("\n".join(["```python", code, "```", "prints", "```", pick(stdout, keep), "```"]))
 
@@ -566,3 +570,39 @@ def main() -> int:
 
 if __name__ == "__main__":
     raise SystemExit(main())
+
+
+# which prompts each ablation x direction x semantics runs, and the convention each follows
+_FOLLOWS = {
+    ("resample", "denoise"): "auto-circuit's and ACDC's resample ablation, EAP-IG/MIB with the good format as clean",
+    ("resample", "noise"): "the noising direction (the failing run explained, the good run's values patched in)",
+    ("mean", "denoise"): "EAP-IG's and MIB's mean ablation (per-position mean; a `reference` set when the case names one)",
+    ("mean", "noise"): "as mean ablation, on the failing prompts (no tool runs this by default)",
+    ("zero", "denoise"): "auto-circuit's zero ablation (it runs the clean prompts)",
+    ("zero", "noise"): "zero ablation on the failing prompts: not auto-circuit's, which runs the clean prompts",
+}
+
+
+def ablation_table() -> None:
+    """For every ablation x direction x semantics: the prompts run (the items whose score the circuit explains), what
+    an ablated edge carries there, and the convention it follows; read from `circuit_runs` on the decimal organism
+    (its 'qa' format against 'plain'), so the table is what the code does."""
+    from surgeon.analyses.circuit_runs import circuit_runs
+    from surgeon.api import read
+    from surgeon.models.loading import load_model
+    from surgeon.sites.edges import EdgeSite
+
+    case, model = read("decimal_organism"), load_model("organism:decimal")
+    out("| `--ablation` | `--direction` | prompts run | an ablated edge carries | `kept` ablates | `knockout` ablates | follows |")
+    out("|---|---|---|---|---|---|---|")
+    for abl in ("resample", "mean", "zero"):
+        for d in ("denoise", "noise"):
+            r = circuit_runs(case, model, EdgeSite.of(model.cfg, abl), direction=d, bad="qa")
+            src, base = r.info["source"], r.info["base"]
+            carries = {"resample": f"the {base!r} run's sender output at the aligned positions",
+                       "mean": f"the sender's mean over the {src!r} items (or the reference items in {src!r}), per "
+                               "position, at every position",
+                       "zero": "zero, at every position"}[abl]
+            assert f"on the {src!r} items" in r.describe(), r.describe()  # the code says the same
+            out(f"| {abl} | {d} | the {src!r} ({'good' if src == case.good else 'failing'}) format's | {carries} | "
+                f"every edge outside the circuit | the circuit's edges | {_FOLLOWS[abl, d]} |")

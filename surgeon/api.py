@@ -138,6 +138,21 @@ def case_and_model(case, model=None, *, device: str | None = None, dtype: str = 
     return case, model
 
 
+def check_eval_items(case, model, eval_items, seed: int = 0) -> None:
+    """Items given to evaluate on (`eval_items_of`'s spec: a number of fresh items, a case file, Items), checked as the
+    case's own items are and against the model (its config and tokenizer, before any weight loads; or the model in
+    memory): a refusal the encoder would give after the work started comes before it."""
+    if eval_items is None:
+        return
+    case = read(case, model)
+    items, _ = eval_items_of(case, eval_items, seed)
+    checked = replace(case, items=items, draw=None)
+    if model is None or isinstance(model, (str, Path)):
+        check_case_against_model(replace(checked, model=str(model)) if model is not None else checked)
+    elif hasattr(model, "run_with_hooks"):
+        check_case_against_model(checked, model)
+
+
 def _warn_if_no_failure(case: Case, model, bad, tag, batch_size: int) -> None:
     """The command line's warning before work on a format that does not fail (`failure_check`), from Python too."""
     why = failure_check(case, model, bad=bad, tag=tag, batch_size=batch_size)
@@ -170,6 +185,7 @@ def patch(case, model=None, *, layers: Sequence[int] | None = None, component: s
                             fix="give one: holdout=FRAC (a share of the case's items) or eval_items (other items)")
     if holdout is not None or eval_items is not None:  # refused before any weight loads
         eval_split(read(case, model), tag, holdout, seed, eval_items)
+        check_eval_items(case, model, eval_items, seed)
     case, model = case_and_model(case, model, device=device, dtype=dtype, metric=metric)
     _warn_if_no_failure(case, model, bad, tag, batch_size)
     layers = _layers(case, layers)
@@ -247,8 +263,7 @@ def threshold(case, model=None, *, layer: int | None = None, heads: str | None =
     `eval_items` instead: the search on every item, the evaluation on these (a number: fresh items from the case's
     `draw`; a case file's path; a list of Items). `folds` (e.g. 5): cross-validated, a `FoldsThreshold`: k* per
     fold, how often each subset is the best of its size, the held-out rate per fold."""
-    if eval_items is not None:
-        eval_items_of(read(case, model), eval_items, seed)  # refused before the model loads
+    check_eval_items(case, model, eval_items, seed)  # refused before the model loads
     if folds is not None:
         fold_items(pick_items(read(case, model), tag)[1], folds, seed)  # refused before the model loads
     case, model = case_and_model(case, model, device=device, dtype=dtype, metric=metric)
@@ -303,11 +318,10 @@ def repair(case, model=None, *, heads=None, mode: str = "mean", strength: float 
     check_repairable(read(case, model), mode, "z", holdout=holdout, eval_items=eval_items)  # before any weight loads
     check_heads(heads, max_heads=max_heads, strength=strength, strengths=strengths, search=search, max_kl=max_kl,
                 max_drop=max_drop)
+    check_eval_items(case, model, eval_items, seed)  # a number of fresh items, a case file or Items
     case, model = case_and_model(case, model, device=device, dtype=dtype, metric=metric)
     if generate:
         check_generation(case, model, list(case.items), generate)
-    if eval_items is not None:  # a number of fresh items, a case file or Items: checked before loading
-        eval_items_of(read(case, model), eval_items, seed)
     if search:
         return search_repair(case, model, heads=heads, mode=mode, strengths=strengths, max_heads=max_heads,
                              max_kl=max_kl, max_drop=max_drop, bad=bad, tag=tag, holdout=holdout, seed=seed,
@@ -386,8 +400,7 @@ def circuit(case, model=None, *, method: str | None = None, ig_steps: int = IG_S
     `.search.export(...)` writes it). `eval_items` instead: found on every item, measured on these (a number: fresh
     items from the case's `draw`; a case file's path; a list of Items)."""
     case = read(case, model)
-    if eval_items is not None:
-        eval_items_of(case, eval_items, seed)  # refused before the model loads
+    check_eval_items(case, model, eval_items, seed)  # refused before the model loads
     if folds is not None:
         fold_items(pick_items(case, tag)[1], folds, seed)
     method = method or default_method(case, ablation)

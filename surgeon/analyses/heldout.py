@@ -115,6 +115,10 @@ def eval_items_of(case: Case, spec, seed: int = 0) -> tuple[list[Item], str]:
     return items, f"the {len(items)} items of {path.name}"
 
 
+def _prompt_key(it: Item) -> tuple:
+    return tuple(sorted((k, str(v)) for k, v in it.values.items()))
+
+
 def eval_split(case: Case, tag: str | None, holdout: float | None, seed: int, eval_items=None):
     """(Split, discovery items, evaluation items) of the items with `tag`: a seeded split of them, or all of them for
     discovery and `eval_items` (`eval_items_of`'s spec) for evaluation."""
@@ -124,6 +128,12 @@ def eval_split(case: Case, tag: str | None, holdout: float | None, seed: int, ev
         return split, [items[i] for i in split.discovery], [items[i] for i in split.evaluation]
     ev, where = eval_items_of(case, eval_items, seed)
     ev = [it for it in ev if tag is None or it.tag == tag]
+    # an evaluation item whose prompt is a discovery item's (the same values) is not held out: left out, and said
+    seen = {_prompt_key(it) for it in items}
+    same = sum(_prompt_key(it) in seen for it in ev)
+    if same:
+        ev = [it for it in ev if _prompt_key(it) not in seen]
+        where += f", {same} whose prompt is a discovery item's left out"
     if len(ev) < MIN_PER_SPLIT:
         raise AnalysisError(f"{len(ev)} evaluation items{f' with tag {tag!r}' if tag else ''}; at least {MIN_PER_SPLIT} "
                             "are needed", field="--eval-items", fix="ask for more items")

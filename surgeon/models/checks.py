@@ -2,6 +2,8 @@
 model's config and tokenizer are read (no weights), so bad input is refused before any work."""
 from __future__ import annotations
 
+import re
+
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -108,8 +110,7 @@ def check_case_against_model(case, model=None) -> None:
             raise CaseError(f"format {name!r} asks for the chat template, but the tokenizer has none", where=where,
                             field=f"formats[{name!r}]", fix="write the format out as a plain template string")
     _check_per_position(case, tok, where)
-    if shp.n_ctx or shp.d_vocab:
-        _check_rows(case, tok, shp.n_ctx, shp.d_vocab, where)
+    _check_rows(case, tok, shp.n_ctx, shp.d_vocab, where)
     if case.reference:
         _check_reference_reach(case, tok, where)
 
@@ -169,8 +170,11 @@ def _check_rows(case, tok, n_ctx: int | None, d_vocab: int | None, where: str) -
         for i, it, label in _all_items(case):
             try:
                 rows = encode_rows(fmt, [it], tok, bos, case.score, case.answer_end, case.combine)
-            except CaseError:
-                continue  # reported by the checks that own it
+            except CaseError as e:  # what the checks above do not own (e.g. first_token answers one a prefix of the
+                # other): refused here, before any weight loads, as the encoder would refuse it after
+                what = re.sub(r"^item \d+: ", "", e.message)
+                raise CaseError(f"{label}[{i}]: {what}", where=where, field=e.field or f"{label}[{i}]",
+                                fix=e.fix) from None
             top = max(max([*r.tokens, *(t[1] for t in r.targets)]) for r in rows)
             if d_vocab and top >= d_vocab:
                 raise CaseError(f"{label}[{i}] in format {name!r} has token id {top}, but the model's vocabulary holds "

@@ -366,3 +366,16 @@ def test_held_out_k_star_on_the_threshold_organism_is_what_its_construction_impl
         assert e.value == pytest.approx(expected_held[k], abs=1e-12) and e.lo == e.hi == e.value
         assert t.discovery_sizes[k].value == pytest.approx(expected_disc[k], abs=1e-12)
     assert "k* held out   8 · in-sample   9" in str(r)
+
+
+def test_evaluation_items_that_repeat_a_discovery_prompt_are_left_out_and_said():
+    """Items given for evaluation (a list, or another case file's) whose prompt is one of the case's items are not held
+    out: they are dropped and the split says how many; the rest are evaluated."""
+    from surgeon.analyses.heldout import eval_split
+
+    case = surgeon.api.read("decimal_organism")
+    given = list(case.items[:3]) + [dataclasses.replace(case.items[3], tag="other")] + list(case.draw(20, 9))
+    split, disc, ev = eval_split(case, "all", None, 0, given)
+    assert disc == list(case.items) and len(ev) == len(given) - 4
+    assert split.evaluated_on == f"{len(given)} items given, 4 whose prompt is a discovery item's left out"
+    assert not {tuple(sorted(it.values.items())) for it in ev} & {tuple(sorted(it.values.items())) for it in disc}

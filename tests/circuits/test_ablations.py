@@ -102,12 +102,14 @@ def test_mean_ablated_edges_carry_the_mean_over_every_item(random_model, how, bs
 
 
 # --------------------------------------------------------------------------------------------- kept / knockout
-def _hand_circuit(model, case, site, ablation, chosen, reading):
-    """Item scores of the source ('good') run with the edges outside `chosen` (kept) or inside it (knockout) at their
-    ablation value: the base run's sender output at the aligned positions (resample), or the mean over items / zero
-    at every position (mean, zero); the other edges carry their current output."""
+def _hand_circuit(model, case, site, ablation, chosen, reading, direction="denoise"):
+    """Item scores of the source run ('good' under denoise, 'bad' under noise) with the edges outside `chosen` (kept)
+    or inside it (knockout) at their ablation value: the other run's sender output at the aligned positions
+    (resample), or the mean over the source run's items / zero at every position (mean, zero); the other edges carry
+    their current output."""
     cfg = model.cfg
-    rb, rs = format_rows(case, model, "bad", ITEMS), format_rows(case, model, "good", ITEMS)
+    source, other = ("good", "bad") if direction == "denoise" else ("bad", "good")
+    rb, rs = format_rows(case, model, other, ITEMS), format_rows(case, model, source, ITEMS)
     pairs = [align(b, s, case.align) for b, s in zip(rb, rs)]
     mean = hand_mean(model, rs, [list(range(len(s.tokens))) for s in rs]) if ablation == "mean" else None
     out = torch.zeros(len(ITEMS))
@@ -132,6 +134,27 @@ def _hand_circuit(model, case, site, ablation, chosen, reading):
         with torch.no_grad():
             out[s.item] += row_score(graph_forward(model, torch.tensor(s.tokens), replace), s)
     return out
+
+
+@pytest.mark.parametrize("ablation", ["resample", "mean", "zero"])
+def test_each_direction_ablates_in_the_run_it_names(random_model, ablation):
+    """`--direction noise` explains the failing format's run: its edges are ablated there (zero and mean act on the
+    failing prompts; resample patches the good run's values in), and the result says so; `denoise` acts on the good
+    format's prompts, as auto-circuit's zero ablation runs the clean ones. Written with hooks for both."""
+    case = make_case("last")
+    site = EdgeSite.of(random_model.cfg, ablation)
+    gen = torch.Generator().manual_seed(3)
+    chosen = sorted(torch.randperm(len(site.edges), generator=gen)[: 2 * len(site.edges) // 3].tolist())
+    got = {}
+    for direction in ("denoise", "noise"):
+        runs = circuit_runs(case, random_model, site, direction=direction, batch_size=3)
+        got[direction] = torch.tensor(runs.ablated([chosen])[0])
+        want = _hand_circuit(random_model, case, site, ablation, set(chosen), "kept", direction)
+        torch.testing.assert_close(got[direction], want, atol=2e-4, rtol=0)
+        assert float(want.abs().max()) > 1e-3  # the circuit reaches the logits: the comparison can tell
+        source = "good" if direction == "denoise" else "bad"
+        assert runs.info["source"] == source and f"on the {source!r} items" in runs.describe()
+    assert not torch.allclose(got["denoise"], got["noise"], atol=1e-3)
 
 
 @pytest.mark.parametrize("ablation", ["resample", "mean", "zero"])

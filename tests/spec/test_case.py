@@ -141,6 +141,33 @@ def test_answer_traps_are_warned(tmp_path, capsys):
         load_case(p)
 
 
+def test_first_token_prefix_answers_refused_before_the_model_loads(tmp_path, monkeypatch):
+    """score="first_token" with one answer a prefix of the other (4.5 / 4.53) has no token to read: refused from the
+    case file (the command line) and from a Case in Python, and for items given to evaluate on, before any weight
+    loads; it was refused only when the rows were encoded, after the model had loaded."""
+    import dataclasses
+
+    import surgeon
+    from surgeon import api
+
+    def no_weights(*a, **kw):
+        raise AssertionError("weights loaded before the case was checked")
+
+    items = '[Item({"a": "4.5", "b": "4.53"}, correct=" 4.53", incorrect=" 4.5")] + ' + GOOD["items"]
+    p = write_case(tmp_path, score='"first_token"', items=items)
+    with pytest.raises(CaseError, match=r"field 'score': items\[0\]: one answer .* is a prefix of the other"):
+        load_case(p)
+    r = subprocess.run([sys.executable, "-m", "surgeon", "diagnose", str(p)], capture_output=True, text=True)
+    assert r.returncode == 2 and "items[0]: one answer" in r.stderr and "Traceback" not in r.stderr
+    monkeypatch.setattr(api, "load_model", no_weights)
+    case = dataclasses.replace(surgeon.api.read("decimal_organism"), score="first_token")
+    prefix = surgeon.Item({"a": "4.5", "b": "4.53"}, correct=" 4.53", incorrect=" 4.5", tag="trap")
+    with pytest.raises(CaseError, match=r"items\[1\]: one answer"):
+        surgeon.diagnose(dataclasses.replace(case, items=[case.items[0], prefix, *case.items[1:]]))
+    with pytest.raises(CaseError, match=r"items\[3\]: one answer"):
+        surgeon.repair(case, heads="L0H4", eval_items=[*case.items[-3:], prefix, *case.draw(16, 3)])
+
+
 @pytest.mark.parametrize("end", ["eos", "\n"])
 def test_answer_end_scores_where_each_answer_ends(tmp_path, decimal_model, end):
     """With answer_end, prefix answers (4.5 vs 4.53) are scored by the whole answer *and* its end: the score is
