@@ -1,13 +1,14 @@
-"""Circuit graphs written for papers and other tools; the format follows the file's suffix.
+"""Circuit graphs written for papers and other tools; the format follows the file's suffix, each a registered
+`ExportFormat` (`EXPORTS`, in the order `FORMATS` lists them; `register_export` adds one):
 
 - `.graphml`, `.gexf`: networkx's writers (Gephi, Cytoscape);
 - `.json`: the circuit graph's own JSON (`CircuitGraph.to_json`: EAP-IG's layout with surgeon's fields beside it),
   read back equal by `read_circuit`;
 - `.mib.json`: EAP-IG / MIB circuit JSON (`cfg`, `nodes`, `edges` with `score` and `in_graph`, EAP-IG's
   names), which MIB's circuit track and EAP-IG's `Graph.from_json` read;
-- `.dot`: Graphviz DOT, nodes ranked by layer; `.svg`, `.pdf`: rendered through the `dot` program;
-- `.tex`: TikZ (networkx's `to_latex`), a standalone LaTeX document;
-- `.png`: matplotlib, layered by layer (always available).
+- `.dot`: Graphviz DOT, nodes ranked by layer;
+- `.tex`: a TikZ picture for a paper to `\\input`;
+- `.png`, `.svg`, `.pdf`: matplotlib, layered by layer (no Graphviz needed).
 Every writer shows the circuit (the edges with `in_circuit`); the JSON formats carry every scored edge.
 """
 from __future__ import annotations
@@ -16,7 +17,9 @@ import json
 import math
 import re
 import textwrap
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Callable
 
 import networkx as nx
 
@@ -25,15 +28,40 @@ from surgeon.circuits.methods import SEMANTICS
 from surgeon.errors import AnalysisError
 from surgeon.results import follow_umask
 
-FORMATS = (".graphml", ".gexf", ".json", ".mib.json", ".dot", ".svg", ".pdf", ".tex", ".png")
+
+
+@dataclass(frozen=True)
+class ExportFormat:
+    """A circuit file format: its suffix, the tool it is written for (which the tests read it with), and the writer
+    `write(graph, path, cfg, title, semantics)` that puts it at `path` (a temporary file `write` renames into place)."""
+
+    suffix: str
+    reader: str
+    write: Callable[[CircuitGraph, Path, Any, str, "str | None"], None]
+
+
+EXPORTS: dict[str, ExportFormat] = {}
+
+
+def register_export(suffix: str, reader: str):
+    """Register the decorated function as the writer of files ending in `suffix` (".gml"; a longer suffix such as
+    ".mib.json" wins over ".json")."""
+    def deco(fn):
+        EXPORTS[suffix] = ExportFormat(suffix, reader, fn)
+        return fn
+
+    return deco
+
+
 NODE_W, NODE_H = 0.8, 0.5  # node boxes in layout units (columns are 1 apart, rows ROW_GAP apart)
 ROW_GAP = 1.6
 BAND = 0.4  # half-height of a row's band: inside it edges run only vertically, through gaps between nodes
 
 
 def suffix(path: Path) -> str:
+    """The registered suffix a path ends in (the longest: ".mib.json" before ".json"), else its last suffix."""
     name = Path(path).name
-    return ".mib.json" if name.endswith(".mib.json") else Path(path).suffix
+    return max((s for s in EXPORTS if name.endswith(s)), key=len, default=Path(path).suffix)
 
 
 def check_targets(files) -> None:
@@ -42,9 +70,9 @@ def check_targets(files) -> None:
 
     seen = set()
     for f in map(Path, files):
-        if suffix(f) not in FORMATS:
+        if suffix(f) not in EXPORTS:
             raise AnalysisError(f"cannot export to {f.name!r}", field="--export",
-                                fix=f"use a file ending in one of: {', '.join(FORMATS)}")
+                                fix=f"use a file ending in one of: {', '.join(EXPORTS)}")
         if f.resolve() in seen:
             raise AnalysisError(f"{f} is given twice", field="--export", fix="name each export file once")
         seen.add(f.resolve())
@@ -371,39 +399,66 @@ def tikz_document(picture: str, caption: str = "", fit: str = r"\resizebox{\line
                       rf"\caption{{{caption}}}" if caption else "", r"\end{figure}", r"\end{document}"]) + "\n"
 
 
+@register_export(".graphml", "networkx.read_graphml, Gephi, Cytoscape")
+def _write_graphml(g, tmp, cfg, title, semantics):
+    nx.write_graphml(_clean(g), tmp)
+
+
+@register_export(".gexf", "networkx.read_gexf, Gephi")
+def _write_gexf(g, tmp, cfg, title, semantics):
+    nx.write_gexf(_clean(g), tmp)
+
+
+@register_export(".json", "json, read_circuit, EAP-IG's Graph.from_json naming (models without GQA)")
+def _write_json(g, tmp, cfg, title, semantics):
+    data = g.to_json()
+    if cfg is not None:
+        data["cfg"] = cfg_dict(cfg)
+    data["semantics"] = semantics or g.semantics
+    Path(tmp).write_text(json.dumps(data, indent=1, allow_nan=False) + "\n")
+
+
+@register_export(".mib.json", "EAP-IG's Graph.from_json, MIB's circuit track, read_circuit")
+def _write_mib_json(g, tmp, cfg, title, semantics):
+    Path(tmp).write_text(json.dumps(mib_json(g, cfg, semantics), indent=1) + "\n")
+
+
+@register_export(".dot", "Graphviz dot")
+def _write_dot(g, tmp, cfg, title, semantics):
+    Path(tmp).write_text(dot(g, title))
+
+
+@register_export(".pdf", "pdftotext, pdflatex's \\includegraphics")
+@register_export(".svg", "a browser")
+def _write_drawn(g, tmp, cfg, title, semantics):
+    figure(g, Path(tmp), title)
+
+
+@register_export(".tex", "pdflatex (\\input in a figure)")
+def _write_tex(g, tmp, cfg, title, semantics):
+    Path(tmp).write_text(tikz(g, title))
+
+
+register_export(".png", "an image viewer")(_write_drawn)
+
+FORMATS = tuple(EXPORTS)  # the suffixes `--export` takes (those built in; `EXPORTS` holds any registered later)
+
+
 def write(g: CircuitGraph, path: Path, cfg=None, title: str = "", semantics: str | None = None) -> None:
-    """Write `g` to `path` in the format its suffix names, atomically (a temporary file renamed into place);
-    `cfg` and `semantics` default to the graph's."""
+    """Write `g` to `path` in the format its suffix names (`EXPORTS`), atomically (a temporary file renamed into
+    place); `cfg` and `semantics` default to the graph's."""
     import os
     import tempfile
 
     path = Path(path)
     kind = suffix(path)
-    if kind not in FORMATS:
+    if kind not in EXPORTS:
         raise AnalysisError(f"cannot export to {path.name!r}", field="--export",
-                            fix=f"use a file ending in one of: {', '.join(FORMATS)}")
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=kind if kind != ".mib.json" else ".json",
-                               dir=path.parent)
+                            fix=f"use a file ending in one of: {', '.join(EXPORTS)}")
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=Path(path.name).suffix, dir=path.parent)
     os.close(fd)
     try:
-        if kind == ".graphml":
-            nx.write_graphml(_clean(g), tmp)
-        elif kind == ".gexf":
-            nx.write_gexf(_clean(g), tmp)
-        elif kind == ".mib.json":
-            Path(tmp).write_text(json.dumps(mib_json(g, cfg, semantics), indent=1) + "\n")
-        elif kind == ".json":
-            data = g.to_json()
-            if cfg is not None:
-                data["cfg"] = cfg_dict(cfg)
-            data["semantics"] = semantics or g.semantics
-            Path(tmp).write_text(json.dumps(data, indent=1, allow_nan=False) + "\n")
-        elif kind == ".dot":
-            Path(tmp).write_text(dot(g, title))
-        elif kind == ".tex":
-            Path(tmp).write_text(tikz(g, title))
-        else:  # .png .svg .pdf
-            figure(g, Path(tmp), title)
+        EXPORTS[kind].write(g, Path(tmp), cfg, title, semantics)
         follow_umask(tmp)
         os.replace(tmp, path)
     except BaseException:

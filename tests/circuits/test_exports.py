@@ -465,3 +465,30 @@ def test_circuit_eval_refuses_a_file_for_another_model_before_loading_it(decimal
     r = subprocess.run([sys.executable, "-m", "surgeon", "circuit-eval", f"{ROOT}/cases/decimal_organism.py", str(p)],
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and "cfg.n_layers" in r.stderr and str(p) in r.stderr and "Traceback" not in r.stderr
+
+
+def test_an_export_format_is_a_registration(tmp_path):
+    """A new circuit format is one `register_export` (no branch in `write`): the suffix is then accepted by the
+    target check, listed in FORMATS' refusal, and written atomically by its writer; networkx reads the GML back. The
+    longest registered suffix wins (".mib.json" over ".json")."""
+    import surgeon.circuits.export as export
+
+    g = read_circuit(Path(ROOT) / "circuits" / "induction_organism.json")
+    with pytest.raises(AnalysisError, match="cannot export"):
+        check_targets([tmp_path / "c.gml"])
+    before = dict(export.EXPORTS)
+    try:
+        @export.register_export(".gml", "networkx.read_gml")
+        def _gml(graph, tmp, cfg, title, semantics):
+            nx.write_gml(export._clean(graph), tmp)
+
+        check_targets([tmp_path / "c.gml"])
+        write(g, tmp_path / "c.gml")
+        back = nx.read_gml(tmp_path / "c.gml")
+        assert len(back.edges) == len(g.edges) and not list(tmp_path.glob(".c.gml.*"))
+    finally:
+        export.EXPORTS.clear()
+        export.EXPORTS.update(before)
+    assert export.suffix(tmp_path / "c.mib.json") == ".mib.json" and export.suffix(tmp_path / "c.json") == ".json"
+    assert [f.suffix for f in export.EXPORTS.values()] == list(FORMATS)
+    assert all(f.reader for f in export.EXPORTS.values())
