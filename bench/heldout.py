@@ -46,7 +46,7 @@ def main() -> int:
     from surgeon.analyses.circuit import discover
     from surgeon.analyses.heldout import circuit_heldout, eval_split, threshold_heldout
     from surgeon.models.loading import load_model
-    from surgeon.search.threshold import threshold_search
+    from surgeon.analyses.threshold import threshold_search
 
     case = load_case("cases/decimal_organism.py")
     model = load_model(case.model)

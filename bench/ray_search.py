@@ -38,7 +38,7 @@ def run(args):
     from surgeon import load_case
     from surgeon.models.loading import load_model
     from surgeon.search.ray import RayOptions
-    from surgeon.search.threshold import threshold_search
+    from surgeon.analyses.threshold import threshold_search
 
     case = load_case(Path(__file__).parent.parent / "cases" / "threshold_organism.py")
     model = load_model(case.model)

@@ -86,7 +86,7 @@ from surgeon.reports.html import render as render_report
 from surgeon.results import from_jsonable, to_jsonable, versions, write_json
 from surgeon.sae.load import SAESource, load_sae
 from surgeon.search.subsets import ThresholdResult
-from surgeon.search.threshold import threshold_search
+from surgeon.analyses.threshold import threshold_search
 from surgeon.show import VIEWS, view_of
 from surgeon.sites.ablations import ABLATIONS
 from surgeon.errors import AnalysisError, CaseError, SurgeonError, warn

@@ -10,21 +10,30 @@ from tests.conftest import ROOT as _ROOT
 ROOT = Path(_ROOT)
 
 PKG = ROOT / "surgeon"
-# lowest first; a module may import its own layer and those below it, never one above
+# lowest first; a module may import its own layer and those below it, never one above (docs/layout.md draws them)
 LAYERS = [
     ("surgeon.version", "surgeon.errors", "surgeon.stats", "surgeon.results", "surgeon.show"),
     ("surgeon.sites",),  # the vocabulary of sites (a case names components) and the protocol the engine calls
-    ("surgeon.spec",),
-    ("surgeon.models", "surgeon.organisms"),  # loading an organism knows no engine
-    ("surgeon.engine",),
+    ("surgeon.spec",),  # a case described once: no model
+    ("surgeon.engine",),  # masks between runs of a HookedTransformer it is given: no loading
+    ("surgeon.models", "surgeon.organisms"),  # loading a model (an organism knows no engine)
     ("surgeon.repairs",),  # a shippable repair: the constant-source site the engine runs, and the artifact a model wears
-    ("surgeon.circuits", "surgeon.search", "surgeon.sae", "surgeon.analyses"),
+    ("surgeon.circuits", "surgeon.search", "surgeon.sae"),  # graphs, subset plans and stores, SAEs: what analyses use
+    ("surgeon.analyses",),  # plain functions over a case and a model: orchestration above what it orchestrates
     ("surgeon.organisms.measure",),  # measuring an organism uses the engine
     ("surgeon.reports",),
     ("surgeon.api",),  # the notebook's functions; the command line is thin over them
     ("surgeon.cli",),
     ("surgeon", "surgeon.__main__"),
 ]
+# imports that still run upward, each to be moved with the next full bench rerun: the code they would move is in
+# files every saved bench result is keyed on (bench/saving.py: surgeon/engine; surgeon/analyses/common.py), and a
+# move there makes hours of benches stale on a 2-core machine. Nothing may join this list.
+PENDING = {
+    "surgeon.engine.contrast -> surgeon.models.loading",  # check_causal belongs in the engine or below
+    "surgeon.sae.quality -> surgeon.analyses.common",  # format_rows / prepend_bos belong below the analyses
+    "surgeon.sae.train -> surgeon.analyses.common",
+}
 
 
 def modules():
@@ -91,8 +100,9 @@ def layer(mod):
 def test_no_arrow_back_no_cycle_no_private_import():
     g, private = graph()
     assert not private
-    back = [f"{a} -> {b}" for a, ts in g.items() for b in ts if layer(b) > layer(a)]
-    assert not back, back
+    back = {f"{a} -> {b}" for a, ts in g.items() for b in ts if layer(b) > layer(a)}
+    assert back <= PENDING, sorted(back - PENDING)  # a new arrow back
+    assert back == PENDING, sorted(PENDING - back)  # one moved: take it off PENDING
     # a cycle would need an arrow back or a cycle inside one layer: find any by depth-first search
     state = {}
 
@@ -112,7 +122,8 @@ def test_no_arrow_back_no_cycle_no_private_import():
 def test_the_checker_sees_an_arrow_back_and_a_cycle(tmp_path):
     """The layer rule is not vacuous: the engine importing an analysis would be caught."""
     assert layer("surgeon.engine.contrast") < layer("surgeon.analyses.patching")
-    assert layer("surgeon.organisms") < layer("surgeon.engine") < layer("surgeon.organisms.measure")
+    assert layer("surgeon.engine") < layer("surgeon.models.loading") < layer("surgeon.organisms.measure")
+    assert layer("surgeon.search.subsets") < layer("surgeon.analyses.threshold")  # a driver in search/ is caught
     g, _ = graph()
     assert "surgeon.engine.contrast" in g["surgeon.analyses.common"]  # edges are seen, local imports too
     assert "surgeon.spec.encoding" in g["surgeon.analyses.common"]
@@ -146,6 +157,9 @@ def test_the_docs_layout_shows_every_folder_once():
     folders = sorted(str(p.parent.relative_to(PKG)) + "/" for p in PKG.rglob("__init__.py")
                      if p.parent != PKG and "cases" not in p.parts)
     assert sorted(x for x in lines if x.endswith("/")) == folders
+    # drawn floor by floor, lowest first, as LAYERS orders them
+    floors = [layer("surgeon." + x.rstrip("/").replace("/", ".")) for x in lines if x.endswith("/")]
+    assert floors == sorted(floors), lines
 
 
 # the one way lazy imports are done: only the modules `import surgeon` and `surgeon --help` load (and the CLI,

@@ -26,7 +26,7 @@ from surgeon.analyses.patching import PatchResult, patch_heads
 from surgeon.analyses.sae_repair import FeatureRepairResult, feature_repair
 from surgeon.errors import AnalysisError
 from surgeon.search.subsets import ThresholdResult, parse_units, per_subset, plan_from_options
-from surgeon.search.threshold import threshold_search
+from surgeon.analyses.threshold import threshold_search
 from surgeon.show import Shows
 from surgeon.sites.edges import EdgeSite
 from surgeon.sites.features import FeatureSite

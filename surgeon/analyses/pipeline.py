@@ -40,7 +40,7 @@ from surgeon.analyses.sinks import EPSILON
 from surgeon.errors import AnalysisError
 from surgeon.results import versions
 from surgeon.sae.load import SAESource, load_sae
-from surgeon.search.threshold import threshold_search
+from surgeon.analyses.threshold import threshold_search
 from surgeon.show import Shows
 from surgeon.spec.case import Case, content_digest
 

@@ -520,7 +520,7 @@ def cmd_threshold(args) -> int:
     warn_if_no_failure(args, case, model)
     from surgeon.analyses import planning
     from surgeon.reports import text as report
-    from surgeon.search.threshold import Interrupted, threshold_search
+    from surgeon.analyses.threshold import Interrupted, threshold_search
 
     batch = planned_batch_size(args, planning.plan_threshold, case, model, args.layer or 0, args.chunk, args.chunk)
     if args.folds is not None:
@@ -657,7 +657,7 @@ def cmd_repair(args) -> int:
 
 def cmd_merge(args) -> int:
     from surgeon.reports import text as report
-    from surgeon.search.threshold import merge
+    from surgeon.search.shards import merge
 
     r = merge(args.dirs, args.out)
     report.save_threshold(args.out, r, None, args, None)

@@ -137,7 +137,7 @@ def test_threshold_search_recovers_the_planted_table_subset_by_subset(threshold_
     The comparison is not blind to which head is which: the same results with two heads' labels swapped
     disagree with the closed form."""
     from surgeon.search.subsets import per_subset, plan_from_options
-    from surgeon.search.threshold import threshold_search
+    from surgeon.analyses.threshold import threshold_search
 
     case = load_case(f"{ROOT}/cases/threshold_organism.py")
     planted = case.notes["planted"]

@@ -12,7 +12,7 @@ from surgeon.cli import main
 from surgeon.analyses.heldout import threshold_heldout
 from surgeon.reports.html import methods_paragraph
 from surgeon.reports.text import threshold_text
-from surgeon.search.threshold import threshold_search
+from surgeon.analyses.threshold import threshold_search
 from tests.conftest import ROOT
 
 HEADS = "L0H0,L0H1,L0H2,L0H3,L1H0,L1H1,L1H2,L1H3"

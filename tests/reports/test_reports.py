@@ -91,7 +91,7 @@ def test_diagnose_saves_per_item_scores_and_shows_progress(tmp_path, capsys):
 @pytest.mark.slow
 def test_figures_scale_to_the_data_and_mark_what_they_claim(decimal_model, decimal_case, threshold_model, tmp_path):
     from surgeon.reports import figures
-    from surgeon.search.threshold import threshold_search
+    from surgeon.analyses.threshold import threshold_search
 
     p = patch_heads(decimal_case, decimal_model, layers=[0, 1, 2])
     fig = figures.patch_heatmap(p, tmp_path / "h.png")

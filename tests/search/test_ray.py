@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from surgeon.search.threshold import threshold_search
+from surgeon.analyses.threshold import threshold_search
 
 ray = pytest.importorskip("ray", reason="the ray extra is not installed (pip install -e '.[ray]')")
 

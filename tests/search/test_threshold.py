@@ -13,7 +13,8 @@ from surgeon.analyses.blend import blend
 from surgeon.analyses.common import format_rows
 from surgeon.errors import AnalysisError
 from surgeon.search.subsets import Unit, make_groups, make_plan, parse_units
-from surgeon.search.threshold import collect, merge, threshold_search
+from surgeon.analyses.threshold import threshold_search
+from surgeon.search.shards import collect, merge
 from surgeon.sites.nodes import Site
 from tests.conftest import ROOT
 from tests.reference import direct_patch_scores
