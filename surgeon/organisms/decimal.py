@@ -91,6 +91,8 @@ def sample_pair(rng: random.Random, kind: Kind) -> Pair:
 
 def pairs(kind: Kind, split: Split, n: int, seed: int = 0) -> list[Pair]:
     """`n` distinct pairs of one kind from one split, deterministic in `seed`."""
+    if n == 0:
+        return []
     rng = random.Random(f"decimal-{kind}-{split}-{seed}")
     out: dict[tuple[str, str], Pair] = {}
     for _ in range(200 * n):

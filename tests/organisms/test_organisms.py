@@ -212,3 +212,13 @@ def test_training_is_alive_and_deterministic(tmp_path, name):
     with torch.no_grad():
         torch.testing.assert_close(ma(tokens), mb(tokens), atol=1e-4, rtol=0)
     assert [k for k in ma.state_dict()] == [k for k in mb.state_dict()]
+
+
+def test_decimal_items_of_one_tag_only():
+    """held_out_items with no controls (or no traps) gives the other tag alone; it raised for a count of 0."""
+    from surgeon.organisms import decimal
+
+    traps = decimal.held_out_items(8, 0, seed=3)
+    assert len(traps) == 8 and {it.tag for it in traps} == {"trap"}
+    assert {it.tag for it in decimal.held_out_items(0, 6, seed=3)} == {"control"}
+    assert decimal.pairs("trap", "test", 0) == []
