@@ -424,14 +424,16 @@ def circuit(case, model=None, *, method: str | None = None, ig_steps: int = IG_S
                     verify=verify, batch_size=batch_size)
 
 
-def circuit_eval(case, graph, model=None, *, ablation: str = ABLATIONS[0], semantics: str | None = None,
-                 direction: str = "denoise",
+def circuit_eval(case, graph, model=None, *, ablation: str | None = None, semantics: str | None = None,
+                 direction: str | None = None,
                  bad: str | None = None, tag: str | None = None, batch_size: int = 256, metric=None, device: str | None = None,
                  dtype: str = "float32") -> dict:
     """The faithfulness of a circuit file (any JSON export, or a circuit's results.json), with its interval
-    (`surgeon circuit-eval`), under `semantics` (default: what the file records, else "kept")."""
+    (`surgeon circuit-eval`). `ablation`, `semantics`, `direction` and `bad` default to what the file records the
+    circuit was found under (else resample, kept, denoise, the case's first failing format); the result's `notes`
+    say every choice that differs from the file's record or that the file does not record."""
 
-    edges = read_circuit_file(Path(graph))
+    edges = read_circuit_file(Path(graph), edges_only=True)
     case, model = case_and_model(case, model, device=device, dtype=dtype, metric=metric)
     return evaluate_circuit(case, model, edges, ablation=ablation, semantics=semantics, direction=direction, bad=bad,
                             tag=tag, batch_size=batch_size, where=str(graph))

@@ -26,6 +26,7 @@ from surgeon.circuits.export import check_targets, edges_for_model, write
 from surgeon.circuits.graph import (
     CircuitGraph,
     build_graph,
+    made_by,
     path_nodes,
     prune_dangling,
     strongest_paths,
@@ -103,8 +104,17 @@ class CircuitResult(Shows):
         """The circuit as a `CircuitGraph` of the model's edges (scores, exact effects, in-circuit marks, the model's
         shape and the circuit's semantics)."""
         cfg = shape_cfg(self.shape)
-        return build_graph(EdgeSite.of(cfg, self.ablation), self.scores, self.exact, self.circuit, cfg,
-                           self.options.get("semantics"))
+        g = build_graph(EdgeSite.of(cfg, self.ablation), self.scores, self.exact, self.circuit, cfg,
+                        self.options.get("semantics"))
+        g.graph["made"] = self.made()
+        return g
+
+    def made(self) -> dict:
+        """How this circuit was found (method, ablation and the prompts it acts on, semantics, formats, items):
+        written into every export, and what `surgeon circuit-eval` evaluates under unless told otherwise."""
+        return made_by(case=self.case, method=self.method, ablation=self.ablation,
+                       semantics=self.options.get("semantics"), direction=self.direction, base=self.base,
+                       source=self.source, tag=self.tag, n_items=self.n_items, metric=self.options.get("metric"))
 
     def export(self, *paths) -> None:
         """Write the circuit to each path, in the format its extension names (the formats `--export` takes),
@@ -344,7 +354,7 @@ def discover(case: Case, model, *, method: Method | None = None, ablation: str =
                      target=target, n_edges=n_edges, n_paths=n_paths, min_share=min_share, min_items=min_items,
                      semantics=semantics, semantics_detail=runs.describe(), positions=runs.positions,
                      align=case.align, mean_over="reference items" if ablation == "mean" and case.reference else
-                     ("items" if ablation == "mean" else None)),
+                     ("items" if ablation == "mean" else None), metric=runs.scoring.metric.label),
         search=search, no_paths=why, execution=runs.scoring.execution, shape=model_shape(model.cfg), exact_ci=exact_ci)
 
 
@@ -364,21 +374,58 @@ def file_semantics(circuit: CircuitGraph, where: str = "") -> str | None:
                         fix=f"a circuit file says one of: {', '.join(SEMANTICS)}")
 
 
-def evaluate_circuit(case: Case, model, edges, *, ablation: str = "resample", semantics: str | None = None,
-                     direction: Direction = "denoise", bad: str | None = None, tag: str | None = None,
+def evaluation_options(circuit, case: Case, *, ablation: str | None = None, semantics: str | None = None,
+                       direction: str | None = None, bad: str | None = None, where: str = ""):
+    """(ablation, semantics, direction, bad, notes): how `circuit-eval` evaluates a circuit. What is not given is
+    what the file records it was found under (`CircuitGraph.made`), else the defaults (resample, kept, denoise, the
+    case's first failing format); every choice that differs from the file's record, or that the file does not
+    record, is said in `notes`."""
+    made = (circuit.made if isinstance(circuit, CircuitGraph) else None) or {}
+    recorded = file_semantics(circuit, where) if isinstance(circuit, CircuitGraph) else None
+    notes = []
+    chosen = {}
+    failing = made.get("failing_format")
+    defaults = {"ablation": "resample", "semantics": "kept", "direction": "denoise",
+                "failing format": case.bad_formats[0]}
+    file_says = {"ablation": made.get("ablation"), "semantics": recorded or made.get("semantics"),
+                 "direction": made.get("direction"),
+                 "failing format": failing if failing in case.bad_formats else None}
+    asked = {"ablation": ablation, "semantics": semantics, "direction": direction, "failing format": bad}
+    for k in defaults:
+        if asked[k] is not None:
+            chosen[k] = asked[k]
+            if file_says[k] is not None and file_says[k] != asked[k]:
+                notes.append(f"the circuit was found under {k} {file_says[k]!r}; evaluated under {asked[k]!r} as asked")
+        elif file_says[k] is not None:
+            chosen[k] = file_says[k]
+        else:
+            chosen[k] = defaults[k]
+            if isinstance(circuit, CircuitGraph):
+                if k == "failing format" and failing:
+                    notes.append(f"the circuit was found on format {failing!r}, which is not one of this case's "
+                                 f"failing formats; evaluated on {defaults[k]!r}")
+                else:
+                    notes.append(f"the file does not record its {k}; evaluated under {defaults[k]!r} (the default)")
+    if made.get("case") and made["case"] != case.name:
+        notes.append(f"the circuit was found on case {made['case']!r}; evaluated on case {case.name!r}")
+    return chosen["ablation"], chosen["semantics"], chosen["direction"], chosen["failing format"], notes
+
+
+def evaluate_circuit(case: Case, model, edges, *, ablation: str | None = None, semantics: str | None = None,
+                     direction: Direction | None = None, bad: str | None = None, tag: str | None = None,
                      batch_size: int = 256, where: str = "") -> dict:
     """The value of a given edge set (names, or a circuit read by `circuits.export.read_circuit`) with a 95% interval
-    over items: its faithfulness under `semantics` "kept" (default: what the file records, else kept), or the share
-    removed under "knockout"."""
+    over items: its faithfulness under `semantics` "kept", or the share removed under "knockout". What is not given
+    (ablation, semantics, direction, the failing format) is what the file records it was found under, else the
+    defaults; `notes` says each choice that differs from the file or that the file does not record."""
 
+    ablation, semantics, direction, bad, notes = evaluation_options(
+        edges, case, ablation=ablation, semantics=semantics, direction=direction, bad=bad, where=where)
     site = EdgeSite.of(model.cfg, ablation)
     if isinstance(edges, CircuitGraph):
-        recorded = file_semantics(edges, where)
-        semantics = semantics or recorded
         idx = edges_for_model(edges, site, model.cfg, where)
     else:
         idx = [site.index(e) for e in edges]
-    semantics = semantics or "kept"
     check_semantics(semantics)
     runs = circuit_runs(case, model, site, semantics=semantics, direction=direction, bad=bad, tag=tag,
                         batch_size=batch_size)
@@ -390,4 +437,6 @@ def evaluate_circuit(case: Case, model, edges, *, ablation: str = "resample", se
             "n_edges": len(idx), "of_edges": len(site.edges), "faithfulness": float(f[0]),
             "faithfulness_ci": [ci.lo, ci.hi] if abs(gap) > 1e-12 else None, "semantics": semantics,
             "semantics_detail": runs.describe(), "ablation": ablation, "positions": runs.positions,
+            "direction": direction, "failing_format": info["bad"], "prompts_run": info["source"], "notes": notes,
+            "made": edges.made if isinstance(edges, CircuitGraph) else None,
             "empty": float(runs.empty.mean()), "full": float(runs.full.mean()), "circuit": float(per_item[0].mean())}

@@ -23,7 +23,7 @@ from typing import Any, Callable
 
 import networkx as nx
 
-from surgeon.circuits.graph import FORMAT, VERSION, CircuitGraph, cfg_dict, circuit_subgraph
+from surgeon.circuits.graph import FORMAT, VERSION, CircuitGraph, cfg_dict, circuit_subgraph, made_by
 from surgeon.circuits.methods import SEMANTICS
 from surgeon.errors import AnalysisError
 from surgeon.results import follow_umask
@@ -91,6 +91,8 @@ def _clean(g: nx.DiGraph) -> nx.DiGraph:
     h = nx.DiGraph(g)
     cfg = h.graph.pop("cfg", None) or {}
     h.graph.update({f"cfg_{k}": v for k, v in cfg.items()})
+    made = h.graph.pop("made", None) or {}
+    h.graph.update({f"made_{k}": v for k, v in made.items()})
     for d in [h.graph] + [d for *_, d in list(h.nodes(data=True)) + list(h.edges(data=True))]:
         for k, v in list(d.items()):
             if v is None or (isinstance(v, float) and not math.isfinite(v)):
@@ -256,7 +258,10 @@ def figure(g: nx.DiGraph, path: Path | None, title: str = ""):
         plt.close(fig)
         return fig
     fmt = Path(path).suffix[1:]
-    meta = {"svg": {"Date": None}, "pdf": {"CreationDate": None, "ModDate": None}}.get(fmt, {})
+    made = made_line(g)
+    meta = {"svg": {"Date": None, **({"Description": made} if made else {})},
+            "pdf": {"CreationDate": None, "ModDate": None, **({"Subject": made} if made else {})},
+            "png": {"Description": made} if made else {}}.get(fmt, {})
     import matplotlib
 
     with matplotlib.rc_context({"svg.hashsalt": "surgeon"}):  # no dates, fixed ids: same circuit, same file
@@ -272,7 +277,8 @@ def mib_json(g: CircuitGraph, cfg=None, semantics: str | None = None) -> dict:
     """EAP-IG / MIB's circuit JSON, named as EAP-IG's `Graph.from_model` names the model's graph. EAP-IG
     ungroups grouped-query attention (one key and value input per query head), so a key/value head's edge
     is written once per query head of its group, each copy with the group's score and membership. `cfg` and
-    `semantics` default to the graph's."""
+    `semantics` default to the graph's; `made` (how the circuit was found) is written beside them (EAP-IG's
+    loader reads cfg, nodes and edges and ignores the rest)."""
     cfg = cfg_dict(cfg) if cfg is not None else g.cfg
     semantics = semantics or g.semantics
     if not cfg:
@@ -311,12 +317,22 @@ def mib_json(g: CircuitGraph, cfg=None, semantics: str | None = None) -> dict:
     if semantics:
         out["semantics"] = semantics
         out["semantics_note"] = SEMANTICS[semantics]
+    if g.graph.get("made"):
+        out["made"] = dict(g.graph["made"], semantics=semantics or g.graph["made"].get("semantics"))
     return out
+
+
+def made_line(g: nx.DiGraph) -> str:
+    """How the circuit was found, in one line (for the text formats' comments and the figures' metadata)."""
+    made = g.graph.get("made") or {}
+    return "; ".join(f"{k}={v}" for k, v in made.items() if v is not None)
 
 
 def dot(g: nx.DiGraph, title: str = "") -> str:
     h = drawn(g)
     lines = ["digraph circuit {", "  rankdir=BT;", '  node [shape=box, style=rounded, fontname="Helvetica"];']
+    if made_line(g):
+        lines.insert(0, "// made: " + made_line(g).replace("\n", " "))
     label = "\\n".join(x for x in (title, h.graph.get("note", "")) if x)
     if label:
         lines.append(f'  label="{label}"; labelloc=t;')
@@ -372,6 +388,8 @@ def tikz(g: nx.DiGraph, title: str = "") -> str:
     lines = ["% A circuit drawn by surgeon as a TikZ picture, to \\input inside a figure of a LaTeX document.",
              "% Preamble: \\usepackage{tikz} \\usetikzlibrary{arrows.meta}",
              "% Use: \\begin{figure}[tbp]\\centering" + tikz_fit(g) + "{\\input{THIS FILE}}\\caption{...}\\end{figure}"]
+    if made_line(g):
+        lines.append(f"% made: {made_line(g)}")
     if caption:
         lines += ["% Caption (what the picture shows):"] + [f"%   {x}" for x in textwrap.wrap(caption, 100)]
     lines.append(r"\begin{tikzpicture}[x=1.6cm,y=1.6cm,every node/.style={font=\scriptsize},"
@@ -407,6 +425,12 @@ def _write_graphml(g, tmp, cfg, title, semantics):
 @register_export(".gexf", "networkx.read_gexf, Gephi")
 def _write_gexf(g, tmp, cfg, title, semantics):
     nx.write_gexf(_clean(g), tmp)
+    if made_line(g):  # GEXF keeps no graph attributes: how it was made goes in its <meta><description>
+        from xml.sax.saxutils import escape
+
+        text = Path(tmp).read_text()
+        Path(tmp).write_text(text.replace("</creator>", "</creator>\n    <description>made: "
+                                          f"{escape(made_line(g))}</description>", 1))
 
 
 @register_export(".json", "json, read_circuit, EAP-IG's Graph.from_json naming (models without GQA)")
@@ -469,10 +493,11 @@ def write(g: CircuitGraph, path: Path, cfg=None, title: str = "", semantics: str
 MAX_SCORE = 1e30  # no effect on a log-probability score comes near this: a larger one is a corrupt file
 
 
-def read_circuit(path: Path) -> CircuitGraph:
+def read_circuit(path: Path, edges_only: bool = False) -> CircuitGraph:
     """A circuit file as a `CircuitGraph`: any of our JSON exports (`.json`, `.mib.json`), the results.json of
     `surgeon circuit --out`, an EAP-IG / MIB circuit JSON, or the node-link `.json` of surgeon 0.1. A file that
-    carries only edge names and marks gives a graph of those edges, nodes read from the names."""
+    carries only edge names and marks gives a graph of those edges, nodes read from the names. `edges_only` (what
+    `circuit-eval` reads): a feature circuit (SAE features and error terms as nodes) is refused, named as such."""
     path = Path(path)
     bad = dict(where=str(path), fix="give a .json or .mib.json export, or the results.json of surgeon circuit --out")
     try:
@@ -482,6 +507,15 @@ def read_circuit(path: Path) -> CircuitGraph:
     if not isinstance(data, dict):
         raise AnalysisError("the file holds no circuit edges (its top level is not an object)", **bad)
     inner = data.get("result") if isinstance(data.get("result"), dict) else data
+    nodes = inner.get("nodes")
+    if edges_only and (data.get("command") == "feature-circuit" or "directions" in inner or str(data.get("semantics")).startswith(
+            "feature nodes") or (isinstance(nodes, dict) and any(isinstance(d, dict) and d.get("kind") in
+                                                                ("feature", "error") for d in nodes.values()))):
+        raise AnalysisError("this is a feature circuit (SAE features and error terms as nodes), not a circuit of edges "
+                            "between heads and MLPs, which is what circuit-eval evaluates", **{
+                                **bad, "fix": "its faithfulness is in the feature circuit's own result (surgeon "
+                                              "feature-circuit CASE --out DIR prints it); give circuit-eval a file of "
+                                              "`surgeon circuit --export` (.json, .mib.json) or an EAP-IG / MIB circuit"})
     if "circuit" in inner and "edge_names" in inner:  # results.json of `surgeon circuit`
         names, chosen = inner["edge_names"], inner["circuit"]
         if not (isinstance(names, list) and all(isinstance(n, str) for n in names) and isinstance(chosen, list)
@@ -493,7 +527,15 @@ def read_circuit(path: Path) -> CircuitGraph:
                                 **bad)
         sem = _semantics_field(options.get("semantics"), "result.options.semantics", bad)
         inside = set(chosen)
-        return CircuitGraph.from_marks({n: i in inside for i, n in enumerate(names)}, semantics=sem)
+        g = CircuitGraph.from_marks({n: i in inside for i, n in enumerate(names)}, semantics=sem)
+        try:  # how it was found, from the result's own fields
+            g.graph["made"] = made_by(case=inner["case"], method=inner["method"], ablation=inner["ablation"],
+                                      semantics=sem, direction=inner["direction"], base=inner["base"],
+                                      source=inner["source"], tag=inner.get("tag"), n_items=inner.get("n_items"),
+                                      metric=options.get("metric"))
+        except (KeyError, TypeError):
+            pass  # an older or hand-made results.json: it says nothing of how
+        return g
     edges = data.get("edges")
     if isinstance(edges, dict):  # ours, MIB / EAP-IG
         for n, d in edges.items():
@@ -516,8 +558,11 @@ def read_circuit(path: Path) -> CircuitGraph:
         # MIB's circuits are kept sets; ours say what they are (or nothing)
         sem = _semantics_field(data.get("semantics") if ours else data.get("semantics", "kept"), "semantics", bad)
         if not ours:
-            return CircuitGraph.from_marks({n: d["in_graph"] for n, d in edges.items()},
-                                           {n: float(d.get("score", 0.0)) for n, d in edges.items()}, cfg, sem)
+            g = CircuitGraph.from_marks({n: d["in_graph"] for n, d in edges.items()},
+                                        {n: float(d.get("score", 0.0)) for n, d in edges.items()}, cfg, sem)
+            if isinstance(data.get("made"), dict):  # our .mib.json says how it was found; EAP-IG's files do not
+                g.graph["made"] = data["made"]
+            return g
         if data.get("version") != VERSION:
             raise AnalysisError(f"the file is {FORMAT} version {data.get('version')!r}; this surgeon reads version "
                                 f"{VERSION}", field="version", where=str(path), fix="upgrade surgeon to read it")

@@ -32,6 +32,8 @@ from typing import TYPE_CHECKING, Iterable, Mapping, Sequence
 import networkx as nx
 import numpy as np
 
+from surgeon.version import __version__
+
 if TYPE_CHECKING:  # a type only: reading and writing circuit files needs no torch
     from surgeon.sites.edges import EdgeSite
 
@@ -102,6 +104,11 @@ class CircuitGraph(nx.DiGraph):
     def semantics(self) -> str | None:
         return self.graph.get("semantics")
 
+    @property
+    def made(self) -> dict | None:
+        """How the circuit was found, as the finding run recorded it (`made_by`), or None where a file did not say."""
+        return self.graph.get("made")
+
     def scored(self):
         """(sender, receiver, attributes) of every scored (not internal) edge."""
         return ((u, v, d) for u, v, d in self.edges(data=True) if not d["internal"])
@@ -131,8 +138,11 @@ class CircuitGraph(nx.DiGraph):
             if d.get("index") is not None:
                 e["index"] = int(d["index"])
             edges[d["name"]] = e
-        return {"format": FORMAT, "version": VERSION, "semantics": self.semantics, "n_layers": self.graph["n_layers"],
-                "cfg": self.cfg, "nodes": nodes, "ports": ports, "edges": edges}
+        out = {"format": FORMAT, "version": VERSION, "semantics": self.semantics, "n_layers": self.graph["n_layers"],
+               "cfg": self.cfg, "nodes": nodes, "ports": ports, "edges": edges}
+        if self.made:
+            out["made"] = dict(self.made)
+        return out
 
     @classmethod
     def from_json(cls, data: dict) -> CircuitGraph:
@@ -145,6 +155,8 @@ class CircuitGraph(nx.DiGraph):
             return cls.from_marks({n: bool(e["in_graph"]) for n, e in data["edges"].items()}, scores, cfg,
                                   data.get("semantics"))
         g = cls(n_layers=data["n_layers"], cfg=cfg, semantics=data.get("semantics"))
+        if isinstance(data.get("made"), dict):
+            g.graph["made"] = data["made"]
         for n, d in data["nodes"].items():
             g.add_node(n, **{k: v for k, v in d.items() if k != "in_graph"})
         for n, d in data["ports"].items():
@@ -183,6 +195,25 @@ class CircuitGraph(nx.DiGraph):
             g.add_edge(u, v, internal=False, name=name, index=None, score=float(scores.get(name, 0.0)),
                        exact=float("nan"), in_circuit=bool(inside))
         return g
+
+
+# how a circuit was found, in every export and read back by `surgeon circuit-eval` (`made_by`)
+MADE_FIELDS = ("tool", "case", "method", "ablation", "semantics", "direction", "failing_format", "good_format",
+               "prompts_run", "ablated_values", "tag", "n_items", "metric")
+
+
+def made_by(*, case: str, method: str, ablation: str, semantics: str | None, direction: str, base: str, source: str,
+            tag: str | None, n_items: int, metric: str | None = None) -> dict:
+    """The record of how a circuit was found: the method, the ablation and which prompts it acts on, the semantics,
+    the failing and the good format (denoise runs the failing format with the good one's values; noise the
+    reverse), the items. What `circuit-eval` uses unless told otherwise."""
+    bad, good = (base, source) if direction == "denoise" else (source, base)
+    values = {"resample": f"the {base!r} run's sender outputs at the aligned positions",
+              "mean": f"each sender's mean over the {source!r} items at each position",
+              "zero": "zero"}.get(ablation, ablation)
+    return {"tool": f"surgeon {__version__}", "case": case, "method": method, "ablation": ablation,
+            "semantics": semantics, "direction": direction, "failing_format": bad, "good_format": good,
+            "prompts_run": source, "ablated_values": values, "tag": tag, "n_items": n_items, "metric": metric}
 
 
 _INTERNAL = dict(internal=True, name="", score=0.0, exact=float("nan"), in_circuit=False)

@@ -288,11 +288,13 @@ def build_parser() -> argparse.ArgumentParser:
                                             "or an EAP-IG / MIB circuit JSON)")
     add_common(p)
     p.add_argument("graph", type=Path, help="the circuit file (.json or .mib.json)")
-    p.add_argument("--ablation", default=ABLATIONS[0], choices=ABLATIONS,
-                   help="what an ablated edge carries (default: resample)")
+    p.add_argument("--ablation", choices=ABLATIONS,
+                   help="what an ablated edge carries (default: what the file records it was found under; resample "
+                        "where it records nothing)")
     p.add_argument("--semantics", choices=list(SEMANTICS),
                    help="kept or knockout (default: what the file records; kept where it records nothing)")
-    p.add_argument("--direction", default="denoise", choices=["denoise", "noise"], help="default: denoise")
+    p.add_argument("--direction", choices=["denoise", "noise"],
+                   help="default: what the file records; denoise where it records nothing")
     add_items(p)
     add_metric(p)
 
@@ -799,13 +801,15 @@ def cmd_report(args) -> int:
 
 
 def cmd_circuit_eval(args) -> int:
-    from surgeon.analyses.circuit import check_circuit_file, evaluate_circuit
+    from surgeon.analyses.circuit import check_circuit_file, evaluate_circuit, evaluation_options
     from surgeon.circuits.export import read_circuit
 
-    circuit = read_circuit(args.graph)  # refused before the model loads
+    circuit = read_circuit(args.graph, edges_only=True)  # refused before the model loads
 
     def against_the_model(case):  # names, cfg and GQA copies checked from the model's config alone
-        check_circuit_file(circuit, case.model, args.ablation, str(args.graph))
+        ablation = evaluation_options(circuit, case, ablation=args.ablation, semantics=args.semantics,
+                                      direction=args.direction, bad=args.bad, where=str(args.graph))[0]
+        check_circuit_file(circuit, case.model, ablation, str(args.graph))
 
     case, model, device = load_case_and_model(args, check=against_the_model)
     from surgeon.reports import text as report

@@ -674,6 +674,12 @@ def circuit_eval_text(r: dict, path) -> str:
              (f"faithfulness = {r['faithfulness']:.3f}" if sem == "kept" else
               f"share removed by knocking the circuit out = {r['faithfulness']:.3f}") +
              f" [{lo:.3f}, {hi:.3f}] (95% CI over items)" + past_one(r["faithfulness"], hi)]
+    made = r.get("made") or {}
+    if made:
+        lines.append(f"the file says it was found by {made.get('method')} on case {made.get('case')!r} ("
+                     f"{made.get('ablation')} ablation, {made.get('semantics')}, {made.get('direction')}, failing format "
+                     f"{made.get('failing_format')!r}, {made.get('n_items')} items, {made.get('tool')})")
+    lines += [f"note: {n}" for n in r.get("notes") or ()]
     lines = [x for x in lines if x]
     if r["n_edges"] == 0:
         lines.append(f"warning: {path} marks no edge as in the circuit: this is the empty circuit "
