@@ -359,7 +359,9 @@ def _versus(x: float | None, base: str | None) -> str:
     """baseline / surgeon as words: times faster than a baseline, or times the floor (the least the job needs)."""
     if x is None:
         return "--"
-    return f"{1 / x:.2f}x the floor" if base == "floor" else f"{x:.2f}x faster"
+    if base == "floor":
+        return f"{1 / x:.2f}x the floor"
+    return f"{x:.2f}x faster" if x >= 1 else f"{1 / x:.2f}x slower"
 
 
 def _held_row(shape: dict, job: str) -> dict | None:
