@@ -412,7 +412,7 @@ def _setup(case: Case, mode: str, bad, tag, holdout, seed: int, eval_items):
     """What building and searching share: the failing formats (one, or all), the focus tag ("all" without one), the
     split and the discovery items of the focus tag."""
     check_repairable(case, mode, "z")
-    bads = [pick_bad(case, bad)] if bad is not None else list(case.bad)
+    bads = [pick_bad(case, bad)] if bad is not None else list(case.bad_formats)
     focus = pick_items(case, tag)[0] or "all"
     split, disc, ev = _split(case, holdout, seed, eval_items)
     disc_focus = [it for it in disc if focus == "all" or it.tag == focus]

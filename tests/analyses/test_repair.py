@@ -373,3 +373,11 @@ def test_report_repair_step_page_paper_and_resume(tmp_path):
                     ["pdflatex", "-interaction=nonstopmode", "main.tex"]):
             subprocess.run(cmd, cwd=paper, capture_output=True, timeout=120)
         assert (paper / "main.pdf").is_file()
+
+
+def test_a_case_naming_one_failing_format_repairs_that_format(decimal_model):
+    """`bad` may be one format's name (a string) or a list of them: the repair is built and measured on that format
+    (it was built from the name's letters, each looked up as a format)."""
+    case = dataclasses.replace(_case(), bad="qa")
+    r = surgeon.repair(case, decimal_model, heads=[f"L0H{h}" for h in HEADS])
+    assert {row.format for row in r.rows("efficacy")} == {"qa"}
