@@ -62,7 +62,7 @@ class Reference:
 
     def __init__(self, model, site, base_rows, source_rows, how):
         from surgeon.sites.edges import split_inputs
-        from surgeon.spec.encoding import align
+        from surgeon.case.encoding import align
 
         self.model, self.site = model, site
         assert len({len(r.tokens) for r in base_rows}) == 1 and len({len(r.tokens) for r in source_rows}) == 1
@@ -223,7 +223,7 @@ def run(args) -> int:
     from surgeon.analyses.circuit import CURVE, edge_scores
     from surgeon.engine.contrast import Contrast
     from surgeon.sites.edges import EdgeSite
-    from surgeon.spec.encoding import encode_rows
+    from surgeon.case.encoding import encode_rows
 
     model = make_model()
     site = EdgeSite.of(model.cfg)

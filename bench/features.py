@@ -71,7 +71,7 @@ class Loop:
     """The TransformerLens + sae-lens side: full prompts, every row in one batch, hooks at the SAEs' hook points."""
 
     def __init__(self, model, saes, base, source):
-        from surgeon.spec.encoding import align
+        from surgeon.case.encoding import align
 
         self.model, self.saes, self.base = model, saes, base
         self.tokens = torch.tensor([r.tokens for r in base])

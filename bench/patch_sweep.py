@@ -70,7 +70,7 @@ def run(mode: str, args) -> bool:
     from surgeon.organisms import decimal as org
     from surgeon.organisms.decimal import held_out_items as decimal_items
     from surgeon.sites.nodes import Site
-    from surgeon.spec.encoding import encode_rows
+    from surgeon.case.encoding import encode_rows
 
     model = load_model("organism:decimal")
     items = decimal_items(n_trap=args.items // 2, n_control=2 * args.items)

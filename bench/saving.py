@@ -1,7 +1,7 @@
 """`--save` for the benches: what a bench prints is also written to bench/results/NAME.txt, which the README
 renders verbatim (docs/readme.py), so a number in the README is always one a bench printed. NAME.json records what
 the run ran on: the commit, whether the package or the bench scripts had uncommitted changes, the sha256 of the
-engine's, the sites' and the case scoring's sources (ENGINE: surgeon/engine, surgeon/sites, surgeon/spec's scoring),
+engine's, the sites' and the case scoring's sources (ENGINE: surgeon/engine, surgeon/sites, surgeon/case's scoring),
 of the other sources the bench times (SOURCES) and of the organism weights."""
 from __future__ import annotations
 
@@ -18,12 +18,12 @@ ROOT = RESULTS.parent.parent
 # a change here makes every saved bench result stale: the engine and the site kinds the engine and the benches run
 # (a site kind no bench runs, e.g. surgeon/sites/sinks.py, is left out: tests/test_bench.py checks that every site
 # module the engine, a bench or a source a bench times imports is listed); the case's scoring every bench times
-# (surgeon/spec: how items become rows, the metrics, the formats picked, the sizes parsed). surgeon/spec/case.py (the Case's fields, its checks and its content digest) and
-# spec/shipped.py (where shipped case files are found) only refuse a case or record it, so they are left out.
+# (surgeon/case: how items become rows, the metrics, the formats picked, the sizes parsed). surgeon/case/case.py (the Case's fields, its checks and its content digest) and
+# case/shipped.py (where shipped case files are found) only refuse a case or record it, so they are left out.
 ENGINE = ("surgeon/engine", "surgeon/sites/__init__.py", "surgeon/sites/ablations.py", "surgeon/sites/edges.py",
           "surgeon/sites/features.py", "surgeon/sites/head_input_grads.py", "surgeon/sites/nodes.py",
-          "surgeon/sites/protocol.py", "surgeon/sites/qk_fix.py", "surgeon/spec/encoding.py",
-          "surgeon/spec/metrics.py", "surgeon/spec/select.py", "surgeon/spec/sizes.py")
+          "surgeon/sites/protocol.py", "surgeon/sites/qk_fix.py", "surgeon/case/encoding.py",
+          "surgeon/case/metrics.py", "surgeon/case/select.py", "surgeon/case/sizes.py")
 # the circuit code the scale/growth/memory/edges/circuit-recovery benches run (scores, runs, graph, pruning);
 # surgeon/circuits/export.py (file formats and drawing) is imported with it but never runs in them
 # (tests/test_bench.py checks that by tracing), so a change to how a circuit is written leaves their numbers alone
@@ -49,7 +49,7 @@ SOURCES = {
     "patch_sweep": (),
     "ray_search": ("surgeon/search", "surgeon/analyses/threshold.py", "surgeon/analyses/common.py"),
     "scale": _CIRCUIT,
-    "startup": ("surgeon/__init__.py", "surgeon/api.py", "surgeon/cli", "surgeon/spec", "surgeon/analyses/diagnose.py"),
+    "startup": ("surgeon/__init__.py", "surgeon/api.py", "surgeon/cli", "surgeon/case", "surgeon/analyses/diagnose.py"),
     "subset_search": ("surgeon/search/subsets.py", "surgeon/search/store.py", "surgeon/analyses/common.py"),
 }
 

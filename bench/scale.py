@@ -136,7 +136,7 @@ def make_model(name: str):
 
 def make_rows(model, n_items: int, letters: int):
     from surgeon import Item
-    from surgeon.spec.encoding import encode_rows
+    from surgeon.case.encoding import encode_rows
 
     rng = random.Random(0)
     word = lambda: "".join(rng.choice(string.ascii_lowercase) for _ in range(letters))  # noqa: E731
@@ -739,7 +739,7 @@ def llama_8b():
 def llama_rows(prompt: int, items: int = LLAMA_ITEMS) -> list:
     """The workload's rows of one format: `items` items, two answer rows each (the answers share " 9" "." and differ
     in their last token), a prompt of `prompt` tokens (ids from 100 on)."""
-    from surgeon.spec.encoding import Row
+    from surgeon.case.encoding import Row
 
     out = []
     for i in range(items):

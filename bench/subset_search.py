@@ -71,7 +71,7 @@ def run(case, model, args) -> bool:
     from surgeon.search.store import ChunkStore
     from surgeon.search.subsets import Unit, evaluate, make_plan
     from surgeon.sites.nodes import Site
-    from surgeon.spec.encoding import align
+    from surgeon.case.encoding import align
 
     units = [Unit(L, h) for L in (1, 2) for h in range(8)]
     subsets = [sum(1 << i for i in c) for c in itertools.combinations(range(16), 8)]

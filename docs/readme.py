@@ -469,7 +469,7 @@ def _run(name: str) -> tuple[str, str, bool]:
     return commit, run["date"], not stale(name)
 
 
-CODE_TIMED = "the code it times (surgeon/engine, surgeon/sites, surgeon/spec's scoring, bench/saving.py's SOURCES)"
+CODE_TIMED = "the code it times (surgeon/engine, surgeon/sites, surgeon/case's scoring, bench/saving.py's SOURCES)"
 
 
 def ran_on_many(names: list[str]) -> str:

@@ -1,7 +1,7 @@
 """surgeon: circuit discovery and surgical repair for transformer language models.
 
 The way through the package follows the user's way, one folder a step, with no arrow back: a case
-(`surgeon.spec`) names a model (`surgeon.models`, `surgeon.organisms`); the engine (`surgeon.engine`)
+(`surgeon.case`) names a model (`surgeon.models`, `surgeon.organisms`); the engine (`surgeon.engine`)
 patches masks at sites (`surgeon.sites`: nodes, edges, SAE features) between a good and a failing run;
 circuits (`surgeon.circuits`), subset searches (`surgeon.search`) and the analyses (`surgeon.analyses`) are
 plain functions over it; reports, figures and exports (`surgeon.reports`, `surgeon.circuits.export`) and the
@@ -10,7 +10,7 @@ command line (`surgeon.cli`) come last. Heavy libraries are imported lazily.
 from surgeon import show as _show
 from surgeon.errors import AnalysisError, CaseError, ModelError, SurgeonError
 from surgeon.models.checks import load_case
-from surgeon.spec.case import Case, Chat, Item
+from surgeon.case.case import Case, Chat, Item
 from surgeon.version import __version__
 
 

@@ -76,8 +76,8 @@ from surgeon.analyses.sae_repair import FeatureRepairResult, feature_repair
 from surgeon.circuits.export import read_circuit as read_circuit_file
 from surgeon.circuits.methods import ATTRIBUTION_IG_STEPS, IG_STEPS
 from surgeon.models.devices import device_of
-from surgeon.spec.select import pick_items
-from surgeon.spec.shipped import shipped_case
+from surgeon.case.select import pick_items
+from surgeon.case.shipped import shipped_case
 from surgeon.models.checks import check_case_against_model, load_case
 from surgeon.models.loading import from_hf, load_model, model_digest
 from surgeon.repairs.artifact import Repair, read_repair
@@ -91,7 +91,7 @@ from surgeon.show import VIEWS, view_of
 from surgeon.sites.ablations import ABLATIONS
 from surgeon.errors import AnalysisError, CaseError, SurgeonError, warn
 from surgeon.version import __version__
-from surgeon.spec.case import Case, case_metric_of, content_digest, validate
+from surgeon.case.case import Case, case_metric_of, content_digest, validate
 
 __all__ = ["diagnose", "encode", "dla", "attention", "patch", "patch_positions", "attribute", "threshold",
            "evaluate_subsets", "repair", "apply", "sinks", "blend", "circuit",
@@ -116,7 +116,7 @@ def case_and_model(case, model=None, *, device: str | None = None, dtype: str = 
     case's when None, loaded by spec when a string, else the model given: a HookedTransformer, a Hugging Face
     model (converted as checkpoints are; its tokenizer from the files it was loaded from) or (model, tokenizer)
     (a HookedTransformer gets the tokenizer set on it). A case may leave out `model` when one is given here.
-    `metric` (a name or a function) replaces the case's (see `surgeon.spec.metrics`)."""
+    `metric` (a name or a function) replaces the case's (see `surgeon.case.metrics`)."""
     built = isinstance(case, Case)  # a case file was checked against its model when it was read
     case = read(case, model)
     if metric is not None:

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 
 # how an error names where it happened: functions from `where` to what is printed, registered by the layers that
-# know better (surgeon.spec.shipped: a shipped case by its name, not by its path inside the install)
+# know better (surgeon.case.shipped: a shipped case by its name, not by its path inside the install)
 SHOWN_WHERE: list = []
 
 

@@ -101,7 +101,7 @@ def word_tokenizer(texts, specials=("<|endoftext|>",)):
 
 
 def case_texts(case):
-    from surgeon.spec.encoding import render
+    from surgeon.case.encoding import render
 
     out = []
     for it in case.items:

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from surgeon.spec.encoding import align
+from surgeon.case.encoding import align
 
 
 def units_of(act, comp, n_units):

@@ -116,7 +116,7 @@ def test_a_bench_is_stale_when_a_source_it_times_changes_and_only_then(tmp_path)
         for p in paths:
             assert (Path(ROOT) / p).exists(), (name, p)
     for p in ("surgeon/engine", "surgeon/sites", "surgeon/analyses", "surgeon/search", "surgeon/circuits", "surgeon/cli",
-              "surgeon/spec"):
+              "surgeon/case"):
         shutil.copytree(Path(ROOT) / p, tmp_path / p, ignore=shutil.ignore_patterns("__pycache__"))
     for f in ("surgeon/__init__.py", "surgeon/api.py", "pyproject.toml"):
         shutil.copy(Path(ROOT) / f, tmp_path / f)
@@ -126,8 +126,8 @@ def test_a_bench_is_stale_when_a_source_it_times_changes_and_only_then(tmp_path)
     f.write_text(f.read_text() + "\n")
     after = {n: sources_sha256(n, tmp_path) for n in SOURCES}
     assert after["features"] != before["features"] and after["subset_search"] == before["subset_search"]
-    # the case's scoring (surgeon/spec: rows, metrics) is timed by every bench: a change there makes each stale
-    for src in ("surgeon/spec/metrics.py", "surgeon/spec/encoding.py"):
+    # the case's scoring (surgeon/case: rows, metrics) is timed by every bench: a change there makes each stale
+    for src in ("surgeon/case/metrics.py", "surgeon/case/encoding.py"):
         g = tmp_path / src
         g.write_text(g.read_text() + "\n")
         again = {n: sources_sha256(n, tmp_path) for n in SOURCES}

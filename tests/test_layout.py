@@ -12,9 +12,9 @@ ROOT = Path(_ROOT)
 PKG = ROOT / "surgeon"
 # lowest first; a module may import its own layer and those below it, never one above (docs/layout.md draws them)
 LAYERS = [
-    ("surgeon.version", "surgeon.errors", "surgeon.stats", "surgeon.results", "surgeon.show"),
+    ("surgeon.version", "surgeon.errors", "surgeon.stats", "surgeon.results", "surgeon.show", "surgeon.causal"),
     ("surgeon.sites",),  # the vocabulary of sites (a case names components) and the protocol the engine calls
-    ("surgeon.spec",),  # a case described once: no model
+    ("surgeon.case",),  # a case described once: no model
     ("surgeon.engine",),  # masks between runs of a HookedTransformer it is given: no loading
     ("surgeon.models", "surgeon.organisms"),  # loading a model (an organism knows no engine)
     ("surgeon.repairs",),  # a shippable repair: the constant-source site the engine runs, and the artifact a model wears
@@ -26,16 +26,6 @@ LAYERS = [
     ("surgeon.cli",),
     ("surgeon", "surgeon.__main__"),
 ]
-# imports that still run upward, each to be moved with the next full bench rerun: the code they would move is in
-# files every saved bench result is keyed on (bench/saving.py: surgeon/engine; surgeon/analyses/common.py), and a
-# move there makes hours of benches stale on a 2-core machine. Nothing may join this list.
-PENDING = {
-    "surgeon.engine.contrast -> surgeon.models.loading",  # check_causal belongs in the engine or below
-    "surgeon.sae.quality -> surgeon.analyses.common",  # format_rows / prepend_bos belong below the analyses
-    "surgeon.sae.train -> surgeon.analyses.common",
-}
-
-
 def modules():
     out = {}
     for f in PKG.rglob("*.py"):
@@ -101,8 +91,7 @@ def test_no_arrow_back_no_cycle_no_private_import():
     g, private = graph()
     assert not private
     back = {f"{a} -> {b}" for a, ts in g.items() for b in ts if layer(b) > layer(a)}
-    assert back <= PENDING, sorted(back - PENDING)  # a new arrow back
-    assert back == PENDING, sorted(PENDING - back)  # one moved: take it off PENDING
+    assert not back, sorted(back)  # an import from a lower floor to a higher one
     # a cycle would need an arrow back or a cycle inside one layer: find any by depth-first search
     state = {}
 
@@ -126,7 +115,7 @@ def test_the_checker_sees_an_arrow_back_and_a_cycle(tmp_path):
     assert layer("surgeon.search.subsets") < layer("surgeon.analyses.threshold")  # a driver in search/ is caught
     g, _ = graph()
     assert "surgeon.engine.contrast" in g["surgeon.analyses.common"]  # edges are seen, local imports too
-    assert "surgeon.spec.encoding" in g["surgeon.analyses.common"]
+    assert "surgeon.case.encoding" in g["surgeon.analyses.common"]
 
 
 def test_the_engine_knows_no_site_kind_by_name():
@@ -165,9 +154,9 @@ def test_the_docs_layout_shows_every_folder_once():
 # the one way lazy imports are done: only the modules `import surgeon` and `surgeon --help` load (and the CLI,
 # which imports each command's code when the command runs) import the package inside functions; everything
 # else imports at the top, where its dependencies can be read
-STARTUP = {"surgeon", "surgeon.__main__", "surgeon.errors", "surgeon.results", "surgeon.spec.case",
-           "surgeon.spec.encoding", "surgeon.models", "surgeon.models.loading", "surgeon.models.checks",
-           "surgeon.sites.nodes", "surgeon.sites.protocol", "surgeon.organisms"}
+STARTUP = {"surgeon", "surgeon.__main__", "surgeon.errors", "surgeon.results", "surgeon.case.case",
+           "surgeon.case.encoding", "surgeon.models", "surgeon.models.loading", "surgeon.models.checks",
+           "surgeon.sites.nodes", "surgeon.sites.protocol", "surgeon.organisms", "surgeon.causal"}
 
 
 def test_lazy_imports_only_on_the_start_up_path():

@@ -24,7 +24,7 @@ from surgeon.analyses.patching import patch_heads
 from surgeon.analyses.scoring import check_unit_method
 from surgeon.circuits.methods import ATTRIBUTION_IG_STEPS as IG_STEPS
 from surgeon.show import Shows
-from surgeon.spec.case import Case
+from surgeon.case.case import Case
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,7 @@ from surgeon.analyses.common import make_contrast
 from surgeon.errors import AnalysisError
 from surgeon.show import Shows
 from surgeon.sites.nodes import Site, unit_label
-from surgeon.spec.case import Case
+from surgeon.case.case import Case
 from surgeon.stats import Estimate, bootstrap_mean, wilson_many
 
 

@@ -46,7 +46,7 @@ from surgeon.models.loading import resolve, shape
 from surgeon.show import Shows
 from surgeon.sites.ablations import FREEZE
 from surgeon.sites.edges import EdgeSite
-from surgeon.spec.case import Case
+from surgeon.case.case import Case
 from surgeon.stats import Estimate, bootstrap_mean, bootstrap_means, scaled
 
 Method = Literal["eap", "eap-ig-inputs", "eap-ig-activations", "eap-ig-masks", "exact"]

@@ -35,7 +35,6 @@ from surgeon.analyses.common import (
     Direction,
     case_metric,
     contrast_rows,
-    format_rows,
     make_contrast,
     pick_bad,
     pick_items,
@@ -44,7 +43,8 @@ from surgeon.circuits.methods import SEMANTICS
 from surgeon.engine.contrast import Contrast
 from surgeon.errors import AnalysisError
 from surgeon.sites.edges import EdgeSite
-from surgeon.spec.case import Case
+from surgeon.case.case import Case
+from surgeon.case.encoding import format_rows
 
 
 def check_semantics(semantics: str) -> None:

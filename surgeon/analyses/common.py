@@ -3,37 +3,17 @@ from __future__ import annotations
 
 from typing import Literal
 
-from surgeon.engine.contrast import Contrast, reference_logprobs
+from surgeon.engine.contrast import Contrast
+from surgeon.engine.readout import reference_logprobs
 from surgeon.errors import AnalysisError, CaseError
 from surgeon.sites.nodes import Site
 from surgeon.sites.nodes import component as get_component
-from surgeon.spec.case import Case, case_metric_of
-from surgeon.spec.select import pick_bad, pick_items
-from surgeon.spec.encoding import encode_rows
+from surgeon.case.case import Case, case_metric_of
+from surgeon.case.select import pick_bad, pick_items
+from surgeon.case.encoding import format_rows, prepend_bos
 
 Direction = Literal["denoise", "noise"]
 DIRECTIONS = ("denoise", "noise")
-
-
-def prepend_bos(case: Case, model) -> bool:
-    return case.prepend_bos if case.prepend_bos is not None else bool(model.cfg.default_prepend_bos)
-
-
-def format_rows(case: Case, model, fmt: str, items):
-    """The rows that score `items` in format `fmt`: by the case's `score`, or where the answers first differ
-    when its metric reads only that position (kl, a function)."""
-    metric = case_metric_of(case)
-    score = "first_token" if metric.decision else case.score
-    try:
-        return encode_rows(case.formats[fmt], items, model.tokenizer, prepend_bos(case, model), score,
-                           case.answer_end, case.combine)
-    except CaseError as e:
-        if not metric.decision or case.score == "first_token" or e.field != "score":
-            raise
-        raise CaseError(f"metric {metric.label!r} reads where the answers first differ, but {e.message}",
-                        where=case.source, field="metric",
-                        fix='set answer_end="eos" (the answers then differ at the end token), or use metric '
-                            '"logprob" or "prob"') from None
 
 
 def case_metric(case: Case, model, items, batch_size: int = 256):

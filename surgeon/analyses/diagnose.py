@@ -5,13 +5,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from surgeon.analyses.common import case_metric, format_rows
+from surgeon.analyses.common import case_metric
 from surgeon.analyses.generation import check_generation, generate_format
-from surgeon.engine.contrast import score_rows
+from surgeon.engine.readout import score_rows
 from surgeon.show import Shows
-from surgeon.spec.case import Case
-from surgeon.spec.select import pick_bad, pick_items
+from surgeon.case.case import Case
+from surgeon.case.select import pick_bad, pick_items
 from surgeon.stats import Estimate, bootstrap_mean, wilson
+from surgeon.case.encoding import format_rows
 
 
 IN_MEMORY = "(given in memory)"  # the model, when the case names none
@@ -37,7 +38,7 @@ class Diagnosis(Shows):
     reproduced: dict[str, bool]  # per failing format: its accuracy interval lies below the good format's
     generations: tuple = ()  # per format, with generate > 0: greedy continuations and their verdicts
     per_item: tuple = ()  # one dict per item: index, tag, values, answers, and its score in every format
-    metric: str = "logprob"  # what the scores measure (surgeon.spec.metrics)
+    metric: str = "logprob"  # what the scores measure (surgeon.case.metrics)
 
     def get(self, fmt: str, tag: str = "all") -> FormatStats:
         return next(s for s in self.stats if s.format == fmt and s.tag == tag)

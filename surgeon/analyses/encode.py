@@ -7,12 +7,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from surgeon.analyses.common import format_rows
 from surgeon.errors import AnalysisError
 from surgeon.show import Shows
-from surgeon.spec.case import Case
-from surgeon.spec.encoding import align
-from surgeon.spec.select import pick_bad, pick_items
+from surgeon.case.case import Case
+from surgeon.case.encoding import align
+from surgeon.case.select import pick_bad, pick_items
+from surgeon.case.encoding import format_rows
 
 
 @dataclass

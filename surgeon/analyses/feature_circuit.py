@@ -40,14 +40,14 @@ from surgeon.analyses.common import make_contrast
 from surgeon.analyses.feature_edges import Edge, edge_attribution, verify_edges
 from surgeon.analyses.positions import slot_labels
 from surgeon.analyses.scoring import check_feature_method
-from surgeon.spec.select import pick_items
+from surgeon.case.select import pick_items
 from surgeon.circuits.export import write
 from surgeon.circuits.graph import CircuitGraph
 from surgeon.errors import AnalysisError
 from surgeon.show import Shows
 from surgeon.sites.features import FeatureSite
 from surgeon.sites.nodes import Site
-from surgeon.spec.case import Case
+from surgeon.case.case import Case
 from surgeon.stats import Estimate, bootstrap_fraction, wilson
 
 PROFILED = 24  # the first nodes of each circuit whose activations the result keeps (the report's hover)

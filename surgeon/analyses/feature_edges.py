@@ -31,7 +31,7 @@ import numpy as np
 import torch
 
 from surgeon.analyses.scoring import feature_masks
-from surgeon.engine.contrast import At
+from surgeon.engine.readout import At
 from surgeon.errors import AnalysisError
 from surgeon.sites.features import FeatureSite
 from surgeon.sites.nodes import hook_layer

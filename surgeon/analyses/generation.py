@@ -5,13 +5,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal, Sequence
 
-from surgeon.analyses.common import prepend_bos
-from surgeon.spec.select import pick_bad, pick_items
-from surgeon.engine.contrast import Contrast, greedy
+from surgeon.case.select import pick_bad, pick_items
+from surgeon.engine.contrast import Contrast
+from surgeon.engine.readout import greedy
 from surgeon.errors import AnalysisError
-from surgeon.spec.case import Case, Item
-from surgeon.spec.encoding import prompt_rows
+from surgeon.case.case import Case, Item
+from surgeon.case.encoding import prompt_rows
 from surgeon.stats import Estimate, wilson
+from surgeon.case.encoding import prepend_bos
 
 Verdict = Literal["correct", "incorrect", "other"]
 

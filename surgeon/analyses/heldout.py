@@ -31,8 +31,8 @@ from surgeon.show import Shows
 from surgeon.sites.edges import EdgeSite
 from surgeon.sites.features import FeatureSite
 from surgeon.sites.nodes import Site
-from surgeon.spec.case import Case, Item, fresh_items, read_case, validate
-from surgeon.spec.select import pick_items
+from surgeon.case.case import Case, Item, fresh_items, read_case, validate
+from surgeon.case.select import pick_items
 from surgeon.stats import Estimate, bootstrap_fraction, wilson
 
 MIN_PER_SPLIT = 4  # fewer items on either side say nothing a reader could use

@@ -28,14 +28,14 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from surgeon.analyses.common import prepend_bos
-from surgeon.spec.select import pick_items
-from surgeon.engine.contrast import cached_batches
+from surgeon.case.select import pick_items
+from surgeon.engine.readout import cached_batches
 from surgeon.errors import AnalysisError, CaseError
 from surgeon.show import Shows
-from surgeon.spec.case import Case
-from surgeon.spec.encoding import encode_rows
+from surgeon.case.case import Case
+from surgeon.case.encoding import encode_rows
 from surgeon.stats import bootstrap_means
+from surgeon.case.encoding import prepend_bos
 
 
 @dataclass

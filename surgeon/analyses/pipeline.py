@@ -42,7 +42,7 @@ from surgeon.results import versions
 from surgeon.sae.load import SAESource, load_sae
 from surgeon.analyses.threshold import threshold_search
 from surgeon.show import Shows
-from surgeon.spec.case import Case, content_digest
+from surgeon.case.case import Case, content_digest
 
 STEPS = ("diagnose", "dla", "patch", "positions", "threshold", "blend", "circuit", "attention", "sinks", "sae")
 # steps a report runs only when asked (--steps ...,repair): the repair search adds a minute on the decimal organism

@@ -20,8 +20,8 @@ from surgeon.engine.memory import Call, Job, Prediction
 from surgeon.errors import AnalysisError
 from surgeon.sites.edges import EdgeSite
 from surgeon.sites.nodes import Site
-from surgeon.spec.case import Case
-from surgeon.spec.select import pick_bad, pick_items
+from surgeon.case.case import Case
+from surgeon.case.select import pick_bad, pick_items
 
 
 def graph_size(cfg) -> tuple[int, int]:
@@ -218,7 +218,7 @@ def plan_features(cfg, rows_b, rows_s, align: str, saes: dict, method: str = "ig
     if jobs is None:
         jobs = feature_jobs(cfg, list(saes), max(x.d_sae for x in saes.values()), nodes, method, steps, verify)
     weights = memory.weights_bytes(cfg) if weights is None else weights  # the whole model's, on a job's cut layers too
-    bs = max(1, int(batch_size))
+
     def engine_plans(bs: int, budget: int) -> list:
         out = []
         for fj in jobs.values():
@@ -228,14 +228,14 @@ def plan_features(cfg, rows_b, rows_s, align: str, saes: dict, method: str = "ig
                                     weights=weights, device=device), fj.job))
         return out
 
-    while True:  # each job planned on the layers its passes run through; the largest peak
+    def predict_at(bs: int) -> Prediction:  # each job planned on the layers its passes run through; the largest peak
         try:
             preds = engine_plans(bs, budget)
         except AnalysisError:  # the engine's part alone does not fit at batch size 1: the whole of it, refused below
             bs, preds = 1, engine_plans(1, 1 << 62)
-        if min(p.batch_size for p, _ in preds) < bs:  # the engine's part alone does not fit at bs
-            bs = min(p.batch_size for p, _ in preds)
-            continue
+        low = min(p.batch_size for p, _ in preds)
+        if low < bs:  # the engine's part alone does not fit at bs: tried next at its size
+            return preds[[p.batch_size for p, _ in preds].index(low)][0]
         tops = []
         for (p, _), (key, fj) in zip(preds, jobs.items()):
             extra = feature_bytes(memory.layout(b, s, aligned, bs), {key: fj}, list(saes.values()), bs)
@@ -244,17 +244,11 @@ def plan_features(cfg, rows_b, rows_s, align: str, saes: dict, method: str = "ig
         clean = 2 * len(memory.layout(b, s, aligned, bs)) * (2 if both else 1)  # one set of clean passes
         forwards = sum(p.forwards for p, _ in preds) - clean * (len(preds) - 1)
         name = f"feature circuit ({len(saes)} SAEs, {nodes:,} nodes)" if both or len(jobs) > 1 else preds[0][1].name
-        total = Prediction(name, bs, int(peak), parts, forwards, any(p.forwards_bound for p, _ in preds))
-        if total.peak <= budget:
-            return total
-        if bs == 1:
-            parts = ", ".join(f"{k} {memory.human(v)}" for k, v in total.parts.items())
-            raise AnalysisError(
-                f"{total.job} needs about {memory.human(total.peak)} even with batch size 1 ({parts}), more than the "
-                f"{memory.human(budget)} available", field="--max-memory",
-                fix="use fewer or smaller SAEs (--layers), --dtype bfloat16, fewer items, a device with more memory, "
-                    "or a larger --max-memory if more is free")
-        bs = 2 ** (math.ceil(math.log2(bs)) - 1)
+        return Prediction(name, bs, int(peak), parts, forwards, any(p.forwards_bound for p, _ in preds))
+
+    return memory.largest_batch(predict_at, batch_size, budget,
+                                fix="use fewer or smaller SAEs (--layers), --dtype bfloat16, fewer items, a device "
+                                    "with more memory, or a larger --max-memory if more is free")
 
 
 def planned_batch_size(plan, case: Case, model, *a, batch_size: int = 256, max_memory: int | str | None = None,

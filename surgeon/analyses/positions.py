@@ -16,7 +16,7 @@ import torch
 
 from surgeon.analyses.common import Direction, layer_sites, make_contrast
 from surgeon.show import Shows
-from surgeon.spec.case import Case
+from surgeon.case.case import Case
 from surgeon.stats import bootstrap_fraction
 
 

@@ -28,21 +28,23 @@ from typing import Sequence
 
 import numpy as np
 
-from surgeon.analyses.common import case_metric, format_rows, prepend_bos
+from surgeon.analyses.common import case_metric
 from surgeon.analyses.generation import judge
 from surgeon.analyses.heldout import Split, SubsetRunner, eval_split, evaluate_subsets, split_items
-from surgeon.engine.contrast import Contrast, greedy, reference_logprobs
+from surgeon.engine.contrast import Contrast
+from surgeon.engine.readout import greedy, reference_logprobs
 from surgeon.errors import AnalysisError
 from surgeon.repairs.artifact import MODES, Repair
 from surgeon.repairs.site import ConstantSite
 from surgeon.search.subsets import Unit, parse_units
 from surgeon.show import Shows
 from surgeon.sites.nodes import Site
-from surgeon.spec.case import Case, Item, content_digest
-from surgeon.spec.encoding import Row, prompt_rows
-from surgeon.spec.metrics import METRICS
-from surgeon.spec.select import pick_bad, pick_items
+from surgeon.case.case import Case, Item, content_digest
+from surgeon.case.encoding import Row, prompt_rows
+from surgeon.case.metrics import METRICS
+from surgeon.case.select import pick_bad, pick_items
 from surgeon.stats import Estimate, bootstrap_mean, wilson
+from surgeon.case.encoding import format_rows, prepend_bos
 
 COMPONENTS = ("z",)  # head outputs before W_O: what the subset search patches and a mean or steer repair writes
 STRENGTHS = {"mean": (1.0,), "steer": (0.5, 1.0, 2.0, 4.0)}  # what `search_repair` tries by default

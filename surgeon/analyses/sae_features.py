@@ -14,16 +14,16 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from surgeon.analyses.common import prepend_bos
-from surgeon.spec.select import pick_bad, pick_items
-from surgeon.engine.contrast import cached_batches
+from surgeon.case.select import pick_bad, pick_items
+from surgeon.engine.readout import cached_batches
 from surgeon.errors import AnalysisError
 from surgeon.sae.load import neuronpedia_url
 from surgeon.show import Shows
 from surgeon.sites.features import sae_hook
-from surgeon.spec.case import Case
-from surgeon.spec.encoding import align, prompt_rows
+from surgeon.case.case import Case
+from surgeon.case.encoding import align, prompt_rows
 from surgeon.stats import Estimate, bootstrap_mean
+from surgeon.case.encoding import prepend_bos
 
 POSITIONS = ("last", "aligned")
 METRICS = ("overlap", "jaccard", "weighted_jaccard")

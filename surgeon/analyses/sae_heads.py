@@ -16,17 +16,17 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from surgeon.analyses.common import prepend_bos
-from surgeon.spec.select import pick_bad, pick_items
+from surgeon.case.select import pick_bad, pick_items
 from surgeon.engine.contrast import Contrast
 from surgeon.errors import AnalysisError
 from surgeon.search.subsets import Unit, make_groups
 from surgeon.show import Shows
 from surgeon.sites.features import sae_hook
 from surgeon.sites.nodes import Site, hook_layer
-from surgeon.spec.case import Case
-from surgeon.spec.encoding import prompt_rows
+from surgeon.case.case import Case
+from surgeon.case.encoding import prompt_rows
 from surgeon.stats import bootstrap_means
+from surgeon.case.encoding import prepend_bos
 
 
 @dataclass(frozen=True)

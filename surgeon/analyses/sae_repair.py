@@ -27,7 +27,7 @@ from surgeon.search.subsets import (
 from surgeon.show import Shows
 from surgeon.sites.features import FeatureSite
 from surgeon.sites.nodes import Site
-from surgeon.spec.case import Case
+from surgeon.case.case import Case
 
 
 @dataclass(frozen=True)

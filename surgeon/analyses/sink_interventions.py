@@ -25,16 +25,18 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from surgeon.analyses.common import case_metric, format_rows, prepend_bos
+from surgeon.analyses.common import case_metric
 from surgeon.analyses.sinks import EPSILON, SinkResult, massive_ratio, sinks
-from surgeon.engine.contrast import Contrast, cached_batches
+from surgeon.engine.contrast import Contrast
+from surgeon.engine.readout import cached_batches
 from surgeon.errors import AnalysisError
 from surgeon.show import Shows
 from surgeon.sites.sinks import SinkRemoval, TokenScale, UnitValue
-from surgeon.spec.case import Case
-from surgeon.spec.encoding import prompt_rows
-from surgeon.spec.select import pick_items
+from surgeon.case.case import Case
+from surgeon.case.encoding import prompt_rows
+from surgeon.case.select import pick_items
 from surgeon.stats import Estimate, wilson
+from surgeon.case.encoding import format_rows, prepend_bos
 
 
 @dataclass(frozen=True)

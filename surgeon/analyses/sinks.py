@@ -35,16 +35,16 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from surgeon.analyses.common import prepend_bos
 from surgeon.analyses.planning import budget_of
 from surgeon.engine import memory
-from surgeon.engine.contrast import cached_batches
+from surgeon.engine.readout import cached_batches
 from surgeon.errors import AnalysisError
 from surgeon.show import Shows
-from surgeon.spec.case import Case
-from surgeon.spec.encoding import prompt_rows
-from surgeon.spec.select import pick_items
+from surgeon.case.case import Case
+from surgeon.case.encoding import prompt_rows
+from surgeon.case.select import pick_items
 from surgeon.stats import Estimate, bootstrap_mean
+from surgeon.case.encoding import prepend_bos
 
 EPSILON = 0.3  # Gu et al.'s threshold on a head's mean attention to the first token
 MASSIVE_ABS, MASSIVE_RATIO = 100.0, 1000.0  # Sun et al.'s criterion: |x| > 100 and > 1000 x the median

@@ -28,7 +28,7 @@ from surgeon.search.subsets import (
 )
 from surgeon.sites.nodes import Site
 from surgeon.sites.nodes import component as get_component
-from surgeon.spec.case import Case
+from surgeon.case.case import Case
 
 
 @dataclass(frozen=True)

@@ -27,7 +27,7 @@ from surgeon.cli.common import (
 )
 from surgeon.cli.parser import Parser
 from surgeon.errors import SurgeonError, warn
-from surgeon.spec.shipped import CASES_DIR
+from surgeon.case.shipped import CASES_DIR
 from surgeon.version import __version__
 
 REPORT_STEPS = ("diagnose", "dla", "patch", "positions", "threshold", "blend", "circuit", "attention", "sinks",
@@ -516,7 +516,7 @@ def cmd_threshold(args) -> int:
         return 0
     if args.generate:  # refused before the search, not after it
         from surgeon.analyses.generation import check_generation
-        from surgeon.spec.select import pick_items
+        from surgeon.case.select import pick_items
 
         check_generation(case, model, pick_items(case, args.tag)[1], args.generate)
     warn_if_no_failure(args, case, model)
@@ -578,7 +578,7 @@ def cmd_sinks(args) -> int:
                            field="--intervene", fix="add --intervene, or leave --heads and --amplify out")
     case, model, device = load_case_and_model(args)
     from surgeon.analyses.sinks import plan, sinks
-    from surgeon.spec.select import pick_items
+    from surgeon.case.select import pick_items
 
     p, budget = plan(case, model, pick_items(case, "all")[1], min(args.batch_size, 64), args.max_memory)
     print(f"plan: {p.line(budget)}", file=sys.stderr)
@@ -601,7 +601,7 @@ def eval_items_check(args, case) -> None:
         eval_items_of(case, args.eval_items, args.seed)
     if getattr(args, "folds", None) is not None:
         from surgeon.analyses.heldout import fold_items
-        from surgeon.spec.select import pick_items
+        from surgeon.case.select import pick_items
 
         fold_items(pick_items(case, args.tag)[1], args.folds, args.seed)
 

@@ -10,9 +10,9 @@ from surgeon.errors import SurgeonError, did_you_mean, warn
 from surgeon.models.devices import device_of
 from surgeon.models.loading import resolve, shape
 from surgeon.search.subsets import BUILTIN_GROUPS, parse_units
-from surgeon.spec.case import read_case
-from surgeon.spec.select import pick_bad, pick_items
-from surgeon.spec.shipped import DEFAULT_CASE, shipped_case
+from surgeon.case.case import read_case
+from surgeon.case.select import pick_bad, pick_items
+from surgeon.case.shipped import DEFAULT_CASE, shipped_case
 
 
 def add_common(p: argparse.ArgumentParser, case: bool = True,
@@ -52,7 +52,7 @@ def add_items(p: argparse.ArgumentParser) -> None:
 
 def add_metric(p: argparse.ArgumentParser) -> None:
     """What an item's score measures, instead of the case's metric."""
-    from surgeon.spec.metrics import METRICS
+    from surgeon.case.metrics import METRICS
 
     p.add_argument("--metric", choices=list(METRICS),
                    help="what an item's score measures: logprob (log P(correct) - log P(incorrect)), logit (logit "

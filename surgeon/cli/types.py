@@ -90,7 +90,7 @@ def directory(text: str) -> Path:
 def memory_size(text: str) -> int:
     """--max-memory: "80GB", "40GiB", "512MiB" -> bytes."""
     from surgeon.errors import SurgeonError
-    from surgeon.spec.sizes import parse_bytes
+    from surgeon.case.sizes import parse_bytes
 
     try:
         return parse_bytes(text)

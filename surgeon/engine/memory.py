@@ -30,14 +30,15 @@ import math
 import os
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Callable, Sequence
 
 import torch
 
-from surgeon.engine.contrast import CACHE_BYTES, CACHE_FRACTION, BucketShape, layout, merged_rows
+from surgeon.engine.caches import CACHE_BYTES, CACHE_FRACTION
+from surgeon.engine.rows import BucketShape, layout, merged_rows
 from surgeon.errors import AnalysisError
 from surgeon.sites.head_input_grads import unit_chunk
-from surgeon.spec.sizes import human, parse_bytes  # noqa: F401  (part of this module's API)
+from surgeon.case.sizes import human, parse_bytes  # noqa: F401  (part of this module's API)
 
 # ----------------------------------------------------------------------------- what a job runs
 @dataclass(frozen=True)
@@ -166,7 +167,7 @@ MLP_HIDDEN = {False: 3, True: 4}  # gelu_new's pre-activation and temporaries; g
 RESID_COPIES = 6
 SCORE_COPIES = 2
 # under gradients, per layer: what autograd keeps for the backward pass. The weights are frozen, so a projection
-# keeps nothing of its input; the fused norms and activations (`engine.contrast.fused_activations`) keep less than
+# keeps nothing of its input; the fused norms and activations (`engine.kernels.fused_activations`) keep less than
 # TransformerLens's unfused ops would.
 GRAD_RESID = 2
 GRAD_MLP_HIDDEN = {False: 0, True: 1}
@@ -375,22 +376,33 @@ def plan(cfg, base_rows, source_rows, align: str, jobs: Job | Sequence[Job], *, 
     cache = int(CACHE_FRACTION * budget) if dev.type == "cuda" else CACHE_BYTES
     contrasts = [(merged_rows(base_rows, source_rows, align), jobs)]
     contrasts += [(merged_rows(b_, s_, a_), [j] if isinstance(j, Job) else list(j)) for b_, s_, a_, j in also]
+    return largest_batch(
+        lambda bs: alongside([predict_jobs(cfg, layout(b, s, aligned, bs), js, bs, weights=weights, cache_bytes=cache,
+                                           shared_prefix=shared_prefix, host=dev.type == "cpu")
+                              for (b, s, aligned), js in contrasts]),
+        batch_size, budget,
+        fix="use --dtype bfloat16, fewer or shorter items, a device with more memory, or a larger --max-memory if "
+            "more is free")
+
+
+def largest_batch(predict_at: Callable[[int], Prediction], batch_size: int, budget: int, fix: str) -> Prediction:
+    """The batch-halving search every plan runs: `predict_at(bs)` at `batch_size`, then at each power of two below
+    it, until the predicted peak fits `budget`. A prediction made at a smaller batch size than asked (a part of the
+    job that fits only there) is tried next at that size. AnalysisError (field --max-memory, `fix`) when batch size
+    1 does not fit."""
     bs = max(1, int(batch_size))
     while True:
-        p = alongside([predict_jobs(cfg, layout(b, s, aligned, bs), js, bs, weights=weights, cache_bytes=cache,
-                                    shared_prefix=shared_prefix, host=dev.type == "cpu")
-                       for (b, s, aligned), js in contrasts])
+        p = predict_at(bs)
+        if p.batch_size < bs:
+            bs = p.batch_size
+            continue
         if p.peak <= budget:
             return p
         if bs == 1:
-            break
+            parts = ", ".join(f"{k} {human(v)}" for k, v in p.parts.items())
+            raise AnalysisError(f"{p.job} needs about {human(p.peak)} even with batch size 1 ({parts}), more than "
+                                f"the {human(budget)} available", field="--max-memory", fix=fix)
         bs = 2 ** (math.ceil(math.log2(bs)) - 1)
-    parts = ", ".join(f"{k} {human(v)}" for k, v in p.parts.items())
-    raise AnalysisError(
-        f"{p.job} needs about {human(p.peak)} even with batch size 1 ({parts}), more than the {human(budget)} "
-        f"available", field="--max-memory",
-        fix="use --dtype bfloat16, fewer or shorter items, a device with more memory, or a larger --max-memory if "
-            "more is free")
 
 
 # ----------------------------------------------------------------------------- measuring

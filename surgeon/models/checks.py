@@ -7,10 +7,10 @@ import re
 from pathlib import Path
 from types import SimpleNamespace
 
+from surgeon.causal import check_causal
 from surgeon.errors import CaseError, ModelError
 from surgeon.models.loading import (
     ModelShape,
-    check_causal,
     check_finite,
     load_tokenizer,
     not_found,
@@ -19,8 +19,8 @@ from surgeon.models.loading import (
     tl_config,
 )
 from surgeon.sites.nodes import COMPONENTS
-from surgeon.spec.case import Case, Chat, origin, read_case
-from surgeon.spec.shipped import CASES_DIR
+from surgeon.case.case import Case, Chat, origin, read_case
+from surgeon.case.shipped import CASES_DIR
 
 
 def load_case(path: str | Path, check_model: bool = True, model: str | None = None) -> Case:
@@ -125,7 +125,7 @@ def _check_reference_reach(case, tok, where: str) -> None:
     """Mean ablation with reference items takes, at each position of the analysed rows, the mean over the reference
     items that reach that position (EAP-IG's per-position mean over a reference set). A position no reference item
     reaches would have no mean (it was patched with zero): refused here, in every format, before any weight loads."""
-    from surgeon.spec.encoding import encode_rows
+    from surgeon.case.encoding import encode_rows
 
     bos = case.prepend_bos is not False
     for name, fmt in case.formats.items():
@@ -147,7 +147,7 @@ def _check_reference_reach(case, tok, where: str) -> None:
 def _check_per_position(case, tok, where: str) -> None:
     """Items scored per position: one token per answer, positions inside the prompt, placeholders of the right
     length, in every format (as `encode_rows` builds them)."""
-    from surgeon.spec.encoding import encode_prompt, positions_row
+    from surgeon.case.encoding import encode_prompt, positions_row
 
     bos = case.prepend_bos is not False
     for name, fmt in case.formats.items():
@@ -163,7 +163,7 @@ def _check_rows(case, tok, n_ctx: int | None, d_vocab: int | None, where: str) -
     """Every row the model is fed must fit in its context (the prompt and the answer's tokens up to the last one,
     which is only predicted, as `encode_rows` builds them, in every format), and every token id, answers included,
     must be one the model's embedding holds."""
-    from surgeon.spec.encoding import encode_rows
+    from surgeon.case.encoding import encode_rows
 
     bos = case.prepend_bos is not False
     for name, fmt in case.formats.items():
@@ -190,7 +190,7 @@ def _check_rows(case, tok, n_ctx: int | None, d_vocab: int | None, where: str) -
 
 def _check_equal_lengths(case, tok, where: str) -> None:
     """align="index" matches position i to i: every item's prompt must be as long in every format."""
-    from surgeon.spec.encoding import encode_prompt
+    from surgeon.case.encoding import encode_prompt
 
     bos = case.prepend_bos is not False
     for i, it in enumerate(case.items):
@@ -207,7 +207,7 @@ def _warn_first_token(case, tok, where: str) -> None:
     or with a different one. surgeon prepends BOS to plain formats but not to a `Chat` format (the model's chat
     template writes its own, or none); a model trained with BOS first can fail in a format for that alone."""
     from surgeon.errors import warn
-    from surgeon.spec.encoding import encode_prompt
+    from surgeon.case.encoding import encode_prompt
 
     if not case.items or any(isinstance(f, Chat) for f in case.formats.values()) and not getattr(tok, "chat_template",
                                                                                                  None):
@@ -237,7 +237,7 @@ def _warn_answer_traps(case, tok, where: str) -> None:
     """Warn (once each) about answers that silently change what is scored: no leading space after a prompt
     that ends in a word or punctuation, and one answer a prefix of the other."""
     from surgeon.errors import warn
-    from surgeon.spec.case import Chat
+    from surgeon.case.case import Chat
 
     plain_ends = [f for f in case.formats.values() if not isinstance(f, Chat) and f and not f[-1].isspace()]
     text = [it for it in case.items if not it.per_position]  # per-position answers are token texts, read as given

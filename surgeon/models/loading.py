@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+from surgeon.causal import check_causal
 from surgeon.errors import ModelError, did_you_mean
 
 Kind = Literal["organism", "local", "tl", "hub"]
@@ -361,16 +362,6 @@ def _load_tl(ref: ModelRef, device: str, tdtype):
     return model
 
 
-def check_causal(model, where: str = "") -> None:
-    """Refuse a model whose attention is not causal (TransformerLens's `attention_dir="bidirectional"`, BERT-style):
-    the engine right-pads rows, cuts them after the last position it reads, merges rows that are prefixes of others
-    and shares cached prefixes, all exact only when no position reads a later one."""
-    direction = getattr(getattr(model, "cfg", None), "attention_dir", "causal")
-    if direction != "causal":
-        raise ModelError(f"the model's attention is {direction} (cfg.attention_dir={direction!r}); surgeon pads, cuts "
-                         "and merges rows and shares prefixes, which is exact only for causal attention, so every score "
-                         "would be wrong", where=where or None, field="model",
-                         fix="use a causal (decoder-only) language model; bidirectional encoders are not supported")
 
 
 MAX_WEIGHT = 1e6  # no trained language model has a weight this large; a checkpoint that does is corrupt

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from decimal import Decimal
 from typing import Iterator, Literal
 
-from surgeon.spec.case import Item
+from surgeon.case.case import Item
 
 FORMATS: dict[str, str] = {
     "plain": "Which is bigger: {a} or {b}?\nAnswer:",

@@ -23,7 +23,7 @@ from surgeon.results import manifest, staging, write_json
 from surgeon.show import svg_of, view_of
 from surgeon.reports.citations import METHOD_NAMES, bibtex, cite, cited
 from surgeon.reports.citations import render as render_citations
-from surgeon.spec.metrics import describe as describe_metric
+from surgeon.case.metrics import describe as describe_metric
 
 TITLES = {"diagnose": "Is the failure there?", "dla": "Direct logit attribution", "patch": "Per-head patching",
           "positions": "Patching by position", "attention": "Attention of the circuit's heads", "threshold": "Head subsets that repair",

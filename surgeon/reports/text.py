@@ -13,7 +13,7 @@ from surgeon.reports import figures
 from surgeon.results import manifest, shown_path, staging, write_json
 from surgeon.search.subsets import per_subset, plan_from_options, subsets_csv_rows
 from surgeon.sites.nodes import component, unit_label
-from surgeon.spec.metrics import describe as describe_metric
+from surgeon.case.metrics import describe as describe_metric
 
 
 def _f(v: float, spec: str) -> str:

@@ -8,7 +8,7 @@ import numpy as np
 from surgeon.circuits.export import circuit_figure
 from surgeon.reports import attention_view, feature_view, figures, frames, html, repair_view, tables, text
 from surgeon.show import View, register
-from surgeon.spec.metrics import describe as describe_metric
+from surgeon.case.metrics import describe as describe_metric
 
 
 def _diagnosis_line(d) -> str:

@@ -11,8 +11,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from surgeon.analyses.common import format_rows, prepend_bos
-from surgeon.engine.contrast import score_rows
+from surgeon.engine.readout import score_rows
+from surgeon.case.encoding import format_rows, prepend_bos
 
 # an SAE below these is flagged: its features are not a faithful account of the activation here
 MIN_EXPLAINED_VARIANCE = 0.7

@@ -15,9 +15,9 @@ from typing import Sequence
 import torch
 from torch import Tensor
 
-from surgeon.analyses.common import format_rows, prepend_bos
-from surgeon.engine.contrast import cached_batches
+from surgeon.engine.readout import cached_batches
 from surgeon.results import follow_umask
+from surgeon.case.encoding import format_rows, prepend_bos
 
 
 @dataclass(frozen=True)

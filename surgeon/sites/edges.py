@@ -391,30 +391,85 @@ def edge_hooks(model, site: EdgeSite, mask: Tensor, source: Tensor, base: Tensor
     all senders before it, so a receiver's senders are a prefix of that order: the differences
     (source - current) are kept as per-layer blocks and a receiver combines them with one matrix product
     per block (or, for single edges, by adding each patched edge's difference to its copy)."""
-    device = source.device
-    idx = torch.arange(n, device=device)[:, None]
-    S = rel.shape[1]
-    static = is_static(site, mask) if static is None else static
-    fixed = (source - base)  # [n, S, J, d]: the difference of every sender that keeps this run's output
-    # sender-major [J, n * S * d], laid out once: each receiver's product reads a prefix of its rows (a view, so
-    # under gradients every receiver's saved input is this one tensor, not a copy of the senders before it)
-    fixed_rows = fixed.permute(2, 0, 1, 3).reshape(fixed.shape[2], -1)
-    # senders from here on are live unless static, or every difference is fixed by the site
-    first_live = len(site.senders) if site.difference == "fixed" else _first_sender_at(site, start)
-    live: list[Tensor] = []  # per block of live senders, in order: [c, k, n * S * d]
+    return EdgePass(model, site, mask, source, base, copies, n, rel, valid, start, shared, static).hooks()
 
-    def dense_of(key) -> Tensor:
+
+class EdgePass:
+    """One forward pass's edge patching (`edge_hooks`): what every hook of the pass shares (the senders' fixed
+    differences, the live senders' blocks captured so far, the norm inputs and projections under gradients) and a
+    method per kind of hook."""
+
+    def __init__(self, model, site: EdgeSite, mask: Tensor, source: Tensor, base: Tensor, copies: int, n: int,
+                 rel: Tensor, valid: Tensor, start: int, shared: Tensor | None = None, static: bool | None = None):
+        self.model, self.site, self.mask, self.source, self.copies, self.n = model, site, mask, source, copies, n
+        self.rel, self.valid, self.start, self.shared = rel, valid, start, shared
+        self.device = source.device
+        self.idx = torch.arange(n, device=self.device)[:, None]
+        self.S = rel.shape[1]
+        self.static = is_static(site, mask) if static is None else static
+        self.fixed = (source - base)  # [n, S, J, d]: the difference of every sender that keeps this run's output
+        # sender-major [J, n * S * d], laid out once: each receiver's product reads a prefix of its rows (a view, so
+        # under gradients every receiver's saved input is this one tensor, not a copy of the senders before it)
+        self.fixed_rows = self.fixed.permute(2, 0, 1, 3).reshape(self.fixed.shape[2], -1)
+        # senders from here on are live unless static, or every difference is fixed by the site
+        self.first_live = len(site.senders) if site.difference == "fixed" else _first_sender_at(site, start)
+        self.live: list[Tensor] = []  # per block of live senders, in order: [c, k, n * S * d]
+        # `shared`: [copies, n_senders] under gradients at EAP/EAP-IG's masks (`shared_values`), else None
+        self.ln_in: dict[int, tuple] = {}  # layer -> (the norm's input as given, as patched, the q/k/v gradients' store)
+        self.projected: dict[int, dict] = defaultdict(dict)  # layer -> kind -> (its q/k/v edges' mask, projection weight)
+        self.block_in: dict[int, Tensor] = {}  # layer -> its input in this pass (static edges into q/k/v read it)
+
+    def hooks(self) -> list:
+        """The pass's hooks: capturing live senders' outputs, then one per receiver group an edge of the mask
+        enters (recomputed heads, the shared norm input under gradients, or a plain addition)."""
+        model, site, mask, start = self.model, self.site, self.mask, self.start
+        static, shared = self.static, self.shared
+        hooks = []
+        if not static and site.difference != "fixed":  # senders' current outputs, which upstream patches may change
+            for L in range(start, site.n_layers):
+                lo, hi = _sender_range(site, L, "head")
+                hooks.append((f"blocks.{L}.attn.hook_z", self.capture(lo, hi, heads_of=L)))
+                if _sender_range(site, L, "mlp") is not None:
+                    lo, hi = _sender_range(site, L, "mlp")
+                    hooks.append((f"blocks.{L}.hook_mlp_out", self.capture(lo, hi)))
+        groups = site.graph.groups
+        used = (mask != 0).any(0).cpu()
+        for (L, kind), (units, e, *_rest) in sorted(groups.items()):
+            if L < start or (not mask.requires_grad and not bool(used[e].any())):  # no edge of this chunk enters it
+                continue
+            name = {"q": f"blocks.{L}.hook_q_input", "k": f"blocks.{L}.hook_k_input", "v": f"blocks.{L}.hook_v_input",
+                    "mlp": f"blocks.{L}.hook_mlp_in", "logits": f"blocks.{site.n_layers - 1}.hook_resid_post"}[kind]
+            if static and kind in "qkv" and recomputes_heads(model):
+                if not any(h[0] == f"blocks.{L}.hook_resid_pre" for h in hooks):
+                    hooks.append((f"blocks.{L}.hook_resid_pre", self.keep_input(L)))
+                hooks.append((f"blocks.{L}.attn.hook_{kind}", self.recompute(L, kind, units)))
+                continue
+            if shared is not None and kind in "qkv":
+                k = int(groups[(L, kind)][2].max()) + 1
+                if not any(h[0] == f"blocks.{L}.ln1:pre" for h in hooks):
+                    hooks.append((f"blocks.{L}.ln1:pre", self.common_input(L, k)))
+                hooks.append((f"blocks.{L}.attn.hook_{kind}", self.through_projection(L, kind, units)))
+                continue
+            hooks.append((name, self.patch((L, kind), units)))
+        return hooks
+
+    def dense_of(self, key) -> Tensor:
         """[copies, k, units] the mask of receiver group `key` (layer, kind) over the k senders its receivers read."""
+        site, mask, copies = self.site, self.mask, self.copies
         units, e, si, ri = site.graph.groups[key]
         dense = mask.new_zeros(copies, int(si.max()) + 1, len(units))
         return dense.index_put((torch.arange(copies)[:, None], si[None], ri[None]), mask[:, e], accumulate=True)
 
-    def gather(act: Tensor) -> Tensor:  # [copies * n, Q, ...] -> [copies, n, S, ...]
+    def gather(self, act: Tensor) -> Tensor:
+        """[copies * n, Q, ...] -> [copies, n, S, ...] at the aligned positions."""
+        copies, n, idx, rel = self.copies, self.n, self.idx, self.rel
         x = act.view(copies, n, *act.shape[1:])
         return x[:, idx, rel.to(act.device)]
 
-    def capture(lo: int, hi: int, heads_of: int | None = None):
+    def capture(self, lo: int, hi: int, heads_of: int | None = None):
         """Records source - current for senders lo:hi (the heads of a layer from z, or one MLP)."""
+        model, source, live, gather = self.model, self.source, self.live, self.gather
+
         def hook(x, hook):
             cur = gather(x)
             if heads_of is not None:
@@ -429,8 +484,12 @@ def edge_hooks(model, site: EdgeSite, mask: Tensor, source: Tensor, base: Tensor
             return x
         return hook
 
-    def patch(key, units):
-        dense = dense_of(key)
+    def patch(self, key, units):
+        """Hook on the input of receiver group `key` (layer, kind): adds each copy's patched edges' differences."""
+        device, static, copies, n, S = self.device, self.static, self.copies, self.n, self.S
+        idx, rel, valid = self.idx, self.rel, self.valid
+        fixed, fixed_rows, first_live, live = self.fixed, self.fixed_rows, self.first_live, self.live
+        dense = self.dense_of(key)
         k = dense.shape[1]  # the receiver reads senders 0..k-1
         nz = torch.nonzero(dense.detach()) if static else None  # (copy, sender, unit) of each patched edge
 
@@ -469,14 +528,15 @@ def edge_hooks(model, site: EdgeSite, mask: Tensor, source: Tensor, base: Tensor
             return out
         return hook
 
-    # `shared`: [copies, n_senders] under gradients at EAP/EAP-IG's masks (`shared_values`), else None
-    ln_in: dict[int, tuple] = {}  # layer -> (the norm's input as given, as patched, the q/k/v gradients' store)
-    projected: dict[int, dict] = defaultdict(dict)  # layer -> kind -> (its q/k/v edges' mask, projection weight)
-
-    def common_input(L: int, k: int):
+    def common_input(self, L: int, k: int):
         """Forward pre-hook of layer L's attention norm: adds the one difference all its heads read,
         sum over senders s < k of shared[s] * diff_s, at the aligned positions; the patched input carries the
         layer's q/k/v edge masks, whose gradients its backward gives (`head_input_grads.edge_grads`)."""
+        device, shared, copies, n, S = self.device, self.shared, self.copies, self.n, self.S
+        idx, rel, valid = self.idx, self.rel, self.valid
+        fixed_rows, first_live, live = self.fixed_rows, self.first_live, self.live
+        ln_in, projected = self.ln_in, self.projected
+
         def pre(module, args):
             x = args[0]
             if L in ln_in and ln_in[L][0] is x:  # the norm runs once each for q, k and v on one tensor
@@ -507,28 +567,33 @@ def edge_hooks(model, site: EdgeSite, mask: Tensor, source: Tensor, base: Tensor
             return (out,) + tuple(args[1:])
         return pre
 
-    def through_projection(L: int, kind: str, units):
+    def through_projection(self, L: int, kind: str, units):
         """Hook on layer L's q/k/v output: identity, whose backward keeps the gradient there for the norm's
         input to turn into the group's edge-mask gradients (through the projection and the norm)."""
-        projected[L][kind] = (dense_of((L, kind)), projection(model.blocks[L].attn, kind, model.cfg).detach())
+        model, projected, ln_in = self.model, self.projected, self.ln_in
+        projected[L][kind] = (self.dense_of((L, kind)), projection(model.blocks[L].attn, kind, model.cfg).detach())
 
         def hook(act, hook):
             return stash(act, ln_in[L][2], kind)
         return hook
 
-    block_in: dict[int, Tensor] = {}  # layer -> its input in this pass (static edges into q/k/v read it)
+    def keep_input(self, L: int):
+        """Hook on layer L's input: kept for `recompute`."""
+        block_in = self.block_in
 
-    def keep_input(L: int):
         def hook(x, hook):
             block_in[L] = x
             return x
         return hook
 
-    def recompute(L: int, kind: str, units):
+    def recompute(self, L: int, kind: str, units):
         """Static edges into layer L's q, k or v: each patched (copy, head) gets its own input x + the sum of its
         edges' differences at the aligned positions, normed and projected for that head alone; nothing else in
         the block reads a per-head input."""
-        dense = dense_of((L, kind))
+        model, device, copies, n, S = self.model, self.device, self.copies, self.n, self.S
+        idx, rel, valid = self.idx, self.rel, self.valid
+        fixed, block_in = self.fixed, self.block_in
+        dense = self.dense_of((L, kind))
         U = dense.shape[2]
         c_, j_, r_ = torch.nonzero(dense).unbind(1)
         pairs, inv = torch.unique(c_ * U + r_, return_inverse=True)
@@ -551,35 +616,6 @@ def edge_hooks(model, site: EdgeSite, mask: Tensor, source: Tensor, base: Tensor
             v[pc[:, None, None], idx[None], r[None], pu[:, None, None]] = new.to(out.dtype)
             return out
         return hook
-
-    hooks = []
-    if not static and site.difference != "fixed":  # senders' current outputs, which upstream patches may change
-        for L in range(start, site.n_layers):
-            lo, hi = _sender_range(site, L, "head")
-            hooks.append((f"blocks.{L}.attn.hook_z", capture(lo, hi, heads_of=L)))
-            if _sender_range(site, L, "mlp") is not None:
-                lo, hi = _sender_range(site, L, "mlp")
-                hooks.append((f"blocks.{L}.hook_mlp_out", capture(lo, hi)))
-    groups = site.graph.groups
-    used = (mask != 0).any(0).cpu()
-    for (L, kind), (units, e, *_rest) in sorted(groups.items()):
-        if L < start or (not mask.requires_grad and not bool(used[e].any())):  # no edge of this chunk enters it
-            continue
-        name = {"q": f"blocks.{L}.hook_q_input", "k": f"blocks.{L}.hook_k_input", "v": f"blocks.{L}.hook_v_input",
-                "mlp": f"blocks.{L}.hook_mlp_in", "logits": f"blocks.{site.n_layers - 1}.hook_resid_post"}[kind]
-        if static and kind in "qkv" and recomputes_heads(model):
-            if not any(h[0] == f"blocks.{L}.hook_resid_pre" for h in hooks):
-                hooks.append((f"blocks.{L}.hook_resid_pre", keep_input(L)))
-            hooks.append((f"blocks.{L}.attn.hook_{kind}", recompute(L, kind, units)))
-            continue
-        if shared is not None and kind in "qkv":
-            k = int(groups[(L, kind)][2].max()) + 1
-            if not any(h[0] == f"blocks.{L}.ln1:pre" for h in hooks):
-                hooks.append((f"blocks.{L}.ln1:pre", common_input(L, k)))
-            hooks.append((f"blocks.{L}.attn.hook_{kind}", through_projection(L, kind, units)))
-            continue
-        hooks.append((name, patch((L, kind), units)))
-    return hooks
 
 
 def _sender_range(site: EdgeSite, layer: int, kind: str):

@@ -83,7 +83,10 @@ class FeatureSite(SiteKind):
             src = b.source_acts[self.node_sites()[0]]
         else:  # [n_items, S, d] -> this bucket's rows [n, S, 1, d]
             src = self.source[b.items.to(self.source.device), : rel.shape[1]][:, :, None].to(ctx.device)
-        return feature_hooks(self, mask, src, copies, b.n, rel, b.slot_valid)
+        live = moving(mask, self.n_units())
+        if live is not None:
+            ctx.note("sae_features: only the patches that move a feature here encoded and decoded")
+        return feature_hooks(self, mask, src, copies, b.n, rel, b.slot_valid, live)
 
     def node_sites(self) -> list[Site]:
         """The node site whose activations (base and source, at the aligned positions) the features read."""
@@ -105,13 +108,24 @@ def sae_hook(sae) -> str:
     return hook
 
 
+def moving(mask: Tensor, units: int) -> Tensor | None:
+    """The patches [k] whose mask moves something at this site, where some do not (and the mask needs no gradient):
+    a patch whose mask here is zero leaves the activation as it is (decode(f) - decode(f)), so its rows need neither
+    the SAE's encoder nor its decoder. None: every patch moves something (or gradients flow through the mask)."""
+    if mask.requires_grad:
+        return None
+    nz = (mask.reshape(mask.shape[0], -1, units) != 0).any(-1).any(-1)
+    return None if bool(nz.all()) else torch.nonzero(nz).flatten()
+
+
 def feature_hooks(site: FeatureSite, mask: Tensor, source_act: Tensor, copies: int, n: int, rel: Tensor,
-                  valid: Tensor) -> list:
+                  valid: Tensor, live: Tensor | None = None) -> list:
     """The hook that patches features of mask [copies, units] (or [copies, S, units]) at the aligned positions
     (units: d_sae, and the error term last when the site has one).
 
     `source_act`: the other run's activation there [n, S, 1, d]; `rel` [n, S] the positions relative to
-    the first position the pass computes; `valid` [n, S] 1 for real (not padded) slots."""
+    the first position the pass computes; `valid` [n, S] 1 for real (not padded) slots; `live` (`moving`): the
+    only patches that move anything here (the others' rows are left as they are, unencoded)."""
     src = source_act[:, :, 0]
     f_src = site.encode(src)  # [n, S, F]
     # [c, 1, S|1, units]; a per-slot mask may name more slots than these rows have (other rows' later slots)
@@ -122,18 +136,28 @@ def feature_hooks(site: FeatureSite, mask: Tensor, source_act: Tensor, copies: i
     err_src = (src.to(f_src.device, f_src.dtype) - site.decode(f_src)) if site.error else None
     idx = torch.arange(n)[:, None]
 
+    if live is not None:
+        m, e = m[live.to(m.device)], (None if e is None else e[live.to(e.device)])
+
     def hook(act, hook):
         out = act.clone() if torch.is_grad_enabled() else act
         x = out.view(copies, n, *out.shape[1:])
         i, r = idx.to(x.device), rel.to(x.device)
-        cur = x[:, i, r]  # [c, n, S, d]
+        if live is None:
+            cur = x[:, i, r]  # [c, n, S, d]
+        else:
+            k = live.to(x.device)
+            cur = x[k[:, None, None], i, r]  # [k, n, S, d]: the patches that move something here
         f = site.encode(cur)
         rec = site.decode(f)
         moved = site.decode(f + m.to(f.device) * (f_src.to(f.device) - f)) - rec
         if e is not None:  # the error term toward the other run's: err = act - decode(encode(act))
             err = cur.to(rec.device, rec.dtype) - rec
             moved = moved + e.to(f.device) * (err_src.to(f.device) - err)
-        x[:, i, r] = cur + moved.to(x.device, x.dtype)
+        if live is None:
+            x[:, i, r] = cur + moved.to(x.device, x.dtype)
+        else:
+            x[k[:, None, None], i, r] = cur + moved.to(x.device, x.dtype)
         return out
 
     return [(site.hook, hook)]

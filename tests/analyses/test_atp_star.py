@@ -13,9 +13,10 @@ import pytest
 import torch
 
 import surgeon
-from surgeon.analyses.common import format_rows, make_contrast
+from surgeon.analyses.common import make_contrast
 from surgeon.sites.nodes import Site
 from surgeon.sites.qk_fix import QKFixSite
+from surgeon.case.encoding import format_rows
 
 LAYER = 1
 

@@ -10,10 +10,10 @@ import torch
 
 import surgeon
 import surgeon.api
-from surgeon.analyses.common import format_rows
 from surgeon.analyses.heldout import evaluate_subsets, split_items, threshold_heldout
 from surgeon.errors import AnalysisError
 from surgeon.sites.nodes import Site
+from surgeon.case.encoding import format_rows
 from tests.reference import direct_patch_scores
 
 
@@ -222,7 +222,7 @@ def test_the_command_line_finds_a_circuit_held_out(capsys, tmp_path):
 def test_fresh_items_from_the_cases_draw_are_new_checked_and_in_proportion():
     """Issue 51, item 1: the organisms' cases draw fresh items from their test splits; none equals one of the case's,
     the tags keep the draw's proportions, the same seed gives the same items, and a case without a draw is refused."""
-    from surgeon.spec.case import fresh_items
+    from surgeon.case.case import fresh_items
 
     case = _case()
     have = {(tuple(sorted(it.values.items())), it.correct, it.incorrect) for it in case.items}

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from surgeon import load_case
-from surgeon.spec.select import pick_items
+from surgeon.case.select import pick_items
 from surgeon.analyses.logit_attribution import _rows, logit_attribution
 from surgeon.errors import AnalysisError
 from surgeon.organisms import ground_truth

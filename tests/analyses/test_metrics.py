@@ -13,7 +13,7 @@ import torch
 import surgeon
 from surgeon import Item
 from surgeon.errors import CaseError
-from surgeon.spec.case import validate
+from surgeon.case.case import validate
 
 LAYER = 1
 

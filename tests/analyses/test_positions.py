@@ -9,8 +9,8 @@ from transformer_lens import patching
 
 import surgeon
 from surgeon import load_case
-from surgeon.analyses.common import format_rows
 from surgeon.analyses.positions import patch_positions
+from surgeon.case.encoding import format_rows
 from tests.conftest import ROOT
 
 

@@ -192,7 +192,7 @@ def test_apply_save_load_and_generate(decimal_model, mean_repair, tmp_path):
     with torch.no_grad(), surgeon.apply(decimal_model, back):
         out = decimal_model.generate(prompt, max_new_tokens=5, do_sample=False, verbose=False, use_past_kv_cache=True)
     with torch.no_grad():  # the same tokens with full forwards and the repair's own position hooks (engine's greedy)
-        from surgeon.engine.contrast import greedy
+        from surgeon.engine.readout import greedy
 
         ref = greedy(decimal_model, prompt, torch.tensor([prompt.shape[1]]), 5, back.hooks(torch.tensor([last])))
     assert out[0, prompt.shape[1]:].tolist() == ref[0].tolist()

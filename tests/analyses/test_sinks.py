@@ -408,8 +408,8 @@ def test_the_sinks_memory_plan_counts_what_a_pass_keeps_and_fits_max_memory(deci
 
     from surgeon.analyses.sinks import plan
     from surgeon.analyses.common import prepend_bos
-    from surgeon.engine.contrast import cached_batches
-    from surgeon.spec.encoding import prompt_rows
+    from surgeon.engine.readout import cached_batches
+    from surgeon.case.encoding import prompt_rows
 
     case = surgeon.api.read("decimal_organism")
     items = case.items[:16]

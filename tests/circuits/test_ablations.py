@@ -13,9 +13,10 @@ import torch
 
 from surgeon import Case, Item
 from surgeon.analyses.circuit_runs import circuit_runs
-from surgeon.analyses.common import format_rows, make_contrast
+from surgeon.analyses.common import make_contrast
 from surgeon.sites.edges import EdgeSite
-from surgeon.spec.encoding import align
+from surgeon.case.encoding import align
+from surgeon.case.encoding import format_rows
 from tests.reference import edge_name, graph_forward, row_score, sender_outputs
 
 ITEMS = [Item({"a": a, "b": b}, correct=" x", incorrect=" y") for a, b in

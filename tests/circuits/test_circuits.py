@@ -16,7 +16,7 @@ import torch
 from surgeon import Item, load_case
 from surgeon.engine.contrast import Contrast
 from surgeon.sites.edges import EdgeSite
-from surgeon.spec.encoding import encode_rows
+from surgeon.case.encoding import encode_rows
 from tests.conftest import ROOT
 
 ITEMS = [Item({"a": a, "b": b}, correct=" x", incorrect=" y") for a, b in [("ab", "cd"), ("ef", "gh"), ("ij", "kl")]]
@@ -99,7 +99,7 @@ def _receiver_input_patched(model, c, hook, unit):
     """Reference, one hooked forward per row: the receiver's whole input (e.g. blocks.1.hook_q_input[:, :, h])
     replaced by the other run's at the aligned positions."""
     from surgeon.sites.edges import split_inputs
-    from surgeon.spec.encoding import align
+    from surgeon.case.encoding import align
 
     out = torch.zeros(len(c.clean_base))
     base, source, how = c.test_rows

@@ -13,11 +13,11 @@ from surgeon.analyses.circuit import (
     path_scores,
 )
 from surgeon.analyses.circuit_runs import CircuitRuns, circuit_runs
-from surgeon.analyses.common import format_rows
 from surgeon.circuits.prune import exhaustive_scan, smallest_prefix
 from surgeon.engine.contrast import Contrast
 from surgeon.errors import AnalysisError
 from surgeon.sites.edges import EdgeSite
+from surgeon.case.encoding import format_rows
 from tests.conftest import ROOT
 from tests.reference import (
     eap_ig_reference,
@@ -145,7 +145,7 @@ def hand_path(model, rb, rs, path, cfg, how="index"):
     """Item scores with `path` [(sender, receiver), ...] path-patched, written with hooks: at the aligned
     positions the first edge carries the source run's sender output, later edges their sender's current
     output, every other edge the base run's (positions before the aligned ones are causally untouched)."""
-    from surgeon.spec.encoding import align
+    from surgeon.case.encoding import align
 
     n = max(r.item for r in rb) + 1
     out = np.zeros(n)
@@ -186,7 +186,7 @@ def test_path_patching_equals_hooks_where_paths_share_an_edge(random_model, char
     Llama-style (GQA) checkpoints, for prompts of equal length (chain semantics) and of different length
     (edge-set semantics, where a path may start at a head)."""
     from surgeon import Item
-    from surgeon.spec.encoding import encode_rows
+    from surgeon.case.encoding import encode_rows
 
     cfg = random_model.cfg
     G = cfg.n_key_value_heads or cfg.n_heads

@@ -4,7 +4,7 @@ name (and `hf download` only for an organisation/name); a case-file typo's fix i
 import subprocess
 import sys
 
-from surgeon.spec.shipped import CASES_DIR
+from surgeon.case.shipped import CASES_DIR
 
 
 def surgeon_cli(*args, cwd=None):

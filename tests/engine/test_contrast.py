@@ -6,8 +6,8 @@ from transformer_lens import patching
 from surgeon.engine.contrast import Contrast
 from surgeon.errors import AnalysisError
 from surgeon.sites.nodes import Site
-from surgeon.spec.case import Item
-from surgeon.spec.encoding import encode_rows
+from surgeon.case.case import Item
+from surgeon.case.encoding import encode_rows
 from tests.reference import clean_scores, direct_patch_scores
 
 ITEMS = [Item({"a": a, "b": b}, correct=c, incorrect=d) for a, b, c, d in [

@@ -102,7 +102,7 @@ def test_caches_past_the_budget_are_recomputed_and_give_the_same_numbers(decimal
     """Family 3: rows sit in buckets of at most batch_size; with no room for caches every bucket recomputes its
     activations on each call, and every call (patches, edges, gradients, deltas, activations) returns what the
     fully cached contrast returns."""
-    from surgeon.engine.contrast import _nbytes
+    from surgeon.engine.rows import nbytes
 
     kept = _decimal_contrast(decimal_model, 40, batch_size=16)
     tight = _decimal_contrast(decimal_model, 40, batch_size=16, cache_bytes=0)
@@ -120,9 +120,9 @@ def test_caches_past_the_budget_are_recomputed_and_give_the_same_numbers(decimal
     ]
     for call in calls:
         torch.testing.assert_close(call(tight), call(kept), atol=2e-5, rtol=1e-5)
-        assert sum(_nbytes(b) for b in tight.buckets) == 0
+        assert sum(nbytes(b) for b in tight.buckets) == 0
     assert tight.execution["caches_recomputed"] > 0 and kept.execution["caches_recomputed"] == 0
-    assert sum(_nbytes(b) for b in kept.buckets) > 0
+    assert sum(nbytes(b) for b in kept.buckets) > 0
 
 
 def test_gradient_back_propagates_each_chunk_like_one_backward_of_the_whole_run(decimal_model):

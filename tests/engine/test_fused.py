@@ -2,7 +2,7 @@
 TransformerLens's own forward, its hook points still honoured, and the model restored afterwards."""
 import torch
 
-from surgeon.engine.contrast import fused_activations
+from surgeon.engine.kernels import fused_activations
 
 
 def test_fused_forward_equals_transformer_lens_and_restores_the_model(random_model):
@@ -30,7 +30,7 @@ def test_a_hook_on_a_norms_scale_runs_transformer_lens_own_norm(random_model):
 
 
 def test_last_mlp_at_the_read_positions_only(random_model):
-    from surgeon.engine.contrast import last_mlp_at
+    from surgeon.engine.kernels import last_mlp_at
 
     mlp = random_model.blocks[-1].mlp
     x = torch.randn(4, 7, random_model.cfg.d_model, generator=torch.Generator().manual_seed(2))
@@ -57,7 +57,7 @@ def test_last_mlp_at_the_read_positions_only(random_model):
 def test_last_mlp_gradient_counts_a_position_read_twice_once(random_model):
     """Two targets read one position (the correct and the incorrect answer's first token): the gradient through
     the MLP there is the full model's, not twice it."""
-    from surgeon.engine.contrast import last_mlp_at
+    from surgeon.engine.kernels import last_mlp_at
 
     mlp = random_model.blocks[-1].mlp
     x0 = torch.randn(2, 5, random_model.cfg.d_model, generator=torch.Generator().manual_seed(3))

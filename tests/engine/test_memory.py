@@ -11,12 +11,13 @@ import pytest
 import torch
 
 from surgeon.analyses import planning
-from surgeon.analyses.common import format_rows, make_contrast
+from surgeon.analyses.common import make_contrast
 from surgeon.cli import main
 from surgeon.engine import memory
 from surgeon.errors import AnalysisError
 from surgeon.models.loading import load_model
 from surgeon.sites.nodes import Site
+from surgeon.case.encoding import format_rows
 from tests.checkpoints import make_gpt2, make_llama
 from tests.conftest import ROOT
 
@@ -147,13 +148,13 @@ def test_the_circuit_plan_counts_every_contrast_discover_builds(decimal_case, de
     least what those contrasts hold after their clean passes, and under resample more than one contrast's."""
     from surgeon.analyses.circuit import default_method
     from surgeon.analyses.circuit_runs import circuit_runs
-    from surgeon.engine.contrast import _nbytes
+    from surgeon.engine.rows import nbytes
     from surgeon.sites.edges import EdgeSite
 
     runs = circuit_runs(decimal_case, decimal_model, EdgeSite.of(decimal_model.cfg, ablation=ablation))
     contrasts = {id(c): c for c in (runs.scoring, runs.explained)}.values()
     assert len(contrasts) == (2 if ablation == "resample" else 1)
-    held = sum(_nbytes(b) for c in contrasts for b in c.buckets)
+    held = sum(nbytes(b) for c in contrasts for b in c.buckets)
     method = default_method(decimal_case, ablation)
     p, _ = planning.plan_circuit(decimal_case, decimal_model, method, ablation=ablation, max_memory="64GiB")
     assert p.parts["caches"] >= held > 0

@@ -1,6 +1,6 @@
 """Reading at a hook point (`Contrast.run(read=At(...))`) and the metric's gradient at an activation
 (`Contrast.activation_gradient`), against hand-written TransformerLens hooks and autograd on the decimal organism's
-rows one at a time (the aligned positions from `surgeon.spec.encoding.align`, not from the engine's layout)."""
+rows one at a time (the aligned positions from `surgeon.case.encoding.align`, not from the engine's layout)."""
 import numpy as np
 import pytest
 import torch
@@ -38,9 +38,9 @@ def test_read_at_a_hook_equals_hooks_written_by_hand(decimal_case, decimal_model
     the read: downstream feature k of the layer-2 SAE summed over the aligned positions. Each equals a hand-written
     run: the layer-1 activation at the aligned positions re-decoded with feature j moved, the layer-2 activation
     encoded, each slot weighted by its index."""
-    from surgeon.engine.contrast import At
+    from surgeon.engine.readout import At
     from surgeon.sites.features import FeatureSite
-    from surgeon.spec.encoding import align
+    from surgeon.case.encoding import align
 
     s1, s2 = shipped("decimal", 1), shipped("decimal", 2)
     case, rows_b, rows_s = _rows(decimal_case, decimal_model)
@@ -93,9 +93,9 @@ def test_activation_gradient_equals_autograd_item_by_item(decimal_case, decimal_
     """d(item score)/d(activation at blocks.1.hook_mlp_out) at the aligned positions equals autograd through a
     hand-written forward of each base row (the metric: log P(right) - log P(wrong) at each answer token; an item's
     score sums its rows'), row by row."""
-    from surgeon.engine.contrast import _final_batches, readout
+    from surgeon.engine.readout import final_batches, readout
     from surgeon.sites.features import FeatureSite
-    from surgeon.spec.encoding import align
+    from surgeon.case.encoding import align
 
     s1 = shipped("decimal", 1)
     case, rows_b, rows_s = _rows(decimal_case, decimal_model)
@@ -114,7 +114,7 @@ def test_activation_gradient_equals_autograd_item_by_item(decimal_case, decimal_
             leaf["x"] = act
             return act
         with decimal_model.hooks(fwd_hooks=[(h1, grab)]), torch.enable_grad():
-            for batch, resid, pos, tok, sign in _final_batches(decimal_model, [rb], 8, None):
+            for batch, resid, pos, tok, sign in final_batches(decimal_model, [rb], 8, None):
                 s = readout(decimal_model, resid, pos, tok, sign)[0]
             s.sum().backward()
         want[rb.item][: len(pb)] += leaf["x"].grad[0, pb]
@@ -127,9 +127,9 @@ def test_gradient_of_a_read_with_a_hook_point_held_equals_autograd_by_hand(decim
     """d(read at blocks.2.hook_mlp_out)/d(mask) of the layer-0 SAE's features and error term, with blocks.1.hook_mlp_out
     held (`drop`: no gradient passes through it), equals autograd through hand-written hooks item by item; without
     holding it, the gradient differs (the path through layer 1's MLP is open)."""
-    from surgeon.engine.contrast import At
+    from surgeon.engine.readout import At
     from surgeon.sites.features import FeatureSite
-    from surgeon.spec.encoding import align
+    from surgeon.case.encoding import align
 
     s0, s2 = shipped("decimal", 0), shipped("decimal", 2)
     case, rows_b, rows_s = _rows(decimal_case, decimal_model)
@@ -180,7 +180,7 @@ def test_a_feature_site_with_a_source_of_its_own(decimal_case, decimal_model):
     positions (gathered by hand, item by item) it scores what the default (the other run's) does; with X the failing
     format's own, patching changes nothing; one position off, it differs."""
     from surgeon.sites.features import FeatureSite
-    from surgeon.spec.encoding import align
+    from surgeon.case.encoding import align
 
     s1 = shipped("decimal", 1)
     h1 = s1.cfg.metadata.hook_name

@@ -22,8 +22,8 @@ def test_bidirectional_attention_is_refused_before_any_work(charset):
     with pytest.raises(ModelError, match="bidirectional") as e:
         surgeon.diagnose(_case(" {a}:"), model)
     assert e.value.field == "model" and "causal" in e.value.fix
-    from surgeon.engine.contrast import score_rows
-    from surgeon.spec.encoding import encode_rows
+    from surgeon.engine.readout import score_rows
+    from surgeon.case.encoding import encode_rows
 
     rows = encode_rows("G {a}:", _case(" {a}:").items, charset, True)
     with pytest.raises(ModelError, match="bidirectional"):  # the engine itself refuses too
@@ -37,7 +37,7 @@ def test_the_context_check_counts_the_tokens_fed(charset):
 
     model = tiny_model(charset, n_ctx=8)
     fits = _case(" {a}:--", ("x", "y"))  # BOS + "G ab:--": 8 tokens; the one-token answer is predicted, not fed
-    from surgeon.spec.encoding import encode_rows
+    from surgeon.case.encoding import encode_rows
 
     rows = encode_rows(fits.formats["good"], fits.items, charset, True)
     assert max(len(r.tokens) for r in rows) == 8 == rows[0].n_prompt

@@ -7,10 +7,10 @@ import torch
 
 from surgeon import CaseError, load_case
 from surgeon.analyses import diagnose
-from surgeon.analyses.common import format_rows
 from surgeon.engine.contrast import Contrast
 from surgeon.models.loading import load_model
 from surgeon.sites.nodes import Site
+from surgeon.case.encoding import format_rows
 from tests.checkpoints import make_gemma2, make_gpt2, make_llama, make_qwen2
 from tests.conftest import ROOT
 from tests.reference import direct_patch_scores
@@ -140,7 +140,7 @@ def test_patching_through_the_core_on_every_architecture(checkpoint):
     hooked forward per row, on GPT-2, Llama (GQA), Qwen2 and Gemma-2 (soft-capping, sliding window:
     the prompts are longer than its window of 64)."""
     from surgeon import Item
-    from surgeon.spec.encoding import encode_rows
+    from surgeon.case.encoding import encode_rows
 
     model = load_model(str(checkpoint))
     filler = "it was a long day and the sun was low over the hills when they came back "

@@ -68,8 +68,8 @@ def _hand_written_kept(case, model, saes, keep, items):
     outside `keep` take the good run's (read from the good run itself), and the error term too when its node is
     outside; decode(features) + error replaces the activation."""
     from surgeon.analyses.common import format_rows
-    from surgeon.engine.contrast import score_rows
-    from surgeon.spec.encoding import align
+    from surgeon.engine.readout import score_rows
+    from surgeon.case.encoding import align
 
     rows_b = format_rows(case, model, case.bad[0], items)
     rows_g = format_rows(case, model, case.good, items)
@@ -194,10 +194,10 @@ def test_nodes_per_position_sum_to_the_nodes_at_every_position_and_equal_hooks_a
     gives (the layer-1 error term at the answer's first position)."""
     from surgeon.analyses.common import format_rows, make_contrast
     from surgeon.analyses.feature_circuit import _frac, attribution, node_list, run_nodes
-    from surgeon.engine.contrast import score_rows
+    from surgeon.engine.readout import score_rows
     from surgeon.sites.features import FeatureSite
     from surgeon.sites.nodes import Site
-    from surgeon.spec.encoding import align
+    from surgeon.case.encoding import align
 
     saes = {L: shipped("decimal", L) for L in (1, 2)}
     sites = [FeatureSite.of(saes[L], error=True) for L in (1, 2)]

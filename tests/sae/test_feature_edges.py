@@ -13,10 +13,10 @@ HOOKS = [f"blocks.{L}.hook_mlp_out" for L in range(3)]
 
 
 def _score(model, rows):
-    from surgeon.engine.contrast import _final_batches, readout
+    from surgeon.engine.readout import final_batches, readout
 
     total = 0.0
-    for batch, resid, pos, tok, sign in _final_batches(model, rows, 8, None):
+    for batch, resid, pos, tok, sign in final_batches(model, rows, 8, None):
         total = total + readout(model, resid, pos, tok, sign)[0].sum()
     return total
 
@@ -29,7 +29,7 @@ def _value(sae, x, unit, error):
 
 def _by_hand(case, model, rows_b, rows_s, saes, u, d):
     """Edge u -> d (each (layer, unit, error)) by hand: (attribution in score units, exact scores per item)."""
-    from surgeon.spec.encoding import align
+    from surgeon.case.encoding import align
 
     (Lu, uu, eu), (Ld, ud, ed) = u, d
     su, sd = saes[Lu], saes[Ld]
@@ -123,7 +123,7 @@ def test_edges_equal_hooks_written_by_hand(decimal_case, decimal_model, u, d):
     from surgeon.analyses.feature_edges import edge_attribution, verify_edges
     from surgeon.sites.features import FeatureSite
     from surgeon.sites.nodes import Site
-    from surgeon.spec.encoding import align
+    from surgeon.case.encoding import align
 
     saes = {L: shipped("decimal", L) for L in range(3)}
     case, rows_b, rows_s = _rows(decimal_case, decimal_model)

@@ -35,7 +35,7 @@ def test_the_plan_counts_every_sae_feature_tensor(chain):
     assert p.parts["features"] > 0 and p.peak == sum(p.parts.values())
     from surgeon.analyses.common import contrast_rows
     from surgeon.engine import memory
-    from surgeon.spec.select import pick_items
+    from surgeon.case.select import pick_items
 
     _, items = pick_items(case, None)
     *_, rb, rs = contrast_rows(case, model, case.bad[0], "denoise", items)
@@ -71,7 +71,7 @@ def test_an_edge_pass_is_planned_up_to_its_downstream_sae_and_without_logits(cha
 
     case, model, saes = chain
     from surgeon.analyses.common import contrast_rows
-    from surgeon.spec.select import pick_items
+    from surgeon.case.select import pick_items
 
     _, items = pick_items(case, None)
     *_, rb, rs = contrast_rows(case, model, case.bad[0], "denoise", items)

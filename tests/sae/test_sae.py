@@ -76,10 +76,10 @@ def test_feature_patch_equals_independent_hooks(decimal_case, decimal_model):
     """Patching a feature set through the core = a hand-written hook that moves those features at the last
     prompt token and the answer tokens (align='last') of every failing-format row."""
     from surgeon.analyses.common import format_rows, make_contrast
-    from surgeon.engine.contrast import score_rows
+    from surgeon.engine.readout import score_rows
     from surgeon.sites.features import FeatureSite
     from surgeon.sites.nodes import Site
-    from surgeon.spec.encoding import align
+    from surgeon.case.encoding import align
 
     sae = shipped("decimal", 2)
     fs = FeatureSite.of(sae)
@@ -120,10 +120,10 @@ def test_error_node_patch_equals_independent_hooks(decimal_case, decimal_model, 
     act -> decode(encode(act)) + (src - decode(encode(src))); every feature and the error moves act -> src, the
     whole activation (so it equals patching the hook point itself)."""
     from surgeon.analyses.common import format_rows, make_contrast
-    from surgeon.engine.contrast import score_rows
+    from surgeon.engine.readout import score_rows
     from surgeon.sites.features import FeatureSite
     from surgeon.sites.nodes import Site
-    from surgeon.spec.encoding import align
+    from surgeon.case.encoding import align
 
     sae = shipped("decimal", 2)
     fs = FeatureSite.of(sae, error=True)
@@ -178,7 +178,7 @@ def test_head_feature_effects_match_hand_written_hooks(threshold_case, threshold
     """On the threshold organism (formats of equal length): the odd group's effect on each feature equals
     patching the odd heads' z at the last prompt token with a hand-written hook and encoding attn_out."""
     from surgeon.analyses.sae_heads import head_feature_effects
-    from surgeon.spec.encoding import prompt_rows
+    from surgeon.case.encoding import prompt_rows
 
     sae = shipped("threshold", 0)
     r = head_feature_effects(threshold_case, threshold_model, sae, layer=0, top=8)

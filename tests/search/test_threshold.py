@@ -10,12 +10,12 @@ import pytest
 import torch
 
 from surgeon.analyses.blend import blend
-from surgeon.analyses.common import format_rows
 from surgeon.errors import AnalysisError
 from surgeon.search.subsets import Unit, make_groups, make_plan, parse_units
 from surgeon.analyses.threshold import threshold_search
 from surgeon.search.shards import collect, merge
 from surgeon.sites.nodes import Site
+from surgeon.case.encoding import format_rows
 from tests.conftest import ROOT
 from tests.reference import direct_patch_scores
 

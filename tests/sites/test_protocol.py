@@ -7,12 +7,12 @@ import pytest
 import torch
 
 from surgeon import load_case
-from surgeon.analyses.common import format_rows
 from surgeon.engine import Contrast
 from surgeon.errors import AnalysisError
 from surgeon.sites.nodes import Site, hook_layer
 from surgeon.sites.protocol import KINDS, SiteKind, coerce, register
-from surgeon.spec.encoding import align
+from surgeon.case.encoding import align
+from surgeon.case.encoding import format_rows
 from tests.conftest import ROOT
 
 

@@ -1,9 +1,10 @@
 """Measuring organism:decimal with the engine and plain TransformerLens hooks (above the engine; nothing below imports it)."""
 from __future__ import annotations
 
-from surgeon.engine.contrast import Contrast, score_rows
+from surgeon.engine.contrast import Contrast
+from surgeon.engine.readout import score_rows
 from surgeon.organisms.decimal import FAILING, FORMATS, GOOD, held_out_items
-from surgeon.spec.encoding import encode_rows
+from surgeon.case.encoding import encode_rows
 
 
 def measure(model, n: int = 128) -> dict:

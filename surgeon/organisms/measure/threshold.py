@@ -14,8 +14,8 @@ from surgeon.organisms.threshold import (
     positions,
     subset_scores,
 )
-from surgeon.spec.case import Item
-from surgeon.spec.encoding import encode_rows
+from surgeon.case.case import Item
+from surgeon.case.encoding import encode_rows
 
 
 def _rows(model, fmt):

@@ -3,7 +3,7 @@ command line checks --bad and --tag with these before anything loads."""
 from __future__ import annotations
 
 from surgeon.errors import AnalysisError, did_you_mean
-from surgeon.spec.case import Case
+from surgeon.case.case import Case
 
 
 def pick_bad(case: Case, bad: str | None) -> str:

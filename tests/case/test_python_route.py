@@ -7,8 +7,8 @@ import pytest
 import surgeon
 import surgeon.api as api
 from surgeon import Case, CaseError, Chat, Item, load_case
-from surgeon.spec.case import content_digest
-from tests.spec.test_case import BAD, GOOD, HEADER, write_case
+from surgeon.case.case import content_digest
+from tests.case.test_case import BAD, GOOD, HEADER, write_case
 
 
 def _no_weights(monkeypatch):

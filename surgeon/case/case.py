@@ -29,10 +29,10 @@ from pathlib import Path
 from typing import Any, Callable, Literal, Mapping, Sequence
 
 from surgeon.errors import CaseError, did_you_mean
-from surgeon.spec.metrics import METRICS
-from surgeon.spec.metrics import check as check_metric
-from surgeon.spec.metrics import metric_of
-from surgeon.spec.shipped import CASES_DIR, shipped_case
+from surgeon.case.metrics import METRICS
+from surgeon.case.metrics import check as check_metric
+from surgeon.case.metrics import metric_of
+from surgeon.case.shipped import CASES_DIR, shipped_case
 
 # last: the last prompt token and the answer tokens, matched from the end (default)
 # end: the last prompt token only
@@ -115,7 +115,7 @@ class Case:
     # answers before tokenizing). Needed when one answer is a prefix of the other (4.5 vs 4.53).
     answer_end: str | None = None
     # what an item's score measures: "logprob" (default), "logit", "prob", "kl", or a function
-    # f(logits, correct, incorrect) -> score per item (see surgeon.spec.metrics)
+    # f(logits, correct, incorrect) -> score per item (see surgeon.case.metrics)
     metric: Any = "logprob"
     focus: str | None = None  # tag of the items that patching analyses use by default (None: all)
     layers: Sequence[int] | None = None  # default layers to examine (None: all)

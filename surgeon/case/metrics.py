@@ -1,7 +1,7 @@
 """What an item's score measures: the case's `metric`.
 
 Every analysis compares runs by one number per item, computed from the logits at the item's scored positions
-(see `surgeon.spec.encoding`: answer tokens carry a sign, +1 for the correct answer's, -1 for the incorrect's).
+(see `surgeon.case.encoding`: answer tokens carry a sign, +1 for the correct answer's, -1 for the incorrect's).
 Higher is always better; an item counts as *right* when its score is above the metric's `right_above`.
 
     logprob  log P(correct) - log P(incorrect), answers' tokens summed (the default)

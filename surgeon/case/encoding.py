@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Mapping, Sequence
 
 from surgeon.errors import AnalysisError, CaseError
-from surgeon.spec.case import Chat, Format, Item
+from surgeon.case.case import Case, Chat, Format, Item, case_metric_of
 
 
 @dataclass(frozen=True)
@@ -212,3 +212,24 @@ def prompt_rows(fmt: Format, items: Sequence[Item], tokenizer, prepend_bos: bool
         prompt, anchors = encode_prompt(fmt, it.values, tokenizer, prepend_bos)
         rows.append(Row(i, tuple(prompt), len(prompt), ((len(prompt) - 1, 0, 0.0),), anchors))
     return rows
+
+
+def prepend_bos(case: Case, model) -> bool:
+    return case.prepend_bos if case.prepend_bos is not None else bool(model.cfg.default_prepend_bos)
+
+
+def format_rows(case: Case, model, fmt: str, items):
+    """The rows that score `items` in format `fmt`: by the case's `score`, or where the answers first differ
+    when its metric reads only that position (kl, a function)."""
+    metric = case_metric_of(case)
+    score = "first_token" if metric.decision else case.score
+    try:
+        return encode_rows(case.formats[fmt], items, model.tokenizer, prepend_bos(case, model), score,
+                           case.answer_end, case.combine)
+    except CaseError as e:
+        if not metric.decision or case.score == "first_token" or e.field != "score":
+            raise
+        raise CaseError(f"metric {metric.label!r} reads where the answers first differ, but {e.message}",
+                        where=case.source, field="metric",
+                        fix='set answer_end="eos" (the answers then differ at the end token), or use metric '
+                            '"logprob" or "prob"') from None

@@ -1,0 +1,89 @@
+"""Gradients through a Contrast's runs: of the mean score w.r.t. the masks (attribution; each chunk of rows
+back-propagated as soon as it is scored) and w.r.t. an activation at the aligned positions (an edge's
+downstream end)."""
+from __future__ import annotations
+
+from typing import Mapping, Sequence
+
+import torch
+from torch import Tensor
+
+from surgeon.engine.readout import At
+from surgeon.engine.rows import Bucket
+from surgeon.errors import AnalysisError
+from surgeon.sites.nodes import Site
+from surgeon.sites.protocol import SiteKind, coerce
+
+
+class Gradients:
+    """A `Contrast`'s gradient calls (mixed into `Contrast`: `run` reads `_grad_leaves`, `_drop` and `_catch`)."""
+
+    def gradient(self, masks: Mapping[Site | str, Tensor], progress: bool | str = False, drop: Sequence[str] = (),
+                 read: "At | None" = None) -> tuple[dict[SiteKind, Tensor], Tensor]:
+        """d/d(mask) of the sum over patches of the mean score over items, at the given masks; and the scores
+        [P, n_items]. Each chunk of rows is back-propagated as soon as it is scored, so memory holds one chunk's
+        graph, not every item's (what `run(masks).mean(1).sum().backward()` would keep). `drop`: hook points whose
+        output passes no gradient back (its value is unchanged): AtP*'s GradDrop drops a layer's outputs, a feature
+        edge the SAEs' hook points between its ends. `read`: the scores read at a hook point (see `run`)."""
+        leaves = {coerce(k): v.detach().clone().requires_grad_(True) for k, v in masks.items()}
+        self._grad_leaves = list(leaves.values())
+        self._drop = list(drop)
+        try:
+            with torch.enable_grad():
+                scores = self.run(leaves, progress, read=read)
+        finally:
+            self._grad_leaves, self._drop = [], []
+        return {s: (m.grad if m.grad is not None else torch.zeros_like(m)) for s, m in leaves.items()}, scores
+
+    def activation_gradient(self, masks: Mapping[Site | str, Tensor], hook: str, progress: bool | str = False
+                            ) -> Tensor:
+        """[n_items, S, ...] d(item score)/d(activation at `hook`) at the aligned positions (the base run's), under
+        one patch (masks [1, units]; zeros: the run as it is). What an edge's downstream end needs: the metric's
+        gradient at a node, item by item (Marks et al.'s left vector), from one backward pass per chunk."""
+        masks = {coerce(k): v for k, v in masks.items()}
+        if any(m.shape[0] != 1 for m in masks.values()):
+            raise AnalysisError("internal: activation_gradient takes one patch (masks [1, units])")
+        S = max(b.base_pos.shape[1] for b in self.buckets)
+        out: dict[str, Tensor] = {}
+
+        def store(b: Bucket, g: Tensor):
+            rel, idx = (b.base_pos - b.p0).to(g.device), torch.arange(b.n, device=g.device)[:, None]
+            x = g.view(-1, b.n, *g.shape[1:]).sum(0)[idx, rel].float().cpu() * self.n_items  # [n, S', ...]
+            if "g" not in out:
+                out["g"] = torch.zeros(self.n_items, S, *x.shape[2:])
+            out["g"].index_add_(0, b.items.cpu(), torch.nn.functional.pad(
+                x, [0, 0] * (x.dim() - 2) + [0, S - x.shape[1]]))
+
+        self._catch = (hook, store)
+        try:
+            self.gradient(masks, progress)
+        finally:
+            self._catch = None
+        return out["g"]
+
+    def _catch_hook(self, b: Bucket, copies: int):
+        def catch(act, hook):
+            if not act.requires_grad:
+                act = act.detach().requires_grad_(True)
+            act.register_hook(lambda g: self._catch[1](b, g))
+            return act
+        return catch
+
+    def _backward_now(self, scores: Tensor) -> Tensor:
+        """Within `gradient`: back-propagate one chunk's share of the mean score and keep only the values."""
+        if not self._grad_leaves or not scores.requires_grad:
+            return scores
+        (scores.sum() / self.n_items).backward()
+        return scores.detach()
+
+    def _restore_grads(self):
+        """Within `gradient`: a function putting the masks' gradients back to what they are now (before a bucket
+        is retried after out-of-memory, so its rows are not counted twice)."""
+        if not self._grad_leaves:
+            return None
+        saved = [None if m.grad is None else m.grad.clone() for m in self._grad_leaves]
+
+        def restore():
+            for m, g in zip(self._grad_leaves, saved):
+                m.grad = g
+        return restore

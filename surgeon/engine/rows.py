@@ -1,0 +1,177 @@
+"""Row layout: a case's rows aligned, merged where one row's computation is a prefix of another's, and held in
+buckets of rows that share their first patched position (what the engine allocates follows from `layout`).
+Every step is exact only for causal attention (`surgeon.causal.check_causal`)."""
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import torch
+from torch import Tensor
+
+from surgeon.sites.nodes import Site
+from surgeon.case.encoding import Row
+from surgeon.case.encoding import align as align_rows
+
+
+
+
+@dataclass
+class Bucket:
+    """Rows that share their first patched position p0, right-padded to one width.
+
+    Right padding is exact for a causal model: real positions never attend to the padding after
+    them. Columns after the last position patched or scored are cut off. Padded patch slots point at
+    an extra last column and their masks are zeroed; padded targets have sign 0.
+    """
+
+    items: Tensor  # [n] item index of each row
+    base_tokens: Tensor  # [n, W]
+    source_tokens: Tensor  # [n, W]
+    base_pos: Tensor  # [n, S] positions patched in the base run
+    source_pos: Tensor  # [n, S] the positions they are taken from in the source run
+    tgt_pos: Tensor  # [n, T] base positions whose logits score
+    source_tgt_pos: Tensor  # [n, T] the same targets in the source rows
+    tgt_tok: Tensor  # [n, T]
+    tgt_sign: Tensor  # [n, T] (0 for padding)
+    slot_valid: Tensor  # [n, S] 1 for real patch slots, 0 for padding
+    equal_lengths: bool  # every base row is as long as its source row (needed to patch patterns)
+    p0: int = 0  # first patched position: everything before is shared by all patches
+    # caches, filled on demand
+    resid: dict[int, Tensor] = field(default_factory=dict)  # layer -> resid_pre[:, p0:]
+    kv: dict[int, tuple[Tensor, Tensor]] = field(default_factory=dict)  # layer -> keys/values[:, :p0]
+    z: dict[int, Tensor] = field(default_factory=dict)  # layer -> head outputs z[:, p0:]
+    source_acts: dict[Site, Tensor] = field(default_factory=dict)  # site -> [n, S, unit, rest]
+    base_acts: dict[Site, Tensor] = field(default_factory=dict)  # site -> [n, S, unit, rest]
+    site_cache: dict = field(default_factory=dict)  # what a site kind computes once per rows (edge senders)
+    kv_rep: dict[int, tuple[Tensor, Tensor]] = field(default_factory=dict)  # kv repeated kv_copies times
+    kv_copies: int = 0
+
+    @property
+    def n(self) -> int:
+        return self.base_tokens.shape[0]
+
+    def drop_caches(self) -> None:
+        """Forget every cached activation (they are recomputed on demand)."""
+        self.resid, self.kv, self.z, self.source_acts, self.base_acts = {}, {}, {}, {}, {}
+        self.site_cache, self.kv_rep, self.kv_copies = {}, {}, 0
+
+
+def _merge_rows(base: Sequence[Row], source: Sequence[Row], aligned: Sequence[tuple]):
+    """Rows of one item whose computation is a prefix of another's, merged into it (targets joined).
+
+    Scoring whole answers gives each item a row per answer; " 9.8" and " 9.11" read the same tokens up
+    to the point where the shorter answer's row ends, so that row's positions are computed once, in the
+    longer row, under every patch. Exact for a causal model: the merged row reads the same tokens and
+    gets the same patches at those positions, in the base and in the source run alike."""
+    from dataclasses import replace
+
+    out_b, out_s, out_a = list(base), list(source), list(aligned)
+    alive = [True] * len(base)
+    by_item: dict[int, list[int]] = defaultdict(list)
+    for i, r in enumerate(base):
+        by_item[r.item].append(i)
+    for ids in by_item.values():
+        ids = sorted(ids, key=lambda i: len(base[i].tokens))
+        for k, a in enumerate(ids):
+            na, sa = len(base[a].tokens), len(source[a].tokens)
+            for c in ids[k + 1:]:
+                pairs_c = [(p, q) for p, q in zip(*out_a[c]) if p < na]
+                if (alive[c] and base[c].tokens[:na] == base[a].tokens and source[c].tokens[:sa] == source[a].tokens
+                        and pairs_c == list(zip(*aligned[a]))):
+                    out_b[c] = replace(out_b[c], targets=out_b[c].targets + out_b[a].targets)
+                    out_s[c] = replace(out_s[c], targets=out_s[c].targets + out_s[a].targets)
+                    alive[a] = False
+                    break
+    keep = [i for i in range(len(base)) if alive[i]]
+    return [out_b[i] for i in keep], [out_s[i] for i in keep], [out_a[i] for i in keep]
+
+
+@dataclass(frozen=True)
+class BucketShape:
+    """Where a bucket's rows go and how wide it is: what the engine allocates for it follows from this."""
+
+    ids: tuple[int, ...]  # the (merged) rows in it
+    p0: int  # first patched position
+    slots: int  # patch slots (aligned positions) per row, padded
+    base_width: int
+    source_width: int
+    targets: int
+    equal_lengths: bool
+    positions: int = 1  # positions whose logits are read per row: 1 where all of a row's targets read one
+
+    @property
+    def n(self) -> int:
+        return len(self.ids)
+
+
+def merged_rows(base_rows: Sequence[Row], source_rows: Sequence[Row], align: str, base_name: str = "base",
+                source_name: str = "source"):
+    """The rows aligned (`align`) and merged where one row's computation is a prefix of another's."""
+    aligned = [align_rows(b, s, align, base_name, source_name) for b, s in zip(base_rows, source_rows)]
+    return _merge_rows(base_rows, source_rows, aligned)
+
+
+def layout(base_rows: Sequence[Row], source_rows: Sequence[Row], aligned: Sequence[tuple], batch_size: int
+           ) -> list[BucketShape]:
+    """Rows grouped by their first patched (or scored) position p0, in buckets of at most `batch_size` rows, each cut after
+    its last position patched or scored (a causal model never reads past it)."""
+    groups: dict[int, list[int]] = defaultdict(list)
+    for i, (pb, _) in enumerate(aligned):  # a row scored before its first patch computes from its first target on
+        groups[min(min(pb), *(t[0] for t in base_rows[i].targets))].append(i)
+    out = []
+    for p0, ids in sorted(groups.items()):
+        for lo in range(0, len(ids), batch_size):
+            chunk = ids[lo: lo + batch_size]
+            S = max(len(aligned[i][0]) for i in chunk)
+            ragged = any(len(aligned[i][0]) < S for i in chunk)  # padded slots need a column of their own
+            Wb = max(max(*aligned[i][0], *(t[0] for t in base_rows[i].targets)) for i in chunk) + 1 + int(ragged)
+            Ws = max(max(*aligned[i][1], *(t[0] for t in source_rows[i].targets)) for i in chunk) + 1 + int(ragged)
+            equal = all(len(base_rows[i].tokens) == len(source_rows[i].tokens) for i in chunk)
+            if equal:  # patterns are patched key by key: keep the key positions of both runs alike
+                Wb = Ws = max(Wb, Ws)
+            T = max(len(base_rows[i].targets) for i in chunk)
+            one = all(len(base_rows[i].targets) == T and len({t[0] for t in base_rows[i].targets}) == 1 for i in chunk)
+            out.append(BucketShape(tuple(chunk), p0, S, Wb, Ws, T, equal, 1 if one else T))
+    return out
+
+
+def padded(seqs: Sequence[Sequence], width: int, fill, device, dtype=torch.long) -> Tensor:
+    return torch.tensor([list(x) + [fill] * (width - len(x)) for x in seqs], device=device, dtype=dtype)
+
+
+def row_slice(b: Bucket, r0: int, r1: int) -> Bucket:
+    """Rows r0:r1 of a bucket, with views of its caches (for buckets larger than a batch)."""
+    rows = slice(r0, r1)
+    return Bucket(
+        items=b.items[rows], base_tokens=b.base_tokens[rows],
+        source_tokens=b.source_tokens[rows], base_pos=b.base_pos[rows], source_pos=b.source_pos[rows],
+        tgt_pos=b.tgt_pos[rows], source_tgt_pos=b.source_tgt_pos[rows], tgt_tok=b.tgt_tok[rows],
+        tgt_sign=b.tgt_sign[rows], slot_valid=b.slot_valid[rows], equal_lengths=b.equal_lengths, p0=b.p0,
+        resid={L: x[rows] for L, x in b.resid.items()}, kv={L: (k[rows], v[rows]) for L, (k, v) in b.kv.items()},
+        z={L: x[rows] for L, x in b.z.items()},
+        source_acts={s: x[rows] for s, x in b.source_acts.items()}, base_acts={s: x[rows] for s, x in b.base_acts.items()})
+
+
+def to_items(buckets: Sequence[Bucket], per_bucket: list[Tensor], n_items: int) -> Tensor:
+    """[P, rows of bucket] per bucket -> [P, n_items] (the rows of one item are summed)."""
+    P = per_bucket[0].shape[0]
+    out = torch.zeros(P, n_items, device=per_bucket[0].device, dtype=per_bucket[0].dtype)
+    for b, s in zip(buckets, per_bucket):
+        out = out.index_add(1, b.items.to(out.device), s)
+    return out
+
+
+def nbytes(b: Bucket) -> int:
+    """Bytes held by a bucket's caches (tensors in its cache dicts, nested tuples and dicts included)."""
+    def size(x) -> int:
+        if isinstance(x, Tensor):
+            return x.numel() * x.element_size()
+        if isinstance(x, dict):
+            return sum(size(v) for v in x.values())
+        if isinstance(x, (tuple, list)):
+            return sum(size(v) for v in x)
+        return 0
+
+    return size([b.resid, b.kv, b.z, b.source_acts, b.base_acts, b.site_cache, b.kv_rep])
