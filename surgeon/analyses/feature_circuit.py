@@ -9,7 +9,7 @@ is that feature (or error term) moved to the other run's value with everything e
 - **Attribution** (an estimate of every node's effect): "gradient" is d(mean score)/d(mask) at 0 for every node of
   every SAE from one backward pass (Marks et al.'s attribution patching); "ig" integrates that gradient along the
   mask from 0 to 1 for one SAE at a time, the others clean (their `_pe_ig`: the features of one submodule
-  interpolated, `steps` midpoints in the batch dimension).
+  interpolated, `steps` midpoints in the batch dimension); "ig-marks" at their points k/steps, k = 0..steps-1.
 - **Exact**: the `verify` nodes with the largest attributions, each patched alone, per item; the mean effect with
   a 95% bootstrap interval over items, as a fraction of the gap between the formats.
 - **Both directions**: "denoise" patches the working format's values into the failing run, "noise" the failing

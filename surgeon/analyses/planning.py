@@ -140,7 +140,7 @@ def feature_jobs(cfg, layers, d_sae: int, nodes: int, method: str = "ig", steps:
     layers = sorted(layers)
     sites = tuple((L, 1, cfg.d_model) for L in layers)
     start, k = layers[0], len(layers)
-    attr = Job(f"feature {method} ({steps} steps)" if method == "ig" else f"feature {method}",
+    attr = Job(f"feature {method} ({steps} steps)" if method.startswith("ig") else f"feature {method}",
                check_feature_method(method).calls(steps, k, start), sites, nodes, grad=True)
     curve = len({c for c in CURVE_SIZES if c < nodes} | {nodes})
     exact = Job(f"exact top-{verify} nodes, curves", (Call(max(1, verify), start), Call(curve, start, 2),

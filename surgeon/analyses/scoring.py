@@ -295,13 +295,14 @@ def _feature_flat(sites, grads, row=None):
     return g.reshape(-1)
 
 
-@feature_method("ig", calls=lambda steps, k, start: (memory.Call(steps, start, k),))
-def _feature_ig(contrast, sites, steps, S):
+def _feature_ig_at(contrast, sites, S, alphas):
+    """Integrated gradients of every node at the points `alphas` of the mask, one SAE interpolated at a time with
+    the others clean (Marks et al.'s `_pe_ig`); the gradients averaged over the points."""
     import torch
 
-    alphas = (torch.arange(steps, dtype=torch.float32) + 0.5) / steps  # the midpoints of `steps` equal intervals
+    steps = len(alphas)
     total = None
-    for s in sites:  # one SAE interpolated at a time, the others clean (Marks et al.'s _pe_ig)
+    for s in sites:
         masks = feature_masks(sites, steps, S)
         masks[s] = masks[s] + alphas.view(steps, *[1] * (masks[s].dim() - 1))
         grads, _ = contrast.gradient(masks)
@@ -309,6 +310,20 @@ def _feature_ig(contrast, sites, steps, S):
         part = _feature_flat(sites, grads) / steps
         total = part if total is None else total + part
     return total.double().cpu().numpy()
+
+
+@feature_method("ig", calls=lambda steps, k, start: (memory.Call(steps, start, k),))
+def _feature_ig(contrast, sites, steps, S):
+    import torch
+
+    return _feature_ig_at(contrast, sites, S, (torch.arange(steps, dtype=torch.float32) + 0.5) / steps)  # midpoints
+
+
+@feature_method("ig-marks", calls=lambda steps, k, start: (memory.Call(steps, start, k),))
+def _feature_ig_marks(contrast, sites, steps, S):
+    import torch
+
+    return _feature_ig_at(contrast, sites, S, torch.arange(steps, dtype=torch.float32) / steps)  # k/N from the run
 
 
 @feature_method("gradient", calls=lambda steps, k, start: (memory.Call(1, start),))

@@ -38,6 +38,8 @@ ATTRIBUTION_IG_STEPS = 10
 FEATURE_METHODS: dict[str, str] = {
     "ig": "integrated gradients over the feature mask (--steps midpoints), one SAE at a time with the others clean "
           "(Marks et al.'s `_pe_ig`)",
+    "ig-marks": "integrated gradients at Marks et al.'s points: k/N for k = 0..N-1 from this run's own values (N = "
+                "--steps; their default is 10), one SAE at a time with the others clean (their `_pe_ig` exactly)",
     "gradient": "the gradient at the mask's 0: every node of every SAE from one backward pass (Marks et al.'s "
                 "attribution patching)",
 }
