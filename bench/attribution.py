@@ -53,6 +53,7 @@ def run(args) -> int:
     model = load_model(case.model)
     attribute(case, model, layers=[0])  # warm up (first calls pay one-off costs)
     print(f"decimal organism, {len(case.items_for(case.focus))} trap items, {args.threads} threads\n")
+    sides = []
     print("| component | method | Pearson | Spearman abs | top-5 | time | x gradient |")
     print("|---|---|---|---|---|---|---|")
     for comp in ("z", "q", "k"):
@@ -66,6 +67,8 @@ def run(args) -> int:
             r = attribute(case, model, component=comp, method=method)
             dt = time.perf_counter() - t0
             base = base or dt
+            sides.append((f"{comp} {method}", "surgeon", dt,
+                          lambda c=comp, m=method: attribute(case, model, component=c, method=m), None))
             est = r.estimate.ravel()
             pearson = "n/a" if method == "atp*" else f"{np.corrcoef(est, exact)[0, 1]:.2f}"
             spearman = np.corrcoef(_ranks(np.abs(est)), _ranks(np.abs(exact)))[0, 1]
@@ -73,6 +76,15 @@ def run(args) -> int:
             print(f"| {comp} ({len(exact)} units) | `{method}` | {pearson} | {spearman:.2f} | {hits}/5 | "
                   f"{dt:.2f} s | {dt / base:.1f} |")
         print(f"| {comp} ({len(exact)} units) | exact patching | 1 | 1 | 5/5 | {t_exact:.2f} s | {t_exact / base:.1f} |")
+        sides.append((f"{comp} exact patching", "surgeon", t_exact,
+                      lambda c=comp: patch_heads(case, model, component=c), None))
+    from limit import counted_section
+
+    print()
+    counted_section("work and speed against this machine's limit (work: matrix-multiply FLOPs of one more run of each "
+                    "under torch's FlopCounterMode, apart from the timings)", [model.cfg], sides,
+                    ["least: a gradient's is one forward and backward and a clean run of each prompt (EAP's floor: "
+                     "bench/scale.py and bench/edges.py count it on models large enough to show it)"])
     return 0
 
 

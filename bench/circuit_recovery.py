@@ -65,10 +65,12 @@ def run(args) -> int:
     print("| organism | method | ROC AUC | planted edges' ranks | f(planted circuit) | time |")
     print("|---|---|---|---|---|---|")
     notes = []
+    sides, cfgs = [], []
     for name in ("induction", "threshold"):
         case = load_case(str(ROOT / "cases" / f"{name}_organism.py"))
         model = load_model(case.model)
         site = EdgeSite.of(model.cfg)
+        cfgs.append(model.cfg)
         runs = circuit_runs(case, model, site)  # the kept reading (MIB's), resample ablation
         contrast = runs.scoring
         where = 'every position' if runs.positions == 'every position' else 'aligned positions'
@@ -86,6 +88,8 @@ def run(args) -> int:
                 notes.append(f"{name}, {method}: {str(e).splitlines()[0]}")
                 continue
             dt = time.perf_counter() - t0
+            sides.append((f"{name} {method}", "surgeon", dt,
+                          lambda c=contrast, st=site, m=method: edge_scores(c, st, m), None))
             order = np.argsort(-np.abs(s), kind="stable")
             rank = {int(e): i + 1 for i, e in enumerate(order)}
             ranks = sorted(rank[e] for e in idx)
@@ -96,6 +100,12 @@ def run(args) -> int:
         print(f"\n{n}")
     print("\ndecimal: trained, not built; no planted edge set to score (see its measured facts: "
           "`surgeon organisms describe decimal`).")
+    from limit import counted_section
+
+    counted_section("work and speed against this machine's limit (work: matrix-multiply FLOPs of one more run of each "
+                    "method under torch's FlopCounterMode, apart from the timings)", cfgs, sides,
+                    ["least: EAP's (the floor and the other run's forward) is bench/edges.py's and bench/scale.py's; "
+                     "these organisms are too small for their times to be more than fixed costs"])
     return 0
 
 

@@ -318,8 +318,51 @@ def run(args) -> int:
     lo, hi = float(c.clean_base.mean()), float(c.clean_source.mean())
     print("  f at each fraction: " + ", ".join(f"{(x - lo) / (hi - lo):.2f}" for x in scores.mean(1)))
 
+    limit_section(model, site, base, tokens, c, contrast, top, sample, sets, ref, floor, least,
+                  {"eap": t_clean + t_eap, "floor": t_floor, "least": t_least, "exact": t_ours,
+                   "loop": t_loop * len(top), "curve": t_curve, "curve loop": t_loop_c})
     memory(site, model.cfg, len(base), len(base[0].tokens) - base[0].n_prompt + 1, len(top))
     return 0 if err <= 1e-4 and err_c <= 1e-4 else 1
+
+
+def limit_section(model, site, base, tokens, c, contrast, top, sample, sets, ref, floor, least, t: dict) -> None:
+    """Each side's work (matrix-multiply FLOPs of one more run under torch's FlopCounterMode, apart from the timings)
+    against the least its method needs, and its share of this machine's peak at the model's shapes."""
+    from limit import (Limit, block_flops, count_flops, distinct_positions, edge_patch_least, last_read, model_shapes,
+                       read_positions, unembed_flops, work_section)
+
+    from surgeon.analyses.circuit import edge_scores
+
+    cfg = model.cfg
+    L = cfg.n_layers
+    lp = block_flops(model, tokens)
+    span = distinct_positions(base, lambda r: r.n_prompt - 1, last_read)  # the aligned positions on
+    reads = read_positions(base)
+    recs = [site.receivers[site.edges[e][1]] for e in top]
+    with torch.no_grad():
+        loop = count_flops(lambda: [ref.edge(e) for e in sample]) * len(top) / len(sample)
+        exact = count_flops(lambda: c.run({site: torch.eye(len(site.edges))[top]}))
+        curve = count_flops(lambda: kept_from_the_patched_run(c, site, sets))
+        curve_loop = count_flops(lambda: [ref.circuit(s_, True) for s_ in sets])
+    least_flops = count_flops(least)
+    sides = [("EAP (clean runs + EAP)", "surgeon", t["eap"],
+              count_flops(lambda: edge_scores(contrast(), site, "eap")),
+              least_flops),
+             ("", "floor", t["floor"], count_flops(floor), least_flops),
+             (f"exact top-{len(top)} (clean runs apart)", "surgeon", t["exact"], exact,
+              edge_patch_least(cfg, lp, recs, span, reads, 0)),
+             ("", "loop", t["loop"], loop, edge_patch_least(cfg, lp, recs, span, reads, 0)),
+             (f"curve ({len(sets)} circuits)", "surgeon", t["curve"], curve,
+              len(sets) * (span * L * lp + reads * unembed_flops(cfg))),
+             ("", "loop", t["curve loop"], curve_loop, len(sets) * (span * L * lp + reads * unembed_flops(cfg)))]
+    lim = Limit.measure(model_shapes(cfg, tokens.numel(), reads))
+    work_section("work and speed against this machine's limit (work: matrix-multiply FLOPs of one more run of each "
+                 "side under torch's FlopCounterMode, apart from the timings, the per-edge loop's on its timed sample "
+                 "and scaled; least: EAP's, the floor and the other run's forward; an edge's, its receiver's layer "
+                 f"on (only the MLP for an MLP input) at the {span:,} distinct row-positions from the first aligned "
+                 "one to the last read, and the logits read; a circuit's, every layer there)", lim, sides,
+                 ["EAP's least here is what the floor runs: a surgeon EAP under it skips what no score needs (the "
+                  "positions before the first aligned one need no gradient, the other run none after it)"])
 
 
 def memory(site, cfg, rows: int, positions: int, top: int):

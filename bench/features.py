@@ -260,8 +260,25 @@ def run(args, data: dict) -> int:
           f"{'job':34s} {'surgeon':>9s} {'loop':>9s} {'surgeon/loop':>13s}  {'surgeon':>8s} {'loop':>8s}")
     for (name, a, b, _), (wa, wb) in zip(rows, work):
         print(f"{name:34s} {wa / 1e12:7.2f} T {wb / 1e12:7.2f} T {wa / wb:12.2f}x  {wa / a / 1e9:8.0f} {wb / b / 1e9:8.0f}")
-    print("(time ratio = work ratio x speed ratio; surgeon's feature hook encodes and decodes at every SAE for every "
-          "patched row, surgeon/sites/features.py, where the loop's exact patch decodes once at the patched SAE)")
+    print("(time ratio = work ratio x speed ratio; surgeon's feature hook encodes and decodes an SAE only for the "
+          "patches that move one of its features, surgeon/sites/features.py; the loop's exact patch decodes once at the "
+          "patched SAE)")
+    from limit import Limit, model_shapes, work_section
+
+    cfg = model.cfg
+    tokens = sum(len(r.tokens) for r in base)
+    shapes = model_shapes(cfg, tokens, len(base)) + [(m, cfg.d_model, F) for m in (tokens, 4096)] + [
+        (m, F, cfg.d_model) for m in (tokens, 4096)]
+    lim = Limit.measure(shapes)
+    sides = []
+    for (name, a, b, _), (wa, wb) in zip(rows, work):
+        sides += [(name, "surgeon", a, wa, None), ("", "loop", b, wb, None)]
+    data["limit"] = lim.record()
+    data["work"] = work_section("work and speed against this machine's limit (the work above; the peak at the model's "
+                                "and the SAEs' shapes, encoder and decoder included)", lim, sides,
+                                ["least: not derived for feature circuits (which SAEs and rows a patch must re-encode "
+                                 "depends on which features move); the loop's work, Marks et al.'s method as their "
+                                 "code runs it, stands beside surgeon's"])
     data["jobs"] = [{"job": name, "surgeon": a, "loop": b, "difference": d, "surgeon_flops": wa, "loop_flops": wb}
                     for (name, a, b, d), (wa, wb) in zip(rows, work)]
     data["shape"] = {"model": "gpt2", "items": args.items, "positions": len(base[0].tokens), "saes": len(LAYERS),

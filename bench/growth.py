@@ -35,10 +35,8 @@ import math
 import os
 import subprocess
 import sys
-import time
 
 import numpy as np
-import torch
 
 import scale  # noqa: E402  (bench/ is this script's folder)
 
@@ -61,15 +59,18 @@ def points() -> list[dict]:
 
 
 def run_point(pt: dict, threads: int) -> dict:
-    """Every job at one point: timed one after the other in one process (glibc's allocator as it comes), then each
-    surgeon job in a fresh process for its peak memory (the mmap threshold fixed, as bench/scale.py measures)."""
+    """Every job at one point: timed one after the other in one process (glibc's allocator as it comes; at the base
+    point each job's work then counted, bench/scale.py's `--count`), then each surgeon job in a fresh process for its
+    peak memory (the mmap threshold fixed, as bench/scale.py measures)."""
     model = f"gpt2-L{pt['layers']}-d{pt['width']}"
     args = [str(pt["items"]), str(pt["positions"]), "--threads", str(threads)]
-    timed = _measure([model, ",".join(JOBS), *args, "--mode", "time", "--repeat", str(REPEAT)], threads, memory=False)
+    count = ["--count"] if pt == BASE else []
+    timed = _measure([model, ",".join(JOBS), *args, "--mode", "time", "--repeat", str(REPEAT), *count], threads,
+                     memory=False)
     out = {}
     for r in timed:
         job = r["job"]
-        out[job] = {"seconds": r["seconds"], "positions": r["positions"]}
+        out[job] = {k: r[k] for k in ("seconds", "positions", "flops", "least") if k in r}
         if job != "floor":
             out[job].update(_measure([model, job, *args, "--mode", "memory"], threads, memory=True)[0])
     return out
@@ -102,16 +103,20 @@ def law(name: str, coef: np.ndarray) -> str:
     return f"{name} ~ " + " x ".join(f"{a}^{e:.2f}" for a, e in zip(AXES, coef[1:]))
 
 
-def cpu_flops(threads: int, n: int = 1024, repeat: int = 10) -> float:
-    """This CPU's float32 matrix-multiply throughput (FLOP/s), the best of a few n x n products."""
-    torch.set_num_threads(threads)
-    a, b = torch.randn(n, n), torch.randn(n, n)
-    best = float("inf")
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        a @ b
-        best = min(best, time.perf_counter() - t0)
-    return 2 * n**3 / best
+def base_limit(res: dict):
+    """At the base point: the matrix-multiply peak at its model's shapes and the machine's limit (bench/limit.py), and
+    each job's work, least and share of that peak, printed with the goals against the limit."""
+    from limit import Limit, model_shapes, work_section
+
+    model = scale.make_model(f"gpt2-L{BASE['layers']}-d{BASE['width']}")
+    r0 = res[("floor", *BASE.values())]
+    lim = Limit.measure(model_shapes(model.cfg, BASE["items"] * r0["positions"], BASE["items"]))
+    sides = [(NAMES[job].strip(), "floor" if job == "floor" else "surgeon", r["seconds"], r.get("flops"),
+              r.get("least")) for job in JOBS for r in [res[(job, *BASE.values())]]]
+    work_section(f"work and speed against this machine's limit at the base point (work: bench/scale.py's count, one "
+                 f"more run of each job under torch's FlopCounterMode after its timed runs; least: scale.py's "
+                 f"least_work)", lim, sides)
+    return lim
 
 
 def bench(threads: int) -> list[dict]:
@@ -151,7 +156,8 @@ def bench(threads: int) -> list[dict]:
             r_coef, _ = fit([(r["x"], r["seconds"] / floors[tuple(r["x"].values())]) for r in rows])
         fits[job] = t_coef, m_coef, r_coef
 
-    flops = cpu_flops(threads)
+    lim = base_limit(res)
+    flops = lim.limit
     x = {**LLAMA, "items": 2 * LLAMA["items"]}  # the fit's items are rows (one per item here); the case has two
     from surgeon.engine.memory import weights_bytes
 
@@ -167,7 +173,7 @@ def bench(threads: int) -> list[dict]:
           f"~40% of its dense peak); memory above the weights in one batch, float32 halved for bfloat16")
     print(f"  the floor by FLOP count (4 x {params / 1e9:.2f}e9 parameters x {tokens:,} tokens: a forward, and a backward "
           f"w.r.t. the activations only): {floor_flops:.2f} s; by its own fit moved by this CPU's measured matmul "
-          f"throughput ({flops / 1e9:,.0f} GFLOP/s): {floor_fit:.3f} s. The fitted widths grow slower than a matmul's "
+          f"throughput ({flops / 1e9:,.0f} GFLOP/s at a 2,048-square product): {floor_fit:.3f} s. The fitted widths grow slower than a matmul's "
           f"d_model^2 (fixed costs at these sizes), so (a) understates; (b) scales each job's measured ratio to the "
           f"floor (itself fitted) by the floor's FLOP count, and a floor of a tenth of a second is mostly fixed cost, so "
           f"its ratios grow with items and layers faster than the work does and (b) overstates.")

@@ -82,6 +82,19 @@ def main() -> int:
               f"{c_held.held_out['faithfulness']:.3f} held out, {c_held.search.circuit_faithfulness:.3f} in-sample)")
         print(f"  the held-out measurement alone: {max(t_chold - t_cdisc, 0.0):.2f} s (one circuit's forwards on "
               f"{len(ev)} items)")
+        from limit import counted_section
+
+        counted_section("work and speed against this machine's limit (work: matrix-multiply FLOPs of one more run of "
+                        "each under torch's FlopCounterMode, apart from the timings)", [model.cfg], [
+                            ("threshold, in-sample", "surgeon", t_all, lambda: threshold_search(case, model, **search),
+                             None),
+                            ("threshold, held-out", "surgeon", t_held,
+                             lambda: threshold_heldout(case, model, holdout=0.5, **search), None),
+                            ("circuit, in-sample", "surgeon", t_call, lambda: discover(case, model, **found), None),
+                            ("circuit, held-out", "surgeon", t_chold,
+                             lambda: circuit_heldout(case, model, holdout=0.5, **found), None)],
+                        ["least: not derived for searches (what they evaluate depends on the path they take); the "
+                         "held-out run's work against the in-sample one's is what this bench compares"])
     return 0
 
 

@@ -57,6 +57,9 @@ def main() -> int:
 
     with saved("install", args.save):
         print("\n".join(lines))
+        from limit import limit_only
+
+        print(limit_only("this bench times installs (downloads and unpacking)"))
     return 0
 
 

@@ -71,6 +71,10 @@ def held_out(threads: int, data: dict | None = None) -> float:
         for c in cells:
             print(f"    {c}")
     print(scale.memory_goal(worst))
+    from limit import limit_only
+
+    print(limit_only("this bench measures peak memory, not speed (the jobs' work and share of the peak: "
+                     "bench/scale.py)"))
     return worst
 
 

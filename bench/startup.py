@@ -60,7 +60,12 @@ def run(args):
         added = m - prev if name != "diagnose" else m - statistics.median(times["+ transformer_lens"])
         print(f"{name:20s} {m:6.2f}s {added:+6.2f}s {100 * added / total:17.0f}%")
         prev = m
-    print(f"(diagnose's 'added' = what remains after the imports: loading the organism, scoring, the report)")
+    print("(diagnose's 'added' = what remains after the imports: loading the organism, scoring, the report)")
+    import torch
+    from limit import limit_only
+
+    torch.set_num_threads(2)
+    print(limit_only("this bench times start-up (imports, loading an organism, a report of a few forward passes)"))
 
 
 if __name__ == "__main__":

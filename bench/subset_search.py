@@ -202,6 +202,41 @@ def run(case, model, args) -> bool:
           f"batch: {t_careful:.1f} s for {len(subsets)} subsets = {rate_careful:.0f} subsets/s   "
           f"ratio {rate_ours / rate_careful:.1f}x")
     print(f"target >= 10x against the careful baseline: {'met' if rate_ours / rate_careful >= 10 else 'MISSED'}")
+    # the work each side does against the least the search needs, and the share of this machine's peak it reaches
+    from limit import (Limit, block_flops, count_flops, distinct_positions, head_patch_least, last_read, model_shapes,
+                       read_positions,
+                       work_section)
+
+    first_of = {id(r): min(pb) for r, (pb, _) in zip(bad, pairs)}
+    span = distinct_positions(bad, lambda r: first_of[id(r)], last_read)
+    source_to = {id(g): max(pg) for g, (_, pg) in zip(good, pairs)}  # the good run is needed up to its aligned cells
+    clean = distinct_positions(bad, lambda r: 0, last_read) + distinct_positions(good, lambda r: 0,
+                                                                                lambda r: source_to[id(r)])
+    reads = read_positions(bad)
+    patches = [{k: v for k, v in ((1, m & 0xFF), (2, m >> 8)) if v} for m in subsets]  # units: L1H0-7, then L2H0-7
+    least = head_patch_least(model.cfg, block_flops(model, toks), span, patches, reads, clean)
+    per_batch = args.subsets_per_batch
+
+    def one_batch(fn):  # every batch of the baselines has the same shapes, so their work is linear in the subsets
+        with torch.no_grad():
+            return count_flops(lambda: fn(subsets[:per_batch])) * len(subsets) / per_batch
+
+    def ours_again():
+        c, _ = make_contrast(case, model, batch_size=args.batch_size, sites=[Site.of("z", 1), Site.of("z", 2)])
+        with tempfile.TemporaryDirectory() as tmp2:
+            evaluate(c, plan, ChunkStore(tmp2, "bench"), chunk=512)
+
+    lim = Limit.measure(model_shapes(model.cfg, toks.numel(), reads))
+    work_section(f"work and speed against this machine's limit, all {len(subsets):,} subsets (work: matrix-multiply "
+                 f"FLOPs of one more run under torch's FlopCounterMode, apart from the timings; the baselines' counted "
+                 f"on one batch of {per_batch} and scaled, every batch having the same shapes; least: each subset's "
+                 f"patched copy from its lowest patched layer on (no attention there; subsets that agree up to a layer share the work to there), at the {span:,} distinct "
+                 f"row-positions from each row's first patched one to its last read, the logits read, and a clean run "
+                 f"of each prompt)", lim,
+                 [("subset search", "surgeon", t_ours, count_flops(ours_again), least),
+                  ("", "careful", t_careful, one_batch(careful), least),
+                  ("", "naive", t_base * len(subsets) / len(naive), one_batch(baseline), least)],
+                 [f"naive: its time projected to all {len(subsets):,} subsets from the {len(naive):,} timed"])
     print(f"max |score difference|: naive {err:.1e} over {len(naive)} subsets, careful {err_c:.1e} over "
           f"{len(subsets)}")
     err = max(err, err_c)
