@@ -345,6 +345,8 @@ def limit_section(model, site, base, tokens, c, contrast, top, sample, sets, ref
         curve = count_flops(lambda: kept_from_the_patched_run(c, site, sets))
         curve_loop = count_flops(lambda: [ref.circuit(s_, True) for s_ in sets])
     least_flops = count_flops(least)
+    # a circuit changes every layer at the positions from the first aligned one (the last layer only where read)
+    circuits = len(sets) * ((span * (L - 1) + reads) * lp + reads * unembed_flops(cfg))
     sides = [("EAP (clean runs + EAP)", "surgeon", t["eap"],
               count_flops(lambda: edge_scores(contrast(), site, "eap")),
               least_flops),
@@ -352,9 +354,8 @@ def limit_section(model, site, base, tokens, c, contrast, top, sample, sets, ref
              (f"exact top-{len(top)} (clean runs apart)", "surgeon", t["exact"], exact,
               edge_patch_least(cfg, lp, recs, span, reads, 0)),
              ("", "loop", t["loop"], loop, edge_patch_least(cfg, lp, recs, span, reads, 0)),
-             (f"curve ({len(sets)} circuits)", "surgeon", t["curve"], curve,
-              len(sets) * (span * L * lp + reads * unembed_flops(cfg))),
-             ("", "loop", t["curve loop"], curve_loop, len(sets) * (span * L * lp + reads * unembed_flops(cfg)))]
+             (f"curve ({len(sets)} circuits)", "surgeon", t["curve"], curve, circuits),
+             ("", "loop", t["curve loop"], curve_loop, circuits)]
     lim = Limit.measure(model_shapes(cfg, tokens.numel(), reads))
     work_section("work and speed against this machine's limit (work: matrix-multiply FLOPs of one more run of each "
                  "side under torch's FlopCounterMode, apart from the timings, the per-edge loop's on its timed sample "

@@ -185,32 +185,43 @@ def layer_parts(cfg) -> tuple[int, int]:
 def head_patch_least(cfg, lp: float, span: int, patches: list[dict], reads: int, clean: int) -> float:
     """The least FLOPs of patching heads' outputs. Each patch is {layer: which heads there} (only the layers it
     patches); `span` row-positions (summed over the rows: from each row's first patched position to its last read
-    one) are recomputed. A layer's attention depends only on the patches below it and what follows its head outputs
+    one) are recomputed, and at the last layer only the `reads` positions whose logits are read (nothing after it
+    needs the others). A layer's attention depends only on the patches below it and what follows its head outputs
     on those up to it, so patches that agree up to a layer share the work up to there, and a patch that changes
     nothing up to a layer is the clean run there: at layer l the attention runs once per distinct nonempty patch
     below l and the rest of the layer once per distinct nonempty patch up to l. Then the logits at `reads` positions
-    per patch, and `clean` row-positions of clean runs through every layer (one run of each prompt: the patched
-    values and the clean scores); `lp` is the model's FLOPs per layer-position (`block_flops`)."""
+    per patch, and the clean runs (`clean_least`); `lp` is the model's FLOPs per layer-position (`block_flops`)."""
     L = cfg.n_layers
     _, after_z = layer_parts(cfg)
     total = 0.0
     for layer in range(L):
         below = {tuple(sorted((k, v) for k, v in p.items() if k < layer)) for p in patches} - {()}
         upto = {tuple(sorted((k, v) for k, v in p.items() if k <= layer)) for p in patches} - {()}
-        total += len(below) * (lp - after_z) + len(upto) * after_z
-    return span * total + len(patches) * reads * unembed_flops(cfg) + clean * L * lp
+        total += (span if layer < L - 1 else reads) * (len(below) * (lp - after_z) + len(upto) * after_z)
+    return total + len(patches) * reads * unembed_flops(cfg) + clean_least(cfg, lp, clean, reads)
+
+
+def clean_least(cfg, lp: float, clean: int, reads: int) -> float:
+    """The clean runs every patching method needs (the values patched in, the clean scores): `clean` row-positions
+    (the failing run's up to its last read, the other run's up to its last aligned position) through every layer but
+    the last, and the last at the `reads` positions read, with their logits."""
+    return clean * (cfg.n_layers - 1) * lp + reads * (lp + unembed_flops(cfg))
 
 
 def edge_patch_least(cfg, lp: float, receivers, span: int, reads: int, clean: int) -> float:
     """The least FLOPs of patching each edge alone: for each edge's receiver (its `kind` q/k/v/mlp/logits and
     `layer`), `span` row-positions recomputed from the receiver on (its whole layer for a query/key/value input,
-    only the MLP for an MLP input, nothing for the logits), the logits at `reads` positions per edge, and `clean`
-    row-positions of clean runs through every layer."""
+    only the MLP for an MLP input, nothing for the logits), only the `reads` positions at the last layer, the logits
+    at `reads` positions per edge, and the clean runs (`clean_least`; `clean` 0: none)."""
     L = cfg.n_layers
     mlp, _ = layer_parts(cfg)
-    per = sum(0 if r.kind == "logits" else (L - 1 - r.layer) * lp + (mlp if r.kind == "mlp" else lp)
-              for r in receivers)
-    return span * per + len(receivers) * reads * unembed_flops(cfg) + clean * L * lp
+    at = lambda layer: span if layer < L - 1 else reads  # noqa: E731
+    per = 0.0
+    for r in receivers:
+        if r.kind == "logits":
+            continue
+        per += at(r.layer) * (mlp if r.kind == "mlp" else lp) + sum(at(x) * lp for x in range(r.layer + 1, L))
+    return per + len(receivers) * reads * unembed_flops(cfg) + (clean_least(cfg, lp, clean, reads) if clean else 0)
 
 
 def work_section(title: str, lim: "Limit", sides: list, notes: list[str] = ()) -> list[dict]:

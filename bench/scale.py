@@ -302,12 +302,14 @@ def least_work(model, model_name: str, job: str, base, source, site, pre: dict) 
     """The matrix-multiply FLOPs `job`'s method cannot skip on these rows (None for the smallest-circuit search, whose
     least depends on the path it takes): layer-positions as `sweep_work` and `exact_work` count them, each at the
     model's mean FLOPs per layer-position (`limit.block_flops`), less what the patched layer itself need not run (a
-    head's output patched: no attention there; an MLP's input: only that MLP), the logits at the positions read, and
-    one clean run of each prompt (both are needed: the patched values and the clean scores). EAP's least is the floor (one forward
+    head's output patched: no attention there; an MLP's input: only that MLP) and the last layer's positions that
+    are not read, the logits at the positions read, and one clean run of each prompt (the patched values and the
+    clean scores: `limit.clean_least`). EAP's least is the floor (one forward
     and backward of the failing run, weights frozen, counted) and a forward of the other prompt; EAP-IG's, five such
     forward-and-backward passes and a clean run of each prompt."""
     from careful import forward_backward, read_at, shared_prefix
-    from limit import block_flops, count_flops, edge_patch_least, head_patch_least, read_positions, unembed_flops
+    from limit import (block_flops, clean_least, count_flops, edge_patch_least, head_patch_least, read_positions,
+                       unembed_flops)
 
     cfg = model.cfg
     L, H = cfg.n_layers, cfg.n_heads
@@ -331,13 +333,13 @@ def least_work(model, model_name: str, job: str, base, source, site, pre: dict) 
         return floor()
     if job == "eap":
         return floor() + R * Ts * L * lp
-    if job == "eap-ig":
+    if job == "eap-ig":  # five forward-and-backward passes at the interpolated inputs, the two runs' activations
         return 5 * floor() + clean
-    if job == "curve":
+    if job == "curve":  # every circuit changes every layer from the first differing position on
         from surgeon.analyses.circuit import CURVE
 
         n = len(CURVE) + 1
-        return n * R * (T - p0) * L * lp + n * reads * rd + clean
+        return n * (R * (T - p0) * (L - 1) + reads) * lp + n * reads * rd + clean_least(cfg, lp, R * T + R * Ts, reads)
     if job.startswith("subsets"):  # every subset's lowest patched layer is SUBSET_LAYER's
         n, layer = int(job.split("-")[1]), SUBSET_LAYER.get(model_name, L - 1)
         return head_patch_least(cfg, lp, R * (T - p0), [{layer: i} for i in range(n)], reads, R * T + R * Ts)

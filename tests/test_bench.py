@@ -442,3 +442,39 @@ def test_the_circuit_benches_never_run_the_export_code_their_key_leaves_out(indu
     files = {f for f, _ in ran}
     assert any(f.endswith("surgeon/analyses/circuit.py") for f in files)  # the trace saw the circuit code run
     assert not [name for f, name in ran if f.endswith("surgeon/circuits/export.py")]
+
+
+def test_the_least_work_counts_what_patches_share_by_hand():
+    """bench/limit.py's least for head patches, against a count written out by hand: a layer's attention runs once per
+    distinct nonempty patch below it, the rest of the layer once per distinct nonempty patch up to it, the logits once
+    per patch, and the clean runs through every layer."""
+    from types import SimpleNamespace
+
+    from limit import head_patch_least, layer_parts, unembed_flops
+
+    cfg = SimpleNamespace(n_layers=3, d_model=8, n_heads=2, d_head=4, d_mlp=32, gated_mlp=False, d_vocab=10)
+    mlp, after_z = layer_parts(cfg)
+    assert mlp == 2 * 8 * 32 * 2 and after_z == 2 * 2 * 4 * 8 + mlp
+    lp = 5000.0
+    pre = lp - after_z
+    patches = [{0: "a"}, {0: "b"}, {0: "a", 1: "c"}, {1: "c"}, {2: "d"}]
+    # layer 0: nothing below; up to it {a}, {b}                       -> 2 x after_z
+    # layer 1: below {a}, {b} (the {1: c} patch is clean below 1)      -> 2 x pre
+    #          up to it {a}, {b}, {a, c}, {c}                          -> 4 x after_z
+    # layer 2, the last, at the 3 read positions only: below {a}, {b}, {a, c}, {c} -> 4 x pre; up to it those and {d}
+    #                                                                                                 -> 5 x after_z
+    # the logits: 5 patches x 3 reads; the clean runs: 11 row-positions through layers 0-1, the 3 reads at layer 2
+    by_hand = (7 * (2 * after_z + 2 * pre + 4 * after_z) + 3 * (4 * pre + 5 * after_z) + 5 * 3 * unembed_flops(cfg)
+               + 11 * 2 * lp + 3 * (lp + unembed_flops(cfg)))
+    assert head_patch_least(cfg, lp, span=7, patches=patches, reads=3, clean=11) == pytest.approx(by_hand)
+
+
+@pytest.mark.parametrize("job", ["patch", "careful-patch", "exact", "careful-edge-loop", "eap", "eap-ig", "curve",
+                                 "subsets-16"])
+def test_the_least_is_a_lower_bound_on_the_counted_work(job):
+    """On a small GPT-2-shaped model, every way bench/scale.py runs a job (surgeon's and the careful TransformerLens
+    baselines) computes at least the least work bench/scale.py says the method needs, counted by torch's
+    FlopCounterMode, and not many times more: a least that overstated would let a job meet its goal unearned."""
+    r = scale.measure("gpt2-L3-d64", job, 2, 4, batch_size=64, count=True)
+    assert r["flops"] >= 0.97 * r["least"], (r["flops"], r["least"])
+    assert r["flops"] <= 4 * r["least"], (r["flops"], r["least"])
