@@ -212,8 +212,9 @@ def plan_features(cfg, rows_b, rows_s, align: str, saes: dict, method: str = "ig
     while the working format's runs), each job on the layers its passes run through, with the SAEs' weights and
     feature tensors (`feature_bytes`) added: the largest job's peak at the largest batch size (at most `batch_size`)
     whose peak fits `budget`; AnalysisError naming the fix when batch size 1 does not."""
-    b, s, aligned = memory.merged_rows(rows_b, rows_s, align)
-    slots = max(x.slots for x in memory.layout(b, s, aligned, batch_size))
+    whole = memory.two_way(cfg)  # a bidirectional model's rows are laid out whole
+    b, s, aligned = memory.merged_rows(rows_b, rows_s, align, bidirectional=whole)
+    slots = max(x.slots for x in memory.layout(b, s, aligned, batch_size, bidirectional=whole))
     nodes = sum(x.d_sae + 1 for x in saes.values()) * (slots if by_position else 1)
     if jobs is None:
         jobs = feature_jobs(cfg, list(saes), max(x.d_sae for x in saes.values()), nodes, method, steps, verify)
@@ -238,10 +239,10 @@ def plan_features(cfg, rows_b, rows_s, align: str, saes: dict, method: str = "ig
             return preds[[p.batch_size for p, _ in preds].index(low)][0]
         tops = []
         for (p, _), (key, fj) in zip(preds, jobs.items()):
-            extra = feature_bytes(memory.layout(b, s, aligned, bs), {key: fj}, list(saes.values()), bs)
+            extra = feature_bytes(memory.layout(b, s, aligned, bs, bidirectional=whole), {key: fj}, list(saes.values()), bs)
             tops.append((p.peak + sum(extra.values()), {**p.parts, **extra}, p))
         peak, parts, _ = max(tops, key=lambda t: t[0])
-        clean = 2 * len(memory.layout(b, s, aligned, bs)) * (2 if both else 1)  # one set of clean passes
+        clean = 2 * len(memory.layout(b, s, aligned, bs, bidirectional=whole)) * (2 if both else 1)  # one set of clean passes
         forwards = sum(p.forwards for p, _ in preds) - clean * (len(preds) - 1)
         name = f"feature circuit ({len(saes)} SAEs, {nodes:,} nodes)" if both or len(jobs) > 1 else preds[0][1].name
         return Prediction(name, bs, int(peak), parts, forwards, any(p.forwards_bound for p, _ in preds))

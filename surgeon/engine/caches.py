@@ -10,6 +10,7 @@ import torch
 from torch import Tensor
 
 from surgeon.engine.kernels import fused_activations
+from surgeon.engine.padding import masked_padding
 from surgeon.engine.rows import Bucket, nbytes
 from surgeon.errors import AnalysisError
 from surgeon.sites.nodes import Site, hook_layer, units_view
@@ -56,7 +57,7 @@ class CleanRuns:
         names = [f"blocks.{L}.hook_resid_pre" for L in layers]
         names += [f"blocks.{L}.attn.hook_{x}" for L in layers for x in "kvz"]
         names += [s.hook for s in sites]
-        final, cache = self._pass(b.base_tokens, names, score)
+        final, cache = self._pass(b.base_tokens, names, score, b.base_len)
         for L in layers:  # copies of the slices, so the full activations can be freed
             b.resid[L] = cache[f"blocks.{L}.hook_resid_pre"][:, b.p0:].clone()
             b.kv[L] = (cache[f"blocks.{L}.attn.hook_k"][:, : b.p0].clone(),
@@ -78,25 +79,27 @@ class CleanRuns:
                     "patching attention patterns needs base and source prompts of equal length (the keys must "
                     "correspond), but they differ", field="component",
                     fix="patch head outputs (component z) instead, or use formats of equal length")
-        final, cache = self._pass(b.source_tokens, [s.hook for s in sites], score)
+        final, cache = self._pass(b.source_tokens, [s.hook for s in sites], score, b.source_len)
         for s in sites:
             b.source_acts[s] = self._gather(cache[s.hook], s, b.source_pos)
         if score:
             return self._readout(b, final, b.source_tgt_pos)[0]
         return None
 
-    def _pass(self, tokens: Tensor, names: Sequence[str], final: bool):
-        """One forward over `tokens` (in batches), caching `names`; the final residual too if `final`."""
-        return self._with_backoff(lambda: self._pass_once(tokens, names, final))
+    def _pass(self, tokens: Tensor, names: Sequence[str], final: bool, lengths: Tensor | None = None):
+        """One forward over `tokens` (in batches), caching `names`; the final residual too if `final`. `lengths`
+        [rows]: each row's real tokens, where the model reads padding (a bidirectional one's is masked)."""
+        return self._with_backoff(lambda: self._pass_once(tokens, names, final, lengths))
 
     @torch.no_grad()
-    def _pass_once(self, tokens: Tensor, names: Sequence[str], final: bool):
+    def _pass_once(self, tokens: Tensor, names: Sequence[str], final: bool, lengths: Tensor | None = None):
         names = list(dict.fromkeys(names))
         out: dict[str, list[Tensor]] = defaultdict(list)
         finals = []
         stop = self.cfg.n_layers if final else max(hook_layer(n) for n in names) + 1
         for lo in range(0, tokens.shape[0], self.batch_size):
-            with fused_activations(self.model):
+            part = None if lengths is None else lengths[lo: lo + self.batch_size]
+            with fused_activations(self.model), masked_padding(self.model, part):
                 res, cache = self.model.run_with_cache(tokens[lo: lo + self.batch_size], names_filter=names,
                                                        stop_at_layer=stop)
             self._log["forwards"] += 1
@@ -119,6 +122,8 @@ class CleanRuns:
             TransformerLensKeyValueCacheEntry,
         )
 
+        if b.p0 == 0:  # nothing before the first patched position: no cache to attend to
+            return None
         if b.kv_copies < copies:
             b.kv_rep, b.kv_copies = {}, copies
         for L in range(start, self.cfg.n_layers):

@@ -37,12 +37,13 @@ from typing import Mapping, Sequence
 import torch
 from torch import Tensor
 
-from surgeon.causal import check_causal
+from surgeon.causal import check_attention
 from surgeon.engine import prefix_attention
 from surgeon.engine.caches import CleanRuns, default_cache_bytes, node_sites
 from surgeon.engine.gradients import Gradients
 from surgeon.engine.grouping import Grouping, Groups
 from surgeon.engine.kernels import detached, fused_activations, hooked, last_mlp_at
+from surgeon.engine.padding import bidirectional, pad_hooks
 from surgeon.engine.probes import Probes
 from surgeon.engine.readout import LOGPROB, At, check_scores, readout
 from surgeon.engine.rows import Bucket, layout, merged_rows, padded, row_slice, to_items
@@ -90,7 +91,7 @@ class Contrast(CleanRuns, Sources, Grouping, Gradients, Probes):
                  mean_rows: Sequence[Row] | None = None):
         if len(base_rows) != len(source_rows) or not base_rows:
             raise AnalysisError("internal: base and source rows differ in number, or there are none")
-        check_causal(model)
+        check_attention(model)
         self.model = model
         self.cfg = model.cfg
         self.metric = metric or LOGPROB
@@ -128,10 +129,15 @@ class Contrast(CleanRuns, Sources, Grouping, Gradients, Probes):
         if start_layer is None:
             start_layer = min((x.layer for x in sites), default=0)
         pad = getattr(model.tokenizer, "pad_token_id", None) or 0
-        base_rows, source_rows, aligned = merged_rows(base_rows, source_rows, align, base_name, source_name)
+        both_ways = bidirectional(model)
+        if both_ways:
+            self._log["attention"] = ("bidirectional: every row whole and alone (no shared prefix, no row cut after "
+                                      "its last read position, none merged), its padded keys masked for every query")
+        base_rows, source_rows, aligned = merged_rows(base_rows, source_rows, align, base_name, source_name,
+                                                      bidirectional=both_ways)
         self.buckets: list[Bucket] = []
         dev = self.device
-        for shape in layout(base_rows, source_rows, aligned, self.batch_size):
+        for shape in layout(base_rows, source_rows, aligned, self.batch_size, both_ways):
             ids, p0, S, Wb, Ws, T = shape.ids, shape.p0, shape.slots, shape.base_width, shape.source_width, shape.targets
             B, Sr = [base_rows[i] for i in ids], [source_rows[i] for i in ids]
             bucket = Bucket(
@@ -147,6 +153,8 @@ class Contrast(CleanRuns, Sources, Grouping, Gradients, Probes):
                 slot_valid=padded([[1.0] * len(aligned[i][0]) for i in ids], S, 0.0, dev, torch.float32),
                 equal_lengths=shape.equal_lengths,
                 p0=p0,
+                base_len=torch.tensor([min(len(r.tokens), Wb) for r in B], device=dev) if both_ways else None,
+                source_len=torch.tensor([min(len(r.tokens), Ws) for r in Sr], device=dev) if both_ways else None,
             )
             self.buckets.append(bucket)
         self.clean_base = self.clean_source = None  # without `clean` (generation needs neither)
@@ -205,11 +213,13 @@ class Contrast(CleanRuns, Sources, Grouping, Gradients, Probes):
         counts the reasons a run was not grouped; `backoffs` is how often out-of-memory halved the batch;
         `caches_recomputed` how often a bucket's caches were dropped to stay within `cache_bytes`; `forwards` how
         many forward passes (batched) ran; `sites` which way sites' hooks went, per pass (e.g. edge gradients
-        through the projections or per-head inputs); `metric` what the scores measure."""
+        through the projections or per-head inputs); `metric` what the scores measure; `attention`, for a
+        bidirectional model, how its rows ran (whole, alone, padding masked)."""
         return {"metric": self.metric.label, "prefix": self._log["prefix"], "paths": dict(self._log["paths"]), "why": dict(self._log["why"]),
                 "batch_size": self.batch_size, "backoffs": self.backoffs, "buckets": len(self.buckets),
                 "cache_bytes": self.cache_bytes, "caches_recomputed": self._log["recomputed"],
-                "forwards": self._log["forwards"], "sites": dict(self._log["sites"])}
+                "forwards": self._log["forwards"], "sites": dict(self._log["sites"]),
+                **({"attention": self._log["attention"]} if "attention" in self._log else {})}
 
     def run(self, masks: Mapping[Site | str, Tensor], progress: bool | str = False, _start: int | None = None,
             read: "At | None" = None) -> Tensor:
@@ -342,6 +352,8 @@ class Contrast(CleanRuns, Sources, Grouping, Gradients, Probes):
         [n, T]: the only positions the caller reads of the last layer's output (its MLP runs there alone)."""
         hooks = self._mix_hooks(b, masks, copies, offset=b.p0, start=start) + list(extra_hooks)
         hooks += [(name, detached) for name in self._drop]
+        if b.base_len is not None:  # a bidirectional model: each copy of a row masks its own padding
+            hooks += pad_hooks(self.model, b.base_len)
         if self._catch is not None:
             hooks.append((self._catch[0], self._catch_hook(b, copies)))
         if resid is None:

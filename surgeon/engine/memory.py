@@ -327,8 +327,14 @@ def predict(cfg, buckets: Sequence[BucketShape], job: Job, batch_size: int, *, w
 
 def predict_rows(cfg, base_rows, source_rows, align: str, job: Job, batch_size: int, **kw) -> Prediction:
     """`predict` for rows as the engine would receive them (aligned, merged, laid out at this batch size)."""
-    b, s, aligned = merged_rows(base_rows, source_rows, align)
-    return predict(cfg, layout(b, s, aligned, batch_size), job, batch_size, **kw)
+    both = two_way(cfg)
+    b, s, aligned = merged_rows(base_rows, source_rows, align, bidirectional=both)
+    return predict(cfg, layout(b, s, aligned, batch_size, bidirectional=both), job, batch_size, **kw)
+
+
+def two_way(cfg) -> bool:
+    """Whether the model's attention is bidirectional: its rows are laid out whole (`rows.layout`)."""
+    return getattr(cfg, "attention_dir", "causal") == "bidirectional"
 
 
 def free_memory(device: str | torch.device) -> int:
@@ -374,10 +380,13 @@ def plan(cfg, base_rows, source_rows, align: str, jobs: Job | Sequence[Job], *, 
     jobs = [jobs] if isinstance(jobs, Job) else list(jobs)
     dev = torch.device(device)
     cache = int(CACHE_FRACTION * budget) if dev.type == "cuda" else CACHE_BYTES
-    contrasts = [(merged_rows(base_rows, source_rows, align), jobs)]
-    contrasts += [(merged_rows(b_, s_, a_), [j] if isinstance(j, Job) else list(j)) for b_, s_, a_, j in also]
+    both = two_way(cfg)
+    contrasts = [(merged_rows(base_rows, source_rows, align, bidirectional=both), jobs)]
+    contrasts += [(merged_rows(b_, s_, a_, bidirectional=both), [j] if isinstance(j, Job) else list(j))
+                  for b_, s_, a_, j in also]
     return largest_batch(
-        lambda bs: alongside([predict_jobs(cfg, layout(b, s, aligned, bs), js, bs, weights=weights, cache_bytes=cache,
+        lambda bs: alongside([predict_jobs(cfg, layout(b, s, aligned, bs, bidirectional=both), js, bs, weights=weights,
+                                           cache_bytes=cache,
                                            shared_prefix=shared_prefix, host=dev.type == "cpu")
                               for (b, s, aligned), js in contrasts]),
         batch_size, budget,

@@ -9,8 +9,9 @@ from typing import Callable, Sequence
 import torch
 from torch import Tensor
 
-from surgeon.causal import check_causal
+from surgeon.causal import check_attention
 from surgeon.engine.kernels import hooked
+from surgeon.engine.padding import bidirectional, masked_padding, refuse_generation
 from surgeon.engine.rows import padded
 from surgeon.errors import AnalysisError
 from surgeon.case.encoding import Row
@@ -79,9 +80,9 @@ def score_rows(model, rows: Sequence[Row], batch_size: int = 256, progress: str 
     """Clean (unpatched) item scores [n_items]: the metric per item (default: log P(correct) - log P(incorrect));
     `reference` [n_items, vocab]: the metric's reference log-probabilities per item.
 
-    Rows are sorted by length and right-padded per batch (exact for a causal model). `progress`: a tqdm bar
-    with this description when there is more than one batch."""
-    check_causal(model)
+    Rows are sorted by length and right-padded per batch (a bidirectional model's padding masked). `progress`: a
+    tqdm bar with this description when there is more than one batch."""
+    check_attention(model)
     device = next(model.parameters()).device
     n_items = max(r.item for r in rows) + 1
     out = torch.zeros(n_items, device=device)
@@ -123,7 +124,14 @@ def final_batches(model, rows: Sequence[Row], batch_size: int, progress: str | N
         pos = padded([[t[0] for t in r.targets] for r in batch], T, 0, device)
         tok = padded([[t[1] for t in r.targets] for r in batch], T, 0, device)
         sign = padded([[t[2] for t in r.targets] for r in batch], T, 0.0, device, torch.float32)
-        yield batch, model(tokens, stop_at_layer=model.cfg.n_layers), pos, tok, sign
+        with masked_padding(model, lengths(batch, device) if bidirectional(model) else None):
+            final = model(tokens, stop_at_layer=model.cfg.n_layers)
+        yield batch, final, pos, tok, sign
+
+
+def lengths(rows: Sequence[Row], device, width: int | None = None) -> Tensor:
+    """[rows] each row's real tokens (at most `width`): where a bidirectional model's padding starts."""
+    return torch.tensor([min(len(r.tokens), width or len(r.tokens)) for r in rows], device=device)
 
 
 def check_scores(scores: Tensor, run: str) -> None:
@@ -137,13 +145,15 @@ def check_scores(scores: Tensor, run: str) -> None:
 @torch.no_grad()
 def cached_batches(model, rows: Sequence[Row], hooks: Sequence[str], batch_size: int = 64, width: int | None = None):
     """Run `rows` right-padded (to `width`, else to each batch's longest) in batches of `batch_size`; yield each
-    batch's rows and its activations {hook: [batch, width, ...]} (real positions never read the pad after them)."""
+    batch's rows and its activations {hook: [batch, width, ...]} (real positions never read the pad after them: a
+    causal model does not, a bidirectional one's is masked)."""
     device = next(model.parameters()).device
     pad = getattr(model.tokenizer, "pad_token_id", None) or 0
     for lo in range(0, len(rows), batch_size):
         chunk = rows[lo: lo + batch_size]
         W = width or max(len(r.tokens) for r in chunk)
-        _, cache = model.run_with_cache(padded([r.tokens for r in chunk], W, pad, device), names_filter=list(hooks))
+        with masked_padding(model, lengths(chunk, device, W) if bidirectional(model) else None):
+            _, cache = model.run_with_cache(padded([r.tokens for r in chunk], W, pad, device), names_filter=list(hooks))
         yield chunk, {h: cache[h] for h in hooks}
 
 
@@ -151,6 +161,7 @@ def cached_batches(model, rows: Sequence[Row], hooks: Sequence[str], batch_size:
 def greedy(model, tokens: Tensor, lengths: Tensor, n_new: int, hooks: Sequence = ()) -> Tensor:
     """Greedy decoding of right-padded rows (`lengths` real tokens each), `hooks` active on every step.
     Full forward passes (no key/value cache), so position-indexed hooks stay valid. Returns [rows, n_new]."""
+    refuse_generation(model)
     rows = tokens.shape[0]
     cur = torch.cat([tokens, torch.zeros((rows, n_new), dtype=tokens.dtype, device=tokens.device)], dim=1)
     lengths = lengths.clone().to(tokens.device)

@@ -1,6 +1,7 @@
 """Row layout: a case's rows aligned, merged where one row's computation is a prefix of another's, and held in
 buckets of rows that share their first patched position (what the engine allocates follows from `layout`).
-Every step is exact only for causal attention (`surgeon.causal.check_causal`)."""
+Merging, sharing a prefix and cutting a row after its last read position are exact only for causal attention: for
+a bidirectional model every row is kept whole and alone, from position 0 (`engine.padding` masks its padding)."""
 from __future__ import annotations
 
 from collections import defaultdict
@@ -38,6 +39,8 @@ class Bucket:
     slot_valid: Tensor  # [n, S] 1 for real patch slots, 0 for padding
     equal_lengths: bool  # every base row is as long as its source row (needed to patch patterns)
     p0: int = 0  # first patched position: everything before is shared by all patches
+    base_len: Tensor | None = None  # [n] real tokens per base row (the rest is padding), where the model reads padding
+    source_len: Tensor | None = None  # [n] the same for the source rows
     # caches, filled on demand
     resid: dict[int, Tensor] = field(default_factory=dict)  # layer -> resid_pre[:, p0:]
     kv: dict[int, tuple[Tensor, Tensor]] = field(default_factory=dict)  # layer -> keys/values[:, :p0]
@@ -107,19 +110,24 @@ class BucketShape:
 
 
 def merged_rows(base_rows: Sequence[Row], source_rows: Sequence[Row], align: str, base_name: str = "base",
-                source_name: str = "source"):
-    """The rows aligned (`align`) and merged where one row's computation is a prefix of another's."""
+                source_name: str = "source", bidirectional: bool = False):
+    """The rows aligned (`align`) and merged where one row's computation is a prefix of another's (never for a
+    bidirectional model, whose every position reads the whole row)."""
     aligned = [align_rows(b, s, align, base_name, source_name) for b, s in zip(base_rows, source_rows)]
+    if bidirectional:
+        return list(base_rows), list(source_rows), aligned
     return _merge_rows(base_rows, source_rows, aligned)
 
 
-def layout(base_rows: Sequence[Row], source_rows: Sequence[Row], aligned: Sequence[tuple], batch_size: int
-           ) -> list[BucketShape]:
+def layout(base_rows: Sequence[Row], source_rows: Sequence[Row], aligned: Sequence[tuple], batch_size: int,
+           bidirectional: bool = False) -> list[BucketShape]:
     """Rows grouped by their first patched (or scored) position p0, in buckets of at most `batch_size` rows, each cut after
-    its last position patched or scored (a causal model never reads past it)."""
+    its last position patched or scored (a causal model never reads past it). For a bidirectional model every row
+    starts at p0 = 0 and keeps all its positions (a patch anywhere moves every position, and every position reads the
+    ones after it)."""
     groups: dict[int, list[int]] = defaultdict(list)
     for i, (pb, _) in enumerate(aligned):  # a row scored before its first patch computes from its first target on
-        groups[min(min(pb), *(t[0] for t in base_rows[i].targets))].append(i)
+        groups[0 if bidirectional else min(min(pb), *(t[0] for t in base_rows[i].targets))].append(i)
     out = []
     for p0, ids in sorted(groups.items()):
         for lo in range(0, len(ids), batch_size):
@@ -128,6 +136,9 @@ def layout(base_rows: Sequence[Row], source_rows: Sequence[Row], aligned: Sequen
             ragged = any(len(aligned[i][0]) < S for i in chunk)  # padded slots need a column of their own
             Wb = max(max(*aligned[i][0], *(t[0] for t in base_rows[i].targets)) for i in chunk) + 1 + int(ragged)
             Ws = max(max(*aligned[i][1], *(t[0] for t in source_rows[i].targets)) for i in chunk) + 1 + int(ragged)
+            if bidirectional:  # whole rows (and a column for padded slots past the longest)
+                Wb = max(Wb, max(len(base_rows[i].tokens) for i in chunk) + int(ragged))
+                Ws = max(Ws, max(len(source_rows[i].tokens) for i in chunk) + int(ragged))
             equal = all(len(base_rows[i].tokens) == len(source_rows[i].tokens) for i in chunk)
             if equal:  # patterns are patched key by key: keep the key positions of both runs alike
                 Wb = Ws = max(Wb, Ws)
@@ -149,6 +160,8 @@ def row_slice(b: Bucket, r0: int, r1: int) -> Bucket:
         source_tokens=b.source_tokens[rows], base_pos=b.base_pos[rows], source_pos=b.source_pos[rows],
         tgt_pos=b.tgt_pos[rows], source_tgt_pos=b.source_tgt_pos[rows], tgt_tok=b.tgt_tok[rows],
         tgt_sign=b.tgt_sign[rows], slot_valid=b.slot_valid[rows], equal_lengths=b.equal_lengths, p0=b.p0,
+        base_len=None if b.base_len is None else b.base_len[rows],
+        source_len=None if b.source_len is None else b.source_len[rows],
         resid={L: x[rows] for L, x in b.resid.items()}, kv={L: (k[rows], v[rows]) for L, (k, v) in b.kv.items()},
         z={L: x[rows] for L, x in b.z.items()},
         source_acts={s: x[rows] for s, x in b.source_acts.items()}, base_acts={s: x[rows] for s, x in b.base_acts.items()})

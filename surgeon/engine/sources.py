@@ -7,6 +7,7 @@ from typing import Sequence
 import torch
 from torch import Tensor
 
+from surgeon.engine.padding import bidirectional
 from surgeon.engine.rows import padded
 from surgeon.sites.nodes import Site, units_view
 from surgeon.case.encoding import align as align_rows
@@ -62,7 +63,9 @@ class Sources:
         for lo in range(0, len(rows), self.batch_size):
             chunk, cpos = rows[lo: lo + self.batch_size], pos[lo: lo + self.batch_size]
             W = max(len(r.tokens) for r in chunk)
-            _, cache = self._pass_once(padded([r.tokens for r in chunk], W, pad, self.device), [site.hook], False)
+            lengths = torch.tensor([len(r.tokens) for r in chunk], device=self.device)
+            _, cache = self._pass_once(padded([r.tokens for r in chunk], W, pad, self.device), [site.hook], False,
+                                       lengths if bidirectional(self.model) else None)
             x = units_view(cache[site.hook], site.component, site.n_units(self.cfg)).cpu().double()
             for i, (r, p) in enumerate(zip(chunk, cpos)):
                 part = x[i, p] / per_item[r.item, : len(p)].clamp_min(1)[:, None, None]

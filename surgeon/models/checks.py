@@ -7,7 +7,7 @@ import re
 from pathlib import Path
 from types import SimpleNamespace
 
-from surgeon.causal import check_causal
+from surgeon.causal import check_attention
 from surgeon.errors import CaseError, ModelError
 from surgeon.models.loading import (
     ModelShape,
@@ -38,7 +38,7 @@ def check_case_against_model(case, model=None) -> None:
     case's model (its config and tokenizer only), or `model`, a HookedTransformer in memory."""
     where = origin(case)
     if model is not None:
-        check_causal(model, where)
+        check_attention(model, where)
         check_finite(model, where)
         c = model.cfg
         shp = ModelShape(c.n_layers, c.n_heads, getattr(c, "n_key_value_heads", None) or c.n_heads, c.d_model,
@@ -57,7 +57,7 @@ def check_case_against_model(case, model=None) -> None:
             ref = resolve(case.model)
             shp = shape(ref)
             if ref.kind == "tl":  # a TransformerLens folder says its attention in its config: refused before its weights
-                check_causal(SimpleNamespace(cfg=SimpleNamespace(**tl_config(ref.path))), str(ref.path))
+                check_attention(SimpleNamespace(cfg=SimpleNamespace(**tl_config(ref.path))), str(ref.path))
             tok = load_tokenizer(ref)
         except ModelError as e:
             if ("neither an organism" in e.message and case.source and Path(case.source).is_file()

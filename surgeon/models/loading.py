@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from surgeon.causal import check_causal
+from surgeon.causal import check_attention
 from surgeon.errors import ModelError, did_you_mean
 
 Kind = Literal["organism", "local", "tl", "hub"]
@@ -314,7 +314,7 @@ def load_model(ref: ModelRef | str, device: str = "cpu", dtype: str = "float32",
     # analyses differentiate w.r.t. masks, never weights: no weight gradients to store
     model.requires_grad_(False)
     check_finite(model, str(ref.path))
-    check_causal(model, str(ref.path))
+    check_attention(model, str(ref.path))
     return model
 
 

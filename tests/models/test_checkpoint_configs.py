@@ -56,10 +56,16 @@ def test_n_heads_left_out_is_d_model_over_d_head_as_transformer_lens_computes_it
     assert model.cfg.n_heads == tiny_model(charset).cfg.n_heads
 
 
-def test_a_bidirectional_folder_is_refused_from_its_config(charset, tmp_path, monkeypatch):
-    bi = save_tl_checkpoint(tiny_model(charset, attention_dir="bidirectional"), tmp_path / "bi")
+def test_an_unknown_attention_direction_is_refused_from_its_config(charset, tmp_path, monkeypatch):
+    """Before any weight loads: a folder whose config says an attention direction the engine cannot run."""
+    import json
+
+    bi = save_tl_checkpoint(tiny_model(charset), tmp_path / "odd")
+    cfg = json.loads((bi / "config.json").read_text())
+    cfg["attention_dir"] = "sideways"
+    (bi / "config.json").write_text(json.dumps(cfg))
     _no_weights(monkeypatch)
-    with pytest.raises(CaseError, match="bidirectional"):
+    with pytest.raises(CaseError, match="sideways"):
         surgeon.diagnose(_case(" {a}:"), str(bi))
 
 

@@ -15,18 +15,19 @@ def _case(prompt: str, answers=(" x", " y")):
                        Item({"a": "cd"}, correct=answers[0], incorrect=answers[1])])
 
 
-def test_bidirectional_attention_is_refused_before_any_work(charset):
-    """Right padding, cutting rows after the last read position, merged rows and shared prefixes are exact only for
-    causal attention: a bidirectional model (which reads the pad after each row) is refused with one message."""
-    model = tiny_model(charset, attention_dir="bidirectional")
-    with pytest.raises(ModelError, match="bidirectional") as e:
+def test_an_attention_direction_the_engine_cannot_run_is_refused_before_any_work(charset):
+    """Causal and bidirectional attention both run exactly (tests/engine/test_bidirectional.py); a direction the
+    engine does not know is refused with one message naming the field, by the analyses and the engine alike."""
+    model = tiny_model(charset)
+    model.cfg.attention_dir = "sideways"
+    with pytest.raises(ModelError, match="sideways") as e:
         surgeon.diagnose(_case(" {a}:"), model)
-    assert e.value.field == "model" and "causal" in e.value.fix
+    assert e.value.field == "attention_dir" and "bidirectional" in e.value.fix
     from surgeon.engine.readout import score_rows
     from surgeon.case.encoding import encode_rows
 
     rows = encode_rows("G {a}:", _case(" {a}:").items, charset, True)
-    with pytest.raises(ModelError, match="bidirectional"):  # the engine itself refuses too
+    with pytest.raises(ModelError, match="sideways"):  # the engine itself refuses too
         score_rows(model, rows)
 
 
@@ -89,11 +90,20 @@ def test_a_transformer_lens_checkpoint_folder_loads_and_runs_from_the_cli(charse
                        capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert r.returncode == 0, r.stderr[-2000:]
     assert "good" in r.stdout and "Traceback" not in r.stderr
-    # a bidirectional TransformerLens checkpoint is refused, with one message
-    bi = save_tl_checkpoint(tiny_model(charset, attention_dir="bidirectional"), tmp_path / "bi")
+    # a tracr-style bidirectional TransformerLens checkpoint runs from the command line, scoring as in memory
+    from tests.engine.test_bidirectional import tracr_style
+
+    tracr = tracr_style(charset)
+    bi = save_tl_checkpoint(tracr, tmp_path / "bi")
     r = subprocess.run([sys.executable, "-m", "surgeon", "diagnose", str(case_file), "--model", str(bi)],
                        capture_output=True, text=True, timeout=300, cwd=ROOT)
-    assert r.returncode == 2 and "bidirectional" in r.stderr and "Traceback" not in r.stderr
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr[-2000:]
+    d = surgeon.diagnose(case, str(bi))  # the folder from Python: its scores, as the model in memory gives them
+    assert d.get("good").score.value == pytest.approx(surgeon.diagnose(case, tracr).get("good").score.value, rel=1e-6)
+    assert "accuracy" in r.stdout
+    r = subprocess.run([sys.executable, "-m", "surgeon", "patch", str(case_file), "--model", str(bi)],
+                       capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr[-2000:]
     # weights that do not match the config
     (folder / "config.json").write_text((folder / "config.json").read_text().replace('"d_mlp": 128', '"d_mlp": 64'))
     with pytest.raises(ModelError, match="does not match"):

@@ -1,0 +1,136 @@
+"""Bidirectional attention (TransformerLens's attention_dir="bidirectional": tracr's compiled models, BERT-style
+encoders) runs exactly: every row whole and alone, its padding masked for every query. Checked against each prompt
+run alone through plain TransformerLens hooks (no padding to mask), with ragged lengths 2-5, the pad being BOS or a
+compiler's own pad token, and several scored positions per row."""
+import pytest
+import torch
+
+from surgeon import Item
+from surgeon.case.encoding import align, encode_rows
+from surgeon.engine.contrast import Contrast
+from surgeon.sites.nodes import Site
+
+
+def tracr_style(tok, seed: int = 0):
+    """A model laid out as tracr's compiled models are in TransformerLens: bidirectional attention, no norms, ReLU
+    MLPs, random weights (large enough that attention is far from uniform and the padding would move every score)."""
+    from transformer_lens import HookedTransformer, HookedTransformerConfig
+
+    cfg = HookedTransformerConfig(n_layers=3, d_model=24, n_heads=3, d_head=8, d_mlp=32, n_ctx=16, d_vocab=len(tok),
+                                  act_fn="relu", normalization_type=None, attention_dir="bidirectional", seed=seed)
+    torch.manual_seed(seed)
+    m = HookedTransformer(cfg, tokenizer=tok)
+    with torch.no_grad():
+        for p in m.parameters():
+            p.mul_(3.0)
+    m.eval()
+    return m
+
+
+ITEMS = [Item({"a": "x", "b": "o"}, correct="pq", incorrect="rs"),
+         Item({"a": "xy", "b": "on"}, correct="pq", incorrect="r"),
+         Item({"a": "xyz", "b": "onm"}, correct="p", incorrect="rs"),
+         Item({"a": "wxyz", "b": "onml"}, correct="pq", incorrect="rs")]
+# scored at positions inside the prompt (as tracr's models are read: an output at every position), with tokens after
+# them that a bidirectional model reads and a causal layout would cut
+AT = [Item({"a": "xyz", "b": "onm"}, correct=["p", "q"], incorrect=["r", "s"], at=[1, 2]),
+      Item({"a": "wxyz", "b": "onml"}, correct=["p", "q"], incorrect=["s", "r"], at=[2, 3]),
+      Item({"a": "xy", "b": "on"}, correct=["q"], incorrect=["p"], at=[1])]
+KINDS = {"answers": (ITEMS, "last"), "positions": (AT, "decision")}
+
+
+def _rows(model, kind="answers"):
+    items, _ = KINDS[kind]
+    base = encode_rows("{a}", items, model.tokenizer, True, "sequence")  # BOS and the word: 2-5 tokens
+    source = encode_rows("{b}", items, model.tokenizer, True, "sequence")
+    return base, source
+
+
+def _alone_score(model, row, hooks=()):
+    """sign x log P summed over a row's targets, the row run alone (its own length: nothing to pad)."""
+    logp = model.run_with_hooks(torch.tensor([row.tokens]), fwd_hooks=list(hooks))[0].log_softmax(-1)
+    return sum(s * float(logp[p, t]) for p, t, s in row.targets)
+
+
+@pytest.fixture(params=["bos", "compiler pad"])
+def model(request, charset):
+    m = tracr_style(charset)
+    pad = charset.bos_token_id if request.param == "bos" else charset.convert_tokens_to_ids("~")
+    m.tokenizer = charset
+    old = charset.pad_token_id
+    charset.pad_token_id = pad
+    yield m
+    charset.pad_token_id = old
+
+
+def test_rows_are_ragged_and_several_positions_are_scored(model):
+    base, _ = _rows(model)
+    assert sorted({r.n_prompt for r in base}) == [2, 3, 4, 5]  # prompt lengths 2-5 (BOS and the word)
+    assert max(len(r.targets) for r in base) == 2
+    at, _ = _rows(model, "positions")
+    assert all(max(t[0] for t in r.targets) < len(r.tokens) - 1 for r in at)  # tokens after the last one read
+    assert max(len({t[0] for t in r.targets}) for r in at) == 2  # two positions read in one row
+
+
+@pytest.mark.parametrize("kind", sorted(KINDS))
+def test_clean_scores_equal_each_prompt_run_alone(model, kind):
+    base, source = _rows(model, kind)
+    c = Contrast(model, base, source, KINDS[kind][1], batch_size=3)
+    with torch.no_grad():
+        want_b = torch.zeros(len(KINDS[kind][0]))
+        want_s = torch.zeros(len(KINDS[kind][0]))
+        for rb, rs in zip(base, source):
+            want_b[rb.item] += _alone_score(model, rb)
+            want_s[rs.item] += _alone_score(model, rs)
+    torch.testing.assert_close(c.clean_base.cpu().float(), want_b, atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(c.clean_source.cpu().float(), want_s, atol=1e-4, rtol=1e-4)
+    assert "bidirectional" in c.execution["attention"]
+
+
+def test_the_pad_would_move_the_scores_were_it_not_masked(model):
+    """The check above is not vacuous: a row padded and run without the mask scores differently."""
+    base, _ = _rows(model)
+    short = min(base, key=lambda r: len(r.tokens))
+    W = max(len(r.tokens) for r in base)
+    padded = list(short.tokens) + [model.tokenizer.pad_token_id] * (W - len(short.tokens))
+    with torch.no_grad():
+        logp = model(torch.tensor([padded]))[0].log_softmax(-1)
+        unmasked = sum(s * float(logp[p, t]) for p, t, s in short.targets)
+        alone = _alone_score(model, short)
+    assert abs(unmasked - alone) > 1e-3
+
+
+@pytest.mark.parametrize("kind", sorted(KINDS))
+@pytest.mark.parametrize("layer", [0, 2])
+def test_per_head_patching_equals_each_prompt_patched_alone(model, layer, kind):
+    """Every head of a layer patched alone at the aligned positions (answers: the last prompt token and the answer;
+    positions: the first position read, with later tokens after it), from the good format's run of the same item into
+    the failing one's: each row run alone with one hand-written hook."""
+    base, source = _rows(model, kind)
+    items, how = KINDS[kind]
+    H = model.cfg.n_heads
+    c = Contrast(model, base, source, how, batch_size=3, sites=[Site.of("z", layer)])
+    with torch.no_grad():
+        got = c.run({Site.of("z", layer): torch.eye(H)})  # [H, items]
+        want = torch.zeros(H, len(items))
+        name = f"blocks.{layer}.attn.hook_z"
+        for rb, rs in zip(base, source):
+            pb, ps = align(rb, rs, how)
+            _, cache = model.run_with_cache(torch.tensor([rs.tokens]), names_filter=[name])
+            for h in range(H):
+                def patch(z, hook, h=h, pb=pb, ps=ps, src=cache[name]):
+                    z[0, pb, h] = src[0, ps, h]
+                    return z
+
+                want[h, rb.item] += _alone_score(model, rb, [(name, patch)])
+    torch.testing.assert_close(got.cpu().float(), want, atol=1e-4, rtol=1e-4)
+    assert (want - c.clean_base.cpu().float()).abs().max() > 1e-3  # the patches move the scores
+
+
+def test_generation_is_refused_with_the_reason(model):
+    from surgeon.errors import AnalysisError
+
+    base, source = _rows(model)
+    c = Contrast(model, base, source, "last", batch_size=3, clean=False)
+    with pytest.raises(AnalysisError, match="bidirectional"):
+        c.generate({Site.of("z", 0): torch.zeros(1, model.cfg.n_heads)}, 2)
