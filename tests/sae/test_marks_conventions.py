@@ -7,6 +7,8 @@ features and the error term alike, one submodule at a time with the others clean
 the gradients averaged, effect = grad . (patch - clean)), never from surgeon's masks or engine."""
 import random
 import string
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -17,6 +19,10 @@ from surgeon.case.encoding import align, encode_rows
 from surgeon.engine.contrast import Contrast
 from surgeon.organisms.charset import build_tokenizer
 from surgeon.sites.features import FeatureSite
+from tests.conftest import ROOT
+
+sys.path.insert(0, str(Path(ROOT) / "bench"))
+from features import make_saes  # noqa: E402
 
 LAYERS = (0, 1)
 FAILING = "Q: is {a} {b} or {b} {a}?\nA:"
@@ -25,8 +31,6 @@ WORKING = "Q: is {b} {a} or {a} {b}?\nA:"
 
 @pytest.fixture(scope="module")
 def setup():
-    from sae_lens.saes.sae import SAEMetadata
-    from sae_lens.saes.topk_sae import TopKSAE, TopKSAEConfig
     from transformer_lens import HookedTransformer, HookedTransformerConfig
 
     tok = build_tokenizer("marks-conventions")
@@ -36,20 +40,7 @@ def setup():
     model.eval()
     for p in model.parameters():
         p.requires_grad_(False)
-    g = torch.Generator().manual_seed(1)
-    saes = {}
-    for L in LAYERS:
-        sae = TopKSAE(TopKSAEConfig(d_in=32, d_sae=128, k=6, apply_b_dec_to_input=False,
-                                    metadata=SAEMetadata(hook_name=f"blocks.{L}.hook_mlp_out", model_name="test")))
-        with torch.no_grad():
-            w = torch.randn(32, 128, generator=g) / 32 ** 0.5
-            sae.W_enc.copy_(w)
-            sae.W_dec.copy_(w.T / w.T.norm(dim=1, keepdim=True))
-            sae.b_enc.zero_()
-            sae.b_dec.zero_()
-        for p in sae.parameters():
-            p.requires_grad_(False)
-        saes[L] = sae
+    saes = make_saes(model, LAYERS, k=6, expansion=4)  # bench/features.py's random TopK SAEs, at this width
     rng = random.Random(0)
     word = lambda: "".join(rng.choice(string.ascii_lowercase) for _ in range(2))  # noqa: E731
     items = [Item({"a": word(), "b": word()}, correct=" x", incorrect=" y") for _ in range(4)]
