@@ -11,7 +11,10 @@ is that feature (or error term) moved to the other run's value with everything e
   mask from 0 to 1 for one SAE at a time, the others clean (their `_pe_ig`: the features of one submodule
   interpolated, `steps` midpoints in the batch dimension); "ig-marks" at their points k/steps, k = 0..steps-1.
 - **Exact**: the `verify` nodes with the largest attributions, each patched alone, per item; the mean effect with
-  a 95% bootstrap interval over items, as a fraction of the gap between the formats.
+  a 95% bootstrap interval over items, as a fraction of the gap between the formats. A node (one per feature, not
+  per position) is patched at every aligned position at once (`exact="joint"`, the effect of the node as the circuit
+  uses it), or, as Marks et al.'s `_pe_exact` with node effects summed over positions, at one position at a time
+  with the effects summed (`exact="per-position"`); the two differ wherever positions interact.
 - **Both directions**: "denoise" patches the working format's values into the failing run, "noise" the failing
   format's into the working run.
 - **The circuit** of a direction is a set C of nodes on that direction's base run (the failing format's for
@@ -143,7 +146,7 @@ class FeatureCircuitResult(Shows):
     edges_only_failing: list[tuple[int, int]] = field(default_factory=list)  # drawn edges of the failing format's
     # circuit absent from the working one's (or STRONGER there); and the other way round:
     edges_only_working: list[tuple[int, int]] = field(default_factory=list)
-
+    exact: str = "joint"  # how a node's exact effect was taken (EXACT): at every aligned position at once, or summed
     def graph(self, direction: str = "denoise"):
         """The circuit of `direction` as surgeon's one circuit graph type (nodes of kind feature / error; no edges)."""
         d = self.directions[direction]
@@ -222,9 +225,23 @@ def _frac(scores: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> Estimate:
     return Estimate(float(v[0]), float(a[0]), float(b[0]), len(lo), "bootstrap")
 
 
+EXACT = {"joint": "each node patched at every aligned position at once",
+         "per-position": "each node patched at one aligned position at a time, the effects summed (Marks et al.'s "
+                         "_pe_exact, node effects summed over positions)"}
+
+
+def per_position_exact(contrast, sites, top: Sequence[int], base: np.ndarray) -> np.ndarray:
+    """[len(top), items] scores whose effect on each item is the sum over the aligned positions of node i patched
+    there alone (a padded slot, where an item has fewer positions, moves nothing)."""
+    S = contrast.n_slots
+    U = sum(s.n_units() for s in sites)
+    per = run_nodes(contrast, sites, [[j * U + i] for i in top for j in range(S)], S=S).reshape(len(top), S, -1)
+    return base[None] + (per - base[None, None]).sum(1)
+
+
 def one_direction(case: Case, model, sites, direction: str, *, method: str, steps: int, verify: int,
                   target: float | None, threshold: float | None, bad: str | None, tag: str | None, batch_size: int,
-                  by_position: bool = False, progress: bool = False):
+                  by_position: bool = False, progress: bool = False, exact: str = "joint"):
     contrast, info = make_contrast(case, model, bad=bad, direction=direction, tag=tag, batch_size=batch_size,
                                    sites=[Site.coerce(s.hook) for s in sites])
     base, source = contrast.clean_base.double().cpu().numpy(), contrast.clean_source.double().cpu().numpy()
@@ -239,7 +256,12 @@ def one_direction(case: Case, model, sites, direction: str, *, method: str, step
     attr = attribution(contrast, sites, method, steps, S) / gap
     order = [int(i) for i in np.argsort(-np.abs(attr), kind="stable")]
     top = [int(i) for i in order[:min(verify, N)]]
-    single = run_nodes(contrast, sites, [[i] for i in top], S=S) if top else np.zeros((0, len(base)))
+    if not top:
+        single = np.zeros((0, len(base)))
+    elif exact == "per-position" and S is None:
+        single = per_position_exact(contrast, sites, top, base)
+    else:  # a node per position is patched at its one position either way
+        single = run_nodes(contrast, sites, [[i] for i in top], S=S)
     exact = {i: _frac(single[k], base, source) for k, i in enumerate(top)}
     # faithfulness: the run itself (nothing ablated) = 1, every node ablated (all patched) = 0
     everything = run_nodes(contrast, sites, [list(range(N))], S=S)[0]
@@ -311,10 +333,13 @@ def _smallest(contrast, sites, order, everything, base, goal: float, N: int, S: 
 def feature_circuit(case: Case, model, saes: dict, *, method: str = "ig", steps: int = 5, verify: int = 20,
                     target: float | None = None, threshold: float | None = None, bad: str | None = None,
                     tag: str | None = None, batch_size: int = 256, sources: dict | None = None,
-                    by_position: bool = False, progress: bool = False) -> FeatureCircuitResult:
+                    by_position: bool = False, progress: bool = False, exact: str = "joint") -> FeatureCircuitResult:
     """The feature circuit of the failing format and of the working one over the SAEs `saes` ({layer: sae-lens
     SAE}), and their difference (see the module)."""
     check_feature_method(method)
+    if exact not in EXACT:
+        raise AnalysisError(f"exact effects {exact!r} are not one of {', '.join(EXACT)}", field="--exact",
+                            fix="joint (every aligned position at once) or per-position (Marks et al.'s, summed)")
     if steps < 1 or verify < 0:
         raise AnalysisError("--steps must be at least 1 and --verify at least 0", field="--steps", fix="e.g. --steps 5")
     if target is not None and threshold is not None:
@@ -325,7 +350,7 @@ def feature_circuit(case: Case, model, saes: dict, *, method: str = "ig", steps:
         raise AnalysisError("no SAEs given", field="--layers", fix="name the layers whose SAEs form the nodes")
     sites = [FeatureSite.of(saes[layer], error=True) for layer in sorted(saes)]
     kw = dict(method=method, steps=steps, verify=verify, target=target, threshold=threshold, bad=bad, tag=tag,
-              batch_size=batch_size, by_position=by_position, progress=progress)
+              batch_size=batch_size, by_position=by_position, progress=progress, exact=exact)
     den, c_den, info, nodes, S = one_direction(case, model, sites, "denoise", **kw)
     noi, _, _, nodes_n, _ = one_direction(case, model, sites, "noise", **kw)
     if len(nodes_n) != len(nodes):
@@ -348,7 +373,8 @@ def feature_circuit(case: Case, model, saes: dict, *, method: str = "ig", steps:
                                 method, steps, info["n_items"], {"denoise": den, "noise": noi}, only_f, only_w,
                                 repair, profiles(c_den, case, sites, nodes, shown, tag),
                                 case.good, info["bad"], execution=c_den.execution,
-                                edges_only_failing=differing_edges(den, noi), edges_only_working=differing_edges(noi, den))
+                                edges_only_failing=differing_edges(den, noi), edges_only_working=differing_edges(noi, den),
+                                exact="joint" if by_position else exact)
 
 
 def profiles(contrast, case: Case, sites, nodes: Sequence[Node], shown: Sequence[int], tag: str | None = None,

@@ -114,6 +114,9 @@ def add_feature_circuit(sub, common, items) -> None:
     q.add_argument("--by-position", action="store_true",
                    help="a node per feature and per error term at each aligned position (default: one node patched at "
                         "every aligned position at once)")
+    q.add_argument("--exact", default="joint", choices=["joint", "per-position"],
+                   help="a node's exact effect: patched at every aligned position at once (joint, default) or at one "
+                        "position at a time, the effects summed (per-position: Marks et al.'s)")
     q.add_argument("--export", nargs="+", type=Path, default=[], metavar="FILE",
                    help="write the failing format's circuit; format from the suffix: .json .graphml .gexf .dot .tex "
                         ".svg .pdf .png")
@@ -156,7 +159,7 @@ def run_feature_circuit(args) -> int:
                             batch_size=args.batch_size, sae_release=args.sae_release, sae_id=args.sae_id,
                             sae_dir=args.sae_dir, by_position=args.by_position, max_memory=args.max_memory,
                             device=device, dtype=args.dtype, progress=True, holdout=args.holdout,
-                            eval_items=args.eval_items, seed=args.seed)
+                            eval_items=args.eval_items, seed=args.seed, exact=args.exact)
     code = print_report(args, r, case, device)
     if args.export:
         (r.search if held else r).export(*args.export)

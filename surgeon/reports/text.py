@@ -6,7 +6,7 @@ from pathlib import Path
 
 import numpy as np
 
-from surgeon.analyses.feature_circuit import EDGE_MIN
+from surgeon.analyses.feature_circuit import EDGE_MIN, EXACT
 from surgeon.analyses.sinks import massive_ratio
 from surgeon.models.loading import resolve, shape
 from surgeon.reports import figures
@@ -752,6 +752,13 @@ def feature_repair_text(r) -> str:
     return "\n".join(lines)
 
 
+def _exact_words(r) -> str:
+    """How a feature circuit's exact node effects were taken (analyses.feature_circuit.EXACT)."""
+    if any(n.slot is not None for n in r.nodes):
+        return "a node per aligned position, patched there"
+    return EXACT[getattr(r, "exact", "joint")]
+
+
 def feature_circuit_text(r, top: int = 12) -> str:
     saes = ", ".join(f"{h} ({d})" for h, _, d in r.saes)
     meth = {"ig": f"integrated gradients over the feature mask ({r.steps} steps, one SAE at a time)",
@@ -762,8 +769,8 @@ def feature_circuit_text(r, top: int = 12) -> str:
              "gradient . the Jacobian . u's change, the SAE hook points between held (direct edges); exact: u patched, "
              "then d alone set to the value it took",
              f"SAEs (features): {saes}",
-             f"attribution: {meth}; exact: the top nodes each patched alone; effects as fractions of the gap between "
-             f"the formats, 95% bootstrap intervals over items",
+             f"attribution: {meth}; exact: the top nodes each patched alone ({_exact_words(r)}); effects as fractions "
+             f"of the gap between the formats, 95% bootstrap intervals over items",
              "faithfulness (Marks et al.): keep the circuit, give every other node the other run's value: 1 is all of "
              "the behaviour; completeness: ablate the circuit, keep the rest: 0 is complete"]
     slots = sorted({(n.slot, n.position) for n in r.nodes if n.slot is not None})

@@ -180,6 +180,13 @@ def test_feature_circuit_command(tmp_path, capsys):
 
     back = surgeon.load(out)  # read back as the analysis returned it: it prints the same report
     assert str(back) == text.split("\nwrote ")[0].rstrip("\n") and back.repair.rate.n == back.n_items
+    assert "each node patched at every aligned position at once" in text
+    # Marks et al.'s exact effects by name: said in the result, kept when it is read back
+    assert main(["feature-circuit", case, "--layers", "0", "--method", "gradient", "--verify", "2", "--exact",
+                 "per-position", "--out", str(tmp_path / "pp")]) == 0
+    pp = capsys.readouterr().out
+    assert "one aligned position at a time, the effects summed" in pp
+    assert surgeon.load(tmp_path / "pp").exact == "per-position"
     assert main(["feature-circuit", case, "--faithfulness", "0.9", "--threshold", "0.1", "--out", str(tmp_path / "x")]) == 2
     assert "--threshold" in capsys.readouterr().err and not (tmp_path / "x").exists()
     assert main(["feature-circuit", case, "--sae-dir", str(tmp_path / "none{layer}"), "--layers", "0",

@@ -103,3 +103,57 @@ def test_ig_marks_is_their_pe_ig_and_differs_from_the_midpoints_here(setup, step
     # the two conventions give other numbers on this model (the score bends between the SAEs)
     diff = float(abs(torch.tensor(theirs) - torch.tensor(mid)).max())
     assert diff > 1e-3 * float(abs(torch.tensor(mid)).max()), diff
+
+
+def _marks_exact(model, saes, base, source, L, feature):
+    """Their `_pe_exact` for one feature of submodule L, node effects summed over positions: at each aligned position
+    alone, the feature moved to the other run's value there (the rest of the activation, error term included, left
+    as it is), the change in the mean score; summed over the positions."""
+    sae, hook = saes[L], saes[L].cfg.metadata.hook_name
+    tokens = torch.tensor([r.tokens for r in base])
+    src_tokens = torch.tensor([r.tokens for r in source])
+    pairs = [align(b, s, "index") for b, s in zip(base, source)]
+    n = len(base)
+
+    def mean_score(hooks=()):
+        lp = model.run_with_hooks(tokens, fwd_hooks=list(hooks)).float().log_softmax(-1)
+        return float(sum(sign * lp[i, p, t] for i, row in enumerate(base) for p, t, sign in row.targets)) / n
+
+    with torch.no_grad():
+        _, cs = model.run_with_cache(src_tokens, names_filter=[hook])
+        clean = mean_score()
+        total = 0.0
+        for j in range(len(pairs[0][0])):
+            def put(act, hook, j=j):
+                act = act.clone()
+                for i, (pb, ps) in enumerate(pairs):
+                    f_here = sae.encode(act[i, pb[j]])[feature]
+                    f_there = sae.encode(cs[hook.name][i, ps[j]])[feature]
+                    act[i, pb[j]] += (f_there - f_here) * sae.W_dec[feature]
+                return act
+
+            total += mean_score([(hook, put)]) - clean
+    return total
+
+
+def test_per_position_exact_is_their_pe_exact_summed_and_differs_from_joint_here(setup):
+    """exact="per-position" gives Marks et al.'s node effect (each position alone, summed), checked against their
+    loop written with hooks; on this model (GELU between the SAEs, several aligned positions) patching every position
+    at once gives another number."""
+    from surgeon.analyses.feature_circuit import per_position_exact, run_nodes
+
+    model, saes, base, source = setup
+    sites = [FeatureSite.of(saes[L], error=True) for L in LAYERS]
+    c = Contrast(model, base, source, "index", sites=[s.node_sites()[0] for s in sites])
+    clean = c.clean_base.double().cpu().numpy()
+    F = 128
+    # features that move here: the largest difference between the runs' encodings at the first SAE
+    L0 = LAYERS[0]
+    top = [int(i) for i in torch.argsort(-torch.tensor(FEATURE_METHODS["gradient"].score(c, sites, 1, None))[:F].abs())[:3]]
+    per = per_position_exact(c, sites, top, clean)  # [top, items]
+    joint = run_nodes(c, sites, [[i] for i in top])
+    for k, f in enumerate(top):
+        theirs = _marks_exact(model, saes, base, source, L0, f)
+        assert float((per[k] - clean).mean()) == pytest.approx(theirs, abs=1e-5, rel=1e-4)
+    gaps = [abs(float((per[k] - joint[k]).mean())) for k in range(len(top))]
+    assert max(gaps) > 1e-4, gaps
