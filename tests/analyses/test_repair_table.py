@@ -2,7 +2,14 @@
 trap items, at each offset from the last prompt token) with no good-format prompt, read at the answers' first differing
 token on fresh items of the organism's test split. The expected counts come from TransformerLens hooks written here,
 one prompt at a time (the tokens built from the templates, the means taken here), never from surgeon's rows or means;
-the published rates must fall inside surgeon's 95% intervals."""
+the published rates must fall inside surgeon's 95% intervals.
+
+Reproduced: the qa and chat traps, the plain traps and the paired column of the k=2 and k=5 rows; the KL on plain
+equals the hand-written KL(unrepaired || repaired) at the read position. Not reproduced, and so checked against the
+hooks only: the issue's KL column (0.007 and 0.021 against 0.0001 and 0.002 here: its definition is not recoverable
+from the issue), its qa controls (it counted the 5 of 128 controls whose answers are one another's prefix, which
+first-token scoring cannot read: 123/128 = 96.1% unrepaired) and its all-24-heads row (95.7% of traps; here, with
+the issue's stated rule, 70.5% on the surgeon and the hooks alike, 56-75% with the mean over any 32 of the 64 traps)."""
 import dataclasses
 
 import pytest
@@ -13,8 +20,10 @@ import surgeon.api
 from surgeon.organisms import decimal as organism
 from tests.analyses.test_repair import _tokens
 
-# the issue's table (mean patch, fresh traps): heads -> (qa, chat) rates
-PUBLISHED = {((0, 4), (0, 6)): (0.457, 0.629), ((0, 2), (0, 4), (0, 5), (0, 6), (1, 2)): (0.738, 0.676)}
+# the issue's table (mean patch, fresh traps): heads -> (qa, chat, plain traps, paired qa) rates; all 24 heads: None
+PUBLISHED = {((0, 4), (0, 6)): (0.457, 0.629, 1.0, 0.738),
+             ((0, 2), (0, 4), (0, 5), (0, 6), (1, 2)): (0.738, 0.676, 1.0, 0.996),
+             tuple((L, h) for L in range(3) for h in range(8)): None}
 
 
 def _hand_means(model, case, items, layers):
@@ -32,25 +41,29 @@ def _hand_means(model, case, items, layers):
     return {k: (sums[k] / counts[k]).float() for k in sums}
 
 
-def _hand_right(model, case, fmt, items, units, means):
-    right = 0
+def _hand_right(model, case, fmt, items, units, means, kl=False):
+    """How many items the mean patch makes right (with kl=True: the mean KL(unrepaired || repaired) at the read
+    position instead)."""
+    right, kls = 0, []
     for it in items:
         ids, last, c, i = _tokens(model, case, fmt, it)
 
         def hook(z, hook):
             L = hook.layer()
+            heads = [h for UL, h in units if UL == L]
             for (LL, j), v in means.items():
                 if LL == L and last + j < z.shape[1]:
-                    for (UL, h) in units:
-                        if UL == L:
-                            z[0, last + j, h] = v[h]
+                    z[0, last + j, heads] = v[heads]
             return z
 
         layers = sorted({L for L, _ in units})
         lp = model.run_with_hooks(torch.tensor([ids]), fwd_hooks=[(f"blocks.{L}.attn.hook_z", hook) for L in layers])
         lp = lp[0, -1].log_softmax(-1)
         right += int(lp[c] > lp[i])
-    return right
+        if kl:
+            base = model(torch.tensor([ids]))[0, -1].log_softmax(-1)
+            kls.append(float((base.exp() * (base - lp)).sum()))
+    return sum(kls) / len(kls) if kl else right
 
 
 @pytest.mark.slow
@@ -60,16 +73,26 @@ def test_the_hand_written_mean_patch_table_is_reproduced(decimal_model):
              if not (it.correct.startswith(it.incorrect) or it.incorrect.startswith(it.correct))]
     disc = [it for it in case.items if it.tag == "trap"]
     seen = {tuple(sorted(it.values.items())) for it in case.items}
-    held = [it for it in fresh if it.tag == "trap" and tuple(sorted(it.values.items())) not in seen]
+    every = [it for it in fresh if tuple(sorted(it.values.items())) not in seen]
+    held = [it for it in every if it.tag == "trap"]
     with torch.no_grad():
-        means = _hand_means(decimal_model, case, disc, [0, 1])
+        means = _hand_means(decimal_model, case, disc, [0, 1, 2])
         for units, published in PUBLISHED.items():
             heads = ",".join(f"L{L}H{h}" for L, h in units)
             r = surgeon.repair(case, decimal_model, heads=heads, eval_items=fresh)
             assert r.repair.built_on["n_items"] == len(disc)
             assert "6 whose prompt is a discovery item's left out" in r.split.evaluated_on
-            for fmt, want in zip(("qa", "chat"), published):
-                got = next(x.repaired for x in r.held_out if x.measure == "efficacy" and x.format == fmt)
+            cells = [("efficacy", "qa"), ("efficacy", "chat"), ("specificity", "plain"), ("paired", "qa")]
+            for k, (measure, fmt) in enumerate(cells):
+                got = next(x.repaired for x in r.held_out if x.measure == measure and x.format == fmt
+                           and x.tag == "trap")
                 assert got.n == len(held)
-                assert round(got.value * got.n) == _hand_right(decimal_model, case, fmt, held, units, means), (heads, fmt)
-                assert got.lo <= want <= got.hi, (heads, fmt, got, want)
+                if measure != "paired":
+                    want = _hand_right(decimal_model, case, fmt, held, units, means)
+                    assert round(got.value * got.n) == want, (heads, fmt)
+                if published is not None:
+                    assert got.lo <= published[k] <= got.hi, (heads, measure, fmt, got, published[k])
+            kl = next(s.kl for s in r.shifts if s.where == "plain")
+            assert kl.n == len(every)
+            assert kl.value == pytest.approx(_hand_right(decimal_model, case, "plain", every, units, means, kl=True),
+                                             rel=1e-3, abs=1e-5), heads
