@@ -61,7 +61,7 @@ from surgeon.analyses.sink_interventions import sink_interventions as sink_inter
 from surgeon.analyses.sinks import SinkResult
 from surgeon.analyses.sinks import sinks as sinks_of
 from surgeon.analyses.repair import RepairResult, check_heads, check_repairable, repair_case, search_repair
-from surgeon.analyses.feature_circuit import FeatureCircuitResult
+from surgeon.analyses.feature_circuit import EXACT, FeatureCircuitResult
 from surgeon.analyses.feature_circuit import feature_circuit as feature_circuit_of
 from surgeon.analyses.encode import encode as encode_case
 from surgeon.analyses.diagnose import diagnose as diagnose_case
@@ -554,8 +554,6 @@ def feature_circuit(case, model=None, *, layers: Sequence[int] | None = None, me
     `holdout` (e.g. 0.5, seeded by `seed`) or `eval_items`: found on discovery items and measured on the held-out ones
     (a `HeldOutFeatureCircuit`). `exact`: a node's exact effect patched at every aligned position at once ("joint")
     or at one position at a time and summed ("per-position", Marks et al.'s)."""
-    from surgeon.analyses.feature_circuit import EXACT
-
     if exact not in EXACT:  # refused before any weight loads
         raise AnalysisError(f"exact effects {exact!r} are not one of {', '.join(EXACT)}", field="exact",
                             fix="joint (every aligned position at once) or per-position (Marks et al.'s, summed)")
