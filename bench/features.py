@@ -349,7 +349,10 @@ def measure(shape: str, job: str, batch_size: int = 256, expansion: int = EXPANS
     del c
     circuit = [i for i in order if not nodes[i].error][:EDGE_NODES]
     down = {L: sum(nodes[i].layer == L for i in circuit) for L in layers}  # each SAE's downstream nodes
-    jobs = planning.feature_jobs(cfg, layers, expansion * cfg.d_model, len(nodes), "ig", STEPS, VERIFY, down=down)
+    top = [nodes[i].layer for i in order[:VERIFY]]  # each verified node's SAE: a hook encodes only the patches moving it
+    jobs = planning.feature_jobs(cfg, layers, expansion * cfg.d_model, len(nodes), "ig", STEPS, VERIFY, down=down,
+                                 verify_layers=top)
+    bound = planning.feature_jobs(cfg, layers, expansion * cfg.d_model, len(nodes), "ig", STEPS, VERIFY, down=down)
     gc.collect()
     with memory.peak_memory() as m:
         c = contrast()
@@ -367,9 +370,12 @@ def measure(shape: str, job: str, batch_size: int = 256, expansion: int = EXPANS
     ran = [k for k in jobs if k == "edge left vectors" or k.startswith("edges into")] if job == "edges" else [job]
     p = planning.plan_features(cfg, base, source, "index", shapes, jobs={k: jobs[k] for k in ran}, both=False,
                                batch_size=batch_size, budget=1 << 50, weights=weights)
+    pb = planning.plan_features(cfg, base, source, "index", shapes, jobs={k: bound[k] for k in ran}, both=False,
+                                batch_size=batch_size, budget=1 << 50, weights=weights)
     counted = weights + sum(x.weights for x in shapes.values())  # what the plan counts exactly
     return {"shape": shape, "job": job, "measured": m["before"] + m["peak"] - rss0, "predicted": p.peak,
-            "weights": counted, "parts": p.parts, "batch_size": p.batch_size}
+            "weights": counted, "parts": p.parts, "batch_size": p.batch_size, "bound": pb.peak,
+            "verify_layers": top}
 
 
 def measure_memory(shape: str, job: str, threads: int = 2) -> dict:
@@ -392,7 +398,8 @@ def memory_held_out(threads: int, out: dict | None = None) -> float:
     print("\n== memory: the feature circuit's plan (surgeon/analyses/planning.py: the engine's plan with the SAEs' "
           "feature tensors) against the measured peak, each job in a fresh process")
     print("above = (predicted - weights) / (measured - weights), the weights (model and SAEs) counted exactly; "
-          f"constants fitted on {FITTED}, the others held out")
+          f"constants fitted on {FITTED}, the others held out; the exact step planned with its verified nodes' SAEs "
+          "known (a node patched alone moves one SAE, whose hook encodes only the patches of a chunk that move it)")
     worst = 0.0
     for shape, (layers, items) in MEMORY_SHAPES.items():
         cfg = scale.make_model(shape).cfg
@@ -404,8 +411,11 @@ def memory_held_out(threads: int, out: dict | None = None) -> float:
             a = (r["predicted"] - r["weights"]) / (r["measured"] - r["weights"])
             if shape != FITTED:
                 worst = max(worst, abs(a - 1))
+            bound = (r["bound"] - r["weights"]) / (r["measured"] - r["weights"])
             cells.append(f"{job} {a:.2f}x ({scale.mib(r['measured'] - r['weights'])} MiB above "
-                         f"{scale.mib(r['weights'])}, features {scale.mib(r['parts']['features'])} predicted)")
+                         f"{scale.mib(r['weights'])}, features {scale.mib(r['parts']['features'])} predicted)"
+                         + (f"; {bound:.2f}x as planned before the verified nodes' SAEs are known" if job == "exact"
+                            else ""))
         print(f"  {shape}{' (fitted)' if shape == FITTED else ''}: {cfg.n_layers} layers, d_model {cfg.d_model}, "
               f"{cfg.normalization_type}, {cfg.positional_embedding_type}; TopK SAEs of {EXPANSION * cfg.d_model:,} "
               f"features at layers {', '.join(map(str, layers))}; {items} items")

@@ -61,7 +61,7 @@ from surgeon.analyses.sink_interventions import sink_interventions as sink_inter
 from surgeon.analyses.sinks import SinkResult
 from surgeon.analyses.sinks import sinks as sinks_of
 from surgeon.analyses.repair import RepairResult, check_heads, check_repairable, repair_case, search_repair
-from surgeon.analyses.feature_circuit import EXACT, FeatureCircuitResult
+from surgeon.analyses.feature_circuit import EXACT, FeatureCircuitResult, check_threshold_over
 from surgeon.analyses.feature_circuit import feature_circuit as feature_circuit_of
 from surgeon.analyses.encode import encode as encode_case
 from surgeon.analyses.diagnose import diagnose as diagnose_case
@@ -546,14 +546,17 @@ def feature_circuit(case, model=None, *, layers: Sequence[int] | None = None, me
                     sae_release: str | None = None, sae_id: str | None = None, sae_dir: str | None = None,
                     by_position: bool = False, max_memory: int | str | None = None, device: str | None = None,
                     dtype: str = "float32", progress: bool = False, holdout: float | None = None, eval_items=None,
-                    seed: int = 0, exact: str = "joint"):
+                    seed: int = 0, exact: str = "joint", threshold_over: str = "mean"):
     """The feature circuit (SAE features and each SAE's error term as nodes) of the failing format and of the
     working one, their difference and the repair it suggests (`surgeon feature-circuit`; every layer with an SAE
     unless `layers`; `by_position`: a node per feature and error term at each aligned position). The batch size is
     lowered to fit `max_memory` (default: the device's free memory): the plan counts the SAEs' feature tensors.
     `holdout` (e.g. 0.5, seeded by `seed`) or `eval_items`: found on discovery items and measured on the held-out ones
     (a `HeldOutFeatureCircuit`). `exact`: a node's exact effect patched at every aligned position at once ("joint")
-    or at one position at a time and summed ("per-position", Marks et al.'s)."""
+    or at one position at a time and summed ("per-position", Marks et al.'s). `threshold_over`: "mean" keeps every
+    node whose attribution reaches `threshold`, "example" every node whose effect on one item at one aligned position
+    does (Marks et al.'s)."""
+    check_threshold_over(threshold_over, threshold, field="threshold_over")  # refused before any weight loads
     if exact not in EXACT:  # refused before any weight loads
         raise AnalysisError(f"exact effects {exact!r} are not one of {', '.join(EXACT)}", field="exact",
                             fix="joint (every aligned position at once) or per-position (Marks et al.'s, summed)")
@@ -570,10 +573,11 @@ def feature_circuit(case, model=None, *, layers: Sequence[int] | None = None, me
         return feature_circuit_heldout(case, model, saes, holdout=holdout or 0.5, seed=seed, tag=tag, bad=bad,
                                        batch_size=batch_size, eval_items=eval_items, method=method, steps=steps,
                                        verify=verify, target=faithfulness, threshold=threshold, sources=where,
-                                       by_position=by_position, progress=progress, exact=exact)
+                                       by_position=by_position, progress=progress, exact=exact,
+                                       threshold_over=threshold_over)
     return feature_circuit_of(case, model, saes, method=method, steps=steps, verify=verify, target=faithfulness,
                               threshold=threshold, bad=bad, tag=tag, batch_size=batch_size, sources=where,
-                              by_position=by_position, progress=progress, exact=exact)
+                              by_position=by_position, progress=progress, exact=exact, threshold_over=threshold_over)
 
 
 # One command from a case to a paper

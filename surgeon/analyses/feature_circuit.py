@@ -22,7 +22,9 @@ is that feature (or error term) moved to the other run's value with everything e
   (m(C) - m(none)) / (m(all) - m(none)), where m(C) keeps C and ablates every other node, m(all) is the run itself
   and m(none) ablates every node; completeness: the same with C ablated and the rest kept (0: C is all of it).
   The circuit is the smallest prefix of the nodes ranked by |attribution| whose faithfulness reaches `target`,
-  or every node with |attribution| >= `threshold` (a fraction of the gap).
+  or every node with |attribution| >= `threshold` (a fraction of the gap; `threshold_over="example"`: every node
+  whose effect on one item at one aligned position reaches it, Marks et al.'s per-example, per-position threshold,
+  from the same method's per-example effects).
 - **Across formats**: the failing format's circuit (denoise) and the working format's (noise); their difference
   (nodes in one circuit and not the other, or in both with an attribution at least `STRONGER` times the other
   direction's); and the repair it suggests: every differing node given the working format's value in the failing
@@ -34,15 +36,15 @@ little (Marks et al.).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 import torch
 
 from surgeon.analyses.common import make_contrast
-from surgeon.analyses.feature_edges import Edge, edge_attribution, verify_edges
+from surgeon.analyses.feature_edges import Edge, edge_attribution, left_vectors, verify_edges
 from surgeon.analyses.positions import slot_labels
-from surgeon.analyses.scoring import check_feature_method
+from surgeon.analyses.scoring import FEATURE_METHODS, check_feature_method
 from surgeon.case.select import pick_items
 from surgeon.circuits.export import write
 from surgeon.circuits.graph import CircuitGraph
@@ -147,6 +149,8 @@ class FeatureCircuitResult(Shows):
     # circuit absent from the working one's (or STRONGER there); and the other way round:
     edges_only_working: list[tuple[int, int]] = field(default_factory=list)
     exact: str = "joint"  # how a node's exact effect was taken (EXACT): at every aligned position at once, or summed
+    threshold_over: str = "mean"  # what --threshold was applied to (THRESHOLD_OVER)
+
     def graph(self, direction: str = "denoise"):
         """The circuit of `direction` as surgeon's one circuit graph type (nodes of kind feature / error; no edges)."""
         d = self.directions[direction]
@@ -239,9 +243,90 @@ def per_position_exact(contrast, sites, top: Sequence[int], base: np.ndarray) ->
     return base[None] + (per - base[None, None]).sum(1)
 
 
+@dataclass(frozen=True)
+class Points:
+    """Where a feature method takes the metric's gradient (mask values of the SAE moved, the others clean), beside its
+    registration in `surgeon.analyses.scoring.FEATURE_METHODS` (a test holds the two registries' names equal):
+    `nodes` for its per-example effects (its own points), `edges` for an edge's left vector (0, the unpatched run's
+    gradient, unless the method follows Marks et al.'s `jvp`, whose left vector is their IG-averaged gradient)."""
+
+    nodes: Callable[[int], torch.Tensor]  # steps -> [points]
+    edges: Callable[[int], torch.Tensor]
+
+
+def _zero(steps: int) -> torch.Tensor:
+    return torch.zeros(1)
+
+
+def _midpoints(steps: int) -> torch.Tensor:
+    return (torch.arange(steps, dtype=torch.float32) + 0.5) / steps
+
+
+def _marks_points(steps: int) -> torch.Tensor:  # k/N, k = 0..N-1, from the run's own values (their `_pe_ig`)
+    return torch.arange(steps, dtype=torch.float32) / steps
+
+
+POINTS: dict[str, Points] = {"ig": Points(_midpoints, _zero), "ig-marks": Points(_marks_points, _marks_points),
+                             "gradient": Points(_zero, _zero)}
+
+
+def points_of(method: str) -> Points:
+    """The registered method's points (one clear error for a method that has none)."""
+    check_feature_method(method)
+    if method not in POINTS:
+        raise AnalysisError(f"feature method {method!r} has no points in feature_circuit.POINTS",
+                            field="--method", fix=f"use one of: {', '.join(m for m in FEATURE_METHODS if m in POINTS)}")
+    return POINTS[method]
+
+
+THRESHOLD_OVER = {"mean": "a node's attribution, the mean over items of its effect summed over the aligned positions",
+                  "example": "a node's largest effect on one item at one aligned position (Marks et al.'s "
+                             "per-example, per-position node threshold)"}
+
+
+def check_threshold_over(threshold_over: str, threshold: float | None, field: str = "--threshold-over") -> None:
+    """One clear error for a choice of what the threshold applies to that is unknown or has no threshold to apply."""
+    if threshold_over not in THRESHOLD_OVER:
+        raise AnalysisError(f"threshold over {threshold_over!r} is not one of {', '.join(THRESHOLD_OVER)}",
+                            field=field, fix="mean (the attribution, default) or example (Marks et al.'s)")
+    if threshold_over != "mean" and threshold is None:
+        raise AnalysisError(f"a threshold over {threshold_over!r} needs a threshold", field=field,
+                            fix="give --threshold T (a fraction of the gap), or leave the choice out")
+
+
+def per_example_effects(contrast, sites, method: str, steps: int) -> torch.Tensor:
+    """[items, S, nodes of one slot] each node's estimated effect on each item's score at each aligned position alone
+    (score units; padded slots 0), by the method's own points (its `points`: 0 for the gradient, the IG points for
+    ig / ig-marks, one SAE moved at a time): the metric's gradient at the node averaged over the points, times the
+    node's change between the runs (Marks et al.'s per-example, per-position effects). Summed over positions and
+    averaged over items, it is the method's attribution."""
+    pts = points_of(method).nodes(steps)
+    out = []
+    for s in sites:
+        G, gf = left_vectors(contrast, s, pts)  # [n, S, d], [n, S, F]
+        with torch.no_grad():
+            w = s.sae.W_dec
+            xb, xs = (contrast.activations(s.hook, run)[:, :, 0].to(w.device, w.dtype) for run in ("base", "source"))
+            fb, fs = s.encode(xb), s.encode(xs)
+            rb, rs = xb - s.decode(fb), xs - s.decode(fs)
+            feats = gf.to(w.device, torch.float32) * (fs - fb).float()
+            err = (G.to(w.device, torch.float32) * (rs - rb).float()).sum(-1, keepdim=True)
+        out.append(torch.cat([feats, err], -1).double().cpu())
+    return torch.cat(out, -1)
+
+
+def per_example_peak(effects: torch.Tensor, by_position: bool) -> np.ndarray:
+    """[nodes] each node's largest |effect| on one item at one aligned position (`per_example_effects`), in the node
+    list's order: one per feature over every position, or (by_position) one per feature and slot, slot-major."""
+    if by_position:
+        return effects.abs().amax(0).reshape(-1).numpy()
+    return effects.abs().amax((0, 1)).numpy()
+
+
 def one_direction(case: Case, model, sites, direction: str, *, method: str, steps: int, verify: int,
                   target: float | None, threshold: float | None, bad: str | None, tag: str | None, batch_size: int,
-                  by_position: bool = False, progress: bool = False, exact: str = "joint"):
+                  by_position: bool = False, progress: bool = False, exact: str = "joint",
+                  threshold_over: str = "mean"):
     contrast, info = make_contrast(case, model, bad=bad, direction=direction, tag=tag, batch_size=batch_size,
                                    sites=[Site.coerce(s.hook) for s in sites])
     base, source = contrast.clean_base.double().cpu().numpy(), contrast.clean_source.double().cpu().numpy()
@@ -270,7 +355,12 @@ def one_direction(case: Case, model, sites, direction: str, *, method: str, step
     ablated = run_nodes(contrast, sites, [order[:k] for k in sizes], S=S)
     curve = [(k, _frac(kept[j], everything, base).value, _frac(ablated[j], everything, base).value)
              for j, k in enumerate(sizes)]
-    if threshold is not None:
+    if threshold is not None and threshold_over == "example":
+        peak = per_example_peak(per_example_effects(contrast, sites, method, steps), S is not None) / abs(gap)
+        circuit = [int(i) for i in order if peak[i] >= threshold]
+        search = (f"every node whose |effect| on one item at one aligned position reaches {threshold:g} of the gap "
+                  f"(Marks et al.'s per-example threshold)")
+    elif threshold is not None:
         circuit = [int(i) for i in order if abs(attr[i]) >= threshold]
         search = f"every node with |attribution| >= {threshold:g} of the gap"
     else:
@@ -278,7 +368,8 @@ def one_direction(case: Case, model, sites, direction: str, *, method: str, step
         k = _smallest(contrast, sites, order, everything, base, goal, N, S)
         circuit = [int(i) for i in order[:k]]
         search = f"the smallest top-k by |attribution| with faithfulness >= {goal:g} (bisection over k)"
-    edges, nonzero = circuit_edges(contrast, sites, nodes, circuit, S, gap, base, source, verify)
+    edges, nonzero = circuit_edges(contrast, sites, nodes, circuit, S, gap, base, source, verify,
+                                   points_of(method).edges(steps))
     k_scores = run_nodes(contrast, sites, [circuit], complement=True, S=S)[0]
     a_scores = run_nodes(contrast, sites, [circuit], S=S)[0]
     total = float(np.abs(attr[circuit]).sum()) if circuit else 0.0
@@ -290,11 +381,11 @@ def one_direction(case: Case, model, sites, direction: str, *, method: str, step
 
 
 def circuit_edges(contrast, sites, nodes, circuit: Sequence[int], S: int | None, gap: float, base: np.ndarray,
-                  source: np.ndarray, verify: int) -> tuple[list[Edge], int]:
-    """The edges among the circuit's nodes (feature_edges): attribution for all, the `verify` strongest patched
-    exactly (through the downstream node only), as fractions of the gap; the strongest EDGES_KEPT nonzero ones, and
-    how many are nonzero."""
-    att = edge_attribution(contrast, sites, nodes, down=circuit, up=circuit, S=S)
+                  source: np.ndarray, verify: int, left_points=None) -> tuple[list[Edge], int]:
+    """The edges among the circuit's nodes (feature_edges): attribution for all (the downstream left vectors averaged
+    over `left_points`, the method's `edge_points`), the `verify` strongest patched exactly (through the downstream
+    node only), as fractions of the gap; the strongest EDGES_KEPT nonzero ones, and how many are nonzero."""
+    att = edge_attribution(contrast, sites, nodes, down=circuit, up=circuit, S=S, left_points=left_points)
     ranked = [e for e in sorted(att, key=lambda e: -abs(att[e])) if att[e] != 0.0]
     exact = verify_edges(contrast, sites, nodes, ranked[:verify], S) if verify else {}
     return [Edge(u, d, att[(u, d)] / gap, _frac(exact[(u, d)], base, source) if (u, d) in exact else None)
@@ -333,10 +424,11 @@ def _smallest(contrast, sites, order, everything, base, goal: float, N: int, S: 
 def feature_circuit(case: Case, model, saes: dict, *, method: str = "ig", steps: int = 5, verify: int = 20,
                     target: float | None = None, threshold: float | None = None, bad: str | None = None,
                     tag: str | None = None, batch_size: int = 256, sources: dict | None = None,
-                    by_position: bool = False, progress: bool = False, exact: str = "joint") -> FeatureCircuitResult:
+                    by_position: bool = False, progress: bool = False, exact: str = "joint",
+                    threshold_over: str = "mean") -> FeatureCircuitResult:
     """The feature circuit of the failing format and of the working one over the SAEs `saes` ({layer: sae-lens
     SAE}), and their difference (see the module)."""
-    check_feature_method(method)
+    points_of(method)
     if exact not in EXACT:
         raise AnalysisError(f"exact effects {exact!r} are not one of {', '.join(EXACT)}", field="--exact",
                             fix="joint (every aligned position at once) or per-position (Marks et al.'s, summed)")
@@ -346,11 +438,13 @@ def feature_circuit(case: Case, model, saes: dict, *, method: str = "ig", steps:
         raise AnalysisError("give --target or --threshold, not both", field="--threshold",
                             fix="--target F keeps the smallest circuit with faithfulness >= F; --threshold T every "
                                 "node with |attribution| >= T")
+    check_threshold_over(threshold_over, threshold)
     if not saes:
         raise AnalysisError("no SAEs given", field="--layers", fix="name the layers whose SAEs form the nodes")
     sites = [FeatureSite.of(saes[layer], error=True) for layer in sorted(saes)]
     kw = dict(method=method, steps=steps, verify=verify, target=target, threshold=threshold, bad=bad, tag=tag,
-              batch_size=batch_size, by_position=by_position, progress=progress, exact=exact)
+              batch_size=batch_size, by_position=by_position, progress=progress, exact=exact,
+              threshold_over=threshold_over)
     den, c_den, info, nodes, S = one_direction(case, model, sites, "denoise", **kw)
     noi, _, _, nodes_n, _ = one_direction(case, model, sites, "noise", **kw)
     if len(nodes_n) != len(nodes):
@@ -374,7 +468,7 @@ def feature_circuit(case: Case, model, saes: dict, *, method: str = "ig", steps:
                                 repair, profiles(c_den, case, sites, nodes, shown, tag),
                                 case.good, info["bad"], execution=c_den.execution,
                                 edges_only_failing=differing_edges(den, noi), edges_only_working=differing_edges(noi, den),
-                                exact="joint" if by_position else exact)
+                                exact="joint" if by_position else exact, threshold_over=threshold_over)
 
 
 def profiles(contrast, case: Case, sites, nodes: Sequence[Node], shown: Sequence[int], tag: str | None = None,

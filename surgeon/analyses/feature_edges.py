@@ -9,7 +9,8 @@ edge effect, summed over the aligned positions and averaged over items,
 with delta_u = u moved to the other run's value (the node patch), J the Jacobian of d's value (a feature's
 activation, or the error term's vector) with respect to u's, and g_d = d(item score)/d(d's value) with every
 path open (Marks et al.'s left vector; an error node's is the gradient at the hook point itself, a feature's
-that gradient through the SAE's decoder). J runs through the model between the two hook points with every SAE
+that gradient through the SAE's decoder), taken in the unpatched run, or, with `--method ig-marks` (their `jvp`'s
+left vector), averaged over their integrated-gradients points with d's SAE moved towards the other run. J runs through the model between the two hook points with every SAE
 hook point in between **held** at its value (its output passes no gradient: features and error terms alike), so
 E counts only the paths from u to d that pass through no other node of the graph: direct edges, as Marks et
 al. compute them (their residual-stream graph subtracts the paths through the intermediate MLP and attention
@@ -75,10 +76,17 @@ def _zeros(site: FeatureSite, P: int, S: int | None) -> torch.Tensor:
     return feature_masks([site], P, S)[site]
 
 
-def _left_vectors(contrast, site: FeatureSite) -> tuple[torch.Tensor, torch.Tensor]:
+def left_vectors(contrast, site: FeatureSite, points: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """g at the hook point [n_items, S, d] (the error node's left vector) and through the decoder [n_items, S, F]
-    (the features'): d(item score)/d(value) in the unpatched run, every path open."""
-    G = contrast.activation_gradient({site: _zeros(site, 1, None)}, site.hook)
+    (the features'): d(item score)/d(value), every path open, in the unpatched run (`points` None or [0]) or averaged
+    over the runs with this SAE's nodes (features and error term) moved by each of `points` towards the other run's
+    values, the other SAEs clean (Marks et al.'s `jvp` takes their `_pe_ig`'s averaged gradient as its left vector)."""
+    pts = [0.0] if points is None else [float(a) for a in points]
+    G = None
+    for a in pts:
+        g = contrast.activation_gradient({site: _zeros(site, 1, None) + a}, site.hook)
+        G = g if G is None else G + g
+    G = G / len(pts)
     F = site.n_units() - int(site.error)
     with torch.enable_grad():  # the decoder is affine in f: its vector-Jacobian product does not depend on f
         f0 = torch.zeros(*G.shape[:2], F, requires_grad=True)
@@ -111,9 +119,11 @@ def _reader(site: FeatureSite, down: Sequence, G: torch.Tensor, gf: torch.Tensor
 
 
 def edge_attribution(contrast, sites: Sequence[FeatureSite], nodes: Sequence, down: Sequence[int],
-                     up: Sequence[int] | None = None, S: int | None = None) -> dict[tuple[int, int], float]:
+                     up: Sequence[int] | None = None, S: int | None = None, left_points: torch.Tensor | None = None
+                     ) -> dict[tuple[int, int], float]:
     """{(u, d): E(u -> d)} in score units for every downstream node in `down` and every upstream node (or those in
-    `up`) of an SAE whose hook point comes earlier; one backward pass per (upstream SAE, downstream SAE) pair."""
+    `up`) of an SAE whose hook point comes earlier; one backward pass per (upstream SAE, downstream SAE) pair.
+    `left_points`: the downstream SAE's mask values its left vectors average over (`left_vectors`; None: 0)."""
     offset, U = _index(sites, S)
     wanted = None if up is None else set(up)
     out: dict[tuple[int, int], float] = {}
@@ -122,7 +132,7 @@ def edge_attribution(contrast, sites: Sequence[FeatureSite], nodes: Sequence, do
         earlier = [s for s in sites if hook_rank(s.hook) < hook_rank(sd.hook)]
         if not D or not earlier:
             continue
-        G, gf = _left_vectors(contrast, sd)
+        G, gf = left_vectors(contrast, sd, left_points)
         read = At(sd.hook, _reader(sd, [nodes[i] for i in D], G, gf))
         for su in earlier:
             between = [s.hook for s in sites if hook_rank(su.hook) < hook_rank(s.hook) < hook_rank(sd.hook)]

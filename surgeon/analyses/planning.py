@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Mapping
+from typing import Mapping, Sequence
 
 from surgeon.analyses.common import Direction, contrast_rows
 from surgeon.analyses.feature_circuit import CURVE_SIZES
@@ -126,17 +126,21 @@ class FeatureJob:
     job: Job
     stop: int | None = None
     hooks: int | None = None
+    moving: tuple[tuple[int, ...] | None, ...] = ()  # per call: the SAE each patch moves (None: every SAE, or unknown)
 
 
 def feature_jobs(cfg, layers, d_sae: int, nodes: int, method: str = "ig", steps: int = 5, verify: int = 20,
-                 down: int | Mapping[int, int] = EDGE_NODES_PLANNED) -> dict[str, FeatureJob]:
+                 down: int | Mapping[int, int] = EDGE_NODES_PLANNED, verify_layers: Sequence[int] | None = None
+                 ) -> dict[str, FeatureJob]:
     """The engine calls of one direction of `feature_circuit` over SAEs at `layers` (`d_sae` the largest width,
     `nodes` every node): "attribution" (`method`), "exact" (the `verify` nodes patched alone, the faithfulness
     curve kept and ablated, the bisection for the smallest circuit), "edge left vectors" (the metric's gradient at
     each SAE's hook point, one SAE patched) and, per SAE after the first, "edges into layer L": one gradient per
     earlier SAE with the downstream nodes of L's SAE in the batch dimension (`down`: how many, per layer or for
     every SAE), read at L's hook point (its passes stop there and compute no logits) with the upstream SAE patched
-    and L's encoding its features. The widest of them starts at the first SAE's layer."""
+    and L's encoding its features. The widest of them starts at the first SAE's layer. A node patched alone moves
+    one SAE's features, and an SAE's hook encodes only the patches of a chunk that move it: `verify_layers`, the SAE
+    (its layer) of each verified node in order, once they are known (None, before: every one at each SAE, a bound)."""
     layers = sorted(layers)
     sites = tuple((L, 1, cfg.d_model) for L in layers)
     start, k = layers[0], len(layers)
@@ -146,7 +150,8 @@ def feature_jobs(cfg, layers, d_sae: int, nodes: int, method: str = "ig", steps:
     exact = Job(f"exact top-{verify} nodes, curves", (Call(max(1, verify), start), Call(curve, start, 2),
                                                       Call(1, start, math.ceil(math.log2(max(2, nodes))) + 3)),
                 sites, nodes)
-    out = {"attribution": FeatureJob(attr), "exact": FeatureJob(exact),
+    moved = None if verify_layers is None else tuple(verify_layers)[: max(1, verify)]
+    out = {"attribution": FeatureJob(attr), "exact": FeatureJob(exact, moving=(moved, None, None)),
            "edge left vectors": FeatureJob(Job("edge left vectors", (Call(1, start, k),), sites, d_sae + 1, grad=True),
                                            hooks=1)}
     for i, L in enumerate(layers[1:], 1):
@@ -183,9 +188,18 @@ def feature_bytes(buckets, jobs: Mapping[str, FeatureJob], saes, batch_size: int
             job, k = fj.job, fj.hooks or len(saes)
             held = k * b.n * b.slots * F * e  # the source features (or left vectors) of this bucket, per SAE hook
             per_hook = FEATURE_COPIES_GRAD_FIRST + FEATURE_COPIES_GRAD * (k - 1) if job.grad else FEATURE_COPIES
-            for call in job.calls:
-                most = max(most, int(held + min(chunk, call.patches) * b.n * b.slots * F * e * per_hook))
+            for i, call in enumerate(job.calls):
+                rows = min(chunk, call.patches)
+                if i < len(fj.moving) and fj.moving[i]:  # a hook encodes only the patches of a chunk that move it
+                    rows = min(rows, _most_at_one(fj.moving[i], chunk))
+                most = max(most, int(held + rows * b.n * b.slots * F * e * per_hook))
     return {"SAEs": sum(s.weights for s in saes), "features": most}
+
+
+def _most_at_one(layers: Sequence[int], chunk: int) -> int:
+    """The most patches of one chunk (the engine's, `chunk` patches in order) that move the same SAE."""
+    return max(max(part.count(L) for L in set(part)) for part in
+               (list(layers[lo: lo + chunk]) for lo in range(0, len(layers), chunk)))
 
 
 def plan_feature_circuit(case: Case, model, saes: dict, method: str = "ig", steps: int = 5, verify: int = 20,

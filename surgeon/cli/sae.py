@@ -111,6 +111,9 @@ def add_feature_circuit(sub, common, items) -> None:
                    help="the smallest top-k circuit with at least this faithfulness (default 0.9)")
     q.add_argument("--threshold", type=cli_types.fraction,
                    help="instead: every node whose |attribution| is at least this fraction of the gap")
+    q.add_argument("--threshold-over", default="mean", choices=["mean", "example"],
+                   help="what --threshold applies to: the attribution (mean over items, default) or a node's largest "
+                        "effect on one item at one aligned position (example: Marks et al.'s per-example threshold)")
     q.add_argument("--by-position", action="store_true",
                    help="a node per feature and per error term at each aligned position (default: one node patched at "
                         "every aligned position at once)")
@@ -131,6 +134,9 @@ def run_feature_circuit(args) -> int:
         raise SurgeonError("give --faithfulness or --threshold, not both", field="--threshold",
                            fix="--faithfulness F keeps the smallest circuit with faithfulness >= F; --threshold T "
                                "every node with |attribution| >= T of the gap")
+    if args.threshold_over != "mean" and args.threshold is None:
+        raise SurgeonError(f"--threshold-over {args.threshold_over} needs a threshold", field="--threshold-over",
+                           fix="give --threshold T (a fraction of the gap), or leave --threshold-over out")
     from surgeon.circuits.export import check_targets
 
     check_targets(args.export)  # refuse before loading anything
@@ -159,7 +165,8 @@ def run_feature_circuit(args) -> int:
                             batch_size=args.batch_size, sae_release=args.sae_release, sae_id=args.sae_id,
                             sae_dir=args.sae_dir, by_position=args.by_position, max_memory=args.max_memory,
                             device=device, dtype=args.dtype, progress=True, holdout=args.holdout,
-                            eval_items=args.eval_items, seed=args.seed, exact=args.exact)
+                            eval_items=args.eval_items, seed=args.seed, exact=args.exact,
+                            threshold_over=args.threshold_over)
     code = print_report(args, r, case, device)
     if args.export:
         (r.search if held else r).export(*args.export)

@@ -34,6 +34,21 @@ TITLES = {"diagnose": "Is the failure there?", "dla": "Direct logit attribution"
           "sinks": "Attention sinks and massive activations"}
 
 
+def _feature_conventions(o: dict) -> str:
+    """How the report's feature circuit was attributed and checked, each convention named against Marks et al.'s."""
+    steps, method = o.get("steps", 5), o.get("method", "ig")
+    att = {"ig": f"attributed by integrated gradients at {steps} midpoints of the mask, one SAE at a time (Marks et "
+                 f"al. take the points k/N from the run's own values)",
+           "ig-marks": f"attributed by integrated gradients at Marks et al.'s points k/{steps}, one SAE at a time",
+           "gradient": "attributed by the gradient at the run (attribution patching)"}.get(method, f"attributed by {method}")
+    left = ("the downstream node's gradient averaged over the same points, as Marks et al." if method == "ig-marks"
+            else "the downstream node's gradient in the unpatched run (Marks et al. average it over their points)")
+    exact = ("each node patched at one aligned position at a time, the effects summed, as Marks et al."
+             if o.get("exact") == "per-position" else
+             "each node patched at every aligned position at once (Marks et al. sum one position at a time)")
+    return f"{att}; the top nodes verified by exact patching, {exact}; edges weighted by {left}"
+
+
 def methods_paragraph(rep, how: str = "text") -> str:
     """What a paper's methods section needs, every statement from what ran (the steps' results and options): model,
     items, formats, metric, alignment, each step's method as papers name it, ablation and circuit semantics, seeds,
@@ -155,10 +170,9 @@ def methods_paragraph(rep, how: str = "text") -> str:
                 "sae_heads": f"the effect of layer {o.get('sae_heads', {}).get('layer')}'s heads on those features",
                 "sae_repair": f"repair by patching features at layer {o.get('sae_repair', {}).get('layer')}",
                 "sae_feature_circuit": "the feature circuit of each format (features and each SAE's error term as nodes, "
-                                       f"attributed by {o.get('sae_feature_circuit', {}).get('method', 'ig')} and "
-                                       "verified by exact patching; edges between nodes of different SAEs as direct "
-                                       "effects, the SAE hook points between held, the strongest verified by path "
-                                       f"patching {cite('marks2024sparse')})"}
+                                       f"{_feature_conventions(o.get('sae_feature_circuit', {}))}; edges between "
+                                       "nodes of different SAEs as direct effects, the SAE hook points between held, "
+                                       f"the strongest verified by path patching {cite('marks2024sparse')})"}
         parts.append(f"Sparse autoencoder features, read with SAELens {cite('bloom2024saelens')}, gave "
                      + "; ".join(what[k] for k in sae) + ".")
     if "repair" in o and st.get("repair") is not None:

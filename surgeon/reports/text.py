@@ -761,13 +761,17 @@ def _exact_words(r) -> str:
 
 def feature_circuit_text(r, top: int = 12) -> str:
     saes = ", ".join(f"{h} ({d})" for h, _, d in r.saes)
-    meth = {"ig": f"integrated gradients over the feature mask ({r.steps} steps, one SAE at a time)",
+    meth = {"ig": f"integrated gradients over the feature mask ({r.steps} midpoints, one SAE at a time)",
+            "ig-marks": f"integrated gradients at Marks et al.'s points k/{r.steps}, k = 0..{r.steps - 1}, one SAE at a "
+                        f"time (their _pe_ig)",
             "gradient": "the gradient at the mask's 0 (one backward pass)"}.get(r.method, r.method)
+    left = ("averaged over the same points with d's SAE moved (Marks et al.'s jvp)" if r.method == "ig-marks"
+            else "in the unpatched run")
     lines = [f"case {r.case} · feature circuit over {len(r.nodes)} nodes (every feature, and an error node per SAE) · "
              f"{r.n_items} items",
              "edges (Marks et al.): u -> d, the effect of u that reaches the answer through d alone; attribution: d's "
-             "gradient . the Jacobian . u's change, the SAE hook points between held (direct edges); exact: u patched, "
-             "then d alone set to the value it took",
+             f"gradient ({left}) . the Jacobian . u's change, the SAE hook points between held (direct edges); exact: "
+             "u patched, then d alone set to the value it took",
              f"SAEs (features): {saes}",
              f"attribution: {meth}; exact: the top nodes each patched alone ({_exact_words(r)}); effects as fractions "
              f"of the gap between the formats, 95% bootstrap intervals over items",

@@ -187,6 +187,13 @@ def test_feature_circuit_command(tmp_path, capsys):
     pp = capsys.readouterr().out
     assert "one aligned position at a time, the effects summed" in pp
     assert surgeon.load(tmp_path / "pp").exact == "per-position"
+    # Marks et al.'s per-example node threshold by name: said in the circuit's search, kept when read back
+    assert main(["feature-circuit", case, "--layers", "0", "--method", "gradient", "--verify", "0", "--threshold",
+                 "0.2", "--threshold-over", "example", "--out", str(tmp_path / "ex")]) == 0
+    assert "reaches 0.2 of the gap (Marks et al.'s per-example threshold)" in capsys.readouterr().out
+    assert surgeon.load(tmp_path / "ex").threshold_over == "example"
+    assert main(["feature-circuit", case, "--threshold-over", "example", "--out", str(tmp_path / "w")]) == 2
+    assert "--threshold-over" in capsys.readouterr().err and not (tmp_path / "w").exists()
     assert main(["feature-circuit", case, "--faithfulness", "0.9", "--threshold", "0.1", "--out", str(tmp_path / "x")]) == 2
     assert "--threshold" in capsys.readouterr().err and not (tmp_path / "x").exists()
     assert main(["feature-circuit", case, "--sae-dir", str(tmp_path / "none{layer}"), "--layers", "0",

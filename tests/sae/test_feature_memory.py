@@ -60,6 +60,17 @@ def test_the_plan_counts_every_sae_feature_tensor(chain):
     rows = min(chunk, 20) * b0.n  # the 20 nodes patched alone, no gradients
     want = held + rows * b0.slots * F * 4 * planning.FEATURE_COPIES
     assert planning.feature_bytes([b0], {"exact": one["exact"]}, list(shapes.values()), p.batch_size)["features"] == want
+    # a node patched alone moves one SAE, whose hook encodes only the patches of the engine's chunk that move it:
+    # with the verified nodes' SAEs known, a chunk's rows are the most of its patches at one SAE (by hand)
+    layers = [0] * 3 + [1] * 9 + [0] * 8  # 20 nodes in order
+    chunks = [layers[lo: lo + chunk] for lo in range(0, len(layers), chunk)]
+    most = max(max(c.count(0), c.count(1)) for c in chunks)
+    assert most < min(chunk, 20)
+    known = planning.feature_jobs(model.cfg, [0, 1], F, 18, verify_layers=layers)["exact"]
+    want = held + most * b0.n * b0.slots * F * 4 * planning.FEATURE_COPIES
+    curve = held + min(chunk, known.job.calls[1].patches) * b0.n * b0.slots * F * 4 * planning.FEATURE_COPIES
+    got = planning.feature_bytes([b0], {"exact": known}, list(shapes.values()), p.batch_size)["features"]
+    assert got == max(want, curve)
 
 
 

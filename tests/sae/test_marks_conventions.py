@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from surgeon import Item
+from surgeon.analyses.feature_circuit import POINTS
 from surgeon.analyses.scoring import FEATURE_METHODS
 from surgeon.case.encoding import align, encode_rows
 from surgeon.engine.contrast import Contrast
@@ -49,14 +50,25 @@ def setup():
     return model, saes, base, source
 
 
-def _marks_ig(model, saes, base, source, L, steps):
-    """Their `_pe_ig` for submodule L: [d_sae] effects on the mean score, and the error node's."""
-    sae, hook = saes[L], saes[L].cfg.metadata.hook_name
+def _aligned(base, source):
     tokens = torch.tensor([r.tokens for r in base])
     src_tokens = torch.tensor([r.tokens for r in source])
     pairs = [align(b, s, "index") for b, s in zip(base, source)]
     pos, spos = torch.tensor([p for p, _ in pairs]), torch.tensor([q for _, q in pairs])
-    n, idx = len(base), torch.arange(len(base))[:, None]
+    return tokens, src_tokens, pos, spos, torch.arange(len(base))[:, None]
+
+
+def _mean_score(model, tokens, base, hooks):
+    lp = model.run_with_hooks(tokens, fwd_hooks=hooks).float().log_softmax(-1)
+    score = torch.stack([sum(sign * lp[i, p, t] for p, t, sign in row.targets) for i, row in enumerate(base)])
+    return score.sum() / len(base)
+
+
+def _marks_pe_ig(model, saes, base, source, L, points):
+    """Their `_pe_ig` for submodule L at the IG points `points`: the gradients of the mean score with respect to the
+    features and the error term averaged over the points [n, S, d_sae], [n, S, d], and both runs' values."""
+    sae, hook = saes[L], saes[L].cfg.metadata.hook_name
+    tokens, src_tokens, pos, spos, idx = _aligned(base, source)
     with torch.no_grad():
         _, cb = model.run_with_cache(tokens, names_filter=[hook])
         _, cs = model.run_with_cache(src_tokens, names_filter=[hook])
@@ -64,8 +76,7 @@ def _marks_ig(model, saes, base, source, L, steps):
     f_c, f_p = sae.encode(clean), sae.encode(patch)
     r_c, r_p = clean - sae.decode(f_c), patch - sae.decode(f_p)
     g_f, g_r = torch.zeros_like(f_c), torch.zeros_like(r_c)
-    for k in range(steps):
-        a = k / steps
+    for a in points:
         f = ((1 - a) * f_c + a * f_p).requires_grad_(True)
         r = ((1 - a) * r_c + a * r_p).requires_grad_(True)
         value = sae.decode(f) + r
@@ -76,12 +87,50 @@ def _marks_ig(model, saes, base, source, L, steps):
             return act
 
         with torch.enable_grad():
-            lp = model.run_with_hooks(tokens, fwd_hooks=[(hook, put)]).float().log_softmax(-1)
-            score = torch.stack([sum(sign * lp[i, p, t] for p, t, sign in row.targets) for i, row in enumerate(base)])
-            (score.sum() / n).backward()
-        g_f += f.grad / steps
-        g_r += r.grad / steps
-    return (g_f * (f_p - f_c)).sum((0, 1)), (g_r * (r_p - r_c)).sum()
+            _mean_score(model, tokens, base, [(hook, put)]).backward()
+        g_f += f.grad / len(points)
+        g_r += r.grad / len(points)
+    return dict(g_f=g_f, g_r=g_r, df=f_p - f_c, dr=r_p - r_c, f_c=f_c, r_c=r_c)
+
+
+def _marks_ig(model, saes, base, source, L, steps):
+    """Their `_pe_ig` for submodule L: [d_sae] effects on the mean score, and the error node's."""
+    m = _marks_pe_ig(model, saes, base, source, L, [k / steps for k in range(steps)])
+    return (m["g_f"] * m["df"]).sum((0, 1)), (m["g_r"] * m["dr"]).sum()
+
+
+def _marks_jvp(model, saes, base, source, steps, down):
+    """Their `jvp` from submodule LAYERS[0] into node `down` of LAYERS[1] ((unit, error)), the left vector their
+    `_pe_ig`'s averaged gradient at LAYERS[1]: [d_sae + 1] edges from every upstream feature and the error term."""
+    up_sae, down_sae = saes[LAYERS[0]], saes[LAYERS[1]]
+    hu, hd = up_sae.cfg.metadata.hook_name, down_sae.cfg.metadata.hook_name
+    tokens, _, pos, _, idx = _aligned(base, source)
+    left = _marks_pe_ig(model, saes, base, source, LAYERS[1], [k / steps for k in range(steps)])
+    upm = _marks_pe_ig(model, saes, base, source, LAYERS[0], [0.0])  # the upstream values and deltas
+    f = upm["f_c"].clone().requires_grad_(True)
+    r = upm["r_c"].clone().requires_grad_(True)
+    seen = {}
+
+    def put(act, hook):
+        act = act.clone()
+        act[idx, pos] = (up_sae.decode(f) + r).to(act.dtype)
+        return act
+
+    def grab(act, hook):
+        seen["x"] = act[idx, pos]
+        return act
+
+    unit, error = down
+    with torch.enable_grad():
+        model.run_with_hooks(tokens, fwd_hooks=[(hu, put), (hd, grab)])
+        x = seen["x"]
+        fd = down_sae.encode(x)
+        if error:
+            objective = (left["g_r"] * (x - down_sae.decode(fd))).sum()
+        else:
+            objective = (left["g_f"][..., unit] * fd[..., unit]).sum()
+        gf, gr = torch.autograd.grad(objective, (f, r))
+    return torch.cat([(gf * upm["df"]).sum((0, 1)), (gr * upm["dr"]).sum()[None]])
 
 
 @pytest.mark.parametrize("steps", [3, 10])
@@ -157,3 +206,68 @@ def test_per_position_exact_is_their_pe_exact_summed_and_differs_from_joint_here
         assert float((per[k] - clean).mean()) == pytest.approx(theirs, abs=1e-5, rel=1e-4)
     gaps = [abs(float((per[k] - joint[k]).mean())) for k in range(len(top))]
     assert max(gaps) > 1e-4, gaps
+
+
+def _surgeon(setup):
+    model, saes, base, source = setup
+    sites = [FeatureSite.of(saes[L], error=True) for L in LAYERS]
+    return sites, Contrast(model, base, source, "index", sites=[s.node_sites()[0] for s in sites])
+
+
+def test_ig_marks_edges_weight_by_their_ig_averaged_gradient(setup):
+    """Edges under --method ig-marks are Marks et al.'s `jvp` with their left vector (the downstream node's gradient
+    averaged over their IG points), written here with hooks, into a feature and into the error node; the edges of
+    the other methods (the gradient in the unpatched run) and a left vector at the midpoints differ from it here."""
+    from surgeon.analyses.feature_circuit import node_list
+    from surgeon.analyses.feature_edges import edge_attribution
+
+    model, saes, base, source = setup
+    sites, c = _surgeon(setup)
+    nodes = node_list(sites)
+    F = 128
+    steps = 4
+    fd = saes[LAYERS[1]].encode(c.activations(saes[LAYERS[1]].cfg.metadata.hook_name, "base")[:, :, 0])
+    active = int(fd.sum((0, 1)).argmax())  # a downstream feature that is on
+    pts = POINTS["ig-marks"].edges(steps)
+    for unit, error in [(active, False), (F, True)]:
+        d = (F + 1) + unit
+        theirs = _marks_jvp(model, saes, base, source, steps, (unit, error)).double()
+        got = edge_attribution(c, sites, nodes, down=[d], left_points=pts)
+        mine = torch.tensor([got[(u, d)] for u in range(F + 1)], dtype=torch.float64)
+        torch.testing.assert_close(mine, theirs, atol=1e-6, rtol=1e-3)
+        assert float(theirs.abs().max()) > 1e-3
+        for other in (None, (torch.arange(steps) + 0.5) / steps):  # the unpatched gradient, the midpoints
+            o = edge_attribution(c, sites, nodes, down=[d], left_points=other)
+            diff = float((torch.tensor([o[(u, d)] for u in range(F + 1)]) - theirs).abs().max())
+            assert diff > 1e-3 * float(theirs.abs().max()), diff
+    assert [float(a) for a in POINTS["ig"].edges(steps)] == [0.0] == [float(a) for a in POINTS["gradient"].edges(steps)]
+
+
+@pytest.mark.parametrize("method", ["ig-marks", "ig", "gradient"])
+def test_per_example_effects_are_their_per_example_effects(setup, method):
+    """Each node's effect on each item at each aligned position (what --threshold-over example thresholds) is Marks
+    et al.'s per-example, per-position effect (their `_pe_ig` at the method's points: theirs for ig-marks, the
+    midpoints for ig, 0 for the gradient), sums to the method's attribution (so the points registered beside a method
+    are the ones its attribution uses, for every method registered), and on this model picks nodes that a threshold on
+    the attribution does not."""
+    assert set(POINTS) == set(FEATURE_METHODS)
+    from surgeon.analyses.feature_circuit import per_example_effects, per_example_peak
+
+    model, saes, base, source = setup
+    sites, c = _surgeon(setup)
+    steps = 5
+    n, F = len(base), 128
+    eff = per_example_effects(c, sites, method, steps)  # [n, S, nodes of one slot]
+    assert eff.shape == (n, c.n_slots, 2 * (F + 1))
+    points = [float(a) for a in POINTS[method].nodes(steps)]
+    for k, L in enumerate(LAYERS):
+        m = _marks_pe_ig(model, saes, base, source, L, points)
+        theirs = torch.cat([m["g_f"] * m["df"], (m["g_r"] * m["dr"]).sum(-1, keepdim=True)], -1) * n  # per item
+        torch.testing.assert_close(eff[..., k * (F + 1): (k + 1) * (F + 1)], theirs.double(), atol=1e-6, rtol=1e-3)
+    attr = torch.tensor(FEATURE_METHODS[method].score(c, sites, steps, None))
+    torch.testing.assert_close(eff.sum((0, 1)) / n, attr, atol=1e-6, rtol=1e-3)
+    peak = torch.tensor(per_example_peak(eff, False))
+    torch.testing.assert_close(peak, eff.abs().flatten(0, 1).max(0).values)
+    T = float(attr.abs().sort(descending=True).values[9])  # the mean threshold keeps the top 10 nodes
+    by_example = set(torch.nonzero(peak >= T).flatten().tolist())
+    assert by_example - set(torch.nonzero(attr.abs() >= T).flatten().tolist())  # nodes whose effect is on few items
