@@ -246,9 +246,11 @@ def per_position_exact(contrast, sites, top: Sequence[int], base: np.ndarray) ->
 @dataclass(frozen=True)
 class Points:
     """Where a feature method takes the metric's gradient (mask values of the SAE moved, the others clean), beside its
-    registration in `surgeon.analyses.scoring.FEATURE_METHODS` (a test holds the two registries' names equal):
+    registration in `surgeon.analyses.scoring.FEATURE_METHODS` (a test holds the shipped methods' names equal):
     `nodes` for its per-example effects (its own points), `edges` for an edge's left vector (0, the unpatched run's
-    gradient, unless the method follows Marks et al.'s `jvp`, whose left vector is their IG-averaged gradient)."""
+    gradient, unless the method follows Marks et al.'s `jvp`, whose left vector is their IG-averaged gradient). A
+    method registered without points runs everywhere (its edges' left vector at 0) but `threshold_over="example"`,
+    which needs its per-example effects and refuses it."""
 
     nodes: Callable[[int], torch.Tensor]  # steps -> [points]
     edges: Callable[[int], torch.Tensor]
@@ -274,9 +276,15 @@ def points_of(method: str) -> Points:
     """The registered method's points (one clear error for a method that has none)."""
     check_feature_method(method)
     if method not in POINTS:
-        raise AnalysisError(f"feature method {method!r} has no points in feature_circuit.POINTS",
-                            field="--method", fix=f"use one of: {', '.join(m for m in FEATURE_METHODS if m in POINTS)}")
+        raise AnalysisError(f"feature method {method!r} has no per-example effects (no points in "
+                            f"surgeon.analyses.feature_circuit.POINTS)", field="--threshold-over",
+                            fix=f"use --threshold-over mean, or one of: {', '.join(m for m in FEATURE_METHODS if m in POINTS)}")
     return POINTS[method]
+
+
+def edge_points(method: str, steps: int) -> torch.Tensor:
+    """The downstream SAE's mask values an edge's left vector averages over under `method` (0 unless its points say)."""
+    return POINTS[method].edges(steps) if method in POINTS else _zero(steps)
 
 
 THRESHOLD_OVER = {"mean": "a node's attribution, the mean over items of its effect summed over the aligned positions",
@@ -369,7 +377,7 @@ def one_direction(case: Case, model, sites, direction: str, *, method: str, step
         circuit = [int(i) for i in order[:k]]
         search = f"the smallest top-k by |attribution| with faithfulness >= {goal:g} (bisection over k)"
     edges, nonzero = circuit_edges(contrast, sites, nodes, circuit, S, gap, base, source, verify,
-                                   points_of(method).edges(steps))
+                                   edge_points(method, steps))
     k_scores = run_nodes(contrast, sites, [circuit], complement=True, S=S)[0]
     a_scores = run_nodes(contrast, sites, [circuit], S=S)[0]
     total = float(np.abs(attr[circuit]).sum()) if circuit else 0.0
@@ -428,7 +436,9 @@ def feature_circuit(case: Case, model, saes: dict, *, method: str = "ig", steps:
                     threshold_over: str = "mean") -> FeatureCircuitResult:
     """The feature circuit of the failing format and of the working one over the SAEs `saes` ({layer: sae-lens
     SAE}), and their difference (see the module)."""
-    points_of(method)
+    check_feature_method(method)
+    if threshold_over == "example":
+        points_of(method)
     if exact not in EXACT:
         raise AnalysisError(f"exact effects {exact!r} are not one of {', '.join(EXACT)}", field="--exact",
                             fix="joint (every aligned position at once) or per-position (Marks et al.'s, summed)")

@@ -34,7 +34,7 @@ TITLES = {"diagnose": "Is the failure there?", "dla": "Direct logit attribution"
           "sinks": "Attention sinks and massive activations"}
 
 
-def _feature_conventions(o: dict) -> str:
+def feature_conventions(o: dict) -> str:
     """How the report's feature circuit was attributed and checked, each convention named against Marks et al.'s."""
     steps, method = o.get("steps", 5), o.get("method", "ig")
     att = {"ig": f"attributed by integrated gradients at {steps} midpoints of the mask, one SAE at a time (Marks et "
@@ -46,7 +46,15 @@ def _feature_conventions(o: dict) -> str:
     exact = ("each node patched at one aligned position at a time, the effects summed, as Marks et al."
              if o.get("exact") == "per-position" else
              "each node patched at every aligned position at once (Marks et al. sum one position at a time)")
-    return f"{att}; the top nodes verified by exact patching, {exact}; edges weighted by {left}"
+    if o.get("threshold") is not None:
+        chosen = (f"every node whose effect on one item at one aligned position reaches {o['threshold']:g} of the gap, "
+                  f"as Marks et al. threshold nodes" if o.get("threshold_over") == "example" else
+                  f"every node whose attribution reaches {o['threshold']:g} of the gap (Marks et al. threshold each "
+                  f"node's effect per example and position)")
+    else:
+        chosen = (f"the smallest top-k by attribution with faithfulness at least {o.get('faithfulness') or 0.9:g} "
+                  f"(Marks et al. threshold each node's effect per example and position)")
+    return f"{att}; the top nodes verified by exact patching, {exact}; the circuit {chosen}; edges weighted by {left}"
 
 
 def methods_paragraph(rep, how: str = "text") -> str:
@@ -170,7 +178,7 @@ def methods_paragraph(rep, how: str = "text") -> str:
                 "sae_heads": f"the effect of layer {o.get('sae_heads', {}).get('layer')}'s heads on those features",
                 "sae_repair": f"repair by patching features at layer {o.get('sae_repair', {}).get('layer')}",
                 "sae_feature_circuit": "the feature circuit of each format (features and each SAE's error term as nodes, "
-                                       f"{_feature_conventions(o.get('sae_feature_circuit', {}))}; edges between "
+                                       f"{feature_conventions(o.get('sae_feature_circuit', {}))}; edges between "
                                        "nodes of different SAEs as direct effects, the SAE hook points between held, "
                                        f"the strongest verified by path patching {cite('marks2024sparse')})"}
         parts.append(f"Sparse autoencoder features, read with SAELens {cite('bloom2024saelens')}, gave "

@@ -1,9 +1,11 @@
 """The report's methods paragraph: every statement from what ran, methods named as papers name them, each cited, and
 the LaTeX version with its BibTeX file compiled by pdflatex and bibtex."""
+import html
 import json
 import re
 import shutil
 import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -47,6 +49,28 @@ def test_each_statement_is_what_ran(run):
     assert f"{c.circuit_faithfulness:.3f} on the discovery items (in-sample)" in text
     assert "rates on the discovery items are in-sample" in text
     assert "[[" not in text and "eap-ig-inputs" not in text.replace("(EAP-IG-inputs)", "")
+
+
+def test_the_feature_circuits_conventions_are_named_beside_marks_et_als():
+    """The methods text says which of Marks et al.'s four feature-circuit conventions a report's feature circuit took
+    (IG points, exact node effects, the node threshold, the edges' left vector), from the step's options; the shipped
+    report says surgeon's defaults."""
+    from tests.conftest import ROOT
+    from surgeon.reports.html import feature_conventions
+
+    ours = feature_conventions({"method": "ig", "steps": 5})
+    for said in ("5 midpoints of the mask", "Marks et al. take the points k/N", "every aligned position at once",
+                 "faithfulness at least 0.9", "per example and position", "gradient in the unpatched run"):
+        assert said in ours, said
+    theirs = feature_conventions({"method": "ig-marks", "steps": 10, "exact": "per-position", "threshold": 0.05,
+                                  "threshold_over": "example"})
+    for said in ("Marks et al.'s points k/10", "one aligned position at a time, the effects summed, as Marks et al.",
+                 "effect on one item at one aligned position reaches 0.05 of the gap, as Marks et al.",
+                 "averaged over the same points, as Marks et al."):
+        assert said in theirs, said
+    assert "every node whose attribution reaches 0.05" in feature_conventions({"threshold": 0.05})
+    page = (Path(ROOT) / "docs" / "report-decimal" / "report.html").read_text()
+    assert html.escape(ours) in page
 
 
 def test_the_bibtex_file_holds_every_citation(run):
