@@ -78,11 +78,11 @@ def run(args) -> int:
         print(f"| {comp} ({len(exact)} units) | exact patching | 1 | 1 | 5/5 | {t_exact:.2f} s | {t_exact / base:.1f} |")
         sides.append((f"{comp} exact patching", "surgeon", t_exact,
                       lambda c=comp: patch_heads(case, model, component=c), None))
-    from limit import counted_section
+    from limit import case_rows, counted_section
 
     print()
     counted_section("work and speed against this machine's limit (work: matrix-multiply FLOPs of one more run of each "
-                    "under torch's FlopCounterMode, apart from the timings)", [model.cfg], sides,
+                    "under torch's FlopCounterMode, apart from the timings)", [(model.cfg, case_rows(case, model))], sides,
                     ["least: a gradient's is one forward and backward and a clean run of each prompt (EAP's floor: "
                      "bench/scale.py and bench/edges.py count it on models large enough to show it)"])
     return 0

@@ -54,6 +54,8 @@ def run(args) -> int:
     import torch
 
     torch.set_num_threads(args.threads)
+    from limit import case_rows
+
     from surgeon import load_case
     from surgeon.analyses.circuit import METHODS, edge_scores
     from surgeon.analyses.circuit_runs import circuit_runs
@@ -65,12 +67,12 @@ def run(args) -> int:
     print("| organism | method | ROC AUC | planted edges' ranks | f(planted circuit) | time |")
     print("|---|---|---|---|---|---|")
     notes = []
-    sides, cfgs = [], []
+    sides, models = [], []
     for name in ("induction", "threshold"):
         case = load_case(str(ROOT / "cases" / f"{name}_organism.py"))
         model = load_model(case.model)
         site = EdgeSite.of(model.cfg)
-        cfgs.append(model.cfg)
+        models.append((model.cfg, case_rows(case, model)))
         runs = circuit_runs(case, model, site)  # the kept reading (MIB's), resample ablation
         contrast = runs.scoring
         where = 'every position' if runs.positions == 'every position' else 'aligned positions'
@@ -103,8 +105,9 @@ def run(args) -> int:
     from limit import counted_section
 
     counted_section("work and speed against this machine's limit (work: matrix-multiply FLOPs of one more run of each "
-                    "method under torch's FlopCounterMode, apart from the timings)", cfgs, sides,
-                    ["least: EAP's (the floor and the other run's forward) is bench/edges.py's and bench/scale.py's; "
+                    "method under torch's FlopCounterMode, apart from the timings)", models, sides,
+                    ["least: EAP's (the floor, the other run's forward and the edges' dot products) is bench/edges.py's "
+                     "and bench/scale.py's; "
                      "these organisms are too small for their times to be more than fixed costs"])
     return 0
 

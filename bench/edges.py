@@ -328,8 +328,8 @@ def run(args) -> int:
 def limit_section(model, site, base, tokens, c, contrast, top, sample, sets, ref, floor, least, t: dict) -> None:
     """Each side's work (matrix-multiply FLOPs of one more run under torch's FlopCounterMode, apart from the timings)
     against the least its method needs, and its share of this machine's peak at the model's shapes."""
-    from limit import (Limit, block_flops, count_flops, distinct_positions, edge_patch_least, last_read, model_shapes,
-                       read_positions, unembed_flops, work_section)
+    from limit import (Limit, block_flops, count_flops, distinct_positions, edge_dot_least, edge_patch_least,
+                       last_read, model_shapes, read_positions, unembed_flops, work_section)
 
     from surgeon.analyses.circuit import edge_scores
 
@@ -345,12 +345,13 @@ def limit_section(model, site, base, tokens, c, contrast, top, sample, sets, ref
         curve = count_flops(lambda: kept_from_the_patched_run(c, site, sets))
         curve_loop = count_flops(lambda: [ref.circuit(s_, True) for s_ in sets])
     least_flops = count_flops(least)
+    eap_least = least_flops + edge_dot_least(len(site.edges), span, cfg.d_model)  # and the edges' dot products
     # a circuit changes every layer at the positions from the first aligned one (the last layer only where read)
     circuits = len(sets) * ((span * (L - 1) + reads) * lp + reads * unembed_flops(cfg))
     sides = [("EAP (clean runs + EAP)", "surgeon", t["eap"],
               count_flops(lambda: edge_scores(contrast(), site, "eap")),
-              least_flops),
-             ("", "floor", t["floor"], count_flops(floor), least_flops),
+              eap_least),
+             ("", "floor", t["floor"], count_flops(floor), eap_least),
              (f"exact top-{len(top)} (clean runs apart)", "surgeon", t["exact"], exact,
               edge_patch_least(cfg, lp, recs, span, reads, 0)),
              ("", "loop", t["loop"], loop, edge_patch_least(cfg, lp, recs, span, reads, 0)),
@@ -359,11 +360,13 @@ def limit_section(model, site, base, tokens, c, contrast, top, sample, sets, ref
     lim = Limit.measure(model_shapes(cfg, tokens.numel(), reads))
     work_section("work and speed against this machine's limit (work: matrix-multiply FLOPs of one more run of each "
                  "side under torch's FlopCounterMode, apart from the timings, the per-edge loop's on its timed sample "
-                 "and scaled; least: EAP's, the floor and the other run's forward; an edge's, its receiver's layer "
-                 f"on (only the MLP for an MLP input) at the {span:,} distinct row-positions from the first aligned "
+                 "and scaled; least: EAP's, the floor, the other run's forward and each edge's dot product of its "
+                 "receiver's gradient with its sender's difference there (bench/limit.py's edge_dot_least); an edge's, "
+                 f"its receiver's layer on (only the MLP for an MLP input) at the {span:,} distinct row-positions from the first aligned "
                  "one to the last read, and the logits read; a circuit's, every layer there)", lim, sides,
-                 ["EAP's least here is what the floor runs: a surgeon EAP under it skips what no score needs (the "
-                  "positions before the first aligned one need no gradient, the other run none after it)"])
+                 ["EAP's least here is what the floor runs and the dot products: a surgeon EAP under it skips what no "
+                  "score needs (the positions before the first aligned one need no gradient, the other run none after "
+                  "it)"])
 
 
 def memory(site, cfg, rows: int, positions: int, top: int):

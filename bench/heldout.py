@@ -82,10 +82,11 @@ def main() -> int:
               f"{c_held.held_out['faithfulness']:.3f} held out, {c_held.search.circuit_faithfulness:.3f} in-sample)")
         print(f"  the held-out measurement alone: {max(t_chold - t_cdisc, 0.0):.2f} s (one circuit's forwards on "
               f"{len(ev)} items)")
-        from limit import counted_section
+        from limit import case_rows, counted_section
 
         counted_section("work and speed against this machine's limit (work: matrix-multiply FLOPs of one more run of "
-                        "each under torch's FlopCounterMode, apart from the timings)", [model.cfg], [
+                        "each under torch's FlopCounterMode, apart from the timings)",
+                        [(model.cfg, case_rows(case, model))], [
                             ("threshold, in-sample", "surgeon", t_all, lambda: threshold_search(case, model, **search),
                              None),
                             ("threshold, held-out", "surgeon", t_held,

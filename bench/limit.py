@@ -224,6 +224,16 @@ def edge_patch_least(cfg, lp: float, receivers, span: int, reads: int, clean: in
     return per + len(receivers) * reads * unembed_flops(cfg) + (clean_least(cfg, lp, clean, reads) if clean else 0)
 
 
+def edge_dot_least(edges: int, span: int, d_model: int) -> float:
+    """The FLOPs of the dot products every EAP scores its edges with: each edge's score is its receiver's input
+    gradient dotted with its sender's output difference between the runs over the `span` row-positions where that
+    difference can be nonzero (from the first position where the two runs' tokens differ on: before it they agree) and d_model,
+    2 FLOPs per term (a matrix multiply's count). Each edge pairs its own sender with its own receiver, so nothing
+    is shared between edges; integrated gradients whose sender differences are fixed (EAP-IG-inputs) need it once,
+    over the gradients summed across the steps."""
+    return 2.0 * edges * span * d_model
+
+
 def work_section(title: str, lim: "Limit", sides: list, notes: list[str] = ()) -> list[dict]:
     """Print a bench's work table against the limit: `sides` are (job, side, seconds, flops, least) (flops counted
     by `count_flops` apart from the timing, least by the method's formula or None), then each surgeon side's goals.
@@ -269,11 +279,20 @@ def read_positions(rows) -> int:
     return len({tuple(r.tokens[:t[0] + 1]) for r in rows for t in r.targets})
 
 
-def counted_section(title: str, cfgs, sides: list, notes: list[str] = (), rows: int = 256) -> list[dict]:
+def case_rows(case, model) -> int:
+    """The token rows (rows x positions) of one clean run of `case`'s failing format on the items its analyses use
+    (its focus): the rows a job's products have before patches multiply them."""
+    from surgeon.case.encoding import format_rows
+
+    return sum(len(r.tokens) for r in format_rows(case, model, case.bad_formats[0], case.items_for(case.focus)))
+
+
+def counted_section(title: str, models, sides: list, notes: list[str] = ()) -> list[dict]:
     """`work_section` for a bench that times callables on small models: the peak at the shapes of every model in
-    `cfgs` (`rows` token rows for a clean run), each side's work counted by rerunning its callable once under the
-    counter (`sides`: (job, side, seconds, callable or FLOPs or None, least))."""
-    shapes = sorted({s for cfg in cfgs for s in model_shapes(cfg, rows)})
+    `models` ((cfg, token rows of a clean run: `case_rows`) pairs), each side's work counted by rerunning its
+    callable once under the counter (`sides`: (job, side, seconds, callable or FLOPs or None, least)). Whether the
+    shapes reach the machine's limit is judged at those rows, the jobs' own."""
+    shapes = sorted({s for cfg, rows in models for s in model_shapes(cfg, rows)})
     lim = Limit.measure(shapes)
     counted = [(job, side, seconds, count_flops(fn) if callable(fn) else fn, least)
                for job, side, seconds, fn, least in sides]

@@ -80,7 +80,7 @@ def run(args):
           f"{r.execution['forwards']:,} over {r.execution['ray']['workers']} workers and the driver (each its own "
           f"clean runs)")
     print(f"  results identical (every field but the execution record): {same}")
-    from limit import counted_section
+    from limit import case_rows, counted_section
 
     torch.set_num_threads(args.workers)
 
@@ -89,7 +89,7 @@ def run(args):
             threshold_search(case, model, out=Path(tmp2) / "single", **kw)
 
     counted_section("work and speed against this machine's limit (work: matrix-multiply FLOPs of one more run under "
-                    "torch's FlopCounterMode, apart from the timings)", [model.cfg],
+                    "torch's FlopCounterMode, apart from the timings)", [(model.cfg, case_rows(case, model))],
                     [("threshold search", "one process", t_single, single_again, None),
                      ("", "Ray", t_ray, None, None)],
                     ["Ray: its workers' work is not counted here (other processes): the same subsets, and each "

@@ -304,12 +304,13 @@ def least_work(model, model_name: str, job: str, base, source, site, pre: dict) 
     model's mean FLOPs per layer-position (`limit.block_flops`), less what the patched layer itself need not run (a
     head's output patched: no attention there; an MLP's input: only that MLP) and the last layer's positions that
     are not read, the logits at the positions read, and one clean run of each prompt (the patched values and the
-    clean scores: `limit.clean_least`). EAP's least is the floor (one forward
-    and backward of the failing run, weights frozen, counted) and a forward of the other prompt; EAP-IG's, five such
-    forward-and-backward passes and a clean run of each prompt."""
+    clean scores: `limit.clean_least`). EAP's least is the floor (one forward and backward of the failing run, weights
+    frozen, counted), a forward of the other prompt and the edges' dot products from the first differing position on
+    (`limit.edge_dot_least`); EAP-IG's, five such forward-and-backward passes, a clean run of each prompt and the dot
+    products once (its sender differences are fixed, so the steps' gradients can be summed before them)."""
     from careful import forward_backward, read_at, shared_prefix
-    from limit import (block_flops, clean_least, count_flops, edge_patch_least, head_patch_least, read_positions,
-                       unembed_flops)
+    from limit import (block_flops, clean_least, count_flops, edge_dot_least, edge_patch_least, head_patch_least,
+                       read_positions, unembed_flops)
 
     cfg = model.cfg
     L, H = cfg.n_layers, cfg.n_heads
@@ -331,10 +332,11 @@ def least_work(model, model_name: str, job: str, base, source, site, pre: dict) 
         return edge_patch_least(cfg, lp, recs, R * (T - p0), reads, R * T + R * Ts)
     if job == "floor":
         return floor()
+    dots = edge_dot_least(len(site.edges), R * (T - p0), cfg.d_model) if site is not None else 0
     if job == "eap":
-        return floor() + R * Ts * L * lp
+        return floor() + R * Ts * L * lp + dots
     if job == "eap-ig":  # five forward-and-backward passes at the interpolated inputs, the two runs' activations
-        return 5 * floor() + clean
+        return 5 * floor() + clean + dots
     if job == "curve":  # every circuit changes every layer from the first differing position on
         from surgeon.analyses.circuit import CURVE
 

@@ -469,6 +469,20 @@ def test_the_least_work_counts_what_patches_share_by_hand():
     assert head_patch_least(cfg, lp, span=7, patches=patches, reads=3, clean=11) == pytest.approx(by_hand)
 
 
+def test_the_edges_dot_products_are_what_scoring_each_edge_by_hand_counts():
+    """bench/limit.py's edge_dot_least against torch's own count of scoring each edge by hand: its receiver's
+    gradient dotted with its sender's difference over the row-positions and d_model, one product per edge."""
+    import torch
+
+    from limit import count_flops, edge_dot_least
+
+    senders, receivers, span, d = 3, 4, 5, 8
+    edges = [(s, r) for s in range(senders) for r in range(receivers) if s <= r]
+    diff, grad = torch.randn(senders, span * d), torch.randn(receivers, span * d)
+    counted = count_flops(lambda: [diff[s][None] @ grad[r][:, None] for s, r in edges])
+    assert counted == edge_dot_least(len(edges), span, d) == 2 * len(edges) * span * d
+
+
 @pytest.mark.parametrize("job", ["patch", "careful-patch", "exact", "careful-edge-loop", "eap", "eap-ig", "curve",
                                  "subsets-16"])
 def test_the_least_is_a_lower_bound_on_the_counted_work(job):
