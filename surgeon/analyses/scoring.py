@@ -123,9 +123,10 @@ def check_steps(ig_steps: int, fix: str) -> None:
 # ---- edges ---------------------------------------------------------------------------------------------------------
 
 def _mask_gradient(contrast, key, rows) -> np.ndarray:
-    """The mean over mask rows of d(mean score)/d(mask) at each row, for the edge site `key`."""
-    grads, _ = contrast.gradient({key: rows})
-    return grads[key].mean(0).cpu().numpy().astype(float)
+    """The mean over mask rows of d(mean score)/d(mask) at each row, for the edge site `key` (pooled: the rows'
+    gradients are summed before they meet the fixed sender differences, one contraction for all of them)."""
+    grads, _ = contrast.gradient({key: rows}, pool=True)
+    return grads[key][0].cpu().numpy().astype(float)
 
 
 def _fixed_job(cfg, graph, steps):

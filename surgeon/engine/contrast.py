@@ -65,6 +65,9 @@ class HookContext:
     device: torch.device
     engine: object = None
     masks: Mapping = field(default_factory=dict)  # every site's mask of this pass (this chunk's)
+    # under `gradient(pool=True)`: only the sum over the chunk's patches of each mask's gradient is wanted (a site
+    # may put it in the chunk's first row)
+    pooled: bool = False
 
     def note(self, path: str) -> None:
         """Record which of its ways a site's hooks took (counted per forward pass in `execution["sites"]`)."""
@@ -115,6 +118,7 @@ class Contrast(CleanRuns, Sources, Grouping, Gradients, Probes):
                      "sites": Counter()}
         self._grad_leaves: list[Tensor] = []  # set while `gradient` runs: the masks whose .grad it accumulates
         self._drop: list[str] = []  # set while `gradient` runs: hook points whose outputs pass no gradient back
+        self._pool = False  # set while `gradient(pool=True)` runs: only the masks' gradients summed over patches count
         self._read: At | None = None  # set while `run(read=...)` runs: scores read at a hook point, not the logits
         self._catch = None  # set while `activation_gradient` runs: (hook, where its gradients go)
         self.device = next(model.parameters()).device
@@ -315,7 +319,7 @@ class Contrast(CleanRuns, Sources, Grouping, Gradients, Probes):
     def _mix_hooks(self, b: Bucket, masks: Mapping[SiteKind, Tensor], copies: int, offset: int, start: int = 0) -> list:
         """Every site's hooks for one chunk of `copies` patches (positions relative to `offset`, the first
         position the forward pass sees)."""
-        ctx = HookContext(self.model, b, self.device, self, masks)
+        ctx = HookContext(self.model, b, self.device, self, masks, pooled=self._pool)
         return [h for site, m in masks.items() for h in site.hooks(ctx, m, copies, offset, start)]
 
     def _run_chunk(self, b: Bucket, start: int, masks: Mapping[Site, Tensor], copies: int, kv_cache,

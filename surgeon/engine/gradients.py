@@ -16,24 +16,30 @@ from surgeon.sites.protocol import SiteKind, coerce
 
 
 class Gradients:
-    """A `Contrast`'s gradient calls (mixed into `Contrast`: `run` reads `_grad_leaves`, `_drop` and `_catch`)."""
+    """A `Contrast`'s gradient calls (mixed into `Contrast`: `run` reads `_grad_leaves`, `_drop`, `_pool` and `_catch`)."""
 
     def gradient(self, masks: Mapping[Site | str, Tensor], progress: bool | str = False, drop: Sequence[str] = (),
-                 read: "At | None" = None) -> tuple[dict[SiteKind, Tensor], Tensor]:
+                 read: "At | None" = None, pool: bool = False) -> tuple[dict[SiteKind, Tensor], Tensor]:
         """d/d(mask) of the sum over patches of the mean score over items, at the given masks; and the scores
-        [P, n_items]. Each chunk of rows is back-propagated as soon as it is scored, so memory holds one chunk's
+        [P, n_items]. `pool`: only the mean over the patches of each mask's gradient is wanted (EAP-IG's
+        average over its steps), returned as [1, units]; a site whose patches add fixed differences then sums
+        the patches' gradients before contracting them with the differences (one product, not one per patch). Each chunk of rows is back-propagated as soon as it is scored, so memory holds one chunk's
         graph, not every item's (what `run(masks).mean(1).sum().backward()` would keep). `drop`: hook points whose
         output passes no gradient back (its value is unchanged): AtP*'s GradDrop drops a layer's outputs, a feature
         edge the SAEs' hook points between its ends. `read`: the scores read at a hook point (see `run`)."""
         leaves = {coerce(k): v.detach().clone().requires_grad_(True) for k, v in masks.items()}
         self._grad_leaves = list(leaves.values())
         self._drop = list(drop)
+        self._pool = pool
         try:
             with torch.enable_grad():
                 scores = self.run(leaves, progress, read=read)
         finally:
-            self._grad_leaves, self._drop = [], []
-        return {s: (m.grad if m.grad is not None else torch.zeros_like(m)) for s, m in leaves.items()}, scores
+            self._grad_leaves, self._drop, self._pool = [], [], False
+        grads = {s: (m.grad if m.grad is not None else torch.zeros_like(m)) for s, m in leaves.items()}
+        if pool:  # a pooling site put its patches' summed gradient in one row of the chunk: only the sum is whole
+            grads = {s: g.sum(0, keepdim=True) / g.shape[0] for s, g in grads.items()}
+        return grads, scores
 
     def activation_gradient(self, masks: Mapping[Site | str, Tensor], hook: str, progress: bool | str = False
                             ) -> Tensor:

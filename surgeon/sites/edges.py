@@ -248,11 +248,13 @@ class EdgeSite(SiteKind):
         src, base = b.site_cache[key]
         m = mask.to(src.device, src.dtype)
         shared = shared_values(ctx.model, self, m)  # under gradients: each sender's one value, or None
+        pooled = bool(ctx.pooled and mask.requires_grad)
         if mask.requires_grad:
             ctx.note("edge gradients: " + ("q/k/v through the projections" if shared is not None
-                                           else "per-head q/k/v inputs"))
+                                           else "per-head q/k/v inputs")
+                     + (", fixed differences' gradients pooled over patches" if pooled else ""))
         return edge_hooks(ctx.model, self, m, src, base, copies, b.n, b.base_pos - offset, b.slot_valid, start, shared,
-                          static=is_static(self, joint_mask(self, mask, ctx.masks)))
+                          static=is_static(self, joint_mask(self, mask, ctx.masks)), pooled=pooled)
 
     def forward_context(self, model, mask: Tensor, masks=None):
         """Per-head query/key/value inputs where this mask patches them (all of them under gradients)."""
@@ -377,7 +379,8 @@ POST_NORM = ("OlmoeForCausalLM", "Olmo2ForCausalLM", "Olmo3ForCausalLM")
 
 
 def edge_hooks(model, site: EdgeSite, mask: Tensor, source: Tensor, base: Tensor, copies: int, n: int,
-               rel: Tensor, valid: Tensor, start: int, shared: Tensor | None = None, static: bool | None = None) -> list:
+               rel: Tensor, valid: Tensor, start: int, shared: Tensor | None = None, static: bool | None = None,
+               pooled: bool = False) -> list:
     """Forward hooks that patch the edges of `mask` [copies, n_edges] in one forward pass from layer `start`.
 
     `source`, `base`: sender outputs [n, S, n_senders, d] of the other and of this run at the aligned
@@ -390,8 +393,12 @@ def edge_hooks(model, site: EdgeSite, mask: Tensor, source: Tensor, base: Tensor
     Senders are in computation order (input, then per layer its heads and its MLP) and every receiver reads
     all senders before it, so a receiver's senders are a prefix of that order: the differences
     (source - current) are kept as per-layer blocks and a receiver combines them with one matrix product
-    per block (or, for single edges, by adding each patched edge's difference to its copy)."""
-    return EdgePass(model, site, mask, source, base, copies, n, rel, valid, start, shared, static).hooks()
+    per block (or, for single edges, by adding each patched edge's difference to its copy).
+
+    `pooled` (under `gradient(pool=True)`): only the masks' gradients summed over the copies are wanted; the fixed
+    differences are the same in every copy, so their part is one product of the copies' summed input gradients
+    (`pooled_product`), put in the first copy's row."""
+    return EdgePass(model, site, mask, source, base, copies, n, rel, valid, start, shared, static, pooled).hooks()
 
 
 class EdgePass:
@@ -400,8 +407,10 @@ class EdgePass:
     method per kind of hook."""
 
     def __init__(self, model, site: EdgeSite, mask: Tensor, source: Tensor, base: Tensor, copies: int, n: int,
-                 rel: Tensor, valid: Tensor, start: int, shared: Tensor | None = None, static: bool | None = None):
+                 rel: Tensor, valid: Tensor, start: int, shared: Tensor | None = None, static: bool | None = None,
+                 pooled: bool = False):
         self.model, self.site, self.mask, self.source, self.copies, self.n = model, site, mask, source, copies, n
+        self.pooled = pooled
         self.rel, self.valid, self.start, self.shared = rel, valid, start, shared
         self.device = source.device
         self.idx = torch.arange(n, device=self.device)[:, None]
@@ -489,6 +498,7 @@ class EdgePass:
         device, static, copies, n, S = self.device, self.static, self.copies, self.n, self.S
         idx, rel, valid = self.idx, self.rel, self.valid
         fixed, fixed_rows, first_live, live = self.fixed, self.fixed_rows, self.first_live, self.live
+        pooled = self.pooled
         dense = self.dense_of(key)
         k = dense.shape[1]  # the receiver reads senders 0..k-1
         nz = torch.nonzero(dense.detach()) if static else None  # (copy, sender, unit) of each patched edge
@@ -506,7 +516,10 @@ class EdgePass:
                 dm = dense.to(device, dt)
                 # senders that keep this run's output: one product for all copies, into one [c, units, n * S * d]
                 # buffer the live senders' products add to in place (block by block, per copy)
-                acc = torch.matmul(dm[:, :lo].transpose(1, 2), fixed_rows[:lo].to(dt))
+                if pooled:
+                    acc = pooled_product(dm[:, :lo], fixed_rows[:lo].to(dt))
+                else:
+                    acc = torch.matmul(dm[:, :lo].transpose(1, 2), fixed_rows[:lo].to(dt))
                 have = first_live
                 for b in live:
                     if have >= k:
@@ -560,7 +573,7 @@ class EdgePass:
             store: dict = {}
             spec = {"copies": copies, "n": n, "idx": idx, "rel": r, "x": v[:, idx, r].detach(), "store": store,
                     "valid": valid.to(device, torch.float32), "fixed": fixed_rows.detach(), "live": live,
-                    "first_live": first_live, "norm": module,
+                    "first_live": first_live, "norm": module, "pooled": self.pooled,
                     "kinds": [(kind, W, dense.shape[1], dense.dtype) for kind, (dense, W) in kinds.items()]}
             out = edge_grads(out, spec, [dense.to(x.device) for dense, _ in kinds.values()])
             ln_in[L] = (x, out, store)
@@ -616,6 +629,29 @@ class EdgePass:
             v[pc[:, None, None], idx[None], r[None], pu[:, None, None]] = new.to(out.dtype)
             return out
         return hook
+
+
+class _PooledProduct(torch.autograd.Function):
+    """dm [c, k, units] transposed times rows [k, N] per copy ([c, units, N]); its backward gives dm only the
+    copies' gradients summed, contracted once with the rows, in copy 0 (the other copies get zero)."""
+
+    @staticmethod
+    def forward(ctx, dm, rows):
+        ctx.save_for_backward(rows)
+        return torch.matmul(dm.transpose(1, 2), rows)
+
+    @staticmethod
+    def backward(ctx, g):
+        (rows,) = ctx.saved_tensors
+        out = g.new_zeros(g.shape[0], rows.shape[0], g.shape[1])
+        out[0] = torch.matmul(rows, g.sum(0).transpose(0, 1))  # [k, units]
+        return out, None
+
+
+def pooled_product(dm: Tensor, rows: Tensor) -> Tensor:
+    """`matmul(dm.transpose(1, 2), rows)` whose gradient w.r.t. dm is pooled over copies (`_PooledProduct`): what
+    `gradient(pool=True)` reads costs one contraction with the rows instead of one per copy."""
+    return _PooledProduct.apply(dm, rows)
 
 
 def _sender_range(site: EdgeSite, layer: int, kind: str):

@@ -146,7 +146,12 @@ def _mask_grads(spec: dict) -> list[Tensor]:
             dxr[:, off: off + u1 - u0] = dx.permute(0, 3, 1, 2, 4).reshape(c, u1 - u0, -1)
             off += u1 - u0
         dxr = dxr.transpose(1, 2)  # [c, nSd, u]
-        blocks = [torch.matmul(fixed[:lo].float(), dxr)] if lo else []  # [c, lo, u]
+        if lo and spec.get("pooled"):  # the copies' gradients summed, contracted once with the fixed differences
+            first = dxr.new_zeros(c, lo, dxr.shape[2])
+            first[0] = torch.matmul(fixed[:lo].float(), dxr.sum(0))
+            blocks = [first]
+        else:
+            blocks = [torch.matmul(fixed[:lo].float(), dxr)] if lo else []  # [c, lo, u]
         have = first_live
         for b in live:
             if have >= K:

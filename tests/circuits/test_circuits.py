@@ -193,7 +193,8 @@ def test_eap_ig_through_the_projections_equals_its_formula_with_per_head_inputs(
     site = EdgeSite.of(random_model.cfg)
     c = Contrast(random_model, base, source, "index", sites=site.node_sites())
     ours = edge_scores(c, site, f"eap-ig-{variant}", 3)
-    assert c.execution["sites"] == {"edge gradients: q/k/v through the projections": c.execution["forwards"] - 2}
+    assert c.execution["sites"] == {"edge gradients: q/k/v through the projections, fixed differences' gradients "
+                                    "pooled over patches": c.execution["forwards"] - 2}
     ref = eap_ig_reference(random_model, base, source, variant, 3)
     ref = np.array([ref[n] for n in site.names])
     assert np.abs(ours - ref).max() < 1e-4 * np.abs(ref).max(), np.abs(ours - ref).max()

@@ -233,3 +233,27 @@ def test_organisms_match_transformer_lens_patching(decimal_model, induction_mode
     assert len(items) >= 2
     b, s = (encode_rows(case.formats[f], items, induction_model.tokenizer, True) for f in ("fresh", "repeat"))
     _tl_check(induction_model, b, s)
+
+
+@pytest.mark.parametrize("difference", ["fixed", "live"])
+def test_pooled_edge_gradients_are_the_mean_of_the_per_patch_ones(random_model, difference):
+    """`gradient(pool=True)` (what EAP-IG reads: the mean over its steps) sums the patches' gradients before they
+    meet the fixed sender differences: one contraction, not one per patch. It must return exactly the mean of the
+    per-patch gradients, at masks where every sender's edges share a value (q/k/v gradients through the projections)
+    and at masks where they do not (per-head inputs), with senders read live or fixed."""
+    from surgeon.sites.edges import EdgeSite
+
+    b, s = rows(random_model, LONG), rows(random_model, SHORT)
+    c = Contrast(random_model, b, s, "last", batch_size=4)  # chunks of patches: each puts its sum in its own row
+    site = EdgeSite.of(random_model.cfg).variant(difference=difference)
+    E, sender = len(site.edges), site.graph.sender_of
+    g = torch.Generator().manual_seed(0)
+    shared = torch.rand(5, len(site.senders), generator=g)[:, sender]  # one value per sender per patch
+    uneven = torch.rand(5, E, generator=g)
+    for masks in (shared, uneven):
+        per_patch, scores = c.gradient({site: masks})
+        pooled, pooled_scores = c.gradient({site: masks}, pool=True)
+        assert pooled[site].shape == (1, E)
+        torch.testing.assert_close(pooled[site][0], per_patch[site].mean(0), atol=1e-6, rtol=1e-5)
+        torch.testing.assert_close(pooled_scores, scores)
+    assert any("pooled over patches" in k for k in c.execution["sites"])
