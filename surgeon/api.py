@@ -78,7 +78,7 @@ from surgeon.circuits.methods import ATTRIBUTION_IG_STEPS, IG_STEPS
 from surgeon.models.devices import device_of
 from surgeon.case.select import pick_items
 from surgeon.case.shipped import shipped_case
-from surgeon.models.checks import check_case_against_model, load_case
+from surgeon.models.checks import check_bare, check_case_against_model, load_case
 from surgeon.models.loading import from_hf, load_model, model_digest
 from surgeon.repairs.artifact import Repair, read_repair
 from surgeon.repairs.artifact import apply as apply_repair
@@ -134,6 +134,7 @@ def case_and_model(case, model=None, *, device: str | None = None, dtype: str = 
         model = from_hf(*model, device=device)
     elif not hasattr(model, "run_with_hooks"):
         model = from_hf(model, device=device)
+    check_bare(model)
     check_case_against_model(case, model)
     return case, model
 
@@ -303,7 +304,8 @@ def evaluate_subsets(case, model=None, subsets=(), *, component: str = "z", bad:
 
 
 def repair(case, model=None, *, heads=None, mode: str = "mean", strength: float | None = None, search: bool = False,
-           strengths: Sequence[float] | None = None, max_heads: int = 8, max_kl: float = 0.1, max_drop: float = 0.05,
+           strengths: Sequence[float] | None = None, max_heads: int = 8, max_kl: float = 0.1,
+           max_kl_q90: float | None = None, max_drop: float = 0.05,
            holdout: float | None = 0.5, seed: int = 0, eval_items=None, neutral: Sequence[str] | None = None,
            generate: int = 0, bad: str | None = None, tag: str | None = None, batch_size: int = 256, metric=None,
            device: str | None = None, dtype: str = "float32"):
@@ -313,18 +315,19 @@ def repair(case, model=None, *, heads=None, mode: str = "mean", strength: float 
     item when `eval_items` are given) and measured on the held-out ones: efficacy, generalization, specificity (KL
     from the unrepaired model; `neutral` texts), `generate` tokens of greedy generation, and the paired interchange of
     the same heads beside it. `search=True`: choose the heads (from `heads`, default every head) and strength on the
-    discovery items under `max_kl` and `max_drop`, then measure. `result.repair` is the `Repair`: `surgeon.apply(model,
+    discovery items under `max_kl` (the mean), `max_kl_q90` (the items' 90th percentile) and `max_drop`, then
+    measure; `result.verdict()` says why not to ship it (no held-out efficacy above unrepaired, a bound not met). `result.repair` is the `Repair`: `surgeon.apply(model,
     result.repair)`, `result.repair.save(DIR)`."""
     check_repairable(read(case, model), mode, "z", holdout=holdout, eval_items=eval_items)  # before any weight loads
     check_heads(heads, max_heads=max_heads, strength=strength, strengths=strengths, search=search, max_kl=max_kl,
-                max_drop=max_drop)
+                max_drop=max_drop, max_kl_q90=max_kl_q90)
     check_eval_items(case, model, eval_items, seed)  # a number of fresh items, a case file or Items
     case, model = case_and_model(case, model, device=device, dtype=dtype, metric=metric)
     if generate:
         check_generation(case, model, list(case.items), generate)
     if search:
         return search_repair(case, model, heads=heads, mode=mode, strengths=strengths, max_heads=max_heads,
-                             max_kl=max_kl, max_drop=max_drop, bad=bad, tag=tag, holdout=holdout, seed=seed,
+                             max_kl=max_kl, max_kl_q90=max_kl_q90, max_drop=max_drop, bad=bad, tag=tag, holdout=holdout, seed=seed,
                              eval_items=eval_items, neutral=neutral, generate=generate, batch_size=batch_size)
     if heads is None:
         raise AnalysisError("name the heads to repair, or search for them", field="heads",
@@ -364,13 +367,21 @@ def _head_list(heads) -> list[str] | None:
     return [h.strip() for h in (heads.split(",") if isinstance(heads, str) else heads) if h.strip()]
 
 
-def apply(model, repair, strength: float | None = None):
-    """A context manager under which `model` (a HookedTransformer) runs with `repair` applied: every forward and
-    `model.generate` (see `surgeon.repairs.artifact.apply`). `repair`: a `Repair`, a result holding one, or a folder
-    written by `repair.save(DIR)` / `surgeon repair --out DIR`."""
+def apply(model, repair, strength: float | None = None, last=None):
+    """A context manager under which `model` (a HookedTransformer) runs with `repair` applied (see
+    `surgeon.repairs.artifact.apply`): ``model.generate`` as it is; any other forward with `last`, each row's last
+    prompt position (an int, one per row, or "end"), without which such a forward is refused. `repair`: a `Repair`, a
+    result holding one, or a folder written by `repair.save(DIR)` / `surgeon repair --out DIR`."""
     if not isinstance(repair, Repair):
-        repair = getattr(repair, "repair", None) or read_repair(repair)
-    return apply_repair(model, repair, strength)
+        if isinstance(repair, (str, Path)):
+            repair = read_repair(repair)
+        elif isinstance(getattr(repair, "repair", None), Repair):
+            repair = repair.repair
+        else:
+            raise AnalysisError(f"cannot apply a {type(repair).__name__}: it holds no repair", field="repair",
+                                fix="give a Repair, a RepairResult (surgeon.repair(...)) or a folder written by "
+                                    "surgeon repair --out DIR")
+    return apply_repair(model, repair, strength, last)
 
 
 def blend(case, model=None, *, layer: int, heads=None, component: str = "z",

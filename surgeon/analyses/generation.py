@@ -17,13 +17,44 @@ from surgeon.case.encoding import prepend_bos
 Verdict = Literal["correct", "incorrect", "other"]
 
 
-def judge(text: str, item: Item) -> Verdict:
-    """`correct` when the continuation starts with the correct answer, `incorrect` when it starts with the
-    incorrect one (leading white space ignored; when both match, the longer answer wins), else `other`."""
+def ends_cleanly(answer: str, rest: str, end: str | None = None) -> bool:
+    """Whether `rest`, what follows `answer` in a continuation, ends it. With `end` (the case's answer_end as text)
+    it must start with it. Without, nothing may continue the answer's last number or word: a digit after a digit (or
+    '.'/',' and a digit: " 3.56" does not end " 3.5"), a letter after a word of two or more letters ("cats" does not
+    end "cat"); an answer of one character is one symbol of a stream (an induction task's next letter) and any symbol
+    may follow it. An empty rest (the generated tokens ran out) ends it."""
+    if not rest:
+        return True
+    if end is not None:
+        return rest.startswith(end)
+    a = answer.strip()
+    last, c = (a[-1] if a else ""), rest[0]
+    number = last.isdigit() and (c.isdigit() or (c in ".," and rest[1:2].isdigit()))
+    word = len(a) > 1 and last.isalpha() and (c.isalpha() or c == "_")
+    return not (number or word)
+
+
+def judge(text: str, item: Item, end: str | None = None) -> Verdict:
+    """`correct` when the continuation is the correct answer, ended (`ends_cleanly`: by `end`, the case's answer_end
+    as text, or by anything that does not continue its number or word), `incorrect` when it is the incorrect one so ended, else `other`
+    (extra or missing characters are wrong). White space before the answer is ignored; when both answers match, the
+    longer wins."""
     t = text.lstrip()
-    hits = [(len(a.strip()), v) for a, v in ((item.text("correct"), "correct"), (item.text("incorrect"), "incorrect"))
-            if t.startswith(a.strip())]
+    hits = []
+    for a, v in ((item.text("correct"), "correct"), (item.text("incorrect"), "incorrect")):
+        a = a.strip()
+        if t.startswith(a) and ends_cleanly(a, t[len(a):], end):
+            hits.append((len(a), v))
     return max(hits)[1] if hits else "other"
+
+
+def end_text(case: Case, tokenizer) -> str | None:
+    """The case's answer_end as the text a continuation shows: None, the tokenizer's end token's text, or the text."""
+    if case.answer_end is None:
+        return None
+    if case.answer_end == "eos":
+        return getattr(tokenizer, "eos_token", None) or None
+    return case.answer_end
 
 
 @dataclass(frozen=True)
@@ -38,8 +69,8 @@ class Generations:
         return {v: self.verdicts.count(v) for v in ("correct", "incorrect", "other")}
 
 
-def _judged(fmt: str, n_new: int, texts: list[str], items: Sequence[Item]) -> Generations:
-    verdicts = tuple(judge(t, it) for t, it in zip(texts, items))
+def _judged(fmt: str, n_new: int, texts: list[str], items: Sequence[Item], end: str | None = None) -> Generations:
+    verdicts = tuple(judge(t, it, end) for t, it in zip(texts, items))
     return Generations(fmt, n_new, tuple(texts), verdicts, wilson(verdicts.count("correct"), len(verdicts)))
 
 
@@ -97,7 +128,7 @@ def generate_format(case: Case, model, fmt: str, items: Sequence[Item], n_new: i
         gen = greedy(model, tokens, lengths, n_new)
         for r, g in zip(chunk, gen.tolist()):
             texts[r.item] = model.tokenizer.decode(g)
-    return _judged(fmt, n_new, texts, items)
+    return _judged(fmt, n_new, texts, items, end_text(case, model.tokenizer))
 
 
 def generate_patched(case: Case, model, masks: dict, n_new: int = 8, *, bad: str | None = None,
@@ -116,4 +147,6 @@ def generate_patched(case: Case, model, masks: dict, n_new: int = 8, *, bad: str
     c = Contrast(model, base, source, align, batch_size=batch_size, base_name=bad, source_name=case.good,
                  clean=False)
     ids = c.generate(masks, n_new)
-    return [_judged(bad, n_new, [model.tokenizer.decode(g) for g in ids[p].tolist()], items) for p in range(ids.shape[0])]
+    end = end_text(case, model.tokenizer)
+    return [_judged(bad, n_new, [model.tokenizer.decode(g) for g in ids[p].tolist()], items, end)
+            for p in range(ids.shape[0])]

@@ -29,7 +29,7 @@ from typing import Sequence
 import numpy as np
 
 from surgeon.analyses.common import case_metric
-from surgeon.analyses.generation import judge
+from surgeon.analyses.generation import end_text, judge
 from surgeon.analyses.heldout import Split, SubsetRunner, eval_split, evaluate_subsets, split_items
 from surgeon.engine.contrast import Contrast
 from surgeon.engine.readout import greedy, reference_logprobs
@@ -48,6 +48,7 @@ from surgeon.case.encoding import format_rows, prepend_bos
 
 COMPONENTS = ("z",)  # head outputs before W_O: what the subset search patches and a mean or steer repair writes
 STRENGTHS = {"mean": (1.0,), "steer": (0.5, 1.0, 2.0, 4.0)}  # what `search_repair` tries by default
+Q90_PER_MEAN = 5.0  # the default bound on the items' 90th-percentile KL, as a multiple of the bound on the mean
 ALIGNS = ("last", "end")  # align rules under which slot j is the position j tokens after the last prompt token
 
 
@@ -55,7 +56,7 @@ ALIGNS = ("last", "end")  # align rules under which slot j is the position j tok
 
 
 def check_heads(heads, *, max_heads: int = 8, strength=None, strengths=None, search: bool = False,
-                max_kl: float = 0.1, max_drop: float = 0.05) -> None:
+                max_kl: float = 0.1, max_drop: float = 0.05, max_kl_q90: float | None = None) -> None:
     """What can be refused about a repair's options without the model: the heads' spelling, the numbers' ranges."""
     import math
 
@@ -79,6 +80,8 @@ def check_heads(heads, *, max_heads: int = 8, strength=None, strengths=None, sea
                             fix="give the strengths to search with --strengths, or leave out --search")
     if not (isinstance(max_heads, int) and max_heads >= 1):
         raise AnalysisError(f"--max-heads {max_heads!r} must be at least 1", field="--max-heads", fix="e.g. 8")
+    if max_kl_q90 is not None and not (isinstance(max_kl_q90, (int, float)) and max_kl_q90 >= 0):
+        raise AnalysisError(f"--max-kl-q90 {max_kl_q90!r} must be >= 0 nats", field="--max-kl-q90", fix="e.g. 0.5")
     if not (max_kl >= 0 and 0 <= max_drop <= 1):
         raise AnalysisError("--max-kl must be >= 0 nats and --max-drop in [0, 1]", field="--max-kl",
                             fix="e.g. --max-kl 0.1 --max-drop 0.05")
@@ -185,12 +188,16 @@ class RateRow:
 @dataclass(frozen=True)
 class ShiftRow:
     """How far the repair moves the next-token distribution where nothing should change (or anywhere: a side
-    effect), against the unrepaired model: mean KL(unrepaired || repaired) in nats at the first answer position, and
-    on neutral texts the mean change in the text's next-token cross-entropy (positive: worse)."""
+    effect), against the unrepaired model: KL(unrepaired || repaired) in nats at every scored position of an item
+    (its correct answer teacher-forced: the last prompt token and each answer token), averaged within the item first,
+    then over items; on neutral texts over each text's continuation, with the mean change in the continuation's
+    cross-entropy (positive: worse)."""
 
     where: str  # a format name, or "neutral"
-    kl: Estimate
+    kl: Estimate  # the mean over items of each item's mean KL over its scored positions
     ce: Estimate | None = None
+    q90: float = float("nan")  # the 90th percentile of the items' KL: one item broken badly shows here
+    worst: tuple = ()  # ((item label, its KL), ...) the three largest
 
 
 @dataclass(frozen=True)
@@ -210,9 +217,10 @@ class CompareRow:
 class GenRow:
     format: str
     tag: str
-    repaired: Estimate  # greedy continuations judged correct
+    repaired: Estimate  # greedy continuations judged correct (strictly: the answer, then its end)
     unrepaired: Estimate
-    other: int  # repaired continuations that start with neither answer
+    other: int  # repaired continuations that are neither answer
+    broken: tuple = ()  # items right unrepaired, wrong repaired: (item label, repaired continuation), at most 5
 
 
 class _Scorer:
@@ -221,12 +229,14 @@ class _Scorer:
 
     def __init__(self, case: Case, model, items: Sequence[Item], fmt: str, batch_size: int, kl: bool = False):
         self.n = len(items)
-        rows = format_rows(case, model, fmt, items)
+        self.owner = None
         if kl:
+            rows, self.owner = scored_positions(case, model, fmt, items)
             ref = reference_logprobs(model, rows, batch_size)
             self.metric = METRICS["kl"]()
             self.c = Contrast(model, rows, rows, case.align, batch_size=batch_size, metric=self.metric, reference=ref)
         else:
+            rows = format_rows(case, model, fmt, items)
             metric, ref = case_metric(case, model, items, batch_size)
             self.metric = metric
             good = format_rows(case, model, case.good, items)
@@ -236,7 +246,12 @@ class _Scorer:
         import torch
 
         with torch.no_grad():
-            return self.c.run(masks).float().cpu().numpy()  # [P, n]
+            x = self.c.run(masks).float().cpu().numpy()  # [P, n] (KL: [P, scored positions])
+        return x if self.owner is None else per_item(x, self.owner, self.n)
+
+    def kl(self, masks: dict) -> np.ndarray:
+        """[P, n]: each item's KL(unrepaired || repaired), averaged over its scored positions."""
+        return np.maximum(-self.run(masks), 0)
 
     def rates(self, scores: np.ndarray) -> np.ndarray:
         return np.asarray(self.metric.right(scores)).mean(-1)
@@ -248,6 +263,49 @@ class _Scorer:
     @property
     def unrepaired(self) -> Estimate:
         return self.right(self.c.clean_base.float().cpu().numpy())
+
+
+def per_item(x: np.ndarray, owner: np.ndarray, n: int) -> np.ndarray:
+    """x [P, rows] averaged within each owner (item) -> [P, n]: an item scored at several positions is one item."""
+    counts = np.bincount(owner, minlength=n).astype(float)
+    out = np.zeros((x.shape[0], n))
+    np.add.at(out.T, owner, x.T)
+    return out / np.maximum(counts, 1)
+
+
+def scored_positions(case: Case, model, fmt: str, items: Sequence[Item]) -> tuple[list[Row], np.ndarray]:
+    """One row per position whose next-token distribution an item scores: its prompt with its correct answer (and
+    the case's answer_end) teacher-forced, read at the last prompt token and at each answer token but the last (an
+    item scored inside the prompt: at its last prompt token). Returns the rows (each its own row index) and each
+    row's item."""
+    from surgeon.case.encoding import answer_tokens, encode_prompt
+
+    bos = prepend_bos(case, model)
+    rows, owner = [], []
+    for i, it in enumerate(items):
+        prompt, anchors = encode_prompt(case.formats[fmt], it.values, model.tokenizer, bos)
+        ans = [] if (it.per_position or it.at is not None) else answer_tokens(model.tokenizer, it.correct,
+                                                                               case.answer_end)
+        for k in range(max(1, len(ans))):
+            toks = tuple(prompt + ans[:k])
+            nxt = ans[k] if k < len(ans) else 0
+            rows.append(Row(len(rows), toks, len(prompt), ((len(toks) - 1, nxt, 1.0),), anchors))
+            owner.append(i)
+    return rows, np.asarray(owner, dtype=int)
+
+
+def shift_row(where: str, kl: np.ndarray, labels: Sequence[str], ce: np.ndarray | None = None) -> ShiftRow:
+    """A ShiftRow from per-item KLs [n] (and cross-entropy changes): mean with its interval, the 90th percentile and
+    the three worst items by name."""
+    kl = np.asarray(kl, dtype=float)
+    order = np.argsort(-kl, kind="stable")[:3]
+    return ShiftRow(where, bootstrap_mean(kl), None if ce is None else bootstrap_mean(ce),
+                    float(np.quantile(kl, 0.9)) if kl.size else float("nan"),
+                    tuple((labels[i], float(kl[i])) for i in order))
+
+
+def item_label(item: Item) -> str:
+    return " / ".join(f"{v}" for v in item.values.values()) or item.correct.strip()
 
 
 def _site_masks(sites: dict[str, ConstantSite], cand: Sequence[tuple[Sequence[Unit], float]], n_heads: int) -> dict:
@@ -272,34 +330,48 @@ def _by_tag(items: Sequence[Item]) -> dict[str, list[Item]]:
     return out
 
 
-def neutral_rows(model, texts: Sequence[str], bos: bool) -> list[Row]:
-    """Each neutral text as a prompt (all but its last token) scored on its last token."""
-    rows = []
-    for t in texts:
+def neutral_rows(model, texts: Sequence[str], bos: bool) -> tuple[list[Row], np.ndarray]:
+    """Each neutral text as a prompt (its first half of tokens, at least one) and a continuation (the rest, at least
+    one token), one row per continuation token predicted: the repair acts from the prompt's last token on, as it does
+    while generating. Returns the rows and each row's text."""
+    rows, owner = [], []
+    for i, t in enumerate(texts):
         ids = list(model.tokenizer.encode(t, add_special_tokens=False))
         if bos and model.tokenizer.bos_token_id is not None:
             ids = [model.tokenizer.bos_token_id] + ids
         if len(ids) < 2:
             raise AnalysisError(f"the neutral text {t[:40]!r} is shorter than two tokens", field="neutral",
                                 fix="give texts of a few words or more")
-        rows.append(Row(len(rows), tuple(ids[:-1]), len(ids) - 1, ((len(ids) - 2, ids[-1], 1.0),), {}))
-    return rows
+        if len(ids) > model.cfg.n_ctx:
+            raise AnalysisError(f"the neutral text {t[:40]!r} is {len(ids)} tokens, more than the model's context of "
+                                f"{model.cfg.n_ctx}", field="neutral", fix=f"give texts of at most {model.cfg.n_ctx} tokens")
+        unk = getattr(model.tokenizer, "unk_token_id", None)
+        if unk is not None and unk in ids[1 if bos else 0:]:
+            raise AnalysisError(f"the neutral text {t[:40]!r} holds characters the model's tokenizer does not know "
+                                "(they read as its unknown token, which says nothing about the repair's harm)",
+                                field="neutral", fix="give texts in the model's own alphabet")
+        n_prompt = max(1 + int(bos), (len(ids) + 1) // 2)
+        n_prompt = min(n_prompt, len(ids) - 1)
+        for k in range(n_prompt, len(ids)):
+            rows.append(Row(len(rows), tuple(ids[:k]), n_prompt, ((k - 1, ids[k], 1.0),), {}))
+            owner.append(i)
+    return rows, np.asarray(owner, dtype=int)
 
 
 def _neutral(model, repair: Repair, texts: Sequence[str], bos: bool, batch_size: int) -> ShiftRow:
-    rows = neutral_rows(model, texts, bos)
+    import torch
+
+    rows, owner = neutral_rows(model, texts, bos)
     sites = repair.sites()
-    masks = _site_masks(sites, [([u for u in _units(model, ",".join(repair.heads))], repair.strength)],
-                        model.cfg.n_heads)
+    masks = _site_masks(sites, [(_units(model, ",".join(repair.heads)), repair.strength)], model.cfg.n_heads)
     ref = reference_logprobs(model, rows, batch_size)
     kl = Contrast(model, rows, rows, "last", batch_size=batch_size, metric=METRICS["kl"](), reference=ref)
     lp = Contrast(model, rows, rows, "last", batch_size=batch_size, metric=METRICS["logprob"]())
-    import torch
-
     with torch.no_grad():
-        k = -kl.run(masks)[0].float().cpu().numpy()
-        d = -(lp.run(masks)[0] - lp.clean_base).float().cpu().numpy()
-    return ShiftRow("neutral", bootstrap_mean(np.maximum(k, 0)), bootstrap_mean(d))
+        k = np.maximum(-kl.run(masks)[:1].float().cpu().numpy(), 0)
+        d = -(lp.run(masks)[:1] - lp.clean_base).float().cpu().numpy()
+    n = len(texts)
+    return shift_row("neutral", per_item(k, owner, n)[0], [t[:24] for t in texts], per_item(d, owner, n)[0])
 
 
 def _generation(case: Case, model, repair: Repair, fmt: str, tag: str, items: Sequence[Item], n_new: int,
@@ -308,7 +380,9 @@ def _generation(case: Case, model, repair: Repair, fmt: str, tag: str, items: Se
 
     rows = prompt_rows(case.formats[fmt], items, model.tokenizer, prepend_bos(case, model))
     pad = getattr(model.tokenizer, "pad_token_id", None) or 0
-    verdicts = {True: [], False: []}
+    end = end_text(case, model.tokenizer)
+    verdicts: dict = {True: {}, False: {}}
+    texts: dict = {}
     for lo in range(0, len(rows), batch_size):
         chunk = rows[lo: lo + batch_size]
         W = max(len(r.tokens) for r in chunk)
@@ -319,9 +393,16 @@ def _generation(case: Case, model, repair: Repair, fmt: str, tag: str, items: Se
             hooks = repair.hooks(lengths - 1) if on else []
             gen = greedy(model, tokens, lengths, n_new, hooks)
             for r, g in zip(chunk, gen.tolist()):
-                verdicts[on].append(judge(model.tokenizer.decode(g), items[r.item]))
-    rate = {on: wilson(v.count("correct"), len(v)) for on, v in verdicts.items()}
-    return GenRow(fmt, tag, rate[True], rate[False], verdicts[True].count("other"))
+                text = model.tokenizer.decode(g)
+                verdicts[on][r.item] = judge(text, items[r.item], end)
+                if on:
+                    texts[r.item] = text
+    order = sorted(verdicts[True])
+    v = {on: [verdicts[on][i] for i in order] for on in (True, False)}
+    rate = {on: wilson(x.count("correct"), len(x)) for on, x in v.items()}
+    broken = tuple((item_label(items[i]), texts[i]) for i in order
+                   if verdicts[False][i] == "correct" and verdicts[True][i] != "correct")
+    return GenRow(fmt, tag, rate[True], rate[False], v[True].count("other"), broken[:5])
 
 
 @dataclass
@@ -346,6 +427,56 @@ class RepairResult(Shows):
 
     def rows(self, measure: str) -> list[RateRow]:
         return [r for r in self.held_out if r.measure == measure]
+
+    def repairs(self) -> list[str]:
+        """The failing formats where the repair works on the held-out items: its efficacy's 95% interval lies above
+        the unrepaired rate."""
+        return [r.format for r in self.rows("efficacy") if r.repaired.lo > r.unrepaired.value]
+
+    def verdict(self) -> list[str]:
+        """Why this repair should not be shipped (empty: nothing against it): no held-out efficacy above unrepaired,
+        a search bound not met on the held-out items; then what a user should know before widening the search (a
+        choice at a limit of its grid)."""
+        out = []
+        eff = self.rows("efficacy")
+        if eff and not self.repairs():
+            why = ""
+            paired = [r for r in self.held_out if r.measure == "paired" and r.repaired.lo > r.unrepaired.value]
+            if paired:
+                why = (f" The same heads patched paired (each item's own good-format activations) do repair "
+                       f"({', '.join(r.format for r in paired)}): the heads carry the item as well as the format, and "
+                       "a constant, the same for every prompt, cannot carry the item.")
+            out.append("no repair found: on the held-out items no failing format's efficacy is above unrepaired (its "
+                       "95% interval's lower end is at or below the unrepaired rate)." + why)
+        b = self.bounds
+        if b:
+            good = next((x for x in self.shifts if x.where == self.repair.built_on.get("good")), None)
+            if good is not None and good.kl.value > b.get("max_kl", float("inf")):
+                out.append(f"bound not met on the held-out items: good-format KL {good.kl.value:.4f} > {b['max_kl']}")
+            if good is not None and good.q90 > b.get("max_kl_q90", float("inf")):
+                out.append(f"bound not met on the held-out items: good-format KL's 90th percentile over items "
+                           f"{good.q90:.4f} > {b['max_kl_q90']}")
+            for row in self.held_out:
+                if row.measure in ("generalization", "specificity") and self.focus != "all" and row.tag != self.focus:
+                    drop = row.unrepaired.value - row.repaired.value
+                    if drop > b.get("max_drop", 1) + 1e-12:
+                        out.append(f"bound not met on the held-out items: {row.format} {row.tag} accuracy drops "
+                                   f"{100 * drop:.1f} points > {100 * b['max_drop']:.0f}")
+        return out
+
+    def limits(self) -> list[str]:
+        """Choices the search made at an edge of what it was allowed to try (a wider grid may do better)."""
+        b, out = self.bounds, []
+        if not b:
+            return out
+        if len(self.repair.heads) >= b.get("max_heads", 10 ** 9):
+            out.append(f"the repair has --max-heads {b['max_heads']} heads, the most allowed: try a larger --max-heads")
+        grid = sorted(b.get("strengths", []))
+        if len(grid) > 1 and self.repair.strength in (grid[0], grid[-1]):
+            side = "largest" if self.repair.strength == grid[-1] else "smallest"
+            out.append(f"the strength chosen ({self.repair.strength:g}) is the {side} of the grid {grid}: try "
+                       "--strengths reaching past it")
+        return out
 
     def efficacy(self, fmt: str | None = None) -> RateRow:
         rows = self.rows("efficacy")
@@ -378,9 +509,10 @@ def measure_repair(case: Case, model, repair: Repair, items: Sequence[Item], *, 
                 s = _Scorer(case, model, its, fmt, batch_size)
                 rows.append(RateRow("paired", fmt, focus, e.rate, s.unrepaired))
     shifts = []
+    labels = [item_label(it) for it in items]
     for fmt in [case.good, *bads]:
         k = _Scorer(case, model, items, fmt, batch_size, kl=True)
-        shifts.append(ShiftRow(fmt, bootstrap_mean(np.maximum(-k.run(masks)[0], 0))))
+        shifts.append(shift_row(fmt, k.kl(masks)[0], labels))
     if neutral:
         shifts.append(_neutral(model, repair, neutral, prepend_bos(case, model), batch_size))
     gens = []
@@ -453,7 +585,7 @@ def _discovery_rows(case, model, repair, items, focus, bads, batch_size) -> list
 
 def search_repair(case: Case, model, *, heads: str | Sequence[str] | None = None, mode: str = "mean",
                   strengths: Sequence[float] | None = None, max_heads: int = 8, max_kl: float = 0.1,
-                  max_drop: float = 0.05, bad: str | None = None, tag: str | None = None, holdout: float | None = 0.5,
+                  max_kl_q90: float | None = None, max_drop: float = 0.05, bad: str | None = None, tag: str | None = None, holdout: float | None = 0.5,
                   seed: int = 0, eval_items: Sequence[Item] | None = None, neutral: Sequence[str] | None = None,
                   generate: int = 0, batch_size: int = 256, progress: bool = False) -> RepairResult:
     """Choose the repair to ship on the discovery items, then measure it on the held-out ones.
@@ -461,12 +593,14 @@ def search_repair(case: Case, model, *, heads: str | Sequence[str] | None = None
     Greedy forward selection over the pool `heads` (default: every head) and `strengths`: each step adds the head
     (and strength) that most raises the failing formats' mean repair rate on the discovery focus items (ties: the
     higher mean score), among the candidates whose side effects stay within bounds there: the good format's mean KL
-    from the unrepaired model at most `max_kl` nats, and every other tag's accuracy in every format at most
+    from the unrepaired model at most `max_kl` nats and its items' 90th percentile at most `max_kl_q90` (default
+    Q90_PER_MEAN x max_kl), and every other tag's accuracy in every format at most
     `max_drop` below unrepaired. Stops at `max_heads`, or when no admissible candidate raises the rate or the mean
     score; the repair is the smallest set on the path that reaches its best rate. Every candidate of a step runs in
     one batched pass per Contrast."""
     bads, focus, split, disc, ev, disc_focus = _setup(case, mode, bad, tag, holdout, seed, eval_items)
     strengths = tuple(strengths or STRENGTHS[mode])
+    max_kl_q90 = Q90_PER_MEAN * max_kl if max_kl_q90 is None else max_kl_q90
     pool_units = _units(model, heads)
     pool = build_pool(case, model, disc_focus, pool_units, mode=mode, bads=bads, batch_size=batch_size)
     sites = {h: ConstantSite.at(h, v, MODES[mode]) for h, v in pool.values.items()}
@@ -492,8 +626,9 @@ def search_repair(case: Case, model, *, heads: str | Sequence[str] | None = None
         scores = [s.run(masks) for s in focus_scorers]
         rate = np.mean([s.rates(x) for s, x in zip(focus_scorers, scores)], axis=0)  # [P]
         mean = np.mean([x.mean(-1) for x in scores], axis=0)
-        kl = np.maximum(-kl_scorer.run(masks), 0).mean(-1)
-        ok = kl <= max_kl
+        kl_items = kl_scorer.kl(masks)
+        kl, kl_q = kl_items.mean(-1), np.quantile(kl_items, 0.9, axis=-1)
+        ok = (kl <= max_kl) & (kl_q <= max_kl_q90)
         for (_, _, s), floor in zip(others, floors):
             ok &= s.rates(s.run(masks)) >= floor - 1e-12
         idx = np.flatnonzero(ok)
@@ -510,7 +645,7 @@ def search_repair(case: Case, model, *, heads: str | Sequence[str] | None = None
         path.append((chosen, cand[p][1], float(rate[p])))
         steps.append({"k": len(chosen), "added": chosen[-1].label, "strength": cand[p][1],
                       "discovery_rate": float(rate[p]), "discovery_mean_score": float(mean[p]),
-                      "discovery_kl_good": float(kl[p]), "admissible": int(ok.sum()), "candidates": len(cand)})
+                      "discovery_kl_good": float(kl[p]), "discovery_kl_good_q90": float(kl_q[p]), "admissible": int(ok.sum()), "candidates": len(cand)})
         if bar is not None:
             bar.update(1)
     if bar is not None:
@@ -539,7 +674,7 @@ def search_repair(case: Case, model, *, heads: str | Sequence[str] | None = None
     else:  # the same heads: one row says both
         compare = [replace(r, chosen_by="paired and shippable") for r in compare]
     return RepairResult(case.name, repair, split, focus, held, shifts, gens, disc_rows, steps,
-                        {"max_kl": max_kl, "max_drop": max_drop, "max_heads": max_heads, "strengths": list(strengths),
+                        {"max_kl": max_kl, "max_kl_q90": max_kl_q90, "max_drop": max_drop, "max_heads": max_heads, "strengths": list(strengths),
                          "pool": [u.label for u in pool_units]},
                         n_discovery=len(disc), n_evaluation=len(ev), compare=compare)
 

@@ -192,9 +192,15 @@ def build_parser() -> argparse.ArgumentParser:
                                                                           "(default 8)")
     p.add_argument("--max-kl", type=float, default=0.1,
                    help="with --search: the good format's mean KL from the unrepaired model, at most (nats, default 0.1)")
+    p.add_argument("--max-kl-q90", type=float, default=None, metavar="NATS",
+                   help="with --search: the 90th percentile over items of the good format's KL, at most (default: 5 x "
+                        "--max-kl): one item broken badly shows here, not in the mean")
     p.add_argument("--max-drop", type=cli_types.fraction, default=0.05,
                    help="with --search: every other tag's accuracy in every format at most this far below unrepaired "
                         "(default 0.05)")
+    p.add_argument("--save-anyway", action="store_true",
+                   help="with --out: save the repair even when its verdict says not to ship it (no held-out efficacy "
+                        "above unrepaired, a bound not met on the held-out items)")
     p.add_argument("--holdout", type=cli_types.fraction, default=0.5, metavar="FRAC",
                    help="build on a seeded, tag-stratified share of the items and measure on the held-out FRAC "
                         "(default 0.5)")
@@ -617,7 +623,7 @@ def cmd_repair(args) -> int:
             raise SurgeonError(f"cannot read --strengths {args.strengths!r}", field="--strengths",
                                fix="numbers separated by commas, e.g. 0.5,1,2,4") from None
     check_heads(args.heads, max_heads=args.max_heads, strength=args.strength, strengths=strengths, search=args.search,
-                max_kl=args.max_kl, max_drop=args.max_drop)
+                max_kl=args.max_kl, max_drop=args.max_drop, max_kl_q90=args.max_kl_q90)
     neutral = None
     if args.neutral is not None:
         try:
@@ -641,14 +647,17 @@ def cmd_repair(args) -> int:
                   generate=args.generate, batch_size=args.batch_size)
     if args.search:
         r = search_repair(case, model, heads=args.heads, strengths=strengths, max_heads=args.max_heads,
-                          max_kl=args.max_kl, max_drop=args.max_drop, progress=True, **common)
+                          max_kl=args.max_kl, max_kl_q90=args.max_kl_q90, max_drop=args.max_drop, progress=True,
+                          **common)
     else:
         r = repair_case(case, model, heads=args.heads, strength=1.0 if args.strength is None else args.strength,
                         **common)
     from surgeon.reports.repair_view import repair_text, save_repair
 
     print(repair_text(r))
-    if args.out:
+    if args.out and r.verdict() and not args.save_anyway:
+        print(f"\nnot saved to {args.out}: the verdict above says not to ship this repair (--save-anyway saves it)")
+    elif args.out:
         opts = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()
                 if k not in ("debug", "out", "case")}
         save_repair(args.out, "repair", r, case, options=opts, device=device)

@@ -115,6 +115,19 @@ def check_case_against_model(case, model=None) -> None:
         _check_reference_reach(case, tok, where)
 
 
+def check_bare(model) -> None:
+    """Refuse a model that carries forward or backward hooks surgeon did not install (inside ``with surgeon.apply(...)``,
+    or a user's own): every analysis would measure the hooked model while saying it measured the model."""
+    hooked = [name for name, hp in getattr(model, "hook_dict", {}).items()
+              if getattr(hp, "_forward_hooks", None) or getattr(hp, "_backward_hooks", None)]
+    if hooked:
+        raise ModelError(f"the model carries hooks surgeon did not install ({len(hooked)} hook point(s), e.g. "
+                         f"{hooked[0]}), e.g. inside `with surgeon.apply(model, repair)`; surgeon's numbers would be "
+                         "the hooked model's, labelled as the model's", field="model",
+                         fix="run analyses outside the `with` block (remove the hooks: model.reset_hooks()); to measure "
+                             "a repair, use surgeon.repair(...) or surgeon.measure_repair(repair, case)")
+
+
 def _all_items(case):
     """(index, item, field) for the case's items and then its reference items (mean ablation's)."""
     yield from ((i, it, "items") for i, it in enumerate(case.items))

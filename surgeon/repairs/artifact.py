@@ -10,9 +10,9 @@ teacher-forced) and while generating alike (the j-th generated token's position)
 
 - `repair.hooks(last)`: TransformerLens forward hooks for rows whose last prompt token is at `last` [rows] (right-
   padded batches), for `model.run_with_hooks` or the engine's `greedy`;
-- `apply(model, repair)`: a context manager under which any forward or ``model.generate`` runs repaired (each forward
-  over several positions is a new prompt whose last position is slot 0; a one-token forward after it, under a key /
-  value cache, is the next slot);
+- `apply(model, repair, last=None)`: a context manager under which ``model.generate`` (key/value-cached or not) runs
+  repaired, and any other forward when told where each row's prompt ends (`last`); without it such a forward is
+  refused rather than guessed (`surgeon.repairs.site.slot_columns` is the one rule every route takes);
 - `repair.save(DIR)` / `read_repair(DIR)` (and `surgeon.load(DIR)`): ``repair.safetensors`` (one tensor per hook point,
   named by it, zero outside the repaired units) and ``repair.json`` (heads, mode, strength, position rule, slots, the
   case by content and the split it was built on), with a manifest written last.
@@ -23,11 +23,11 @@ import json
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Mapping
+from typing import TYPE_CHECKING
 
 from surgeon.errors import AnalysisError
 from surgeon.results import manifest, staging, write_json
-from surgeon.repairs.site import ConstantSite, blend_at
+from surgeon.repairs.site import ConstantSite, write_slots
 from surgeon.sites.nodes import hook_component, units_view
 
 if TYPE_CHECKING:
@@ -71,35 +71,18 @@ class Repair:
         """The engine's view: one constant-source site per hook point (masks select units and scale them)."""
         return {h: ConstantSite(h, hook_component(h), v, self.how) for h, v in self.values.items()}
 
-    def masks(self, strengths=None) -> dict:
-        """Masks [P, units] for the engine: the repair's units at each strength (default: its own)."""
-        import torch
-
-        s = torch.tensor([self.strength] if strengths is None else list(strengths), dtype=torch.float32)
-        return {site: s[:, None] * self.unit_mask(h, int(self.values[h].shape[1]))[None]
-                for h, site in self.sites().items()}
-
     def hooks(self, last: "Tensor", strength: float | None = None) -> list:
-        """Forward hooks [(hook point, fn)] for rows whose last prompt token is at `last` [rows]: slot j acts at
-        last + j where the forward has that position (a greedy loop's full forwards grow into the later slots)."""
-        import torch
-
+        """Forward hooks [(hook point, fn)] for full forwards (from position 0) of rows whose last prompt token is at
+        `last` [rows] (right-padded batches): slot j acts at last + j where the forward has that position (a greedy
+        loop's full forwards grow into the later slots; `surgeon.repairs.site.slot_columns` is the rule)."""
         a = self.strength if strength is None else float(strength)
         out = []
         for h, v in self.values.items():
             comp, U = hook_component(h), int(v.shape[1])
-            unit_m = self.unit_mask(h, U)
+            unit_m = a * self.unit_mask(h, U)
 
             def fn(act, hook, v=v, comp=comp, U=U, unit_m=unit_m):
-                x = units_view(act, comp, U)
-                rows, width = x.shape[0], x.shape[1]
-                lst = last.to(x.device)
-                S = v.shape[0]
-                pos = lst[:, None] + torch.arange(S, device=x.device)[None]  # [rows, S]
-                inside = (pos < width).to(x.dtype)
-                m = (a * unit_m.to(x.device, x.dtype))[None, None, :, None] * inside[:, :, None, None]
-                idx = torch.arange(rows, device=x.device)[:, None]
-                blend_at(x, idx, pos.clamp(max=width - 1), m, v, self.how)
+                write_slots(units_view(act, comp, U), last, 0, v, unit_m, self.how)
                 return act
 
             out.append((h, fn))
@@ -156,46 +139,111 @@ def check_fits(repair: Repair, model) -> None:
                                 f"{dims}", field="repair", fix="apply a repair to the model it was built for")
 
 
-@contextmanager
-def apply(model, repair: Repair, strength: float | None = None):
-    """Every forward of `model` inside the block runs repaired, ``model.generate`` included. A forward over several
-    positions is a prompt (batches: equal lengths or left-padded, so each row's last prompt token is the last
-    position): slot 0 acts at its last position; each one-position forward after it (a key/value-cache step) is the
-    next slot. For right-padded batches of different lengths use `repair.hooks(last)` with each row's last position."""
+END = "end"  # apply(..., last=END): every forward's last position is each row's last prompt token
+
+
+def _lasts(last, rows: int, width: int, device) -> "Tensor":
+    """`last` (an int, a sequence or tensor of one per row, or END) as a tensor [rows]."""
     import torch
 
+    if isinstance(last, str):
+        return torch.full((rows,), width - 1, device=device, dtype=torch.long)
+    t = torch.as_tensor(last, device=device, dtype=torch.long).reshape(-1)
+    if t.numel() == 1:
+        t = t.expand(rows)
+    if t.numel() != rows:
+        raise AnalysisError(f"last= names {t.numel()} rows' last prompt positions, but the forward has {rows} rows",
+                            field="last", fix="give one last prompt position per row of the batch (or one for all)")
+    if bool((t < 0).any()) or bool((t >= width).any()):
+        raise AnalysisError(f"last= holds positions outside the forward's {width} positions", field="last",
+                            fix="give each row's last prompt token's position, counted from 0")
+    return t
+
+
+def check_last(last) -> None:
+    import torch
+
+    if last is None or (isinstance(last, str) and last == END):
+        return
+    if isinstance(last, str) or not isinstance(last, (int, list, tuple, torch.Tensor)) or isinstance(last, bool):
+        raise AnalysisError(f"last={last!r} is neither a position nor one per row", field="last",
+                            fix=f"give each row's last prompt position (an int, a list or a tensor), or {END!r}")
+
+
+@contextmanager
+def apply(model, repair: Repair, strength: float | None = None, last=None):
+    """Every forward of `model` inside the block runs repaired, by one position rule (`slot_columns`): slot j at
+    the position j tokens after each row's last prompt token.
+
+    - ``model.generate`` (and ``generate_stream``), with a key/value cache or without: the prompt's last position is
+      the last prompt token of every row (TransformerLens left-pads a batch of strings); each later forward is placed
+      by the positions it covers (a cached step is the next position, an uncached one the whole sequence again).
+    - any other forward (a prompt, a teacher-forced prompt + answer, a right-padded batch): say where each row's
+      prompt ends with `last` (an int, one per row, or ``"end"`` for "each forward's last position"). Without it such
+      a forward is refused: the repair cannot know where the prompt ends, and a guess would silently misplace it.
+    """
     check_fits(repair, model)
+    check_last(last)
     a = repair.strength if strength is None else float(strength)
-    state = {h: 0 for h in repair.values}  # per hook point: the slot of the next one-position forward
+    gen: dict = {}  # while model.generate runs: cached (bool), and per hook point the positions seen so far
 
     def make(h, v):
         comp, U = hook_component(h), int(v.shape[1])
-        unit_m = repair.unit_mask(h, U)
+        unit_m = a * repair.unit_mask(h, U)
 
         def fn(act, hook):
             x = units_view(act, comp, U)
             rows, width = x.shape[0], x.shape[1]
-            if width > 1:
-                slot, pos = 0, width - 1
-                state[h] = 1
+            if gen:
+                seen = gen["seen"].get(h)
+                if seen is None:  # the prompt
+                    start, gen["seen"][h], gen["last"][h] = 0, width, width - 1
+                elif gen["cached"]:
+                    start, gen["seen"][h] = seen, seen + width
+                else:
+                    start, gen["seen"][h] = 0, width
+                lst = _lasts(gen["last"][h], rows, gen["last"][h] + 1, x.device)
+            elif last is None:
+                raise AnalysisError(
+                    "surgeon.apply does not know where this forward's prompt ends (a forward outside model.generate: a "
+                    "prompt, a prompt + answer teacher-forced, a padded batch), so it cannot place the repair",
+                    field="last", fix="pass surgeon.apply(model, repair, last=...) with each row's last prompt position "
+                                      "(or last='end' when every row's prompt ends at the forward's last position)")
             else:
-                slot, pos = state[h], 0
-                state[h] += 1
-            if slot >= v.shape[0]:
-                return act
-            m = (a * unit_m.to(x.device, x.dtype))[None, None, :, None].expand(rows, 1, U, 1)
-            idx = torch.arange(rows, device=x.device)[:, None]
-            p = torch.full((rows, 1), pos, device=x.device, dtype=torch.long)
-            blend_at(x, idx, p, m, v[slot: slot + 1], repair.how)
+                start, lst = 0, _lasts(last, rows, width, x.device)
+            write_slots(x, lst, start, v, unit_m, repair.how)
             return act
         return fn
 
-    with model.hooks(fwd_hooks=[(h, make(h, v)) for h, v in repair.values.items()]):
-        yield model
+    def wrap(name):
+        inner = getattr(model, name)
+
+        def run(*args, **kwargs):
+            if gen:
+                return inner(*args, **kwargs)
+            gen.update(cached=bool(kwargs.get("use_past_kv_cache", True)), seen={}, last={})
+            try:
+                return inner(*args, **kwargs)
+            finally:
+                gen.clear()
+
+        def stream(*args, **kwargs):  # a generator: generation runs while it is iterated
+            gen.update(cached=bool(kwargs.get("use_past_kv_cache", True)), seen={}, last={})
+            try:
+                yield from inner(*args, **kwargs)
+            finally:
+                gen.clear()
+        return stream if name == "generate_stream" else run
+
+    wrapped = [n for n in ("generate", "generate_stream") if hasattr(model, n)]
+    for n in wrapped:
+        setattr(model, n, wrap(n))
+    try:
+        with model.hooks(fwd_hooks=[(h, make(h, v)) for h, v in repair.values.items()]):
+            yield model
+    finally:
+        for n in wrapped:
+            model.__dict__.pop(n, None)
 
 
-def as_values(values: Mapping[str, "Tensor"]) -> dict:
-    return {h: v.detach().float().cpu() for h, v in values.items()}
-
-
-__all__ = ["MODES", "POSITIONS", "Repair", "apply", "check_fits", "read_repair"]
+__all__ = ["END", "MODES", "POSITIONS", "Repair", "apply", "check_fits", "check_last", "read_repair"]

@@ -28,12 +28,40 @@ if TYPE_CHECKING:
 HOW = ("replace", "add")
 
 
+def mix(cur: "Tensor", value: "Tensor", m: "Tensor", how: str) -> "Tensor":
+    """The one formula: `cur` moved towards `value` by `m` (replace) or shifted by `m` times it (add)."""
+    return cur + m * (value - cur) if how == "replace" else cur + m * value
+
+
 def blend_at(x: "Tensor", idx: "Tensor", pos: "Tensor", m: "Tensor", value: "Tensor", how: str) -> None:
     """In place: x [..., rows, width, units, rest] at rows `idx` [rows, 1] and positions `pos` [rows, S] blended
-    with `value` [S, units, rest] under `m` [..., rows | 1, S, units, 1] (zero where a slot is padding)."""
+    with `value` [S, units, rest] under `m` [..., rows | 1, S, units, 1] (zero where a slot is padding). Every
+    (row, position) pair must be distinct: a repeated one is written once, by whichever write lands last."""
     cur = x[..., idx, pos, :, :]
-    v = value.to(x.device, x.dtype)
-    x[..., idx, pos, :, :] = cur + m * (v - cur) if how == "replace" else cur + m * v
+    x[..., idx, pos, :, :] = mix(cur, value.to(x.device, x.dtype), m, how)
+
+
+def slot_columns(last: "Tensor", n_slots: int, start: int, width: int):
+    """The position rule of a repair, in one place: slot j acts at the absolute position last + j (`last` [rows]: each
+    row's last prompt token). A forward that covers the absolute positions start .. start + width - 1 holds slot j of
+    row r at column last[r] + j - start when that lies inside it. Returns (rows, slots, columns) of the slots inside,
+    each [N]: a slot outside the forward is not there at all (never clamped onto another position)."""
+    import torch
+
+    col = last.to(torch.long)[:, None] + torch.arange(n_slots, device=last.device)[None] - int(start)  # [rows, S]
+    inside = (col >= 0) & (col < int(width))
+    r, s = inside.nonzero(as_tuple=True)
+    return r, s, col[r, s]
+
+
+def write_slots(x: "Tensor", last: "Tensor", start: int, value: "Tensor", m: "Tensor", how: str) -> None:
+    """In place: x [rows, width, units, rest] (the units' view of a forward over absolute positions start ..) with
+    slot j of `value` [S, units, rest] written at each row's last + j (`slot_columns`) under `m` [units]."""
+    r, s, c = slot_columns(last.to(x.device), int(value.shape[0]), start, int(x.shape[1]))
+    if not len(r):
+        return
+    v = value.to(x.device, x.dtype)[s]
+    x[r, c] = mix(x[r, c], v, m.to(x.device, x.dtype)[None, :, None], how)
 
 
 def _parse(key: str):
@@ -111,4 +139,4 @@ def _slots(value: "Tensor", S: int) -> "Tensor":
     return torch.cat([value, value.new_zeros(S - value.shape[0], *value.shape[1:])])
 
 
-__all__ = ["ConstantSite", "HOW", "blend_at"]
+__all__ = ["ConstantSite", "HOW", "blend_at", "mix", "slot_columns", "write_slots"]

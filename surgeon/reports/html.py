@@ -196,11 +196,14 @@ def methods_paragraph(rep, how: str = "text") -> str:
                      f"{len(b.get('pool', []))} heads, maximising the failing formats' repair rate under side-effect "
                      f"bounds (the good format's mean KL from the unrepaired model at most {b.get('max_kl')} nats, every "
                      f"other tag's accuracy at most {b.get('max_drop')} below unrepaired), and the smallest set reaching "
-                     f"the best rate kept ({len(rp.heads)} heads: {', '.join(rp.heads)}). The split: {held}. It was "
+                     f"the best rate taken ({len(rp.heads)} heads: {', '.join(rp.heads)}). The split: {held}. It was "
                      "measured on the held-out items as model editing evaluates an edit (efficacy, generalization, "
                      f"specificity {cite('meng2022rome', 'meng2023memit', 'wang2024easyedit')}), with the KL divergence "
                      "of the next-token distribution from the unrepaired model as the side effect, beside the same "
                      "heads patched from each item's good-format twin.")
+        verdict = r.verdict() if hasattr(r, "verdict") else []
+        if verdict:
+            parts.append("Its verdict on the held-out items: " + " ".join(verdict))
     v = f["versions"]
     parts.append("Software: " + ", ".join(f"{k} {x}" for k, x in v.items()) + ".")
     text = " ".join(parts).replace(" .", ".").replace("  ", " ")

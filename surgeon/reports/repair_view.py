@@ -42,17 +42,25 @@ def repair_text(r) -> str:
         lines.append(f"{row.measure:<16} {row.format:<10} {row.tag:<10} {_pct(row.repaired):<24} "
                      f"{_pct(row.unrepaired):<24} {row.repaired.n}")
     lines += [""] + [f"  {k:<14} {v}" for k, v in WHAT.items() if any(row.measure == k for row in r.held_out)]
-    lines += ["", "side effects: KL(unrepaired || repaired) of the next-token distribution at the first answer "
-                  "position, nats (mean [95% bootstrap CI])"]
+    lines += ["", "side effects: KL(unrepaired || repaired) of the next-token distribution, nats, at every scored "
+                  "position of an item (the correct answer teacher-forced; neutral texts: their second half), averaged "
+                  "within each item, then mean [95% bootstrap CI] over items, the 90th percentile and the worst item"]
     for s in r.shifts:
-        extra = f"; next-token cross-entropy {'+' if s.ce.value >= 0 else ''}{_mean(s.ce)} nats" if s.ce else ""
+        extra = f"; cross-entropy {'+' if s.ce.value >= 0 else ''}{_mean(s.ce)} nats" if s.ce else ""
         what = "neutral texts" if s.where == "neutral" else f"format {s.where!r}"
-        lines.append(f"  {what:<18} KL {_mean(s.kl)} (n={s.kl.n}){extra}")
+        worst = f"; worst {s.worst[0][0]!r} {s.worst[0][1]:.4f}" if s.worst else ""
+        lines.append(f"  {what:<18} KL {_mean(s.kl)} (n={s.kl.n}), 90th pct {s.q90:.4f}{worst}{extra}")
     if r.generation:
-        lines += ["", "generation (greedy, hooks on; judged as --generate judges):"]
+        lines += ["", "generation (greedy, the repair applied as surgeon.apply applies it; judged strictly: the answer, "
+                      "then its end, extra or missing characters wrong):"]
         for g in r.generation:
             lines.append(f"  {g.format:<10} {g.tag:<10} repaired {_pct(g.repaired)}  unrepaired {_pct(g.unrepaired)}  "
                          f"other {g.other} (n={g.repaired.n})")
+        broken = [(g, b) for g in r.generation for b in g.broken]
+        if broken:
+            lines.append("  right unrepaired, wrong repaired (first ones):")
+            for g, (label, text) in broken[:6]:
+                lines.append(f"    {g.format:<8} {g.tag:<8} {label}: wrote {text!r}")
     if r.compare:
         lines += ["", "the best paired subset (greedy on the paired repair rate, no side-effect bound) and the repair "
                       "to ship, each both ways on the held-out items: paired needs each item's good-format twin, "
@@ -68,7 +76,8 @@ def repair_text(r) -> str:
     if r.search:
         b = r.bounds
         lines += ["", f"search on the discovery items (in-sample): greedy over {len(b.get('pool', []))} heads x "
-                      f"strengths {b.get('strengths')}, good-format KL <= {b.get('max_kl')} nats, other tags' accuracy "
+                      f"strengths {b.get('strengths')}, good-format KL <= {b.get('max_kl')} nats (mean) and "
+                      f"<= {b.get('max_kl_q90')} (items' 90th percentile), other tags' accuracy "
                       f"at most {b.get('max_drop')} below unrepaired"]
         for s in r.search:
             if "added" in s:
@@ -80,15 +89,24 @@ def repair_text(r) -> str:
                 lines.append(f"  k={s['k']}: stopped: {s['stopped']}")
         lines += ["", "the bounds on the held-out items (where they were not chosen):"]
         good_kl = next((x.kl for x in r.shifts if x.where == r.repair.built_on.get("good")), None)
+        good = next((x for x in r.shifts if x.where == r.repair.built_on.get("good")), None)
         if good_kl is not None:
             met = "met" if good_kl.value <= b.get("max_kl", float("inf")) else "NOT met"
             lines.append(f"  good-format KL {good_kl.value:.4f} against <= {b.get('max_kl')}: {met}")
+        if good is not None and b.get("max_kl_q90") is not None:
+            met = "met" if good.q90 <= b["max_kl_q90"] else "NOT met"
+            lines.append(f"  good-format KL's 90th percentile {good.q90:.4f} against <= {b['max_kl_q90']}: {met}")
         for row in r.held_out:
             if row.measure in ("generalization", "specificity") and r.focus != "all" and row.tag != r.focus:
                 drop = row.unrepaired.value - row.repaired.value
                 met = "met" if drop <= b.get("max_drop", 1) + 1e-12 else "NOT met"
                 lines.append(f"  {row.format} {row.tag} accuracy drop {100 * drop:+.1f} points against <= "
                              f"{100 * b.get('max_drop', 0):.0f}: {met}")
+    problems, limits = r.verdict(), r.limits()
+    if problems or limits:
+        lines.append("")
+    lines += [f"verdict: {p}" for p in problems]
+    lines += [f"note: {x}" for x in limits]
     return "\n".join(lines)
 
 

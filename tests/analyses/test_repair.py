@@ -120,25 +120,47 @@ def test_mean_repair_equals_hand_written_hooks(decimal_model, mean_repair):
 
 def test_the_cases_neutral_texts_measure_its_side_effects(decimal_model, mean_repair):
     """The case's `neutral` texts (the decimal organism names eight) are where a repair's side effects on unrelated
-    text are measured by default: each text but its last character as the prompt, the repair's constant at the last
-    prompt position, KL(unrepaired || repaired) of the next token, written here with a hook over one text at a time."""
+    text are measured by default: each text's first half of tokens as the prompt, the repair's constant from its last
+    token on (slot j at j tokens after it), KL(unrepaired || repaired) of the next token at every position of the
+    second half, averaged within the text, then over texts; written here with one hooked forward per text."""
     case, r = mean_repair
     row = next(s for s in r.shifts if s.where == "neutral")
     assert case.neutral and row.kl.n == len(case.neutral)
     v = r.repair.values["blocks.0.attn.hook_z"]
+    tok = decimal_model.tokenizer
 
-    def write(z, hook):
-        z[:, -1, list(HEADS)] = v[0, list(HEADS)]
-        return z
-
-    kls = []
-    with torch.no_grad():
+    def per_text(shift=0, last_only=False):
+        kls, ces = [], []
         for text in case.neutral:
-            toks = decimal_model.to_tokens(text[:-1], prepend_bos=True)
-            un = decimal_model(toks)[0, -1].log_softmax(-1)
-            rep = decimal_model.run_with_hooks(toks, fwd_hooks=[("blocks.0.attn.hook_z", write)])[0, -1].log_softmax(-1)
-            kls.append(float((un.exp() * (un - rep)).sum()))
-    assert row.kl.value == pytest.approx(sum(kls) / len(kls), abs=1e-4) and max(kls) > 1e-6
+            ids = [tok.bos_token_id] + [tok.convert_tokens_to_ids(ch) for ch in text]
+            n_prompt = min(max(2, (len(ids) + 1) // 2), len(ids) - 1)
+            toks = torch.tensor([ids[:-1]])
+
+            def write(z, hook):
+                for j in range(v.shape[0]):
+                    p = n_prompt - 1 + j + shift
+                    if p < z.shape[1]:
+                        z[0, p, list(HEADS)] = v[j, list(HEADS)]
+                return z
+
+            un = decimal_model(toks)[0].log_softmax(-1)
+            rep = decimal_model.run_with_hooks(toks, fwd_hooks=[("blocks.0.attn.hook_z", write)])[0].log_softmax(-1)
+            pos = list(range(n_prompt - 1, len(ids) - 1))[-1 if last_only else 0:]
+            kl = [float((un[p].exp() * (un[p] - rep[p])).sum()) for p in pos]
+            ce = [float(un[p, ids[p + 1]] - rep[p, ids[p + 1]]) for p in pos]
+            kls.append(sum(kl) / len(kl))
+            ces.append(sum(ce) / len(ce))
+        return torch.tensor(kls), torch.tensor(ces)
+
+    with torch.no_grad():
+        kls, ces = per_text()
+        assert row.kl.value == pytest.approx(float(kls.mean()), abs=1e-4) and float(kls.max()) > 1e-6
+        assert row.ce.value == pytest.approx(float(ces.mean()), abs=1e-4)
+        assert row.q90 == pytest.approx(float(torch.quantile(kls.double(), 0.9)), abs=1e-4)
+        assert row.worst[0][1] == pytest.approx(float(kls.max()), abs=1e-4)
+        # the hand-written check can tell: a constant one position late, or the last position alone, gives another KL
+        assert abs(float(per_text(shift=1)[0].mean()) - row.kl.value) > 1e-3
+        assert abs(float(per_text(last_only=True)[0].mean()) - row.kl.value) > 1e-3
     for bad in ("one text", ["ok", ""], [3]):
         with pytest.raises(surgeon.errors.CaseError, match="field 'neutral'"):
             surgeon.api.read(dataclasses.replace(case, neutral=bad))
@@ -178,7 +200,7 @@ def test_apply_save_load_and_generate(decimal_model, mean_repair, tmp_path):
     ids, last, c, i = _tokens(decimal_model, case, "qa", it)
     prompt = torch.tensor([ids[: last + 1]])  # the prompt alone: slot 0 at its last token
     with torch.no_grad():
-        with surgeon.apply(decimal_model, back):
+        with surgeon.apply(decimal_model, back, last="end"):
             got = decimal_model(prompt)[0, -1]
         plain = decimal_model(prompt)[0, -1]
 
