@@ -44,7 +44,7 @@ from surgeon.case.encoding import Row, prompt_rows
 from surgeon.case.metrics import METRICS
 from surgeon.case.select import pick_bad, pick_items
 from surgeon.stats import Estimate, bootstrap_mean, wilson
-from surgeon.case.encoding import format_rows, prepend_bos
+from surgeon.case.encoding import answer_tokens, encode_prompt, format_rows, prepend_bos
 
 COMPONENTS = ("z",)  # head outputs before W_O: what the subset search patches and a mean or steer repair writes
 STRENGTHS = {"mean": (1.0,), "steer": (0.5, 1.0, 2.0, 4.0)}  # what `search_repair` tries by default
@@ -278,8 +278,6 @@ def scored_positions(case: Case, model, fmt: str, items: Sequence[Item]) -> tupl
     the case's answer_end) teacher-forced, read at the last prompt token and at each answer token but the last (an
     item scored inside the prompt: at its last prompt token). Returns the rows (each its own row index) and each
     row's item."""
-    from surgeon.case.encoding import answer_tokens, encode_prompt
-
     bos = prepend_bos(case, model)
     rows, owner = [], []
     for i, it in enumerate(items):
