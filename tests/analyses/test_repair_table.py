@@ -41,19 +41,25 @@ def _hand_means(model, case, items, layers):
     return {k: (sums[k] / counts[k]).float() for k in sums}
 
 
+def _mean_hook(units, means, last):
+    """A hand-written hook: each unit's mean at the position j tokens after the last prompt token."""
+    def hook(z, hook):
+        L = hook.layer()
+        heads = [h for UL, h in units if UL == L]
+        for (LL, j), v in means.items():
+            if LL == L and last + j < z.shape[1]:
+                z[0, last + j, heads] = v[heads]
+        return z
+    return hook
+
+
 def _hand_right(model, case, fmt, items, units, means):
     """How many items the mean patch makes right."""
     right = 0
     for it in items:
         ids, last, c, i = _tokens(model, case, fmt, it)
 
-        def hook(z, hook):
-            L = hook.layer()
-            heads = [h for UL, h in units if UL == L]
-            for (LL, j), v in means.items():
-                if LL == L and last + j < z.shape[1]:
-                    z[0, last + j, heads] = v[heads]
-            return z
+        hook = _mean_hook(units, means, last)
 
         layers = sorted({L for L, _ in units})
         lp = model.run_with_hooks(torch.tensor([ids]), fwd_hooks=[(f"blocks.{L}.attn.hook_z", hook) for L in layers])
@@ -104,13 +110,7 @@ def _hand_kl(model, case, fmt, items, units, means):
         ids = [tok.bos_token_id] + [tok.convert_tokens_to_ids(ch) for ch in prompt + it.correct[:-1]]
         last = len(prompt)
 
-        def hook(z, hook):
-            L = hook.layer()
-            heads = [h for UL, h in units if UL == L]
-            for (LL, j), v in means.items():
-                if LL == L and last + j < z.shape[1]:
-                    z[0, last + j, heads] = v[heads]
-            return z
+        hook = _mean_hook(units, means, last)
 
         rep = model.run_with_hooks(torch.tensor([ids]), fwd_hooks=[(f"blocks.{L}.attn.hook_z", hook) for L in layers])
         rep = rep[0].log_softmax(-1)
