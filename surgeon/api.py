@@ -61,6 +61,7 @@ from surgeon.analyses.sink_interventions import sink_interventions as sink_inter
 from surgeon.analyses.sinks import SinkResult
 from surgeon.analyses.sinks import sinks as sinks_of
 from surgeon.analyses.repair import RepairResult, check_heads, check_repairable, repair_case, search_repair
+from surgeon.analyses.steering_baselines import compare_baselines
 from surgeon.analyses.feature_circuit import EXACT, FeatureCircuitResult, check_threshold_over
 from surgeon.analyses.feature_circuit import feature_circuit as feature_circuit_of
 from surgeon.analyses.encode import encode as encode_case
@@ -308,7 +309,7 @@ def repair(case, model=None, *, heads=None, mode: str = "mean", strength: float 
            max_kl_q90: float | None = None, max_drop: float = 0.05,
            holdout: float | None = 0.5, seed: int = 0, eval_items=None, neutral: Sequence[str] | None = None,
            generate: int = 0, bad: str | None = None, tag: str | None = None, batch_size: int = 256, metric=None,
-           device: str | None = None, dtype: str = "float32"):
+           baselines: bool = False, device: str | None = None, dtype: str = "float32"):
     """A repair that needs the failing prompt alone (`surgeon repair`): `heads` ("L0H4,L0H6") get the good format's
     mean output (`mode="mean"`) or the mean good-minus-failing difference times `strength` (`mode="steer"`) at the
     last prompt token and the tokens after it, built on a seeded discovery split of the items (`holdout`, or every
@@ -317,7 +318,9 @@ def repair(case, model=None, *, heads=None, mode: str = "mean", strength: float 
     the same heads beside it. `search=True`: choose the heads (from `heads`, default every head) and strength on the
     discovery items under `max_kl` (the mean), `max_kl_q90` (the items' 90th percentile) and `max_drop`, then
     measure; `result.verdict()` says why not to ship it (no held-out efficacy above unrepaired, a bound not met). `result.repair` is the `Repair`: `surgeon.apply(model,
-    result.repair)`, `result.repair.save(DIR)`."""
+    result.repair)`, `result.repair.save(DIR)`. `baselines=True`: the field's steering baselines (CAA, ITI, random
+    heads, one layer's heads) built on the same discovery items and measured beside it on the same held-out items
+    (`result.baselines`: the Pareto front; `surgeon.analyses.steering_baselines.compare_baselines` for other grids)."""
     check_repairable(read(case, model), mode, "z", holdout=holdout, eval_items=eval_items)  # before any weight loads
     check_heads(heads, max_heads=max_heads, strength=strength, strengths=strengths, search=search, max_kl=max_kl,
                 max_drop=max_drop, max_kl_q90=max_kl_q90)
@@ -326,15 +329,20 @@ def repair(case, model=None, *, heads=None, mode: str = "mean", strength: float 
     if generate:
         check_generation(case, model, list(case.items), generate)
     if search:
-        return search_repair(case, model, heads=heads, mode=mode, strengths=strengths, max_heads=max_heads,
-                             max_kl=max_kl, max_kl_q90=max_kl_q90, max_drop=max_drop, bad=bad, tag=tag, holdout=holdout, seed=seed,
-                             eval_items=eval_items, neutral=neutral, generate=generate, batch_size=batch_size)
-    if heads is None:
+        r = search_repair(case, model, heads=heads, mode=mode, strengths=strengths, max_heads=max_heads,
+                          max_kl=max_kl, max_kl_q90=max_kl_q90, max_drop=max_drop, bad=bad, tag=tag, holdout=holdout,
+                          seed=seed, eval_items=eval_items, neutral=neutral, generate=generate, batch_size=batch_size)
+    elif heads is None:
         raise AnalysisError("name the heads to repair, or search for them", field="heads",
                             fix='give heads="L0H4,L0H6" (e.g. a subset from surgeon threshold), or search=True')
-    return repair_case(case, model, heads=heads, mode=mode, strength=1.0 if strength is None else strength, bad=bad,
-                       tag=tag, holdout=holdout, seed=seed, eval_items=eval_items, neutral=neutral, generate=generate,
-                       batch_size=batch_size)
+    else:
+        r = repair_case(case, model, heads=heads, mode=mode, strength=1.0 if strength is None else strength, bad=bad,
+                        tag=tag, holdout=holdout, seed=seed, eval_items=eval_items, neutral=neutral, generate=generate,
+                        batch_size=batch_size)
+    if baselines:
+        r = replace(r, baselines=compare_baselines(case, model, r, holdout=holdout, seed=seed, eval_items=eval_items,
+                                                   bad=bad, tag=tag, batch_size=batch_size))
+    return r
 
 
 def sinks(case, model=None, *, tag: str | None = None, epsilon: float = 0.3, batch_size: int = 64,

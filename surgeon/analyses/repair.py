@@ -30,6 +30,7 @@ import numpy as np
 
 from surgeon.analyses.common import case_metric
 from surgeon.analyses.generation import end_text, judge
+from surgeon.analyses.pareto import Baselines
 from surgeon.analyses.heldout import Split, SubsetRunner, eval_split, evaluate_subsets, split_items
 from surgeon.engine.contrast import Contrast
 from surgeon.engine.readout import greedy, reference_logprobs
@@ -38,7 +39,7 @@ from surgeon.repairs.artifact import MODES, Repair
 from surgeon.repairs.site import ConstantSite
 from surgeon.search.subsets import Unit, parse_units
 from surgeon.show import Shows
-from surgeon.sites.nodes import Site
+from surgeon.sites.nodes import Site, unit_label
 from surgeon.case.case import Case, Item, content_digest
 from surgeon.case.encoding import Row, prompt_rows
 from surgeon.case.metrics import METRICS
@@ -125,9 +126,10 @@ class Pool:
     units: list[Unit]
     formats: dict  # good, bad (the failing formats pooled for steer)
     n_items: int
+    component: str = "z"  # the site's component: head outputs, or a whole vector (resid_pre: one unit per layer)
 
     def hook(self, u: Unit) -> str:
-        return Site.of("z", u.layer).hook
+        return Site.of(self.component, u.layer).hook
 
     def repair(self, units: Sequence[Unit], strength: float, built_on: dict) -> Repair:
         chosen: dict[str, list[int]] = {}
@@ -141,8 +143,9 @@ class Pool:
             v[:, ~keep] = 0
             values[h] = v
         order = sorted(units, key=lambda u: (u.layer, u.head))
-        return Repair(tuple(u.label for u in order), self.mode, float(strength), values,
-                      {h: tuple(sorted(x)) for h, x in chosen.items()}, "z", built_on=built_on)
+        labels = tuple(u.label if self.component == "z" else unit_label(self.component, u.layer, u.head) for u in order)
+        return Repair(labels, self.mode, float(strength), values,
+                      {h: tuple(sorted(x)) for h, x in chosen.items()}, self.component, built_on=built_on)
 
 
 def _mean_of(model, rows_a: list[Row], rows_b: list[Row], align: str, sites, batch_size: int) -> dict:
@@ -153,10 +156,12 @@ def _mean_of(model, rows_a: list[Row], rows_b: list[Row], align: str, sites, bat
 
 
 def build_pool(case: Case, model, items: Sequence[Item], units: Sequence[Unit], *, mode: str, bads: Sequence[str],
-               batch_size: int = 256) -> Pool:
+               batch_size: int = 256, component: str = "z") -> Pool:
+    """The constants of `units` (heads; or Unit(layer, 0) of a whole-vector `component` such as resid_pre) from
+    `items`: per aligned position the good format's mean (mode mean) or good minus the failing formats' mean (steer)."""
     import torch
 
-    sites = [Site.of("z", L) for L in sorted({u.layer for u in units})]
+    sites = [Site.of(component, L) for L in sorted({u.layer for u in units})]
     good = format_rows(case, model, case.good, items)
     per_bad = {b: format_rows(case, model, b, items) for b in bads}
     anyb = per_bad[bads[0]]
@@ -168,7 +173,7 @@ def build_pool(case: Case, model, items: Sequence[Item], units: Sequence[Unit], 
         for h, g in good_mean.items():
             S = min([g.shape[0]] + [m[h].shape[0] for m in bad_means])
             values[h] = g[:S] - torch.stack([m[h][:S] for m in bad_means]).mean(0)
-    return Pool(mode, values, list(units), {"good": case.good, "bad": list(bads)}, len(items))
+    return Pool(mode, values, list(units), {"good": case.good, "bad": list(bads)}, len(items), component)
 
 
 # ----------------------------------------------------------------------------------------------- measuring
@@ -223,7 +228,7 @@ class GenRow:
     broken: tuple = ()  # items right unrepaired, wrong repaired: (item label, repaired continuation), at most 5
 
 
-class _Scorer:
+class Scorer:
     """One Contrast per (format, tag) of an item set, built once (its clean passes once) and run for any number of
     candidate masks: the repaired scores, the unrepaired ones, and the metric's notion of right."""
 
@@ -321,7 +326,7 @@ def _site_masks(sites: dict[str, ConstantSite], cand: Sequence[tuple[Sequence[Un
     return out
 
 
-def _by_tag(items: Sequence[Item]) -> dict[str, list[Item]]:
+def by_tag(items: Sequence[Item]) -> dict[str, list[Item]]:
     out: dict[str, list[Item]] = {}
     for it in items:
         out.setdefault(it.tag, []).append(it)
@@ -422,6 +427,8 @@ class RepairResult(Shows):
     n_evaluation: int = 0
     # `search_repair`: the best paired subset and the repair to ship, each measured both ways on the held-out items
     compare: list[CompareRow] = field(default_factory=list)
+    # `surgeon.analyses.steering_baselines.compare_baselines`: CAA, ITI and controls on the same held-out items
+    baselines: Baselines | None = None
 
     def rows(self, measure: str) -> list[RateRow]:
         return [r for r in self.held_out if r.measure == measure]
@@ -491,10 +498,10 @@ def measure_repair(case: Case, model, repair: Repair, items: Sequence[Item], *, 
     units = _units(model, ",".join(repair.heads))
     masks = _site_masks(sites, [(units, repair.strength)], model.cfg.n_heads)
     rows: list[RateRow] = []
-    tags = _by_tag(items)
+    tags = by_tag(items)
     for fmt in [*bads, case.good]:
         for tag, its in tags.items():
-            s = _Scorer(case, model, its, fmt, batch_size)
+            s = Scorer(case, model, its, fmt, batch_size)
             mine = focus == "all" or tag == focus
             measure = "specificity" if fmt == case.good else ("efficacy" if mine else "generalization")
             rows.append(RateRow(measure, fmt, tag or "all", s.right(s.run(masks)[0]), s.unrepaired))
@@ -504,12 +511,12 @@ def measure_repair(case: Case, model, repair: Repair, items: Sequence[Item], *, 
             if its:
                 e = evaluate_subsets(replace(case, items=list(its), focus=None), model, [",".join(repair.heads)],
                                      bad=fmt, tag=None, batch_size=batch_size)[0]
-                s = _Scorer(case, model, its, fmt, batch_size)
+                s = Scorer(case, model, its, fmt, batch_size)
                 rows.append(RateRow("paired", fmt, focus, e.rate, s.unrepaired))
     shifts = []
     labels = [item_label(it) for it in items]
     for fmt in [case.good, *bads]:
-        k = _Scorer(case, model, items, fmt, batch_size, kl=True)
+        k = Scorer(case, model, items, fmt, batch_size, kl=True)
         shifts.append(shift_row(fmt, k.kl(masks)[0], labels))
     if neutral:
         shifts.append(_neutral(model, repair, neutral, prepend_bos(case, model), batch_size))
@@ -540,7 +547,7 @@ def _built_on(case: Case, split: Split | None, focus: str, n: int, pool: Pool) -
                                                  "evaluated_on": split.evaluated_on}}
 
 
-def _setup(case: Case, mode: str, bad, tag, holdout, seed: int, eval_items):
+def setup_split(case: Case, mode: str, bad, tag, holdout, seed: int, eval_items):
     """What building and searching share: the failing formats (one, or all), the focus tag ("all" without one), the
     split and the discovery items of the focus tag."""
     check_repairable(case, mode, "z")
@@ -559,7 +566,7 @@ def repair_case(case: Case, model, *, heads: str | Sequence[str] | None, mode: s
                 batch_size: int = 256) -> RepairResult:
     """Build a `Repair` of `heads` from the discovery items of the focus tag (`tag`) and measure it on the held-out
     items (`holdout`, seeded and stratified by tag; or `eval_items`)."""
-    bads, focus, split, disc, ev, disc_focus = _setup(case, mode, bad, tag, holdout, seed, eval_items)
+    bads, focus, split, disc, ev, disc_focus = setup_split(case, mode, bad, tag, holdout, seed, eval_items)
     units = _units(model, heads)
     pool = build_pool(case, model, disc_focus, units, mode=mode, bads=bads, batch_size=batch_size)
     repair = pool.repair(units, strength, _built_on(case, split, focus, len(disc_focus), pool))
@@ -576,7 +583,7 @@ def _discovery_rows(case, model, repair, items, focus, bads, batch_size) -> list
     masks = _site_masks(sites, [(_units(model, ",".join(repair.heads)), repair.strength)], model.cfg.n_heads)
     out = []
     for fmt in bads:
-        s = _Scorer(case, model, items, fmt, batch_size)
+        s = Scorer(case, model, items, fmt, batch_size)
         out.append(RateRow("efficacy", fmt, focus, s.right(s.run(masks)[0]), s.unrepaired))
     return out
 
@@ -596,16 +603,16 @@ def search_repair(case: Case, model, *, heads: str | Sequence[str] | None = None
     `max_drop` below unrepaired. Stops at `max_heads`, or when no admissible candidate raises the rate or the mean
     score; the repair is the smallest set on the path that reaches its best rate. Every candidate of a step runs in
     one batched pass per Contrast."""
-    bads, focus, split, disc, ev, disc_focus = _setup(case, mode, bad, tag, holdout, seed, eval_items)
+    bads, focus, split, disc, ev, disc_focus = setup_split(case, mode, bad, tag, holdout, seed, eval_items)
     strengths = tuple(strengths or STRENGTHS[mode])
     max_kl_q90 = Q90_PER_MEAN * max_kl if max_kl_q90 is None else max_kl_q90
     pool_units = _units(model, heads)
     pool = build_pool(case, model, disc_focus, pool_units, mode=mode, bads=bads, batch_size=batch_size)
     sites = {h: ConstantSite.at(h, v, MODES[mode]) for h, v in pool.values.items()}
-    focus_scorers = [_Scorer(case, model, disc_focus, f, batch_size) for f in bads]
-    kl_scorer = _Scorer(case, model, disc, case.good, batch_size, kl=True)
-    others = [(f, t, _Scorer(case, model, its, f, batch_size)) for f in [*bads, case.good]
-              for t, its in _by_tag(disc).items() if focus != "all" and t != focus]
+    focus_scorers = [Scorer(case, model, disc_focus, f, batch_size) for f in bads]
+    kl_scorer = Scorer(case, model, disc, case.good, batch_size, kl=True)
+    others = [(f, t, Scorer(case, model, its, f, batch_size)) for f in [*bads, case.good]
+              for t, its in by_tag(disc).items() if focus != "all" and t != focus]
     floors = [s.unrepaired.value - max_drop for _, _, s in others]
     chosen: list[Unit] = []
     cur = (float(np.mean([s.unrepaired.value for s in focus_scorers])),

@@ -9,6 +9,7 @@ import argparse
 import re
 import os
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 from surgeon.cli import types as cli_types
@@ -211,6 +212,11 @@ def build_parser() -> argparse.ArgumentParser:
                         "the case's neutral texts, where it names some)")
     p.add_argument("--generate", type=cli_types.nonnegative, default=0, metavar="N",
                    help="also judge N greedily generated tokens per held-out item with the repair applied")
+    p.add_argument("--baselines", action="store_true",
+                   help="also build the field's steering baselines on the same discovery items (CAA in the residual "
+                        "stream at every layer, ITI on probe-ranked heads, random heads, one layer's heads) and place "
+                        "them beside the repair on the same held-out items: a Pareto front of efficacy against KL and "
+                        "control accuracy (the text, and pareto.png with --out)")
     p.add_argument("--bad", help="build and measure on this failing format only (default: every failing format)")
     p.add_argument("--tag", help="the items the repair is built on and judged by for efficacy (default: the focus)")
 
@@ -641,6 +647,7 @@ def cmd_repair(args) -> int:
 
         check_generation(case, model, list(case.items), args.generate)
     from surgeon.analyses.repair import repair_case, search_repair
+    from surgeon.analyses.steering_baselines import compare_baselines
 
     common = dict(mode=args.mode, bad=args.bad, tag=args.tag, holdout=args.holdout, seed=args.seed, neutral=neutral,
                   eval_items=args.eval_items,
@@ -652,6 +659,10 @@ def cmd_repair(args) -> int:
     else:
         r = repair_case(case, model, heads=args.heads, strength=1.0 if args.strength is None else args.strength,
                         **common)
+    if args.baselines:
+        r = replace(r, baselines=compare_baselines(case, model, r, holdout=args.holdout, seed=args.seed, bad=args.bad,
+                                                   tag=args.tag, eval_items=args.eval_items,
+                                                   batch_size=args.batch_size, progress=True))
     from surgeon.reports.repair_view import repair_text, save_repair
 
     print(repair_text(r))

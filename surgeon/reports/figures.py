@@ -11,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
+from surgeon.analyses.pareto import NAMES
 from surgeon.analyses.sinks import massive_ratio
 from surgeon.reports.citations import METHOD_NAMES
 from surgeon.reports.legibility import MIN_POINTS, place_legends
@@ -545,3 +546,42 @@ def sinks_figure(r, path: Path):
     ax.set_title("massive activations and the first token's norm", fontsize=9)
     ax.legend(fontsize=7, ncol=2)
     return _save(fig, path)
+
+
+MARKERS = {"surgeon": ("o", "C0"), "caa": ("s", "C1"), "iti": ("^", "C2"), "random": ("x", "C7"), "layer": ("D", "C4")}
+
+
+def pareto_figure(b, path=None):
+    """Held-out efficacy against the good format's KL (symlog) and against control accuracy, one marker per method,
+    the front joined, the shipped repair ringed."""
+    plt = _plt()
+    fig, axes = plt.subplots(1, 2, figsize=(6.75, 3.0), sharey=True)
+    for ax, x_of, xlabel in ((axes[0], lambda p: p.kl.value, "good-format KL from unrepaired (nats, symlog)"),
+                             (axes[1], lambda p: 100 * p.control.value, "control items right (%)")):
+        for fam in b.tried:
+            ps = b.family(fam)
+            m, c = MARKERS.get(fam, ("o", "k"))
+            ax.scatter([x_of(p) for p in ps], [100 * p.efficacy.value for p in ps], marker=m, color=c, s=18,
+                       label=NAMES.get(fam, fam), zorder=3)
+        fr = sorted((p for p in b.points if p.front), key=x_of)
+        if ax is axes[0] and fr:
+            ax.step([x_of(p) for p in fr], [100 * p.efficacy.value for p in fr], where="post", color="0.5", lw=0.8,
+                    zorder=2, label="front")
+        s = b.shipped()
+        if s is not None:
+            ax.scatter([x_of(s)], [100 * s.efficacy.value], s=90, facecolors="none", edgecolors="k", zorder=4,
+                       label="shipped")
+        ax.set_xlabel(xlabel)
+        ax.grid(alpha=0.3)
+    axes[0].set_xscale("symlog", linthresh=1e-3)
+    axes[0].set_xlim(left=0, right=max([1e-2] + [1.5 * p.kl.value for p in b.points]))
+    axes[0].set_ylabel(f"efficacy held out (%, n={b.shipped().efficacy.n if b.shipped() else '?'})")
+    axes[0].set_title("efficacy against harm: KL")
+    axes[1].set_title("efficacy against harm: controls")
+    axes[1].legend(fontsize=6, loc="best")
+    journal_width(fig)
+    fig.tight_layout()
+    if path is not None:
+        save_figure(fig, path)
+    plt.close(fig)
+    return fig

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from surgeon.analyses.pareto import FAMILIES, NAMES
 from surgeon.repairs.artifact import FILE, TENSORS
+from surgeon.reports.figures import pareto_figure
 from surgeon.reports.text import model_info
 from surgeon.results import manifest, staging, write_json
 
@@ -102,6 +104,8 @@ def repair_text(r) -> str:
                 met = "met" if drop <= b.get("max_drop", 1) + 1e-12 else "NOT met"
                 lines.append(f"  {row.format} {row.tag} accuracy drop {100 * drop:+.1f} points against <= "
                              f"{100 * b.get('max_drop', 0):.0f}: {met}")
+    if r.baselines is not None:
+        lines += ["", baselines_text(r.baselines)]
     problems, limits = r.verdict(), r.limits()
     if problems or limits:
         lines.append("")
@@ -127,8 +131,81 @@ def save_repair(out: Path, command: str, result, case, *, options: dict, device:
         save_file({h: v.detach().float().contiguous().cpu() for h, v in result.repair.values.items()},
                   str(tmp / TENSORS))
         write_json(tmp / FILE, result.repair.record())
+        if result.baselines is not None:
+            pareto_figure(result.baselines, tmp / "pareto.png")
         m = manifest(command, case, seed=options.get("seed"), device=device, dtype=options.get("dtype"),
                      options=options, model_info=model_info(case), argv=[] if api else None)
         if api:
             m["api"] = api
         write_json(tmp / "manifest.json", m)
+
+
+# ----------------------------------------------------------------------------------------------- the baselines
+
+
+
+def _kl(e) -> str:
+    return f"{e.value:.4f} [{e.lo:.4f}, {e.hi:.4f}]" if e.n >= 2 and e.lo == e.lo else f"{e.value:.4f}"
+
+
+def baselines_text(b) -> str:
+    """The repair beside CAA, ITI and the controls: every kept configuration held out, the front, and who wins where."""
+    lines = [f"beside the field's steering baselines, on the same {b.n_evaluation} held-out items (each method built "
+             f"on the same {b.n_discovery} discovery items; {b.kept_by}):"]
+    for fam, (what, who) in FAMILIES.items():
+        if fam in b.tried:
+            lines.append(f"  {NAMES[fam]:<13} {what} [{who}]; {b.tried[fam]} tried: {b.grids.get(fam, '')}"
+                         if fam != "surgeon" else f"  {NAMES[fam]:<13} {what}; {b.tried[fam]} configurations")
+    un = b.unrepaired
+    lines += ["  efficacy: the failing formats' focus items right (pooled over failing formats); KL: the good format's "
+              "KL(unrepaired || repaired), nats, mean over items [95% bootstrap CI]; control: the good format's items "
+              "and the failing formats' other tags right (95% Wilson intervals)",
+              f"  unrepaired: efficacy {_pct(un['efficacy'])}, control {_pct(un['control'])}", "",
+              f"  {'method':<13} {'configuration':<44} {'efficacy':<24} {'good-format KL':<26} {'control':<24} front"]
+    for p in b.points:
+        lab = p.label if len(p.label) <= 44 else p.label[:41] + "..."
+        lines.append(f"  {NAMES[p.family]:<13} {lab:<44} {_pct(p.efficacy):<24} {_kl(p.kl):<26} {_pct(p.control):<24} "
+                     + ("*" if p.front else "") + ("  <- shipped" if p.shipped else ""))
+    ship = b.shipped()
+    if ship is not None:
+        lines += ["", f"  at the shipped repair's side effects or less (good-format KL <= {ship.kl.value:.4f}, control >= "
+                      f"{100 * ship.control.value:.1f}%), each method's best held-out efficacy:"]
+        for fam in b.tried:
+            best = b.best_within(fam, ship)
+            if best is None:
+                lines.append(f"    {NAMES[fam]:<13} none of its kept configurations")
+                continue
+            tie = ""
+            if best is not ship:
+                overl = best.efficacy.lo <= ship.efficacy.hi and ship.efficacy.lo <= best.efficacy.hi
+                tie = "  (intervals overlap the shipped repair's)" if overl else ""
+            lines.append(f"    {NAMES[fam]:<13} {best.label[:44]:<44} {_pct(best.efficacy)}{tie}")
+        over = b.dominating(ship)
+        under = b.dominated_by(ship)
+        lines.append(f"  the shipped repair is dominated by {len(over)} kept configuration(s)"
+                     + (": " + "; ".join(f"{NAMES[p.family]} {p.label[:30]}" for p in over) if over else "")
+                     + f", and dominates {len(under)} of the {len(b.points) - 1} others")
+    fr = sorted((p for p in b.points if p.front), key=lambda p: (p.kl.value, -p.efficacy.value))
+    if fr:
+        lines.append("  the held-out front, by good-format KL (who holds it where):")
+        runs: list[list] = []
+        for p in fr:
+            if runs and runs[-1][0] == p.family:
+                runs[-1][1].append(p)
+            else:
+                runs.append([p.family, [p]])
+        for fam, ps in runs:
+            lo, hi = ps[0].kl.value, ps[-1].kl.value
+            span = f"KL {lo:.4f}" if lo == hi else f"KL {lo:.4f} to {hi:.4f}"
+            lines.append(f"    {span:<26} {NAMES[fam]:<13} efficacy up to {100 * max(p.efficacy.value for p in ps):.1f}%, "
+                         f"control down to {100 * min(p.control.value for p in ps):.1f}%")
+    for fam, g in b.grids.items():
+        grid = (g.get("strengths") or g.get("alpha")) if isinstance(g, dict) else None
+        ps = [p for p in b.family(fam) if p.front]
+        if not grid or not ps:
+            continue
+        best = max(ps, key=lambda p: p.efficacy.value)
+        if max(grid) in (best.params.get("strength"), best.params.get("alpha")):
+            lines.append(f"  note: {NAMES[fam]}'s best point on the front ({best.label}) is at its grid's largest "
+                         "strength: a wider grid may reach further")
+    return "\n".join(lines)

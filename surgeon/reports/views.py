@@ -149,6 +149,9 @@ for _name, _view in VIEWS.items():
         _view.text = _saying_the_metric(_view.text)
     register(_name, _view)
 
+register("Baselines", View("repair", repair_view.baselines_text, figures={"pareto.png": repair_view.pareto_figure},
+                           headline=lambda b: f"{len(b.points)} configurations held out, "
+                                              f"{sum(p.front for p in b.points)} on the front"))
 register("RepairResult", View("repair", repair_view.repair_text, save=repair_view.save_repair, table=tables.repair_table,
                               headline=lambda r: f"{'+'.join(r.repair.heads)} ({r.repair.mode}): held-out efficacy "
                                                  f"{100 * r.efficacy().repaired.value:.1f}%"))
