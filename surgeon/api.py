@@ -60,7 +60,8 @@ from surgeon.analyses.sink_interventions import SinkInterventionResult
 from surgeon.analyses.sink_interventions import sink_interventions as sink_interventions_of
 from surgeon.analyses.sinks import SinkResult
 from surgeon.analyses.sinks import sinks as sinks_of
-from surgeon.analyses.repair import RepairResult, check_heads, check_repairable, repair_case, search_repair
+from surgeon.analyses.repair import (RepairResult, check_heads, check_repairable, measure_saved, repair_case,
+                                    search_repair)
 from surgeon.analyses.steering_baselines import compare_baselines
 from surgeon.analyses.feature_circuit import EXACT, FeatureCircuitResult, check_threshold_over
 from surgeon.analyses.feature_circuit import feature_circuit as feature_circuit_of
@@ -81,7 +82,7 @@ from surgeon.case.select import pick_items
 from surgeon.case.shipped import shipped_case
 from surgeon.models.checks import check_bare, check_case_against_model, load_case
 from surgeon.models.loading import from_hf, load_model, model_digest
-from surgeon.repairs.artifact import Repair, read_repair
+from surgeon.repairs.artifact import MODES, Repair, read_repair
 from surgeon.repairs.artifact import apply as apply_repair
 from surgeon.reports.html import render as render_report
 from surgeon.results import from_jsonable, to_jsonable, versions, write_json
@@ -375,21 +376,43 @@ def _head_list(heads) -> list[str] | None:
     return [h.strip() for h in (heads.split(",") if isinstance(heads, str) else heads) if h.strip()]
 
 
+def _as_repair(repair) -> Repair:
+    """A `Repair`, a result holding one, or a folder written by `repair.save(DIR)` / `surgeon repair --out DIR`."""
+    if isinstance(repair, Repair):
+        return repair
+    if isinstance(repair, (str, Path)):
+        return read_repair(repair)
+    if isinstance(getattr(repair, "repair", None), Repair):
+        return repair.repair
+    raise AnalysisError(f"cannot apply a {type(repair).__name__}: it holds no repair", field="repair",
+                        fix="give a Repair, a RepairResult (surgeon.repair(...)) or a folder written by "
+                            "surgeon repair --out DIR")
+
+
+def measure(repair, case, model=None, *, bad: str | None = None, tag: str | None = None, eval_items=None,
+            seed: int = 0, neutral: Sequence[str] | None = None, generate: int = 0, batch_size: int = 256,
+            device: str | None = None, dtype: str = "float32"):
+    """A saved repair (a folder, a `Repair` or a result holding one) measured on `case`'s items or formats (or
+    `eval_items`), with every measure `surgeon.repair` takes (`surgeon repair --from DIR CASE`): how it generalizes
+    to formats, items and tasks it was not built on. Items it was built on are left out (by their prompts' values)."""
+    repair = _as_repair(repair)  # before any weight loads
+    c = read(case, model)
+    if repair.mode not in MODES:
+        raise AnalysisError(f"unknown repair mode {repair.mode!r}", field="repair", fix="give a repair surgeon saved")
+    check_eval_items(c, model, eval_items, seed)
+    case, model = case_and_model(case, model, device=device, dtype=dtype)
+    if generate:
+        check_generation(case, model, list(case.items), generate)
+    return measure_saved(case, model, repair, bad=bad, tag=tag, eval_items=eval_items, seed=seed, neutral=neutral,
+                         generate=generate, batch_size=batch_size)
+
+
 def apply(model, repair, strength: float | None = None, last=None):
     """A context manager under which `model` (a HookedTransformer) runs with `repair` applied (see
     `surgeon.repairs.artifact.apply`): ``model.generate`` as it is; any other forward with `last`, each row's last
     prompt position (an int, one per row, or "end"), without which such a forward is refused. `repair`: a `Repair`, a
     result holding one, or a folder written by `repair.save(DIR)` / `surgeon repair --out DIR`."""
-    if not isinstance(repair, Repair):
-        if isinstance(repair, (str, Path)):
-            repair = read_repair(repair)
-        elif isinstance(getattr(repair, "repair", None), Repair):
-            repair = repair.repair
-        else:
-            raise AnalysisError(f"cannot apply a {type(repair).__name__}: it holds no repair", field="repair",
-                                fix="give a Repair, a RepairResult (surgeon.repair(...)) or a folder written by "
-                                    "surgeon repair --out DIR")
-    return apply_repair(model, repair, strength, last)
+    return apply_repair(model, _as_repair(repair), strength, last)
 
 
 def blend(case, model=None, *, layer: int, heads=None, component: str = "z",

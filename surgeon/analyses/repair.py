@@ -31,11 +31,12 @@ import numpy as np
 from surgeon.analyses.common import case_metric
 from surgeon.analyses.generation import end_text, judge
 from surgeon.analyses.pareto import Baselines
-from surgeon.analyses.heldout import Split, SubsetRunner, eval_split, evaluate_subsets, split_items
+from surgeon.analyses.heldout import (MIN_PER_SPLIT, Split, SubsetRunner, eval_items_of, eval_split, evaluate_subsets,
+                                     split_items)
 from surgeon.engine.contrast import Contrast
 from surgeon.engine.readout import greedy, reference_logprobs
 from surgeon.errors import AnalysisError
-from surgeon.repairs.artifact import MODES, Repair
+from surgeon.repairs.artifact import MODES, Repair, check_fits
 from surgeon.repairs.site import ConstantSite
 from surgeon.search.subsets import Unit, parse_units
 from surgeon.show import Shows
@@ -429,6 +430,8 @@ class RepairResult(Shows):
     compare: list[CompareRow] = field(default_factory=list)
     # `surgeon.analyses.steering_baselines.compare_baselines`: CAA, ITI and controls on the same held-out items
     baselines: Baselines | None = None
+    # `measure_saved`: a saved repair measured on a case's items: where it was built and what was left out
+    origin: str = ""
 
     def rows(self, measure: str) -> list[RateRow]:
         return [r for r in self.held_out if r.measure == measure]
@@ -538,9 +541,20 @@ def _split(case: Case, holdout: float | None, seed: int, eval_items=None):
     return eval_split(case, "all", holdout, seed, eval_items)
 
 
-def _built_on(case: Case, split: Split | None, focus: str, n: int, pool: Pool) -> dict:
+def item_key(item: Item) -> str:
+    """An item by its prompt's values (16 hex digits of their sha256): what says that another case's item is one a
+    repair was built on, without keeping the items themselves."""
+    import hashlib
+    import json
+
+    return hashlib.sha256(json.dumps(sorted((str(k), str(v)) for k, v in item.values.items())).encode()).hexdigest()[:16]
+
+
+def _built_on(case: Case, split: Split | None, focus: str, n: int, pool: Pool, disc: Sequence[Item] = ()) -> dict:
     return {"case": case.name, "case_sha256": content_digest(case), "good": case.good, "bad": pool.formats["bad"],
             "tag": focus, "n_items": n, "mode": pool.mode,
+            # every item the building or the search read (its means, its bounds): never measured as held out
+            "discovery_items": sorted({item_key(it) for it in disc}),
             "split": None if split is None else {"holdout": split.holdout, "seed": split.seed,
                                                  "discovery": len(split.discovery), "evaluation": len(split.evaluation),
                                                  "stratified_by": split.stratified_by,
@@ -569,7 +583,7 @@ def repair_case(case: Case, model, *, heads: str | Sequence[str] | None, mode: s
     bads, focus, split, disc, ev, disc_focus = setup_split(case, mode, bad, tag, holdout, seed, eval_items)
     units = _units(model, heads)
     pool = build_pool(case, model, disc_focus, units, mode=mode, bads=bads, batch_size=batch_size)
-    repair = pool.repair(units, strength, _built_on(case, split, focus, len(disc_focus), pool))
+    repair = pool.repair(units, strength, _built_on(case, split, focus, len(disc_focus), pool, disc))
     held, shifts, gens = measure_repair(case, model, repair, ev, focus=focus, bads=bads,
                                         neutral=case.neutral if neutral is None else neutral,
                                         generate=generate, batch_size=batch_size)
@@ -664,7 +678,7 @@ def search_repair(case: Case, model, *, heads: str | Sequence[str] | None = None
     chosen, best_strength = path[k][0], path[k][1]
     for st in steps:
         st["chosen"] = st.get("k") == len(chosen) and "added" in st
-    repair = pool.repair(chosen, best_strength, _built_on(case, split, focus, len(disc_focus), pool))
+    repair = pool.repair(chosen, best_strength, _built_on(case, split, focus, len(disc_focus), pool, disc))
     held, shifts, gens = measure_repair(case, model, repair, ev, focus=focus, bads=bads,
                                         neutral=case.neutral if neutral is None else neutral,
                                         generate=generate, batch_size=batch_size)
@@ -682,6 +696,53 @@ def search_repair(case: Case, model, *, heads: str | Sequence[str] | None = None
                         {"max_kl": max_kl, "max_kl_q90": max_kl_q90, "max_drop": max_drop, "max_heads": max_heads, "strengths": list(strengths),
                          "pool": [u.label for u in pool_units]},
                         n_discovery=len(disc), n_evaluation=len(ev), compare=compare)
+
+
+def measure_saved(case: Case, model, repair: Repair, *, bad: str | None = None, tag: str | None = None,
+                  eval_items=None, seed: int = 0, neutral: Sequence[str] | None = None, generate: int = 0,
+                  batch_size: int = 256) -> RepairResult:
+    """A saved repair measured on `case`'s items (or `eval_items`), with every measure `surgeon repair` takes:
+    generalization to a case, formats or items it was not built on. Items the repair was built or searched on (by
+    their prompt's values, `repair.built_on["discovery_items"]`) are left out and counted; a repair saved without
+    that list, measured on its own case, is measured on its own held-out split (`built_on["split"]`)."""
+    check_fits(repair, model)
+    if case.align not in ALIGNS:
+        raise AnalysisError(f"a repair acts at positions counted from the last prompt token, but the case aligns "
+                            f"positions by {case.align!r}", where=case.source, field="align",
+                            fix='set align="last" in the case')
+    bads = [pick_bad(case, bad)] if bad is not None else list(case.bad_formats)
+    focus = pick_items(case, tag)[0] or "all"
+    b = repair.built_on or {}
+    if eval_items is not None:
+        items, where = eval_items_of(case, eval_items, seed)
+    else:
+        items, where = list(case.items), "the case's items"
+    seen = set(b.get("discovery_items") or ())
+    left = 0
+    if seen:
+        left = sum(item_key(it) in seen for it in items)
+        items = [it for it in items if item_key(it) not in seen]
+    elif b.get("case_sha256") and b.get("case_sha256") == content_digest(case) and eval_items is None:
+        sp = b.get("split") or {}
+        if sp.get("holdout"):
+            s_ = split_items(list(case.items), sp["holdout"], sp.get("seed", 0))
+            left = len(s_.discovery)
+            items = [case.items[i] for i in s_.evaluation]
+    if left:
+        where += f", {left} the repair was built on left out"
+    if len(items) < MIN_PER_SPLIT:
+        raise AnalysisError(f"{len(items)} items to measure the repair on{' once the ones it was built on are left out' if left else ''}; "
+                            f"at least {MIN_PER_SPLIT} are needed", where=case.source, field="items",
+                            fix="measure it on another case's items, or on fresh ones (eval_items= / --eval-items N)")
+    held, shifts, gens = measure_repair(case, model, repair, items, focus=focus, bads=bads,
+                                        neutral=case.neutral if neutral is None else neutral, generate=generate,
+                                        batch_size=batch_size)
+    origin = (f"a saved repair built on case {b.get('case', '?')!r} ({b.get('n_items', '?')} discovery items of tag "
+              f"{b.get('tag', '?')!r}, failing formats {', '.join(b.get('bad') or ['?'])}), measured on {len(items)} "
+              f"items of case {case.name!r} ({where}), failing formats {', '.join(bads)}, focus tag {focus!r}")
+    split = Split((), tuple(range(len(items))), 0.0, seed, "", evaluated_on=where)
+    return RepairResult(case.name, repair, split, focus, held, shifts, gens, n_discovery=int(b.get("n_items") or 0),
+                        n_evaluation=len(items), origin=origin)
 
 
 def best_paired(case: Case, model, items: Sequence[Item], pool: Sequence[Unit], bads: Sequence[str], max_heads: int,
@@ -720,5 +781,5 @@ def _compare(case, model, ev, focus, bads, held, shifts, repair, chosen_by, batc
     return [CompareRow(chosen_by, tuple(repair.heads), f, paired[f], eff[f], kl) for f in bads if f in eff and f in paired]
 
 
-__all__ = ["CompareRow", "GenRow", "RateRow", "RepairResult", "ShiftRow", "build_pool", "measure_repair", "repair_case",
+__all__ = ["CompareRow", "GenRow", "RateRow", "RepairResult", "ShiftRow", "build_pool", "measure_repair", "measure_saved", "repair_case",
            "search_repair", "best_paired"]

@@ -179,6 +179,9 @@ def build_parser() -> argparse.ArgumentParser:
     add_common(p, out_help="write results.json, manifest.json and the repair (repair.safetensors, repair.json) here")
     p.add_argument("--heads", help="the heads to repair, e.g. L0H4,L0H6 (with --search: the pool to choose from; "
                                    "default every head)")
+    p.add_argument("--from", dest="from_dir", type=Path, metavar="DIR",
+                   help="measure the repair saved in DIR (surgeon repair --out DIR) on this case's items and formats "
+                        "instead of building one: every measure below, items it was built on left out")
     p.add_argument("--mode", default="mean", choices=["mean", "steer"],
                    help="mean: the heads' output replaced by the good format's mean over the discovery items; steer: "
                         "the mean good-minus-failing difference added, times --strength (ITI / CAA) (default: mean)")
@@ -628,8 +631,19 @@ def cmd_repair(args) -> int:
         except ValueError:
             raise SurgeonError(f"cannot read --strengths {args.strengths!r}", field="--strengths",
                                fix="numbers separated by commas, e.g. 0.5,1,2,4") from None
-    check_heads(args.heads, max_heads=args.max_heads, strength=args.strength, strengths=strengths, search=args.search,
-                max_kl=args.max_kl, max_drop=args.max_drop, max_kl_q90=args.max_kl_q90)
+    saved = None
+    if args.from_dir is not None:
+        from surgeon.repairs.artifact import read_repair
+
+        for flag, given in (("--heads", args.heads), ("--search", args.search), ("--strength", args.strength),
+                            ("--strengths", args.strengths), ("--baselines", args.baselines)):
+            if given:
+                raise SurgeonError(f"{flag} builds a repair, but --from measures the one saved in {args.from_dir}",
+                                   field=flag, fix=f"leave out {flag}, or leave out --from to build a repair")
+        saved = read_repair(args.from_dir)  # before the model loads
+    else:
+        check_heads(args.heads, max_heads=args.max_heads, strength=args.strength, strengths=strengths,
+                    search=args.search, max_kl=args.max_kl, max_drop=args.max_drop, max_kl_q90=args.max_kl_q90)
     neutral = None
     if args.neutral is not None:
         try:
@@ -640,19 +654,23 @@ def cmd_repair(args) -> int:
         if not neutral:
             raise SurgeonError(f"{args.neutral} holds no text", field="--neutral", fix="one neutral text per line")
     case, model, device = load_case_and_model(
-        args, check=lambda c: (check_repairable(c, args.mode, "z", holdout=args.holdout, eval_items=args.eval_items),
+        args, check=lambda c: (check_repairable(c, saved.mode if saved else args.mode, "z",
+                                                holdout=args.holdout, eval_items=args.eval_items),
                                eval_items_check(args, c)))
     if args.generate:
         from surgeon.analyses.generation import check_generation
 
         check_generation(case, model, list(case.items), args.generate)
-    from surgeon.analyses.repair import repair_case, search_repair
+    from surgeon.analyses.repair import measure_saved, repair_case, search_repair
     from surgeon.analyses.steering_baselines import compare_baselines
 
     common = dict(mode=args.mode, bad=args.bad, tag=args.tag, holdout=args.holdout, seed=args.seed, neutral=neutral,
                   eval_items=args.eval_items,
                   generate=args.generate, batch_size=args.batch_size)
-    if args.search:
+    if saved is not None:
+        r = measure_saved(case, model, saved, bad=args.bad, tag=args.tag, eval_items=args.eval_items, seed=args.seed,
+                          neutral=neutral, generate=args.generate, batch_size=args.batch_size)
+    elif args.search:
         r = search_repair(case, model, heads=args.heads, strengths=strengths, max_heads=args.max_heads,
                           max_kl=args.max_kl, max_kl_q90=args.max_kl_q90, max_drop=args.max_drop, progress=True,
                           **common)

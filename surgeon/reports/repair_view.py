@@ -35,9 +35,11 @@ def repair_text(r) -> str:
              "other items given")
     mode = ("the good format's mean output over the discovery items in place of the heads' own"
             if rep.mode == "mean" else "the mean good-minus-failing difference added")
-    lines = [f"case {r.case} · repair {'+'.join(rep.heads)} · mode {rep.mode} ({mode}), strength {rep.strength:g}",
+    built = (f"{r.origin}; it needs only the failing prompt" if r.origin else
              f"built on {rep.built_on.get('n_items', '?')} discovery items of tag {r.focus!r} ({where}); needs only the "
-             "failing prompt: it acts at the last prompt token and the answer (or generated) tokens after it",
+             "failing prompt")
+    lines = [f"case {r.case} · repair {'+'.join(rep.heads)} · mode {rep.mode} ({mode}), strength {rep.strength:g}",
+             built + ": it acts at the last prompt token and the answer (or generated) tokens after it",
              f"measured on the {r.n_evaluation} held-out items (the result; 95% Wilson intervals over items):", "",
              f"{'measure':<16} {'format':<10} {'tag':<10} {'repaired':<24} {'unrepaired':<24} n"]
     for row in r.held_out:
@@ -71,7 +73,7 @@ def repair_text(r) -> str:
         for c in r.compare:
             lines.append(f"  {c.chosen_by:<22} {c.format:<10} {_pct(c.paired):<24} {_pct(c.shippable):<24} "
                          f"{c.kl_good.value:<16.4f} {'+'.join(c.heads)}")
-    if r.discovery:
+    if r.discovery and not r.origin:
         lines += ["", f"in-sample (the {rep.built_on.get('n_items', '?')} discovery items it was built on):"]
         for row in r.discovery:
             lines.append(f"  efficacy {row.format:<10} {_pct(row.repaired)} (n={row.repaired.n})")
