@@ -83,6 +83,7 @@ from surgeon.case.shipped import shipped_case
 from surgeon.models.checks import check_bare, check_case_against_model, load_case
 from surgeon.models.loading import from_hf, load_model, model_digest
 from surgeon.repairs.artifact import MODES, Repair, read_repair
+from surgeon.repairs.fold import check_rule, save_folded
 from surgeon.repairs.artifact import apply as apply_repair
 from surgeon.reports.html import render as render_report
 from surgeon.results import from_jsonable, to_jsonable, versions, write_json
@@ -310,7 +311,7 @@ def repair(case, model=None, *, heads=None, mode: str = "mean", strength: float 
            max_kl_q90: float | None = None, max_drop: float = 0.05,
            holdout: float | None = 0.5, seed: int = 0, eval_items=None, neutral: Sequence[str] | None = None,
            generate: int = 0, bad: str | None = None, tag: str | None = None, batch_size: int = 256, metric=None,
-           baselines: bool = False, device: str | None = None, dtype: str = "float32"):
+           baselines: bool = False, fold: str | None = None, device: str | None = None, dtype: str = "float32"):
     """A repair that needs the failing prompt alone (`surgeon repair`): `heads` ("L0H4,L0H6") get the good format's
     mean output (`mode="mean"`) or the mean good-minus-failing difference times `strength` (`mode="steer"`) at the
     last prompt token and the tokens after it, built on a seeded discovery split of the items (`holdout`, or every
@@ -321,25 +322,30 @@ def repair(case, model=None, *, heads=None, mode: str = "mean", strength: float 
     measure; `result.verdict()` says why not to ship it (no held-out efficacy above unrepaired, a bound not met). `result.repair` is the `Repair`: `surgeon.apply(model,
     result.repair)`, `result.repair.save(DIR)`. `baselines=True`: the field's steering baselines (CAA, ITI, random
     heads, one layer's heads) built on the same discovery items and measured beside it on the same held-out items
-    (`result.baselines`: the Pareto front; `surgeon.analyses.steering_baselines.compare_baselines` for other grids)."""
+    (`result.baselines`: the Pareto front; `surgeon.analyses.steering_baselines.compare_baselines` for other grids).
+    `fold="slot0"` (or "mean"): also measure it as a model file acts, folded into the weights at every position
+    (`result.fold`); `surgeon.fold(result, model, DIR)` writes that model file."""
     check_repairable(read(case, model), mode, "z", holdout=holdout, eval_items=eval_items)  # before any weight loads
     check_heads(heads, max_heads=max_heads, strength=strength, strengths=strengths, search=search, max_kl=max_kl,
                 max_drop=max_drop, max_kl_q90=max_kl_q90)
     check_eval_items(case, model, eval_items, seed)  # a number of fresh items, a case file or Items
+    if fold is not None:
+        check_rule(fold)
     case, model = case_and_model(case, model, device=device, dtype=dtype, metric=metric)
     if generate:
         check_generation(case, model, list(case.items), generate)
     if search:
         r = search_repair(case, model, heads=heads, mode=mode, strengths=strengths, max_heads=max_heads,
                           max_kl=max_kl, max_kl_q90=max_kl_q90, max_drop=max_drop, bad=bad, tag=tag, holdout=holdout,
-                          seed=seed, eval_items=eval_items, neutral=neutral, generate=generate, batch_size=batch_size)
+                          seed=seed, eval_items=eval_items, neutral=neutral, generate=generate, batch_size=batch_size,
+                          fold=fold)
     elif heads is None:
         raise AnalysisError("name the heads to repair, or search for them", field="heads",
                             fix='give heads="L0H4,L0H6" (e.g. a subset from surgeon threshold), or search=True')
     else:
         r = repair_case(case, model, heads=heads, mode=mode, strength=1.0 if strength is None else strength, bad=bad,
                         tag=tag, holdout=holdout, seed=seed, eval_items=eval_items, neutral=neutral, generate=generate,
-                        batch_size=batch_size)
+                        batch_size=batch_size, fold=fold)
     if baselines:
         r = replace(r, baselines=compare_baselines(case, model, r, holdout=holdout, seed=seed, eval_items=eval_items,
                                                    bad=bad, tag=tag, batch_size=batch_size))
@@ -405,6 +411,20 @@ def measure(repair, case, model=None, *, bad: str | None = None, tag: str | None
         check_generation(case, model, list(case.items), generate)
     return measure_saved(case, model, repair, bad=bad, tag=tag, eval_items=eval_items, seed=seed, neutral=neutral,
                          generate=generate, batch_size=batch_size)
+
+
+def fold(repair, model, out, *, rule: str = "slot0", format: str = "auto", strength: float | None = None,
+         device: str | None = None, dtype: str = "float32") -> str:
+    """Write the model with `repair` folded into its weights (acting at every position, `rule`: "slot0" or "mean") to
+    folder `out`: a Hugging Face folder that transformers loads (for a model given as its Hugging Face folder, or
+    `format="hf"`), else a TransformerLens checkpoint (`--model DIR` reads it). `model`: a spec (organism:NAME, a
+    folder) or a HookedTransformer. Returns the format written. `surgeon.repairs.fold` says what is exact and why."""
+    repair = _as_repair(repair)
+    check_rule(rule)
+    source = str(model) if isinstance(model, (str, Path)) else None
+    if source is not None:
+        model = load_model(source, device=device_of(device), dtype=dtype)
+    return save_folded(repair, model, out, rule=rule, fmt=format, source=source, strength=strength)
 
 
 def apply(model, repair, strength: float | None = None, last=None):

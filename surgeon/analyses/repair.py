@@ -37,6 +37,7 @@ from surgeon.engine.contrast import Contrast
 from surgeon.engine.readout import greedy, reference_logprobs
 from surgeon.errors import AnalysisError
 from surgeon.repairs.artifact import MODES, Repair, check_fits
+from surgeon.repairs.fold import check_rule, every_position_hooks
 from surgeon.repairs.site import ConstantSite
 from surgeon.search.subsets import Unit, parse_units
 from surgeon.show import Shows
@@ -409,6 +410,47 @@ def _generation(case: Case, model, repair: Repair, fmt: str, tag: str, items: Se
     return GenRow(fmt, tag, rate[True], rate[False], v[True].count("other"), broken[:5])
 
 
+@dataclass(frozen=True)
+class FoldCost:
+    """The repair as a model file acts at every position (`surgeon.repairs.fold`): its measures on the same held-out
+    items, beside the slot rule's (`RepairResult.held_out`, `.shifts`)."""
+
+    rule: str  # a key of surgeon.repairs.fold.RULES
+    rows: list[RateRow]  # efficacy, generalization, specificity under the every-position rule (unrepaired beside)
+    kl_good: ShiftRow  # the good format's KL from the unrepaired model under the every-position rule
+
+
+def fold_cost(case: Case, model, repair: Repair, items: Sequence[Item], *, focus: str, bads: Sequence[str],
+              rule: str = "slot0", batch_size: int = 256) -> FoldCost:
+    """The folded repair's efficacy and harm on `items`, run as the weights run it: the same edit at every position
+    (`every_position_hooks`, equal to the folded weights' logits: tested), each format's scores and the good format's
+    KL from the unrepaired model (its log-probabilities taken before the edit)."""
+    check_rule(rule)
+    hooks = every_position_hooks(repair, rule)
+    tags = by_tag(items)
+    plans = []
+    for fmt in [*bads, case.good]:
+        for tag, its in tags.items():
+            measure = "specificity" if fmt == case.good else ("efficacy" if focus in ("all", tag) else "generalization")
+            metric, ref = case_metric(case, model, its, batch_size)
+            plans.append((measure, fmt, tag or "all", format_rows(case, model, fmt, its),
+                          format_rows(case, model, case.good, its), metric, ref))
+    krows, owner = scored_positions(case, model, case.good, items)
+    kref = reference_logprobs(model, krows, batch_size)  # the unrepaired model's, before the edit
+    unrepaired = [Scorer(case, model, its, fmt, batch_size).unrepaired for fmt in [*bads, case.good]
+                  for its in tags.values()]
+    rows = []
+    with model.hooks(fwd_hooks=hooks):
+        for (measure, fmt, tag, r, g, metric, ref), un in zip(plans, unrepaired):
+            c = Contrast(model, r, g, case.align, batch_size=batch_size, metric=metric, reference=ref)
+            right = np.asarray(metric.right(c.clean_base.float().cpu().numpy()))
+            rows.append(RateRow(measure, fmt, tag, wilson(int(right.sum()), int(right.size)), un))
+        kc = Contrast(model, krows, krows, case.align, batch_size=batch_size, metric=METRICS["kl"](), reference=kref)
+        k = np.maximum(-kc.clean_base.float().cpu().numpy()[None], 0)
+    kl = per_item(k, owner, len(items))[0]
+    return FoldCost(rule, rows, shift_row(case.good, kl, [item_label(it) for it in items]))
+
+
 @dataclass
 class RepairResult(Shows):
     """A repair and how it does on the held-out items (the result) and on the discovery items it was built on
@@ -432,6 +474,8 @@ class RepairResult(Shows):
     baselines: Baselines | None = None
     # `measure_saved`: a saved repair measured on a case's items: where it was built and what was left out
     origin: str = ""
+    # `fold_cost`: the repair folded into the weights (every position) on the same held-out items
+    fold: FoldCost | None = None
 
     def rows(self, measure: str) -> list[RateRow]:
         return [r for r in self.held_out if r.measure == measure]
@@ -577,9 +621,10 @@ def setup_split(case: Case, mode: str, bad, tag, holdout, seed: int, eval_items)
 def repair_case(case: Case, model, *, heads: str | Sequence[str] | None, mode: str = "mean", strength: float = 1.0,
                 bad: str | None = None, tag: str | None = None, holdout: float | None = 0.5, seed: int = 0,
                 eval_items: Sequence[Item] | None = None, neutral: Sequence[str] | None = None, generate: int = 0,
-                batch_size: int = 256) -> RepairResult:
+                batch_size: int = 256, fold: str | None = None) -> RepairResult:
     """Build a `Repair` of `heads` from the discovery items of the focus tag (`tag`) and measure it on the held-out
-    items (`holdout`, seeded and stratified by tag; or `eval_items`)."""
+    items (`holdout`, seeded and stratified by tag; or `eval_items`); `fold` (a rule of `surgeon.repairs.fold.RULES`):
+    also measure it folded into the weights, at every position (`fold_cost`)."""
     bads, focus, split, disc, ev, disc_focus = setup_split(case, mode, bad, tag, holdout, seed, eval_items)
     units = _units(model, heads)
     pool = build_pool(case, model, disc_focus, units, mode=mode, bads=bads, batch_size=batch_size)
@@ -588,8 +633,10 @@ def repair_case(case: Case, model, *, heads: str | Sequence[str] | None, mode: s
                                         neutral=case.neutral if neutral is None else neutral,
                                         generate=generate, batch_size=batch_size)
     disc_rows = _discovery_rows(case, model, repair, disc_focus, focus, bads, batch_size)
+    folded = None if fold is None else fold_cost(case, model, repair, ev, focus=focus, bads=bads, rule=fold,
+                                                 batch_size=batch_size)
     return RepairResult(case.name, repair, split, focus, held, shifts, gens, disc_rows,
-                        n_discovery=len(disc), n_evaluation=len(ev))
+                        n_discovery=len(disc), n_evaluation=len(ev), fold=folded)
 
 
 def _discovery_rows(case, model, repair, items, focus, bads, batch_size) -> list[RateRow]:
@@ -606,7 +653,8 @@ def search_repair(case: Case, model, *, heads: str | Sequence[str] | None = None
                   strengths: Sequence[float] | None = None, max_heads: int = 8, max_kl: float = 0.1,
                   max_kl_q90: float | None = None, max_drop: float = 0.05, bad: str | None = None, tag: str | None = None, holdout: float | None = 0.5,
                   seed: int = 0, eval_items: Sequence[Item] | None = None, neutral: Sequence[str] | None = None,
-                  generate: int = 0, batch_size: int = 256, progress: bool = False) -> RepairResult:
+                  generate: int = 0, batch_size: int = 256, progress: bool = False,
+                  fold: str | None = None) -> RepairResult:
     """Choose the repair to ship on the discovery items, then measure it on the held-out ones.
 
     Greedy forward selection over the pool `heads` (default: every head) and `strengths`: each step adds the head
@@ -695,12 +743,14 @@ def search_repair(case: Case, model, *, heads: str | Sequence[str] | None = None
     return RepairResult(case.name, repair, split, focus, held, shifts, gens, disc_rows, steps,
                         {"max_kl": max_kl, "max_kl_q90": max_kl_q90, "max_drop": max_drop, "max_heads": max_heads, "strengths": list(strengths),
                          "pool": [u.label for u in pool_units]},
-                        n_discovery=len(disc), n_evaluation=len(ev), compare=compare)
+                        n_discovery=len(disc), n_evaluation=len(ev), compare=compare,
+                        fold=None if fold is None else fold_cost(case, model, repair, ev, focus=focus, bads=bads,
+                                                                 rule=fold, batch_size=batch_size))
 
 
 def measure_saved(case: Case, model, repair: Repair, *, bad: str | None = None, tag: str | None = None,
                   eval_items=None, seed: int = 0, neutral: Sequence[str] | None = None, generate: int = 0,
-                  batch_size: int = 256) -> RepairResult:
+                  batch_size: int = 256, fold: str | None = None) -> RepairResult:
     """A saved repair measured on `case`'s items (or `eval_items`), with every measure `surgeon repair` takes:
     generalization to a case, formats or items it was not built on. Items the repair was built or searched on (by
     their prompt's values, `repair.built_on["discovery_items"]`) are left out and counted; a repair saved without
@@ -741,8 +791,10 @@ def measure_saved(case: Case, model, repair: Repair, *, bad: str | None = None, 
               f"{b.get('tag', '?')!r}, failing formats {', '.join(b.get('bad') or ['?'])}), measured on {len(items)} "
               f"items of case {case.name!r} ({where}), failing formats {', '.join(bads)}, focus tag {focus!r}")
     split = Split((), tuple(range(len(items))), 0.0, seed, "", evaluated_on=where)
+    folded = None if fold is None else fold_cost(case, model, repair, items, focus=focus, bads=bads, rule=fold,
+                                                 batch_size=batch_size)
     return RepairResult(case.name, repair, split, focus, held, shifts, gens, n_discovery=int(b.get("n_items") or 0),
-                        n_evaluation=len(items), origin=origin)
+                        n_evaluation=len(items), origin=origin, fold=folded)
 
 
 def best_paired(case: Case, model, items: Sequence[Item], pool: Sequence[Unit], bads: Sequence[str], max_heads: int,
@@ -781,5 +833,5 @@ def _compare(case, model, ev, focus, bads, held, shifts, repair, chosen_by, batc
     return [CompareRow(chosen_by, tuple(repair.heads), f, paired[f], eff[f], kl) for f in bads if f in eff and f in paired]
 
 
-__all__ = ["CompareRow", "GenRow", "RateRow", "RepairResult", "ShiftRow", "build_pool", "measure_repair", "measure_saved", "repair_case",
+__all__ = ["CompareRow", "FoldCost", "GenRow", "fold_cost", "RateRow", "RepairResult", "ShiftRow", "build_pool", "measure_repair", "measure_saved", "repair_case",
            "search_repair", "best_paired"]

@@ -220,6 +220,17 @@ def build_parser() -> argparse.ArgumentParser:
                         "stream at every layer, ITI on probe-ranked heads, random heads, one layer's heads) and place "
                         "them beside the repair on the same held-out items: a Pareto front of efficacy against KL and "
                         "control accuracy (the text, and pareto.png with --out)")
+    p.add_argument("--fold-out", type=Path, metavar="DIR",
+                   help="also fold the repair into the weights (acting at every position: exact for head outputs) and "
+                        "save the model there: a Hugging Face folder for a model loaded from one, else a "
+                        "TransformerLens checkpoint (--model DIR reads both); prints what the every-position rule costs "
+                        "against the slot rule on the held-out items")
+    p.add_argument("--fold-rule", default="slot0", choices=["slot0", "mean"],
+                   help="with --fold-out: the constant at every position: slot 0's (the last prompt token's; default) "
+                        "or the mean over the repair's slots")
+    p.add_argument("--fold-format", default="auto", choices=["auto", "tl", "hf"],
+                   help="with --fold-out: hf (a Hugging Face folder: needs a model loaded from one), tl (a "
+                        "TransformerLens checkpoint), auto (hf where the model came from a Hugging Face folder)")
     p.add_argument("--bad", help="build and measure on this failing format only (default: every failing format)")
     p.add_argument("--tag", help="the items the repair is built on and judged by for efficacy (default: the focus)")
 
@@ -662,14 +673,16 @@ def cmd_repair(args) -> int:
 
         check_generation(case, model, list(case.items), args.generate)
     from surgeon.analyses.repair import measure_saved, repair_case, search_repair
+    from surgeon.repairs.fold import save_folded
     from surgeon.analyses.steering_baselines import compare_baselines
 
     common = dict(mode=args.mode, bad=args.bad, tag=args.tag, holdout=args.holdout, seed=args.seed, neutral=neutral,
-                  eval_items=args.eval_items,
+                  eval_items=args.eval_items, fold=args.fold_rule if args.fold_out is not None else None,
                   generate=args.generate, batch_size=args.batch_size)
     if saved is not None:
         r = measure_saved(case, model, saved, bad=args.bad, tag=args.tag, eval_items=args.eval_items, seed=args.seed,
-                          neutral=neutral, generate=args.generate, batch_size=args.batch_size)
+                          neutral=neutral, generate=args.generate, batch_size=args.batch_size,
+                          fold=args.fold_rule if args.fold_out is not None else None)
     elif args.search:
         r = search_repair(case, model, heads=args.heads, strengths=strengths, max_heads=args.max_heads,
                           max_kl=args.max_kl, max_kl_q90=args.max_kl_q90, max_drop=args.max_drop, progress=True,
@@ -692,6 +705,15 @@ def cmd_repair(args) -> int:
         save_repair(args.out, "repair", r, case, options=opts, device=device)
         print(f"\nwrote {args.out}/results.json, manifest.json, repair.safetensors, repair.json "
               "(apply it with surgeon.apply(model, surgeon.load(DIR)))")
+    if args.fold_out is not None and r.verdict() and not args.save_anyway:
+        print(f"\nnot folded into {args.fold_out}: the verdict above says not to ship this repair (--save-anyway "
+              "folds it)")
+    elif args.fold_out is not None:
+        fmt = save_folded(r.repair, model, args.fold_out, rule=args.fold_rule, fmt=args.fold_format,
+                          source=case.model)
+        print(f"\nwrote {args.fold_out}: the repaired model ({fmt}, every position: {args.fold_rule}), loaded with no "
+              "surgeon and no hooks" + (" by transformers.AutoModelForCausalLM" if fmt == "huggingface" else
+                                        " (a TransformerLens checkpoint: HookedTransformer from its config.json and model.safetensors, or surgeon --model DIR)"))
     return 0
 
 

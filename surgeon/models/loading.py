@@ -444,6 +444,12 @@ def _converted(hf, device: str, tdtype, n_devices: int, where: str, src: Path | 
     from transformer_lens import loading
 
     hf_cfg = hf.config.to_dict()
+    if hf_cfg.get("model_type") in ("llama", "gemma2", "gemma", "mistral") and hf_cfg.get("attention_bias"):
+        raise ModelError(f"{where} is a {hf_cfg['model_type']} model with attention biases (attention_bias=true, as a "
+                         "repair folded into a Hugging Face folder has), which TransformerLens's conversion drops: its "
+                         "numbers would be the unbiased model's", field="model",
+                         fix="load it with transformers directly, or fold the repair into a TransformerLens checkpoint "
+                             "(surgeon repair --fold-format tl) for surgeon to read")
     if hf_cfg.get("model_type") == "gpt2" and "n_ctx" not in hf_cfg:
         # transformers 5 no longer saves n_ctx for GPT-2; TL reads it (it equals n_positions)
         hf_cfg["n_ctx"] = hf_cfg.get("n_positions", 1024)

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from surgeon.analyses.pareto import FAMILIES, NAMES
 from surgeon.repairs.artifact import FILE, TENSORS
+from surgeon.repairs.fold import RULES
 from surgeon.reports.figures import pareto_figure
 from surgeon.reports.text import model_info
 from surgeon.results import manifest, staging, write_json
@@ -106,6 +107,8 @@ def repair_text(r) -> str:
                 met = "met" if drop <= b.get("max_drop", 1) + 1e-12 else "NOT met"
                 lines.append(f"  {row.format} {row.tag} accuracy drop {100 * drop:+.1f} points against <= "
                              f"{100 * b.get('max_drop', 0):.0f}: {met}")
+    if r.fold is not None:
+        lines += ["", fold_text(r)]
     if r.baselines is not None:
         lines += ["", baselines_text(r.baselines)]
     problems, limits = r.verdict(), r.limits()
@@ -113,6 +116,23 @@ def repair_text(r) -> str:
         lines.append("")
     lines += [f"verdict: {p}" for p in problems]
     lines += [f"note: {x}" for x in limits]
+    return "\n".join(lines)
+
+
+def fold_text(r) -> str:
+    """What the model file (the repair at every position, in the weights) costs against the slot rule, held out."""
+    f = r.fold
+    lines = [f"as a model file (folded into W_O and b_O: {RULES[f.rule]}; the slot rule cannot be put in weights), on "
+             "the same held-out items:",
+             f"  {'measure':<16} {'format':<10} {'tag':<10} {'slot rule':<24} {'every position':<24} unrepaired"]
+    slot = {(x.measure, x.format, x.tag): x.repaired for x in r.held_out}
+    for row in f.rows:
+        s = slot.get((row.measure, row.format, row.tag))
+        lines.append(f"  {row.measure:<16} {row.format:<10} {row.tag:<10} {_pct(s) if s else '':<24} "
+                     f"{_pct(row.repaired):<24} {_pct(row.unrepaired)}")
+    good = next((x for x in r.shifts if x.where == f.kl_good.where), None)
+    lines.append(f"  good-format KL   slot rule {_mean(good.kl) if good else '?'}, every position {_mean(f.kl_good.kl)} "
+                 f"(90th pct {f.kl_good.q90:.4f})")
     return "\n".join(lines)
 
 
