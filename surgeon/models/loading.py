@@ -13,6 +13,9 @@ Nothing here touches the network: hub lookups are `local_files_only`.
 """
 from __future__ import annotations
 
+import contextlib
+import sys
+
 import os
 import re
 from dataclasses import dataclass
@@ -357,7 +360,8 @@ def _load_tl(ref: ModelRef, device: str, tdtype):
                          f"{unexpected[:3]}, other shapes {wrong[:3]})", where=str(ref.path), field="model",
                          fix="save the config and the state dict of the same model")
     model.load_state_dict({k: v.to(tdtype) if v.is_floating_point() else v for k, v in state.items()}, strict=False)
-    model.to(device)
+    with contextlib.redirect_stdout(sys.stderr):  # TransformerLens prints "Moving model to device" on stdout
+        model.to(device)
     model.eval()
     return model
 
