@@ -12,7 +12,7 @@ from typing import Sequence
 from surgeon.analyses.common import Direction, make_contrast
 from surgeon.analyses.generation import generate_patched
 from surgeon.errors import AnalysisError
-from surgeon.models.loading import load_model
+from surgeon.models.loading import load_model, model_digest
 from surgeon.search.ray import evaluate_on_ray, merge_execution
 from surgeon.search.shards import collect
 from surgeon.search.store import ChunkStore, parse_shard
@@ -28,7 +28,28 @@ from surgeon.search.subsets import (
 )
 from surgeon.sites.nodes import Site
 from surgeon.sites.nodes import component as get_component
-from surgeon.case.case import Case
+from surgeon.case.case import Case, content_digest
+
+
+def resume_inputs(case: Case, model, info: dict, contrast, component: str, direction: str) -> dict:
+    """Every input of a search besides its plan that changes a chunk's numbers, by content: the case (formats, items,
+    metric, ...: `content_digest`), the runs compared (base, source, tag), the component and direction, the metric, the
+    model (config and weights: `model_digest`) and its dtype. A saved search resumes only where all of them match."""
+    import uuid
+
+    p = next(model.parameters())
+    case_sha = content_digest(case)
+    return {"case_content_sha256": case_sha or f"unkeyable-{uuid.uuid4().hex}",  # a metric function without source
+            "base": info["base"], "source": info["source"], "tag": info["tag"], "component": component,
+            "direction": direction, "n_items": int(contrast.n_items), "metric": contrast.metric.label,
+            "model_sha256": model_digest(model), "dtype": str(p.dtype)}
+
+
+def _inputs_digest(inputs: dict) -> str:
+    import hashlib
+    import json
+
+    return hashlib.sha256(json.dumps(inputs, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
 @dataclass(frozen=True)
@@ -110,12 +131,15 @@ def threshold_search(case: Case, model, *, layer: int | None = None, heads: str 
                 clean_base=contrast.clean_base.cpu().tolist(), clean_source=contrast.clean_source.cpu().tolist(),
                 metric=contrast.metric.label, right_above=contrast.metric.right_above)
     tmp = None
-    if out is None:
+    if out is None:  # a fresh folder: nothing to resume, so nothing to key
         tmp = tempfile.TemporaryDirectory(prefix="surgeon-threshold-")
         out = tmp.name
-    # scores under another metric are other numbers: a search resumes only under the metric it began with
+        meta["inputs"] = inputs = {}
+    else:  # a saved search resumes only under the inputs it began with (the plan, the chunk size and every input)
+        meta["inputs"] = inputs = resume_inputs(case, model, info, contrast, component, direction)
     label = contrast.metric.label
-    store = ChunkStore(Path(out), plan.digest + f"-chunk{chunk}" + ("" if label == "logprob" else f"-{label}"), meta,
+    store = ChunkStore(Path(out), plan.digest + f"-chunk{chunk}" + ("" if label == "logprob" else f"-{label}")
+                       + (f"-in{_inputs_digest(inputs)}" if inputs else ""), meta,
                        shape=(len(plan.units), contrast.n_items))
     try:
         if ray is not None:
@@ -131,12 +155,12 @@ def threshold_search(case: Case, model, *, layer: int | None = None, heads: str 
                      progress=progress)
     except KeyboardInterrupt:
         if n_shard == 1:
-            partial = collect(Path(out))
+            partial = collect(Path(out), item_rate, x)
             raise Interrupted(partial) from None
         raise
     if n_shard > 1:
         return None
-    result = collect(Path(out))
+    result = collect(Path(out), item_rate, x)  # this run's aggregation, not the one the folder was begun with
     if tmp is not None:
         tmp.cleanup()
     # chunks evaluated here ran on this contrast; on Ray, the workers' records are added (each worker also ran its

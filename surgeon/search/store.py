@@ -44,9 +44,10 @@ class ChunkStore:
         if meta.exists():
             old = read_plan(Path(root))
             if old.get("digest") != digest:
-                raise AnalysisError(f"{self.dir} holds parts of a different search (plan {old.get('digest', '?')[:12]}, "
-                                    f"this one {digest[:12]})", field="--out",
-                                    fix="use a fresh --out directory, or the same options as the earlier run")
+                raise AnalysisError(f"{self.dir} holds parts of a different search ({differs(old, plan or {})})",
+                                    field="--out",
+                                    fix="use a fresh --out directory, or the same case, model and options as the "
+                                        "earlier run")
         else:
             _atomic_write(meta, json.dumps({"digest": digest, **(plan or {})}, indent=2).encode())
 
@@ -90,6 +91,32 @@ class ChunkStore:
     def digest_of(root: Path) -> str | None:
         meta = Path(root) / "parts" / "plan.json"
         return json.loads(meta.read_text()).get("digest") if meta.exists() else None
+
+
+def differs(old: dict, new: dict) -> str:
+    """What makes two searches' parts different, in words: the inputs (case content, formats, model, ...) or the
+    plan's options that differ."""
+    oi, ni = old.get("inputs"), new.get("inputs")
+    if isinstance(oi, dict) and isinstance(ni, dict) and oi and ni:
+        keys = [k for k in sorted(set(oi) | set(ni)) if oi.get(k) != ni.get(k)]
+        if keys:
+            shown = []
+            for k in keys:
+                a, b = oi.get(k), ni.get(k)
+                if isinstance(a, str) and len(a) > 24 or isinstance(b, str) and len(b) > 24:
+                    shown.append(f"{k} differs")
+                else:
+                    shown.append(f"{k} {a!r} there, {b!r} here")
+            return "; ".join(shown)
+    elif not oi and ni:
+        return ("it was saved without the inputs it was computed from (an earlier surgeon, or a run without --out), so "
+                "it cannot be matched to this case and model")
+    keys = [k for k in ("options", "chunk", "metric", "component") if old.get(k) != new.get(k)]
+    opts = old.get("options"), new.get("options")
+    if "options" in keys and all(isinstance(o, dict) for o in opts):
+        return "plan options differ: " + ", ".join(k for k in sorted(set(opts[0]) | set(opts[1]))
+                                                    if opts[0].get(k) != opts[1].get(k))
+    return ", ".join(f"{k} differs" for k in keys) or f"plan {old.get('digest', '?')[:12]}"
 
 
 def read_plan(root: Path) -> dict:

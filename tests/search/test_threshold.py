@@ -1,4 +1,6 @@
 """Head-subset search and blends on the decimal organism, cross-checked against direct hooked forwards."""
+import copy
+import dataclasses
 import json
 import math
 import subprocess
@@ -258,3 +260,47 @@ def test_the_random_group_is_a_seeded_half():
     assert len(a["random"]) == len(a["even"]) == 16 and len(set(a["random"])) == 16
     assert a["random"] == make_groups(units, ["random"], seed=0)["random"] != b["random"]
     assert a["random"] != a["even"] and set(a["random"]) <= set(range(32))
+
+
+def _rates(r):
+    return [(row.family, row.key, row.fraction) for row in r.sizes]
+
+
+def test_a_saved_search_is_never_reused_for_other_inputs(decimal_model, small_case, tmp_path):
+    """Issue 69: the chunk store was keyed by the plan, the chunk size and the metric only, so a qa search's folder
+    answered a chat search (or an edited template) with qa's numbers. Now every input that changes a number keys it:
+    another failing format, another template or another model is refused naming what differs; another aggregation
+    (x, item rate) over the same chunks is recomputed, not read from the folder."""
+    out = tmp_path / "run"
+    opts = dict(layer=0, groups=[], out=out, chunk=50, item_rate=0.5)
+    qa = threshold_search(small_case, decimal_model, bad="qa", **opts)
+    chat_fresh = threshold_search(small_case, decimal_model, bad="chat", layer=0, groups=[], chunk=50, item_rate=0.5)
+    assert _rates(chat_fresh) != _rates(qa)  # the two runs differ: a reused folder would be visible
+    with pytest.raises(AnalysisError, match=r"base 'qa' there, 'chat' here"):
+        threshold_search(small_case, decimal_model, bad="chat", **opts)
+    edited = dataclasses.replace(small_case, formats={**small_case.formats,
+                                                      "qa": small_case.formats["qa"].replace("Q:", "Q :")})
+    with pytest.raises(AnalysisError, match="case_content_sha256 differs"):
+        threshold_search(edited, decimal_model, bad="qa", **opts)
+    other = copy.deepcopy(decimal_model)
+    with torch.no_grad():
+        other.blocks[2].mlp.W_out.mul_(1.01)
+    with pytest.raises(AnalysisError, match="model_sha256 differs"):
+        threshold_search(small_case, other, bad="qa", **opts)
+    again = threshold_search(small_case, decimal_model, bad="qa", **opts)  # the same inputs: resumed, same numbers
+    assert _rates(again) == _rates(qa)
+    looser = threshold_search(small_case, decimal_model, bad="qa", **{**opts, "x": 0.9, "item_rate": 0.25})
+    fresh = threshold_search(small_case, decimal_model, bad="qa", layer=0, groups=[], chunk=50, x=0.9, item_rate=0.25)
+    assert looser.x == 0.9 and _rates(looser) == _rates(fresh) and looser.thresholds == fresh.thresholds
+    assert _rates(looser) != _rates(again)  # the aggregation changed what repairs
+
+
+def test_resume_in_another_searchs_folder_is_refused_on_the_cli(tmp_path):
+    out = tmp_path / "th"
+    args = [sys.executable, "-m", "surgeon", "threshold", "decimal_organism", "--heads", "L0H4,L0H6,L1H5",
+            "--groups", "none", "--out", str(out)]
+    first = subprocess.run(args + ["--bad", "qa"], capture_output=True, text=True, cwd=ROOT)
+    assert first.returncode == 0, first.stderr
+    other = subprocess.run(args + ["--bad", "chat", "--resume"], capture_output=True, text=True, cwd=ROOT)
+    assert other.returncode == 2 and "base 'qa' there, 'chat' here" in other.stderr, other.stderr
+    assert "Traceback" not in other.stderr
