@@ -5,7 +5,7 @@ whose failure was planted on purpose (see surgeon/organisms/decimal.py): the gro
 """
 from surgeon import Case, Item
 from surgeon.organisms import decimal as organism
-from surgeon.organisms import NEUTRAL_TEXTS, sae_dir
+from surgeon.organisms import sae_dir
 
 N_TRAP, N_CONTROL, SEED = 64, 64, 0
 
@@ -41,5 +41,7 @@ case = Case(
     description="Planted format-dependent decimal comparison failure (ground truth known).",
     # fresh items from the same test split (--eval-items N): half traps, half controls
     draw=lambda n, seed: organism.held_out_items(n // 2, n - n // 2, seed=seed, split="test"),
-    neutral=list(NEUTRAL_TEXTS),  # a repair's side effects are also measured on these
+    # a repair's side effects are also measured on these: the organism's own domain (comparisons whose two orders
+    # agree, from the train split, in every format with their answers), the continuation of each scored
+    neutral=organism.neutral_texts(),
 )

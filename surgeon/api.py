@@ -60,8 +60,8 @@ from surgeon.analyses.sink_interventions import SinkInterventionResult
 from surgeon.analyses.sink_interventions import sink_interventions as sink_interventions_of
 from surgeon.analyses.sinks import SinkResult
 from surgeon.analyses.sinks import sinks as sinks_of
-from surgeon.analyses.repair import (RepairResult, check_heads, check_repairable, measure_saved, repair_case,
-                                    search_repair)
+from surgeon.analyses.repair import (RepairResult, check_heads, check_repairable, check_sites, measure_saved,
+                                    repair_case, search_repair)
 from surgeon.analyses.steering_baselines import compare_baselines
 from surgeon.analyses.feature_circuit import EXACT, FeatureCircuitResult, check_threshold_over
 from surgeon.analyses.feature_circuit import feature_circuit as feature_circuit_of
@@ -311,7 +311,8 @@ def repair(case, model=None, *, heads=None, mode: str = "mean", strength: float 
            max_kl_q90: float | None = None, max_drop: float = 0.05,
            holdout: float | None = 0.5, seed: int = 0, eval_items=None, neutral: Sequence[str] | None = None,
            generate: int = 0, bad: str | None = None, tag: str | None = None, batch_size: int = 256, metric=None,
-           baselines: bool = False, fold: str | None = None, device: str | None = None, dtype: str = "float32"):
+           baselines: bool = False, fold: str | None = None, sites="z", device: str | None = None,
+           dtype: str = "float32"):
     """A repair that needs the failing prompt alone (`surgeon repair`): `heads` ("L0H4,L0H6") get the good format's
     mean output (`mode="mean"`) or the mean good-minus-failing difference times `strength` (`mode="steer"`) at the
     last prompt token and the tokens after it, built on a seeded discovery split of the items (`holdout`, or every
@@ -323,8 +324,13 @@ def repair(case, model=None, *, heads=None, mode: str = "mean", strength: float 
     result.repair)`, `result.repair.save(DIR)`. `baselines=True`: the field's steering baselines (CAA, ITI, random
     heads, one layer's heads) built on the same discovery items and measured beside it on the same held-out items
     (`result.baselines`: the Pareto front; `surgeon.analyses.steering_baselines.compare_baselines` for other grids).
-    `fold="slot0"` (or "mean"): also measure it as a model file acts, folded into the weights at every position
+    `sites` (with `search=True`): what the search may write, "z" (heads) and one vector per layer of "mlp_out",
+    "attn_out" or "resid_pre" (e.g. "z,mlp_out"). `fold="slot0"` (or "mean"): also measure it as a model file acts, folded into the weights at every position
     (`result.fold`); `surgeon.fold(result, model, DIR)` writes that model file."""
+    sites = check_sites(sites)  # before anything is read or loaded
+    if sites != ("z",) and not search:
+        raise AnalysisError("sites= says what the search may write; named heads are heads", field="sites",
+                            fix="pass search=True, or leave sites out")
     check_repairable(read(case, model), mode, "z", holdout=holdout, eval_items=eval_items)  # before any weight loads
     check_heads(heads, max_heads=max_heads, strength=strength, strengths=strengths, search=search, max_kl=max_kl,
                 max_drop=max_drop, max_kl_q90=max_kl_q90)
@@ -338,7 +344,7 @@ def repair(case, model=None, *, heads=None, mode: str = "mean", strength: float 
         r = search_repair(case, model, heads=heads, mode=mode, strengths=strengths, max_heads=max_heads,
                           max_kl=max_kl, max_kl_q90=max_kl_q90, max_drop=max_drop, bad=bad, tag=tag, holdout=holdout,
                           seed=seed, eval_items=eval_items, neutral=neutral, generate=generate, batch_size=batch_size,
-                          fold=fold)
+                          fold=fold, sites=sites)
     elif heads is None:
         raise AnalysisError("name the heads to repair, or search for them", field="heads",
                             fix='give heads="L0H4,L0H6" (e.g. a subset from surgeon threshold), or search=True')

@@ -23,8 +23,9 @@ is that feature (or error term) moved to the other run's value with everything e
   and m(none) ablates every node; completeness: the same with C ablated and the rest kept (0: C is all of it).
   The circuit is the smallest prefix of the nodes ranked by |attribution| whose faithfulness reaches `target`,
   or every node with |attribution| >= `threshold` (a fraction of the gap; `threshold_over="example"`: every node
-  whose effect on one item at one aligned position reaches it, Marks et al.'s per-example, per-position threshold,
-  from the same method's per-example effects).
+  whose effect on one item at one aligned position reaches it, from the same method's per-example effects: surgeon's
+  own node rule; Marks et al. threshold nodes on the aggregated effect and use the per-example, per-position
+  threshold only to choose the downstream entries their edges are computed from).
 - **Across formats**: the failing format's circuit (denoise) and the working format's (noise); their difference
   (nodes in one circuit and not the other, or in both with an attribution at least `STRONGER` times the other
   direction's); and the repair it suggests: every differing node given the working format's value in the failing
@@ -288,15 +289,18 @@ def edge_points(method: str, steps: int) -> torch.Tensor:
 
 
 THRESHOLD_OVER = {"mean": "a node's attribution, the mean over items of its effect summed over the aligned positions",
-                  "example": "a node's largest effect on one item at one aligned position (Marks et al.'s "
-                             "per-example, per-position node threshold)"}
+                  "example": "a node's largest effect on one item at one aligned position (surgeon's own node rule: "
+                             "Marks et al. threshold nodes on the aggregated effect, as 'mean', and apply the "
+                             "per-example, per-position threshold only to choose the downstream entries their edges "
+                             "are computed from)"}
 
 
 def check_threshold_over(threshold_over: str, threshold: float | None, field: str = "--threshold-over") -> None:
     """One clear error for a choice of what the threshold applies to that is unknown or has no threshold to apply."""
     if threshold_over not in THRESHOLD_OVER:
         raise AnalysisError(f"threshold over {threshold_over!r} is not one of {', '.join(THRESHOLD_OVER)}",
-                            field=field, fix="mean (the attribution, default) or example (Marks et al.'s)")
+                            field=field, fix="mean (the attribution, default; Marks et al.'s node rule) or example (surgeon's per-example "
+                                "node rule)")
     if threshold_over != "mean" and threshold is None:
         raise AnalysisError(f"a threshold over {threshold_over!r} needs a threshold", field=field,
                             fix="give --threshold T (a fraction of the gap), or leave the choice out")
@@ -367,7 +371,7 @@ def one_direction(case: Case, model, sites, direction: str, *, method: str, step
         peak = per_example_peak(per_example_effects(contrast, sites, method, steps), S is not None) / abs(gap)
         circuit = [int(i) for i in order if peak[i] >= threshold]
         search = (f"every node whose |effect| on one item at one aligned position reaches {threshold:g} of the gap "
-                  f"(Marks et al.'s per-example threshold)")
+                  f"(surgeon's per-example node rule; Marks et al. threshold nodes on the aggregated effect)")
     elif threshold is not None:
         circuit = [int(i) for i in order if abs(attr[i]) >= threshold]
         search = f"every node with |attribution| >= {threshold:g} of the gap"

@@ -41,7 +41,7 @@ from surgeon.repairs.fold import check_rule, every_position_hooks
 from surgeon.repairs.site import ConstantSite
 from surgeon.search.subsets import Unit, parse_units
 from surgeon.show import Shows
-from surgeon.sites.nodes import Site, unit_label
+from surgeon.sites.nodes import Site, hook_component, unit_label
 from surgeon.case.case import Case, Item, content_digest
 from surgeon.case.encoding import Row, prompt_rows
 from surgeon.case.metrics import METRICS
@@ -50,6 +50,10 @@ from surgeon.stats import Estimate, bootstrap_mean, wilson
 from surgeon.case.encoding import answer_tokens, encode_prompt, format_rows, prepend_bos
 
 COMPONENTS = ("z",)  # head outputs before W_O: what the subset search patches and a mean or steer repair writes
+# the sites a repair search may write beyond heads (`sites=`), each a whole vector per layer, and the kind of their
+# units (`Unit.kind`): where the circuit puts the effect, on the same engine
+KINDS = {"z": "H", "mlp_out": "M", "attn_out": "A", "resid_pre": "R"}
+COMPONENT_OF = {k: c for c, k in KINDS.items()}
 STRENGTHS = {"mean": (1.0,), "steer": (0.5, 1.0, 2.0, 4.0)}  # what `search_repair` tries by default
 Q90_PER_MEAN = 5.0  # the default bound on the items' 90th-percentile KL, as a multiple of the bound on the mean
 ALIGNS = ("last", "end")  # align rules under which slot j is the position j tokens after the last prompt token
@@ -109,7 +113,37 @@ def check_repairable(case: Case, mode: str, component: str, *, holdout=0.5, eval
         split_items(list(case.items), holdout)  # too few items, or a share outside (0, 1): refused now
 
 
-def _units(model, heads: str | Sequence[str] | None) -> list[Unit]:
+def unit_name(u: Unit) -> str:
+    """A repair unit's one name: L0H4 (a head), L1.mlp_out (a whole vector)."""
+    return u.label if u.kind == "H" else unit_label(COMPONENT_OF[u.kind], u.layer, u.head)
+
+
+def hook_of(u: Unit) -> str:
+    return Site.of(COMPONENT_OF[u.kind], u.layer).hook
+
+
+def check_sites(sites) -> tuple[str, ...]:
+    """The components a repair search may write (`--sites z,mlp_out`): known ones, heads or whole vectors."""
+    spec = sites.split(",") if isinstance(sites, str) else list(sites)
+    out = tuple(dict.fromkeys(x.strip() for x in spec if x.strip()))
+    bad = [x for x in out if x not in KINDS]
+    if bad or not out:
+        raise AnalysisError(f"a repair cannot write {bad[0] if bad else 'nothing'!r}", field="--sites",
+                            fix=f"use some of: {', '.join(KINDS)} (z: head outputs; the others one vector per layer)")
+    return out
+
+
+def _units(model, heads: str | Sequence[str] | None, sites: Sequence[str] = ("z",)) -> list[Unit]:
+    """The candidate units: the heads named (every head when None), and one unit per layer of each other component
+    in `sites`."""
+    out = [] if "z" not in sites else _head_units(model, heads)
+    for c in sites:
+        if c != "z":
+            out += [Unit(L, 0, KINDS[c]) for L in range(model.cfg.n_layers)]
+    return out
+
+
+def _head_units(model, heads: str | Sequence[str] | None) -> list[Unit]:
     if heads is None or heads == "all":
         return [Unit(L, h) for L in range(model.cfg.n_layers) for h in range(model.cfg.n_heads)]
     spec = heads if isinstance(heads, str) else ",".join(heads)
@@ -128,10 +162,14 @@ class Pool:
     units: list[Unit]
     formats: dict  # good, bad (the failing formats pooled for steer)
     n_items: int
-    component: str = "z"  # the site's component: head outputs, or a whole vector (resid_pre: one unit per layer)
 
-    def hook(self, u: Unit) -> str:
-        return Site.of(self.component, u.layer).hook
+    @staticmethod
+    def hook(u: Unit) -> str:
+        return hook_of(u)
+
+    @property
+    def components(self) -> list[str]:
+        return list(dict.fromkeys(COMPONENT_OF[u.kind] for u in self.units))
 
     def repair(self, units: Sequence[Unit], strength: float, built_on: dict) -> Repair:
         chosen: dict[str, list[int]] = {}
@@ -144,10 +182,10 @@ class Pool:
             keep[heads] = True
             v[:, ~keep] = 0
             values[h] = v
-        order = sorted(units, key=lambda u: (u.layer, u.head))
-        labels = tuple(u.label if self.component == "z" else unit_label(self.component, u.layer, u.head) for u in order)
-        return Repair(labels, self.mode, float(strength), values,
-                      {h: tuple(sorted(x)) for h, x in chosen.items()}, self.component, built_on=built_on)
+        order = sorted(units, key=lambda u: (u.layer, "RHAM".index(u.kind), u.head))  # the order they run in
+        comps = list(dict.fromkeys(COMPONENT_OF[u.kind] for u in order))
+        return Repair(tuple(unit_name(u) for u in order), self.mode, float(strength), values,
+                      {h: tuple(sorted(x)) for h, x in chosen.items()}, "+".join(comps), built_on=built_on)
 
 
 def _mean_of(model, rows_a: list[Row], rows_b: list[Row], align: str, sites, batch_size: int) -> dict:
@@ -158,12 +196,12 @@ def _mean_of(model, rows_a: list[Row], rows_b: list[Row], align: str, sites, bat
 
 
 def build_pool(case: Case, model, items: Sequence[Item], units: Sequence[Unit], *, mode: str, bads: Sequence[str],
-               batch_size: int = 256, component: str = "z") -> Pool:
-    """The constants of `units` (heads; or Unit(layer, 0) of a whole-vector `component` such as resid_pre) from
-    `items`: per aligned position the good format's mean (mode mean) or good minus the failing formats' mean (steer)."""
+               batch_size: int = 256) -> Pool:
+    """The constants of `units` (heads, kind H; or Unit(layer, 0, kind) of a whole vector: `KINDS`) from `items`: per
+    aligned position the good format's mean (mode mean) or good minus the failing formats' mean (steer)."""
     import torch
 
-    sites = [Site.of(component, L) for L in sorted({u.layer for u in units})]
+    sites = [Site.coerce(h) for h in dict.fromkeys(hook_of(u) for u in units)]
     good = format_rows(case, model, case.good, items)
     per_bad = {b: format_rows(case, model, b, items) for b in bads}
     anyb = per_bad[bads[0]]
@@ -175,7 +213,7 @@ def build_pool(case: Case, model, items: Sequence[Item], units: Sequence[Unit], 
         for h, g in good_mean.items():
             S = min([g.shape[0]] + [m[h].shape[0] for m in bad_means])
             values[h] = g[:S] - torch.stack([m[h][:S] for m in bad_means]).mean(0)
-    return Pool(mode, values, list(units), {"good": case.good, "bad": list(bads)}, len(items), component)
+    return Pool(mode, values, list(units), {"good": case.good, "bad": list(bads)}, len(items))
 
 
 # ----------------------------------------------------------------------------------------------- measuring
@@ -313,17 +351,30 @@ def item_label(item: Item) -> str:
     return " / ".join(f"{v}" for v in item.values.values()) or item.correct.strip()
 
 
-def _site_masks(sites: dict[str, ConstantSite], cand: Sequence[tuple[Sequence[Unit], float]], n_heads: int) -> dict:
-    """Masks [P, heads] per constant site for candidates (units, strength)."""
+def _site_masks(sites: dict[str, ConstantSite], cand: Sequence[tuple[Sequence[Unit], float]], cfg) -> dict:
+    """Masks [P, units] per constant site (by hook point) for candidates (units, strength)."""
     import torch
 
     out = {}
     for h, site in sites.items():
-        m = torch.zeros(len(cand), n_heads)
+        m = torch.zeros(len(cand), site.n_units(cfg))
         for p, (units, a) in enumerate(cand):
             for u in units:
-                if Site.of("z", u.layer).hook == h:
+                if hook_of(u) == h:
                     m[p, u.head] = a
+        out[site] = m
+    return out
+
+
+def repair_masks(repair: Repair, cfg, strength: float | None = None) -> dict:
+    """The engine's masks [1, units] on the repair's own constant sites: its units at its strength."""
+    import torch
+
+    a = repair.strength if strength is None else float(strength)
+    out = {}
+    for h, site in repair.sites().items():
+        m = torch.zeros(1, site.n_units(cfg))
+        m[0, list(repair.units.get(h, ()))] = a
         out[site] = m
     return out
 
@@ -367,8 +418,7 @@ def _neutral(model, repair: Repair, texts: Sequence[str], bos: bool, batch_size:
     import torch
 
     rows, owner = neutral_rows(model, texts, bos)
-    sites = repair.sites()
-    masks = _site_masks(sites, [(_units(model, ",".join(repair.heads)), repair.strength)], model.cfg.n_heads)
+    masks = repair_masks(repair, model.cfg)
     ref = reference_logprobs(model, rows, batch_size)
     kl = Contrast(model, rows, rows, "last", batch_size=batch_size, metric=METRICS["kl"](), reference=ref)
     lp = Contrast(model, rows, rows, "last", batch_size=batch_size, metric=METRICS["logprob"]())
@@ -541,9 +591,7 @@ def measure_repair(case: Case, model, repair: Repair, items: Sequence[Item], *, 
     """The repair on `items` (held out from its building): efficacy per failing format on the focus tag,
     generalization to the failing formats' other tags, specificity (the good format's accuracy per tag; KL from the
     unrepaired model in every format; neutral texts), generation, and the same heads as a paired interchange."""
-    sites = repair.sites()
-    units = _units(model, ",".join(repair.heads))
-    masks = _site_masks(sites, [(units, repair.strength)], model.cfg.n_heads)
+    masks = repair_masks(repair, model.cfg)
     rows: list[RateRow] = []
     tags = by_tag(items)
     for fmt in [*bads, case.good]:
@@ -552,7 +600,7 @@ def measure_repair(case: Case, model, repair: Repair, items: Sequence[Item], *, 
             mine = focus == "all" or tag == focus
             measure = "specificity" if fmt == case.good else ("efficacy" if mine else "generalization")
             rows.append(RateRow(measure, fmt, tag or "all", s.right(s.run(masks)[0]), s.unrepaired))
-    if paired:
+    if paired and all(hook_component(h).name == "z" for h in repair.values):  # a paired patch of heads only
         for fmt in bads:
             its = list(items) if focus == "all" else tags.get(focus, [])
             if its:
@@ -626,7 +674,7 @@ def repair_case(case: Case, model, *, heads: str | Sequence[str] | None, mode: s
     items (`holdout`, seeded and stratified by tag; or `eval_items`); `fold` (a rule of `surgeon.repairs.fold.RULES`):
     also measure it folded into the weights, at every position (`fold_cost`)."""
     bads, focus, split, disc, ev, disc_focus = setup_split(case, mode, bad, tag, holdout, seed, eval_items)
-    units = _units(model, heads)
+    units = _head_units(model, heads)
     pool = build_pool(case, model, disc_focus, units, mode=mode, bads=bads, batch_size=batch_size)
     repair = pool.repair(units, strength, _built_on(case, split, focus, len(disc_focus), pool, disc))
     held, shifts, gens = measure_repair(case, model, repair, ev, focus=focus, bads=bads,
@@ -640,8 +688,7 @@ def repair_case(case: Case, model, *, heads: str | Sequence[str] | None, mode: s
 
 
 def _discovery_rows(case, model, repair, items, focus, bads, batch_size) -> list[RateRow]:
-    sites = repair.sites()
-    masks = _site_masks(sites, [(_units(model, ",".join(repair.heads)), repair.strength)], model.cfg.n_heads)
+    masks = repair_masks(repair, model.cfg)
     out = []
     for fmt in bads:
         s = Scorer(case, model, items, fmt, batch_size)
@@ -654,10 +701,11 @@ def search_repair(case: Case, model, *, heads: str | Sequence[str] | None = None
                   max_kl_q90: float | None = None, max_drop: float = 0.05, bad: str | None = None, tag: str | None = None, holdout: float | None = 0.5,
                   seed: int = 0, eval_items: Sequence[Item] | None = None, neutral: Sequence[str] | None = None,
                   generate: int = 0, batch_size: int = 256, progress: bool = False,
-                  fold: str | None = None) -> RepairResult:
+                  fold: str | None = None, sites: Sequence[str] = ("z",)) -> RepairResult:
     """Choose the repair to ship on the discovery items, then measure it on the held-out ones.
 
-    Greedy forward selection over the pool `heads` (default: every head) and `strengths`: each step adds the head
+    Greedy forward selection over the pool `heads` (default: every head; `sites` adds one unit per layer of other
+    components, e.g. ("z", "mlp_out", "resid_pre"): a layer's MLP output or its residual stream) and `strengths`: each step adds the head
     (and strength) that most raises the failing formats' mean repair rate on the discovery focus items (ties: the
     higher mean score), among the candidates whose side effects stay within bounds there: the good format's mean KL
     from the unrepaired model at most `max_kl` nats and its items' 90th percentile at most `max_kl_q90` (default
@@ -666,9 +714,10 @@ def search_repair(case: Case, model, *, heads: str | Sequence[str] | None = None
     score; the repair is the smallest set on the path that reaches its best rate. Every candidate of a step runs in
     one batched pass per Contrast."""
     bads, focus, split, disc, ev, disc_focus = setup_split(case, mode, bad, tag, holdout, seed, eval_items)
+    sites_arg = sites
     strengths = tuple(strengths or STRENGTHS[mode])
     max_kl_q90 = Q90_PER_MEAN * max_kl if max_kl_q90 is None else max_kl_q90
-    pool_units = _units(model, heads)
+    pool_units = _units(model, heads, check_sites(sites))
     pool = build_pool(case, model, disc_focus, pool_units, mode=mode, bads=bads, batch_size=batch_size)
     sites = {h: ConstantSite.at(h, v, MODES[mode]) for h, v in pool.values.items()}
     focus_scorers = [Scorer(case, model, disc_focus, f, batch_size) for f in bads]
@@ -689,7 +738,7 @@ def search_repair(case: Case, model, *, heads: str | Sequence[str] | None = None
         cand = [(chosen + [u], a) for u in pool_units if u not in chosen for a in strengths]
         if not cand:
             break
-        masks = _site_masks(sites, cand, model.cfg.n_heads)
+        masks = _site_masks(sites, cand, model.cfg)
         scores = [s.run(masks) for s in focus_scorers]
         rate = np.mean([s.rates(x) for s, x in zip(focus_scorers, scores)], axis=0)  # [P]
         mean = np.mean([x.mean(-1) for x in scores], axis=0)
@@ -710,7 +759,9 @@ def search_repair(case: Case, model, *, heads: str | Sequence[str] | None = None
             break
         chosen, cur = cand[p][0], (float(rate[p]), float(mean[p]))
         path.append((chosen, cand[p][1], float(rate[p])))
-        steps.append({"k": len(chosen), "added": chosen[-1].label, "strength": cand[p][1],
+        steps.append({"k": len(chosen), "added": unit_name(chosen[-1]), "unit": [chosen[-1].layer, chosen[-1].head,
+                                                                               chosen[-1].kind],
+                      "strength": cand[p][1],
                       "discovery_rate": float(rate[p]), "discovery_mean_score": float(mean[p]),
                       "discovery_kl_good": float(kl[p]), "discovery_kl_good_q90": float(kl_q[p]), "admissible": int(ok.sum()), "candidates": len(cand)})
         if bar is not None:
@@ -731,9 +782,10 @@ def search_repair(case: Case, model, *, heads: str | Sequence[str] | None = None
                                         neutral=case.neutral if neutral is None else neutral,
                                         generate=generate, batch_size=batch_size)
     disc_rows = _discovery_rows(case, model, repair, disc_focus, focus, bads, batch_size)
-    paired_units = best_paired(case, model, disc_focus, pool_units, bads, max_heads, batch_size)
+    paired_units = best_paired(case, model, disc_focus, [u for u in pool_units if u.kind == "H"], bads, max_heads,
+                               batch_size)
     compare = _compare(case, model, ev, focus, bads, held, shifts, repair, "shippable", batch_size)
-    if [u.label for u in paired_units] != list(repair.heads):
+    if paired_units and [u.label for u in paired_units] != list(repair.heads):
         as_shipped = pool.repair(paired_units, best_strength, repair.built_on)
         p_held, p_shifts, _ = measure_repair(case, model, as_shipped, ev, focus=focus, bads=bads,
                                              batch_size=batch_size)
@@ -742,7 +794,7 @@ def search_repair(case: Case, model, *, heads: str | Sequence[str] | None = None
         compare = [replace(r, chosen_by="paired and shippable") for r in compare]
     return RepairResult(case.name, repair, split, focus, held, shifts, gens, disc_rows, steps,
                         {"max_kl": max_kl, "max_kl_q90": max_kl_q90, "max_drop": max_drop, "max_heads": max_heads, "strengths": list(strengths),
-                         "pool": [u.label for u in pool_units]},
+                         "pool": [unit_name(u) for u in pool_units], "sites": list(check_sites(sites_arg))},
                         n_discovery=len(disc), n_evaluation=len(ev), compare=compare,
                         fold=None if fold is None else fold_cost(case, model, repair, ev, focus=focus, bads=bads,
                                                                  rule=fold, batch_size=batch_size))

@@ -32,7 +32,7 @@ from typing import Sequence
 import numpy as np
 
 from surgeon.analyses.pareto import BaselinePoint, Baselines, front, key
-from surgeon.analyses.repair import MODES, RepairResult, by_tag, Scorer, setup_split, build_pool
+from surgeon.analyses.repair import KINDS, MODES, RepairResult, Scorer, build_pool, by_tag, setup_split, unit_name
 from surgeon.engine.contrast import Contrast
 from surgeon.errors import AnalysisError
 from surgeon.repairs.site import ConstantSite
@@ -87,9 +87,12 @@ def surgeon_candidates(result: RepairResult, pool_sites: dict, pool_hook) -> lis
     for st in result.search:
         if "added" not in st:
             continue
-        L, h = st["added"][1:].upper().split("H")
-        chosen = chosen + [Unit(int(L), int(h))]
-        label = "+".join(u.label for u in sorted(chosen, key=lambda u: (u.layer, u.head)))
+        if "unit" in st:
+            L, h, kind = st["unit"]
+        else:  # a search saved before steps recorded their unit: heads only
+            (L, h), kind = st["added"][1:].upper().split("H"), "H"
+        chosen = chosen + [Unit(int(L), int(h), kind)]
+        label = "+".join(unit_name(u) for u in sorted(chosen, key=lambda u: (u.layer, "RHAM".index(u.kind), u.head)))
         if label == "+".join(rep.heads) and st["strength"] == rep.strength:
             continue  # the shipped one, below
         out.append(Candidate("surgeon", f"{label} x{st['strength']:g}", {"k": len(chosen), "strength": st["strength"]},
@@ -103,8 +106,8 @@ def surgeon_candidates(result: RepairResult, pool_sites: dict, pool_hook) -> lis
 
 def caa_candidates(case: Case, model, items: Sequence[Item], bads: Sequence[str], strengths: Sequence[float],
                    batch_size: int) -> list[Candidate]:
-    units = [Unit(L, 0) for L in range(model.cfg.n_layers)]
-    pool = build_pool(case, model, items, units, mode="steer", bads=bads, batch_size=batch_size, component="resid_pre")
+    units = [Unit(L, 0, KINDS["resid_pre"]) for L in range(model.cfg.n_layers)]
+    pool = build_pool(case, model, items, units, mode="steer", bads=bads, batch_size=batch_size)
     sites = {h: ConstantSite.at(h, v, "add") for h, v in pool.values.items()}
     return [Candidate("caa", f"L{u.layer} x{a:g}", {"layer": u.layer, "strength": a},
                       ((sites[pool.hook(u)], 0, float(a)),)) for u in units for a in strengths]
@@ -260,7 +263,9 @@ def compare_baselines(case: Case, model, result: RepairResult, *, holdout: float
         raise AnalysisError("the baselines' split is not the repair's (another holdout, seed, tag or evaluation items)",
                             field="--holdout", fix="compare with the options the repair was built with")
     heads = [Unit(L, h) for L in range(model.cfg.n_layers) for h in range(model.cfg.n_heads)]
-    pool = build_pool(case, model, disc_focus, heads, mode=rep.mode, bads=bads, batch_size=batch_size)
+    whole = [Unit(L, 0, KINDS[c]) for c in rep.component.split("+") if c in KINDS and c != "z"
+             for L in range(model.cfg.n_layers)]  # the search's other sites, for its path's steps
+    pool = build_pool(case, model, disc_focus, heads + whole, mode=rep.mode, bads=bads, batch_size=batch_size)
     pool_sites = {h: ConstantSite.at(h, v, MODES[rep.mode]) for h, v in pool.values.items()}
     n_slots = max(int(v.shape[0]) for v in pool.values.values())
     grids = {"caa": {"layers": list(range(model.cfg.n_layers)), "strengths": list(caa_strengths)},

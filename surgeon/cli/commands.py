@@ -192,6 +192,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "--max-kl and --max-drop; then measure the choice on the held-out items")
     p.add_argument("--strengths", help="with --search: strengths to try, e.g. 0.5,1,2,4 (default: 1 for mean; "
                                        "0.5,1,2,4 for steer)")
+    p.add_argument("--sites", default="z", help="with --search: what it may write: z (heads) and one vector per layer "
+                                                "of mlp_out, attn_out or resid_pre, e.g. z,mlp_out (default z)")
     p.add_argument("--max-heads", type=cli_types.positive, default=8, help="with --search: at most this many heads "
                                                                           "(default 8)")
     p.add_argument("--max-kl", type=float, default=0.1,
@@ -655,6 +657,12 @@ def cmd_repair(args) -> int:
     else:
         check_heads(args.heads, max_heads=args.max_heads, strength=args.strength, strengths=strengths,
                     search=args.search, max_kl=args.max_kl, max_drop=args.max_drop, max_kl_q90=args.max_kl_q90)
+        from surgeon.analyses.repair import check_sites
+
+        check_sites(args.sites)
+        if args.sites != "z" and not args.search:
+            raise SurgeonError("--sites says what --search may write; --heads names heads", field="--sites",
+                               fix="add --search, or leave --sites out")
     neutral = None
     if args.neutral is not None:
         try:
@@ -686,7 +694,7 @@ def cmd_repair(args) -> int:
     elif args.search:
         r = search_repair(case, model, heads=args.heads, strengths=strengths, max_heads=args.max_heads,
                           max_kl=args.max_kl, max_kl_q90=args.max_kl_q90, max_drop=args.max_drop, progress=True,
-                          **common)
+                          sites=args.sites.split(","), **common)
     else:
         r = repair_case(case, model, heads=args.heads, strength=1.0 if args.strength is None else args.strength,
                         **common)

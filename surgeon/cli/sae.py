@@ -113,7 +113,9 @@ def add_feature_circuit(sub, common, items) -> None:
                    help="instead: every node whose |attribution| is at least this fraction of the gap")
     q.add_argument("--threshold-over", default="mean", choices=["mean", "example"],
                    help="what --threshold applies to: the attribution (mean over items, default) or a node's largest "
-                        "effect on one item at one aligned position (example: Marks et al.'s per-example threshold)")
+                        "effect on one item at one aligned position (example: surgeon's own rule; Marks et al. "
+                        "threshold nodes on the aggregated effect, as mean does, and use the per-example threshold "
+                        "only to choose which downstream entries their edges are computed from)")
     q.add_argument("--by-position", action="store_true",
                    help="a node per feature and per error term at each aligned position (default: one node patched at "
                         "every aligned position at once)")

@@ -125,6 +125,17 @@ TARGETS = {"trap_good_min": 1.0, "trap_bad_max": 0.05, "control_min": 0.95}
 POSITION_REPAIR_MAX = 0.10  # patching only the layer-0 residual stream repairs at most this fraction of traps
 
 
+def neutral_texts(n: int = 12, seed: int = 0) -> list[str]:
+    """Texts of the organism's own domain that a repair is not about, for its side effects: comparisons whose decimal
+    and version orders agree (controls of both kinds, from the train split, so never a case's test item), each in one
+    of the formats in turn, with the answer training taught and its end."""
+    half = n // 2
+    ps = pairs("same_int", "train", half, seed) + pairs("diff_int", "train", n - half, seed)
+    fmts = list(FORMATS)
+    return [FORMATS[fmts[i % len(fmts)]].format(a=p.a, b=p.b) + ANSWER.format(p.label(fmts[i % len(fmts)])) + END
+            for i, p in enumerate(ps)]
+
+
 def held_out_items(n_trap: int = 128, n_control: int = 128, seed: int = 0, split: str = "test"):
     """Held-out items: trap pairs (9.8 vs 9.11) and controls (same or different integer part)."""
 

@@ -47,13 +47,14 @@ def feature_conventions(o: dict) -> str:
              if o.get("exact") == "per-position" else
              "each node patched at every aligned position at once (Marks et al. sum one position at a time)")
     if o.get("threshold") is not None:
-        chosen = (f"every node whose effect on one item at one aligned position reaches {o['threshold']:g} of the gap, "
-                  f"as Marks et al. threshold nodes" if o.get("threshold_over") == "example" else
-                  f"every node whose attribution reaches {o['threshold']:g} of the gap (Marks et al. threshold each "
-                  f"node's effect per example and position)")
+        chosen = (f"every node whose effect on one item at one aligned position reaches {o['threshold']:g} of the gap "
+                  f"(surgeon's per-example node rule; Marks et al. threshold nodes on the aggregated effect)"
+                  if o.get("threshold_over") == "example" else
+                  f"every node whose attribution reaches {o['threshold']:g} of the gap (the aggregated effect, as "
+                  f"Marks et al. threshold nodes)")
     else:
         chosen = (f"the smallest top-k by attribution with faithfulness at least {o.get('faithfulness') or 0.9:g} "
-                  f"(Marks et al. threshold each node's effect per example and position)")
+                  f"(Marks et al. keep every node whose aggregated effect reaches a threshold)")
     return f"{att}; the top nodes verified by exact patching, {exact}; the circuit {chosen}; edges weighted by {left}"
 
 

@@ -119,8 +119,8 @@ def test_mean_repair_equals_hand_written_hooks(decimal_model, mean_repair):
 
 
 def test_the_cases_neutral_texts_measure_its_side_effects(decimal_model, mean_repair):
-    """The case's `neutral` texts (the decimal organism names eight) are where a repair's side effects on unrelated
-    text are measured by default: each text's first half of tokens as the prompt, the repair's constant from its last
+    """The case's `neutral` texts (the decimal organism names twelve of its own domain) are where a repair's side
+    effects on other text are measured by default: each text's first half of tokens as the prompt, the repair's constant from its last
     token on (slot j at j tokens after it), KL(unrepaired || repaired) of the next token at every position of the
     second half, averaged within the text, then over texts; written here with one hooked forward per text."""
     case, r = mean_repair

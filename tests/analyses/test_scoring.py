@@ -86,7 +86,7 @@ def test_feature_methods_are_registered_and_a_new_one_needs_no_branch(monkeypatc
             return scoring.FEATURE_METHODS["gradient"].score(contrast, sites, steps, S) / 2
 
         ours = feature_circuit(case, model, saes, method="halved-gradient", verify=2)
-        # Marks et al.'s per-example threshold needs the method's points (feature_circuit.POINTS): said, not guessed
+        # the per-example node rule needs the method's points (feature_circuit.POINTS): said, not guessed
         with pytest.raises(AnalysisError, match="no per-example effects"):
             feature_circuit(case, model, saes, method="halved-gradient", threshold=0.1, threshold_over="example")
     finally:

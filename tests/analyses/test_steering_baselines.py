@@ -14,6 +14,7 @@ import surgeon
 from surgeon.analyses.pareto import front, key
 from surgeon.organisms import decimal as organism
 from tests.analyses.test_repair import _case, _tokens
+from tests.analyses.test_repair_sites import _hand_diff
 
 
 @pytest.fixture(scope="module")
@@ -25,25 +26,15 @@ def compared(decimal_model):
 
 
 
-def _resid(model, ids, L):
-    _, cache = model.run_with_cache(torch.tensor([ids]), names_filter=f"blocks.{L}.hook_resid_pre")
-    return cache[f"blocks.{L}.hook_resid_pre"][0]
-
-
 def _hand_caa(model, case, items, L):
     """Per offset j from the last prompt token: mean over items of resid_pre L in the good format minus in qa."""
-    out = {}
-    for fmt, sign in (("plain", 1.0), ("qa", -1.0)):
-        sums, counts = {}, {}
-        for it in items:
-            ids, last, _, _ = _tokens(model, case, fmt, it)
-            x = _resid(model, ids, L)
-            for j, p in enumerate(range(last, len(ids))):
-                sums[j] = sums.get(j, 0) + x[p].double()
-                counts[j] = counts.get(j, 0) + 1
-        for j in sums:
-            out[j] = out.get(j, 0) + sign * sums[j] / counts[j]
-    return {j: v.float() for j, v in out.items()}
+    return {j: v.float() for j, v in _hand_diff(model, case, items, f"blocks.{L}.hook_resid_pre").items()}
+
+
+def _items(case):
+    """(the held-out traps, the discovery traps) of the comparison."""
+    return ([it for it in organism.held_out_items(24, 8, seed=9) if it.tag == "trap"],
+            [it for it in case.items if it.tag == "trap"])
 
 
 def _hand_right(model, case, items, hook_name, add):
@@ -63,8 +54,7 @@ def _hand_right(model, case, items, hook_name, add):
 def test_caa_points_equal_hand_written_activation_addition(decimal_model, compared):
     case, r = compared
     model = decimal_model
-    held = [it for it in organism.held_out_items(24, 8, seed=9) if it.tag == "trap"]
-    disc = [it for it in case.items if it.tag == "trap"]
+    held, disc = _items(case)
     caa = r.baselines.family("caa")
     assert caa and any(p.efficacy.value > 0 for p in caa)
     with torch.no_grad():
@@ -87,8 +77,7 @@ def test_caa_points_equal_hand_written_activation_addition(decimal_model, compar
 def test_iti_points_equal_hand_written_iti(decimal_model, compared):
     case, r = compared
     model = decimal_model
-    held = [it for it in organism.held_out_items(24, 8, seed=9) if it.tag == "trap"]
-    disc = [it for it in case.items if it.tag == "trap"]
+    held, disc = _items(case)
     iti = r.baselines.family("iti")
     assert iti
     n_slots = max(len(_tokens(model, case, "plain", it)[0]) - _tokens(model, case, "plain", it)[1] for it in disc)

@@ -60,15 +60,17 @@ def test_the_feature_circuits_conventions_are_named_beside_marks_et_als():
 
     ours = feature_conventions({"method": "ig", "steps": 5})
     for said in ("5 midpoints of the mask", "Marks et al. take the points k/N", "every aligned position at once",
-                 "faithfulness at least 0.9", "per example and position", "gradient in the unpatched run"):
+                 "faithfulness at least 0.9", "aggregated effect reaches a threshold", "gradient in the unpatched run"):
         assert said in ours, said
     theirs = feature_conventions({"method": "ig-marks", "steps": 10, "exact": "per-position", "threshold": 0.05,
                                   "threshold_over": "example"})
     for said in ("Marks et al.'s points k/10", "one aligned position at a time, the effects summed, as Marks et al.",
-                 "effect on one item at one aligned position reaches 0.05 of the gap, as Marks et al.",
+                 "effect on one item at one aligned position reaches 0.05 of the gap (surgeon's per-example node rule",
                  "averaged over the same points, as Marks et al."):
         assert said in theirs, said
-    assert "every node whose attribution reaches 0.05" in feature_conventions({"threshold": 0.05})
+    assert "every node whose attribution reaches 0.05 of the gap (the aggregated effect, as Marks et al. threshold " \
+        "nodes)" in feature_conventions({"threshold": 0.05})
+    assert "as Marks et al. threshold nodes" not in theirs  # the per-example node rule is surgeon's own
     page = (Path(ROOT) / "docs" / "report-decimal" / "report.html").read_text()
     assert html.escape(ours) in page
 

@@ -187,10 +187,11 @@ def test_feature_circuit_command(tmp_path, capsys):
     pp = capsys.readouterr().out
     assert "one aligned position at a time, the effects summed" in pp
     assert surgeon.load(tmp_path / "pp").exact == "per-position"
-    # Marks et al.'s per-example node threshold by name: said in the circuit's search, kept when read back
+    # surgeon's own per-example node rule by name (not Marks et al.'s): said in the circuit's search, kept when read back
     assert main(["feature-circuit", case, "--layers", "0", "--method", "gradient", "--verify", "0", "--threshold",
                  "0.2", "--threshold-over", "example", "--out", str(tmp_path / "ex")]) == 0
-    assert "reaches 0.2 of the gap (Marks et al.'s per-example threshold)" in capsys.readouterr().out
+    assert "reaches 0.2 of the gap (surgeon's per-example node rule; Marks et al. threshold nodes on the aggregated " \
+        "effect)" in capsys.readouterr().out
     assert surgeon.load(tmp_path / "ex").threshold_over == "example"
     assert main(["feature-circuit", case, "--threshold-over", "example", "--out", str(tmp_path / "w")]) == 2
     assert "--threshold-over" in capsys.readouterr().err and not (tmp_path / "w").exists()
