@@ -103,7 +103,9 @@ class Shows:
             parts.append(v.widget(self))
         else:
             for draw in v.figures.values():
-                parts.append(f"<div>{svg_of(draw(self, None))}</div>")
+                fig = draw(self, None)  # None: a figure this result does not have (a repair without baselines)
+                if fig is not None:
+                    parts.append(f"<div>{svg_of(fig)}</div>")
         parts.append(f"<details><summary>the full report</summary><pre>{html.escape(v.text(self))}</pre></details>")
         return "\n".join(parts)
 

@@ -32,6 +32,7 @@ from surgeon.analyses.logit_attribution import logit_attribution
 from surgeon.analyses.patching import patch_heads
 from surgeon.analyses.positions import patch_positions
 from surgeon.analyses.repair import search_repair
+from surgeon.analyses.steering_baselines import compare_baselines
 from surgeon.analyses.sae_features import amplified, overlap
 from surgeon.analyses.sae_heads import head_feature_effects
 from surgeon.analyses.sae_repair import feature_repair
@@ -191,10 +192,16 @@ def run_report(case: Case, model, *, steps=STEPS, layer: int | None = None, budg
     if "sae" in steps:
         _sae_steps(rep, step, case, model, L, sae_source, batch_size, bad, tag)
     if "repair" in steps:  # a repair that needs the failing prompt alone, chosen on discovery items, measured held out
-        opts = {"mode": "mean", "holdout": 0.5, "seed": seed, "max_kl": 0.1, "max_drop": 0.05, "max_heads": 8, **sel}
-        step("repair", opts, lambda: search_repair(case, model, mode="mean", holdout=0.5, seed=seed, max_kl=0.1,
-                                                   max_drop=0.05, max_heads=8, bad=bad, tag=tag,
-                                                   batch_size=batch_size, progress=progress))
+        opts = {"mode": "mean", "holdout": 0.5, "seed": seed, "max_kl": 0.1, "max_drop": 0.05, "max_heads": 8,
+                "baselines": True, **sel}
+
+        def repair_step():
+            r = search_repair(case, model, mode="mean", holdout=0.5, seed=seed, max_kl=0.1, max_drop=0.05,
+                              max_heads=8, bad=bad, tag=tag, batch_size=batch_size, progress=progress)
+            return replace(r, baselines=compare_baselines(case, model, r, holdout=0.5, seed=seed, bad=bad, tag=tag,
+                                                          batch_size=batch_size, progress=progress))
+
+        step("repair", opts, repair_step)
     if bar is not None:
         bar.close()
     return rep

@@ -87,6 +87,13 @@ REFERENCES: dict[str, tuple[str, str]] = {
   booktitle = {Advances in Neural Information Processing Systems (NeurIPS)},
   year = {2023}
 }"""),
+    "turner2023actadd": ("Turner et al., 2023", """@article{turner2023actadd,
+  title = {Steering Language Models With Activation Engineering},
+  author = {Turner, Alexander Matt and Thiergart, Lisa and Leech, Gavin and Udell, David and Vazquez, Juan J. and
+            Mini, Ulisse and MacDiarmid, Monte},
+  year = {2023},
+  note = {arXiv:2308.10248}
+}"""),
     "rimsky2024caa": ("Rimsky et al., 2024", """@inproceedings{rimsky2024caa,
   title = {Steering {Llama 2} via Contrastive Activation Addition},
   author = {Rimsky, Nina and Gabrieli, Nick and Schulz, Julian and Tong, Meg and Hubinger, Evan and Turner, Alexander},

@@ -202,6 +202,17 @@ def methods_paragraph(rep, how: str = "text") -> str:
                      f"specificity {cite('meng2022rome', 'meng2023memit', 'wang2024easyedit')}), with the KL divergence "
                      "of the next-token distribution from the unrepaired model as the side effect, beside the same "
                      "heads patched from each item's good-format twin.")
+        bl = getattr(r, "baselines", None)
+        if bl is not None:
+            ship = bl.shipped()
+            parts.append("Beside it, the field's steering baselines were built on the same discovery items and measured "
+                         "on the same held-out items: activation addition in the residual stream at every layer "
+                         f"{cite('turner2023actadd', 'rimsky2024caa')}, inference-time intervention on the heads a "
+                         f"linear probe ranks {cite('li2023iti')}, and as controls as many random heads and every head "
+                         "of one layer; each method's configurations were kept by their Pareto front on the discovery "
+                         "items (efficacy against the good format's KL and control accuracy), and the front drawn on "
+                         "the held-out items" + (f": the shipped repair is dominated by {len(bl.dominating(ship))} of "
+                                                 f"{len(bl.points) - 1} kept configurations." if ship else "."))
         verdict = r.verdict() if hasattr(r, "verdict") else []
         if verdict:
             parts.append("Its verdict on the held-out items: " + " ".join(verdict))
@@ -233,6 +244,8 @@ def _figures(rep) -> dict:
     for step, result in rep.steps.items():
         for fname, draw in view_of(result).figures.items():
             fig = draw(result, None)
+            if fig is None:  # a figure this result does not have (a repair without baselines)
+                continue
             journal_width(fig)  # figures drawn elsewhere (the circuit graph) too
             out[step, fname] = fig
     return out
@@ -274,7 +287,7 @@ def render(rep, drawn: dict | None = None) -> str:
             out.append(v.widget(result))
         out.append(f"<details{'' if name in tables else ' open'}><summary>the step's full report (text)</summary>"
                    f"<pre>{html.escape(v.text(result))}</pre></details>")
-        for fname in v.figures:
+        for fname in (f for f in v.figures if (name, f) in drawn):
             caption = CAPTIONS.get((name, fname), fname).replace("\\%", "%")
             out.append(f"<figure>{svg_of(drawn[name, fname])}<figcaption>{html.escape(caption)}</figcaption></figure>")
         out.append("</section>")

@@ -13,6 +13,10 @@ CAPTIONS = {
     ("sinks", "sinks.png"): "Attention on the first token per head in every format (boxed: above the sink-rate "
                             "threshold), and per layer the largest residual activation and the first token's norm, "
                             "each over the median (log scale; massive above 1000 times).",
+    ("repair", "pareto.png"): "The repair beside the field's steering baselines on the held-out items: efficacy "
+                              "(the failing formats' focus items right) against the good format's KL from the "
+                              "unrepaired model (symlog) and against control accuracy, one marker per method (CAA, "
+                              "ITI, random heads, one layer's heads), the front joined, the shipped repair ringed.",
     ("diagnose", "accuracy.png"): "Accuracy per prompt format and item tag, with Wilson 95\\% intervals.",
     ("patch", "heatmap.png"): "Repair fraction of patching each attention head alone from the good format's run "
                               "into the failing one, (patched - failing) / (good - failing) of the mean score.",

@@ -136,6 +136,11 @@ def fold_text(r) -> str:
     return "\n".join(lines)
 
 
+def pareto_of(r, path=None):
+    """The repair beside the steering baselines (`pareto_figure`), or None for a repair measured without them."""
+    return None if r.baselines is None else pareto_figure(r.baselines, path)
+
+
 def result_record(r) -> dict:
     """results.json's result: everything but the tensors (they are in repair.safetensors)."""
     d = {k: v for k, v in vars(r).items() if k != "repair"}
@@ -154,7 +159,7 @@ def save_repair(out: Path, command: str, result, case, *, options: dict, device:
                   str(tmp / TENSORS))
         write_json(tmp / FILE, result.repair.record())
         if result.baselines is not None:
-            pareto_figure(result.baselines, tmp / "pareto.png")
+            pareto_of(result, tmp / "pareto.png")
         m = manifest(command, case, seed=options.get("seed"), device=device, dtype=options.get("dtype"),
                      options=options, model_info=model_info(case), argv=[] if api else None)
         if api:

@@ -153,6 +153,7 @@ register("Baselines", View("repair", repair_view.baselines_text, figures={"paret
                            headline=lambda b: f"{len(b.points)} configurations held out, "
                                               f"{sum(p.front for p in b.points)} on the front"))
 register("RepairResult", View("repair", repair_view.repair_text, save=repair_view.save_repair, table=tables.repair_table,
+                              figures={"pareto.png": repair_view.pareto_of},
                               headline=lambda r: f"{'+'.join(r.repair.heads)} ({r.repair.mode}): held-out efficacy "
                                                  f"{100 * r.efficacy().repaired.value:.1f}%"))
 register("Report", View("report", html.report_text, save=html.save_report, headline=_report_line,

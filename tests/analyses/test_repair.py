@@ -8,11 +8,13 @@ import json
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 import torch
 
 import surgeon
 import surgeon.api
+from surgeon.analyses.repair import Scorer, repair_masks
 from surgeon.errors import AnalysisError
 from surgeon.organisms import decimal as organism
 
@@ -313,7 +315,8 @@ def _threshold_predictions(case, r, heads, mode, a):
     writes UNIT * WEIGHTS[h] * GAIN[l] on letter l's logit per unit of its output's letter-l coordinate; in 'plain' its
     output is e_x, in 'qa' W_BAD * e_y (the rest reads BOS, which carries nothing); odd heads write where the
     unembedding does not read. A mean repair puts (f_l) in place of the output, f_l the share of discovery items whose
-    x is l; a steer adds a * (f_l - W_BAD * f'_l), f'_l the share whose y is l. Returns the counts right."""
+    x is l; a steer adds a * (f_l - W_BAD * f'_l), f'_l the share whose y is l. Returns, per format, the indices (into
+    the held-out items) of the items right, and how many items there are."""
     from surgeon.organisms import threshold as T
 
     disc = [case.items[i] for i in r.split.discovery]
@@ -324,8 +327,8 @@ def _threshold_predictions(case, r, heads, mode, a):
     g = {l: T.GAIN[i] for i, l in enumerate(L)}
     W, u = T.W_BAD, T.UNIT
     VS = sum(T.WEIGHTS[h] for h in heads if h in T.WEIGHTS)
-    right = {"qa": 0, "plain": 0}
-    for it in ev:
+    right = {"qa": set(), "plain": set()}
+    for k, it in enumerate(ev):
         x, y = it.values["x"], it.values["y"]
         for fmt in right:
             own = {x: 1.0} if fmt == "plain" else {y: W}  # the unrepaired output's letter coordinates
@@ -338,16 +341,20 @@ def _threshold_predictions(case, r, heads, mode, a):
                     else:
                         out = {l: own.get(l, 0.0) + a * (f[l] - W * f2[l]) for l in L}
                 score += u * v * (out.get(x, 0.0) * g[x] - out.get(y, 0.0) * g[y])
-            right[fmt] += score > 0
+            if score > 0:
+                right[fmt].add(k)
     return right, len(ev)
 
 
-@pytest.mark.parametrize("which,mode,a", [("even", "mean", 1.0), ("heaviest", "mean", 1.0), ("even", "steer", 1.0),
-                                          ("even", "steer", 100.0), ("odd", "mean", 1.0)])
-def test_threshold_organism_repairs_as_its_construction_says(threshold_model, which, mode, a):
+@pytest.mark.parametrize("which,mode,a,seed", [("even", "mean", 1.0, 2), ("heaviest", "mean", 1.0, 2),
+                                               ("even", "steer", 1.0, 2), ("even", "steer", 100.0, 2),
+                                               ("odd", "mean", 1.0, 2), ("even", "mean", 1.0, 0),
+                                               ("even", "steer", 100.0, 5), ("heaviest", "mean", 1.0, 7)])
+def test_threshold_organism_repairs_as_its_construction_says(threshold_model, which, mode, a, seed):
     """A constant cannot carry which letter is x: the paired patch of the even heads repairs every item, but their
-    mean repairs only the items where f_x g_x > f_y g_y, a steer of strength 1 none, and odd heads nothing; the
-    counts equal the closed form's, derived from the weights' construction above."""
+    mean repairs only the items where f_x g_x > f_y g_y, a steer of strength 1 none, and odd heads nothing. Which
+    items the repair gets right (not only how many) equals the closed form's, derived from the weights' construction
+    above, over several splits."""
     from surgeon.organisms import threshold as T
 
     heads = {"even": T.EVEN, "odd": T.ODD,
@@ -355,10 +362,16 @@ def test_threshold_organism_repairs_as_its_construction_says(threshold_model, wh
     case = surgeon.api.read("threshold_organism")
     with torch.no_grad():
         r = surgeon.repair(case, threshold_model, heads=",".join(f"L0H{h}" for h in heads), mode=mode, strength=a,
-                           holdout=0.5, seed=2)
+                           holdout=0.5, seed=seed)
     want, n = _threshold_predictions(case, r, set(heads), mode, a)
     got = {row.format: round(row.repaired.value * row.repaired.n) for row in r.held_out if row.measure != "paired"}
-    assert got == want, (got, want)
+    assert got == {f: len(v) for f, v in want.items()}, (got, want)
+    ev = [case.items[i] for i in r.split.evaluation]
+    with torch.no_grad():  # the items themselves: the repair's masks on the engine, item by item
+        for fmt in ("qa", "plain"):
+            sc = Scorer(case, threshold_model, ev, fmt, 256)
+            right = np.asarray(sc.metric.right(sc.run(repair_masks(r.repair, threshold_model.cfg))[0]))
+            assert set(np.flatnonzero(right).tolist()) == want[fmt], fmt
     paired = next(row for row in r.held_out if row.measure == "paired")
     assert paired.repaired.n == n
     if which in ("even", "heaviest"):  # every even-weight sum >= 69 repairs every item when patched paired
@@ -369,8 +382,9 @@ def test_threshold_organism_repairs_as_its_construction_says(threshold_model, wh
 
 
 def test_report_repair_step_page_paper_and_resume(tmp_path):
-    """`surgeon report --steps ...,repair`: the repair's held-out table on the page and in the paper, methods text
-    citing ITI, CAA and the model-editing evaluation; a rerun reuses it; surgeon.load reads it back with its tensors."""
+    """`surgeon report --steps ...,repair`: the repair's held-out table on the page and in the paper, beside the steering
+    baselines (text, figure, methods), methods text citing ITI, CAA, ActAdd and the model-editing evaluation; a rerun
+    reuses it; surgeon.load reads it back with its tensors."""
     import shutil
 
     out = tmp_path / "rep"
@@ -379,8 +393,12 @@ def test_report_repair_step_page_paper_and_resume(tmp_path):
     r = rep.steps["repair"]
     page = (out / "report.html").read_text()
     assert "<section id='repair'>" in page and "paired" in page
+    # beside the field's steering baselines: the text, the figure on the page and in figures/, the methods sentence
+    assert r.baselines is not None and "beside the field's steering baselines" in page
+    assert "efficacy against harm: KL" in page and (out / "figures" / "repair-pareto.pdf").is_file()
     methods = (out / "paper" / "methods.tex").read_text()
-    for key in ("li2023iti", "rimsky2024caa", "meng2022rome", "wang2024easyedit"):
+    assert "steering baselines" in methods
+    for key in ("li2023iti", "rimsky2024caa", "turner2023actadd", "meng2022rome", "wang2024easyedit"):
         assert key in methods and key in (out / "references.bib").read_text()
     assert (out / "paper" / "repair.tex").is_file() and (out / "repair" / "repair.safetensors").is_file()
     again = surgeon.report("decimal_organism", out=out, steps=["diagnose", "repair"])
