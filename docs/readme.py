@@ -88,7 +88,7 @@ def execute(cmd: str, name: str | None = None) -> str:
         raise SystemExit(f"README command failed ({r.returncode}): {cmd}\n{r.stderr[-3000:]}")
     if dt is not None:
         t = _timings()
-        t[cmd] = round(dt, 1)
+        t[cmd.replace(str(_WORK) + os.sep, "")] = round(dt, 1)  # no machine's folder in a committed file
         TIMINGS.write_text(json.dumps(t, indent=1, sort_keys=True) + "\n")
     if out is not None:
         RESULTS[name] = json.loads((out / "results.json").read_text())["result"]

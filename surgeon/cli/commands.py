@@ -232,7 +232,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "or the mean over the repair's slots")
     p.add_argument("--fold-format", default="auto", choices=["auto", "tl", "hf"],
                    help="with --fold-out: hf (a Hugging Face folder: needs a model loaded from one), tl (a "
-                        "TransformerLens checkpoint), auto (hf where the model came from a Hugging Face folder)")
+                        "TransformerLens checkpoint), auto (hf where the model came from a Hugging Face folder; default)")
     p.add_argument("--bad", help="build and measure on this failing format only (default: every failing format)")
     p.add_argument("--tag", help="the items the repair is built on and judged by for efficacy (default: the focus)")
 

@@ -394,7 +394,7 @@ def test_report_repair_step_page_paper_and_resume(tmp_path):
     page = (out / "report.html").read_text()
     assert "<section id='repair'>" in page and "paired" in page
     # beside the field's steering baselines: the text, the figure on the page and in figures/, the methods sentence
-    assert r.baselines is not None and "beside the field's steering baselines" in page
+    assert r.baselines is not None and "beside the field&#x27;s steering baselines" in page
     assert "efficacy against harm: KL" in page and (out / "figures" / "repair-pareto.pdf").is_file()
     methods = (out / "paper" / "methods.tex").read_text()
     assert "steering baselines" in methods
