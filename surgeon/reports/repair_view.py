@@ -196,7 +196,8 @@ def baselines_text(b) -> str:
     ship = b.shipped()
     if ship is not None:
         lines += ["", f"  at the shipped repair's side effects or less (good-format KL <= {ship.kl.value:.4f}, control >= "
-                      f"{100 * ship.control.value:.1f}%), each method's best held-out efficacy:"]
+                      f"{100 * ship.control.value:.1f}%), each method's best held-out efficacy (picked on these held-out "
+                      "numbers: a comparison of the kept configurations, in-sample as a choice):"]
         for fam in b.tried:
             best = b.best_within(fam, ship)
             if best is None:
