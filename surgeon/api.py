@@ -37,6 +37,7 @@ from surgeon.analyses.diagnose import Diagnosis, failure_check
 from surgeon.analyses.encode import Encoding
 from surgeon.analyses.generation import check_generation
 from surgeon.analyses.heldout import (
+    evaluation_choice,
     FoldsCircuit,
     FoldsThreshold,
     HeldOutCircuit,
@@ -184,9 +185,7 @@ def patch(case, model=None, *, layers: Sequence[int] | None = None, component: s
     is lowered to fit `max_memory` ("80GB"; default: the device's free memory), the plan printed to stderr.
     `holdout` (e.g. 0.5, seeded by `seed`) or `eval_items`: the units are ranked on discovery items and the `top` of
     them reported on the held-out ones, the result (a `HeldOutPatch`)."""
-    if holdout is not None and eval_items is not None:
-        raise AnalysisError("holdout and eval_items are two ways to choose the evaluation items", field="eval_items",
-                            fix="give one: holdout=FRAC (a share of the case's items) or eval_items (other items)")
+    holdout = evaluation_choice(holdout, eval_items)
     if holdout is not None or eval_items is not None:  # refused before any weight loads
         eval_split(read(case, model), tag, holdout, seed, eval_items)
         check_eval_items(case, model, eval_items, seed)
@@ -267,9 +266,12 @@ def threshold(case, model=None, *, layer: int | None = None, heads: str | None =
     `eval_items` instead: the search on every item, the evaluation on these (a number: fresh items from the case's
     `draw`; a case file's path; a list of Items). `folds` (e.g. 5): cross-validated, a `FoldsThreshold`: k* per
     fold, how often each subset is the best of its size, the held-out rate per fold."""
+    holdout = evaluation_choice(holdout, eval_items, folds)
     check_eval_items(case, model, eval_items, seed)  # refused before the model loads
     if folds is not None:
         fold_items(pick_items(read(case, model), tag)[1], folds, seed)  # refused before the model loads
+    if holdout is not None:
+        eval_split(read(case, model), tag, holdout, seed, None)  # too few items for the split: refused now
     case, model = case_and_model(case, model, device=device, dtype=dtype, metric=metric)
     if generate:  # refused before the search, not after it
         check_generation(case, model, pick_items(case, tag)[1], generate)
@@ -309,7 +311,7 @@ def evaluate_subsets(case, model=None, subsets=(), *, component: str = "z", bad:
 def repair(case, model=None, *, heads=None, mode: str = "mean", strength: float | None = None, search: bool = False,
            strengths: Sequence[float] | None = None, max_heads: int = 8, max_kl: float = 0.1,
            max_kl_q90: float | None = None, max_drop: float = 0.05,
-           holdout: float | None = 0.5, seed: int = 0, eval_items=None, neutral: Sequence[str] | None = None,
+           holdout: float | None = None, seed: int = 0, eval_items=None, neutral: Sequence[str] | None = None,
            generate: int = 0, bad: str | None = None, tag: str | None = None, batch_size: int = 256, metric=None,
            baselines: bool = False, fold: str | None = None, sites="z", device: str | None = None,
            dtype: str = "float32"):
@@ -328,12 +330,16 @@ def repair(case, model=None, *, heads=None, mode: str = "mean", strength: float 
     "attn_out" or "resid_pre" (e.g. "z,mlp_out"). `fold="slot0"` (or "mean"): also measure it as a model file acts, folded into the weights at every position
     (`result.fold`); `surgeon.fold(result, model, DIR)` writes that model file."""
     sites = check_sites(sites)  # before anything is read or loaded
+    holdout = evaluation_choice(holdout, eval_items, default=0.5)  # measured held out: 0.5 unless told
+    if holdout is None and eval_items is None:
+        raise AnalysisError("a repair is measured on items it was not built on; holdout=0 holds none out",
+                            field="--holdout", fix="give holdout=FRAC (e.g. 0.5), or items to evaluate on (eval_items=)")
     if sites != ("z",) and not search:
         raise AnalysisError("sites= says what the search may write; named heads are heads", field="sites",
                             fix="pass search=True, or leave sites out")
-    check_repairable(read(case, model), mode, "z", holdout=holdout, eval_items=eval_items)  # before any weight loads
     check_heads(heads, max_heads=max_heads, strength=strength, strengths=strengths, search=search, max_kl=max_kl,
                 max_drop=max_drop, max_kl_q90=max_kl_q90)
+    check_repairable(read(case, model), mode, "z", holdout=holdout, eval_items=eval_items)  # before any weight loads
     check_eval_items(case, model, eval_items, seed)  # a number of fresh items, a case file or Items
     if fold is not None:
         check_rule(fold)
@@ -467,10 +473,13 @@ def circuit(case, model=None, *, method: str | None = None, ig_steps: int = IG_S
     its faithfulness measured on the rest (the result; MIB's protocol): a `HeldOutCircuit` (`.search` is the circuit,
     `.search.export(...)` writes it). `eval_items` instead: found on every item, measured on these (a number: fresh
     items from the case's `draw`; a case file's path; a list of Items)."""
+    holdout = evaluation_choice(holdout, eval_items, folds)
     case = read(case, model)
     check_eval_items(case, model, eval_items, seed)  # refused before the model loads
     if folds is not None:
         fold_items(pick_items(case, tag)[1], folds, seed)
+    if holdout is not None:
+        eval_split(case, tag, holdout, seed, None)  # too few items for the split: refused now
     method = method or default_method(case, ablation)
     check_options(method, ablation, ig_steps, None if edges else faithfulness, edges, semantics)
     case, model = case_and_model(case, model, device=device, dtype=dtype, metric=metric)
@@ -593,9 +602,7 @@ def sae_repair(case, model=None, *, layer: int, top: int = 8, budget: int = 2000
     against patching the whole activation (`surgeon sae repair`). `holdout` (e.g. 0.5, seeded by `seed`) or
     `eval_items`: the features are chosen on discovery items and patched on the held-out ones (a
     `HeldOutFeatureRepair`)."""
-    if holdout is not None and eval_items is not None:
-        raise AnalysisError("holdout and eval_items are two ways to choose the evaluation items", field="eval_items",
-                            fix="give one: holdout=FRAC (a share of the case's items) or eval_items (other items)")
+    holdout = evaluation_choice(holdout, eval_items)
     if holdout is not None or eval_items is not None:  # refused before any weight loads
         eval_split(read(case, model), tag, holdout, seed, eval_items)
     case, model = case_and_model(case, model, device=device, dtype=dtype)
@@ -628,9 +635,7 @@ def feature_circuit(case, model=None, *, layers: Sequence[int] | None = None, me
     if exact not in EXACT:  # refused before any weight loads
         raise AnalysisError(f"exact effects {exact!r} are not one of {', '.join(EXACT)}", field="exact",
                             fix="joint (every aligned position at once) or per-position (Marks et al.'s, summed)")
-    if holdout is not None and eval_items is not None:
-        raise AnalysisError("holdout and eval_items are two ways to choose the evaluation items", field="eval_items",
-                            fix="give one: holdout=FRAC (a share of the case's items) or eval_items (other items)")
+    holdout = evaluation_choice(holdout, eval_items)
     if holdout is not None or eval_items is not None:  # refused before any weight loads
         eval_split(read(case, model), tag, holdout, seed, eval_items)
     case, model = case_and_model(case, model, device=device, dtype=dtype)
@@ -804,20 +809,20 @@ def report(case, model=None, *, out: str | Path | None = None, steps: Sequence[s
            sae_id: str | None = None, sae_dir: str | None = None, batch_size: int = 256, device: str | None = None,
            dtype: str = "float32", bad: str | None = None, tag: str | None = None, item_rate: float = 1.0,
            heads: str | None = None, groups: Sequence[str] | None = None, seed: int = 0,
-           holdout: float | None = 0.5, eval_items=None, progress: bool = False):
+           holdout: float | None = None, eval_items=None, progress: bool = False):
     """The whole pipeline on a case (`surgeon report`): diagnose, per-head patching, the subset search and the blend
     at the layer patching repairs most (or `layer`), the circuit, and the SAE analyses where there are SAEs. With
     `out`, each step's results go to out/STEP (an interrupted report resumes from them) and the page to
     out/report.html, with every figure as PDF and SVG under out/figures. The subset search takes `heads`, `groups`,
     `item_rate` and `seed` as `threshold` does. The subset search and the circuit run on discovery items and are
-    reported on held-out ones, the result: `holdout` the share held out (seeded by `seed`, stratified by tag; 0 or
-    None: every item, in-sample), or `eval_items` other items (a number of fresh items from the case's `draw`, a
+    reported on held-out ones, the result: `holdout` the share held out (seeded by `seed`, stratified by tag; default
+    0.5; 0: every item, in-sample, and no repair step), or `eval_items` other items (a number of fresh items from the case's `draw`, a
     case file, or Items). Returns the `Report` (its `.save(dir)` writes the page again)."""
-    if holdout and eval_items is not None:
-        raise AnalysisError("holdout and eval_items are two ways to choose the evaluation items", field="eval_items",
-                            fix="give one: holdout=FRAC (a share of the case's items) or eval_items (other items); "
-                                "holdout=0 with neither runs every step on every item, in-sample")
-    if {"threshold", "circuit"} & set(steps) and (holdout or eval_items is not None):  # before any weight loads
+    holdout = evaluation_choice(holdout, eval_items, default=0.5)
+    if "repair" in steps and holdout is None and eval_items is None:
+        raise AnalysisError("the repair step measures the repair on items it was not built on; holdout=0 holds none "
+                            "out", field="holdout", fix="give holdout=FRAC or eval_items, or leave the repair step out")
+    if {"threshold", "circuit", "repair"} & set(steps) and (holdout or eval_items is not None):  # before weights load
         eval_split(read(case, model), tag, holdout, seed, eval_items)
     case, model = case_and_model(case, model, device=device, dtype=dtype)
     source = SAESource.from_case(case, sae_release, sae_id, sae_dir) if (sae_release or sae_id or sae_dir) else None

@@ -38,7 +38,7 @@ def direct_patch_scores(model, base_rows, source_rows, how, site, mask, extra=()
 
             hooks.append((x.hook, hook))
         logits = model.run_with_hooks(torch.tensor([b.tokens]), fwd_hooks=hooks)[0]
-        logp = logits.float().log_softmax(-1)
+        logp = logits.to(torch.promote_types(logits.dtype, torch.float32)).log_softmax(-1)
         out[b.item] += sum(sign * logp[p, t] for p, t, sign in b.targets)
     return out
 
@@ -139,7 +139,7 @@ def graph_forward(model, tokens, replace):
 
 
 def row_score(logits, row):
-    logp = logits.float().log_softmax(-1)
+    logp = logits.to(torch.promote_types(logits.dtype, torch.float32)).log_softmax(-1)
     return sum(sign * logp[p, t] for p, t, sign in row.targets)
 
 

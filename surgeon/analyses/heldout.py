@@ -67,6 +67,24 @@ def _indices_by_tag(items: Sequence[Item]) -> dict[str, list[int]]:
     return by_tag
 
 
+def evaluation_choice(holdout, eval_items, folds=None, *, default: float | None = None) -> float | None:
+    """A Python call's held-out options checked and resolved, as every function reads them: `holdout`, `eval_items`
+    and `folds` are three ways to choose the evaluation items (at most one is given); `holdout=0` holds none out (every
+    item, in-sample: None is returned), a share outside [0, 1) is refused. With none given: `default` (0.5 where
+    a result is only ever measured held out, the repair's and the report's)."""
+    given = [n for n, v in (("holdout", holdout), ("eval_items", eval_items), ("folds", folds)) if v is not None]
+    if len(given) > 1:
+        raise AnalysisError(f"{given[0]} and {given[1]} are two ways to choose the evaluation items", field=given[1],
+                            fix="give one: holdout=FRAC (a share of the case's items), eval_items (other items) or "
+                                "folds=K")
+    if holdout is None:
+        return default if not given else None
+    if isinstance(holdout, bool) or not isinstance(holdout, (int, float)) or not 0 <= holdout < 1:
+        raise AnalysisError(f"holdout {holdout!r} is not a share in [0, 1)", field="holdout",
+                            fix="the share of items held out for evaluation, e.g. 0.5; 0 holds none out (in-sample)")
+    return float(holdout) or None
+
+
 def split_items(items: Sequence[Item], holdout: float, seed: int = 0) -> Split:
     """A seeded split: in each tag, round(holdout x n) items (at least one where the tag has two or more) go to the
     evaluation side, the rest to discovery. Refused when either side would have fewer than MIN_PER_SPLIT items."""

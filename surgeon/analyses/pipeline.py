@@ -192,14 +192,19 @@ def run_report(case: Case, model, *, steps=STEPS, layer: int | None = None, budg
     if "sae" in steps:
         _sae_steps(rep, step, case, model, L, sae_source, batch_size, bad, tag)
     if "repair" in steps:  # a repair that needs the failing prompt alone, chosen on discovery items, measured held out
-        opts = {"mode": "mean", "holdout": 0.5, "seed": seed, "max_kl": 0.1, "max_drop": 0.05, "max_heads": 8,
-                "baselines": True, **sel}
+        if not held:
+            raise AnalysisError("the repair step measures the repair on items it was not built on; holdout=0 holds "
+                                "none out", field="--holdout", fix="give --holdout FRAC or --eval-items, or leave the "
+                                                                   "repair step out")
+        rsplit = dict(holdout=holdout if eval_items is None else None, eval_items=eval_items)
+        opts = {"mode": "mean", "seed": seed, "max_kl": 0.1, "max_drop": 0.05, "max_heads": 8,
+                "baselines": True, **sel, **split}
 
         def repair_step():
-            r = search_repair(case, model, mode="mean", holdout=0.5, seed=seed, max_kl=0.1, max_drop=0.05,
-                              max_heads=8, bad=bad, tag=tag, batch_size=batch_size, progress=progress)
-            return replace(r, baselines=compare_baselines(case, model, r, holdout=0.5, seed=seed, bad=bad, tag=tag,
-                                                          batch_size=batch_size, progress=progress))
+            r = search_repair(case, model, mode="mean", seed=seed, max_kl=0.1, max_drop=0.05,
+                              max_heads=8, bad=bad, tag=tag, batch_size=batch_size, progress=progress, **rsplit)
+            return replace(r, baselines=compare_baselines(case, model, r, seed=seed, bad=bad, tag=tag,
+                                                          batch_size=batch_size, progress=progress, **rsplit))
 
         step("repair", opts, repair_step)
     if bar is not None:

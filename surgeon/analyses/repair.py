@@ -82,6 +82,9 @@ def check_heads(heads, *, max_heads: int = 8, strength=None, strengths=None, sea
         if v is not None and (not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0):
             raise AnalysisError(f"{name} {v!r} is not a positive number", field=name, fix="e.g. 1 (mean: full "
                                 "replacement; steer: the difference added once)")
+    if strengths and not search:
+        raise AnalysisError("--strengths are the strengths the search tries, but no search is asked for",
+                            field="--strengths", fix="add --search (search=True), or give one --strength")
     if search and strength is not None:
         raise AnalysisError("--strength fixes the strength, but --search chooses it", field="--strength",
                             fix="give the strengths to search with --strengths, or leave out --search")

@@ -190,26 +190,26 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--search", action="store_true",
                    help="choose the heads (from --heads) and the strength on the discovery items, greedily, under "
                         "--max-kl and --max-drop; then measure the choice on the held-out items")
-    p.add_argument("--strengths", help="with --search: strengths to try, e.g. 0.5,1,2,4 (default: 1 for mean; "
+    p.add_argument("--strengths", action=cli_types.Given, help="with --search: strengths to try, e.g. 0.5,1,2,4 (default: 1 for mean; "
                                        "0.5,1,2,4 for steer)")
     p.add_argument("--sites", default="z", help="with --search: what it may write: z (heads) and one vector per layer "
                                                 "of mlp_out, attn_out or resid_pre, e.g. z,mlp_out (default z)")
-    p.add_argument("--max-heads", type=cli_types.positive, default=8, help="with --search: at most this many heads "
+    p.add_argument("--max-heads", type=cli_types.positive, default=8, action=cli_types.Given, help="with --search: at most this many heads "
                                                                           "(default 8)")
-    p.add_argument("--max-kl", type=float, default=0.1,
+    p.add_argument("--max-kl", type=float, default=0.1, action=cli_types.Given,
                    help="with --search: the good format's mean KL from the unrepaired model, at most (nats, default 0.1)")
-    p.add_argument("--max-kl-q90", type=float, default=None, metavar="NATS",
+    p.add_argument("--max-kl-q90", type=float, default=None, action=cli_types.Given, metavar="NATS",
                    help="with --search: the 90th percentile over items of the good format's KL, at most (default: 5 x "
                         "--max-kl): one item broken badly shows here, not in the mean")
-    p.add_argument("--max-drop", type=cli_types.fraction, default=0.05,
+    p.add_argument("--max-drop", type=cli_types.share, default=0.05, action=cli_types.Given,
                    help="with --search: every other tag's accuracy in every format at most this far below unrepaired "
                         "(default 0.05)")
     p.add_argument("--save-anyway", action="store_true",
                    help="with --out: save the repair even when its verdict says not to ship it (no held-out efficacy "
                         "above unrepaired, a bound not met on the held-out items)")
-    p.add_argument("--holdout", type=cli_types.fraction, default=0.5, metavar="FRAC",
+    p.add_argument("--holdout", type=cli_types.fraction, metavar="FRAC",
                    help="build on a seeded, tag-stratified share of the items and measure on the held-out FRAC "
-                        "(default 0.5)")
+                        "(default 0.5; not with --eval-items)")
     p.add_argument("--eval-items", metavar="N|FILE",
                    help="build on every item and measure on these: " + EVAL_ITEMS)
     p.add_argument("--neutral", type=Path, metavar="FILE",
@@ -637,6 +637,15 @@ def eval_items_check(args, case) -> None:
 def cmd_repair(args) -> int:
     from surgeon.analyses.repair import check_heads, check_repairable
 
+    one_evaluation_choice(args)
+    if args.holdout is None and args.eval_items is None:
+        args.holdout = 0.5
+    if not args.search:  # the search's own options do nothing without it
+        for flag in ("strengths", "max_heads", "max_kl", "max_kl_q90", "max_drop"):
+            if flag in getattr(args, "given", ()):
+                name = "--" + flag.replace("_", "-")
+                raise SurgeonError(f"{name} bounds the search, but no --search is asked for", field=name,
+                                   fix=f"add --search, or leave out {name}")
     strengths = None
     if args.strengths:
         try:
@@ -847,9 +856,13 @@ def cmd_report(args) -> int:
     out = args.out or Path("out") / f"report-{Path(args.case).stem}"
     one_evaluation_choice(args)
     holdout = 0.5 if args.holdout is None and args.eval_items is None else args.holdout
+    if "repair" in steps and not holdout and args.eval_items is None:
+        raise SurgeonError("the repair step measures the repair on items it was not built on; --holdout 0 holds none "
+                           "out", field="--holdout", fix="give --holdout FRAC or --eval-items, or leave the repair "
+                                                         "step out")
 
     def split_check(case):  # too few items for the split, or evaluation items that do not fit, before the model loads
-        if {"threshold", "circuit"} & set(steps) and (holdout or args.eval_items is not None):
+        if {"threshold", "circuit", "repair"} & set(steps) and (holdout or args.eval_items is not None):
             from surgeon.analyses.heldout import eval_split
 
             eval_split(case, args.tag, holdout, args.seed, args.eval_items)

@@ -104,7 +104,8 @@ def add_feature_circuit(sub, common, items) -> None:
     q.add_argument("--layers", help="the SAEs' layers, e.g. 0,2 or 0-2 (default: every layer with an SAE)")
     q.add_argument("--method", default="ig", choices=list(FEATURE_METHODS),
                    help="node attribution (default ig): " + "; ".join(f"{k}: {v}" for k, v in FEATURE_METHODS.items()))
-    q.add_argument("--steps", type=cli_types.bounded(1, 64), default=5, help="integration steps of ig (default 5)")
+    q.add_argument("--steps", type=cli_types.bounded(1, 64), default=5, action=cli_types.Given,
+                   help="integration steps of ig and ig-marks (default 5)")
     q.add_argument("--verify", type=cli_types.nonnegative, default=20,
                    help="top nodes whose attribution is checked by exact patching, per direction (default 20)")
     q.add_argument("--faithfulness", type=cli_types.fraction,
@@ -131,6 +132,10 @@ def add_feature_circuit(sub, common, items) -> None:
 
 def run_feature_circuit(args) -> int:
     from surgeon.cli.common import load_case_and_model, parse_layers, print_report
+
+    if "steps" in getattr(args, "given", ()) and not args.method.startswith("ig"):
+        raise SurgeonError(f"--steps {args.steps} integrates, but --method {args.method} does not", field="--steps",
+                           fix="leave out --steps, or use --method ig / ig-marks")
 
     if args.faithfulness is not None and args.threshold is not None:
         raise SurgeonError("give --faithfulness or --threshold, not both", field="--threshold",

@@ -1,0 +1,104 @@
+"""The Python API means what it says about evaluation items and options that need a partner (issue 69, item 5):
+holdout=0 runs in-sample, holdout with eval_items is refused by every function (before any weight loads), the
+report's repair step takes the report's split, and options that do nothing without another are refused."""
+import pytest
+
+import surgeon
+from surgeon.errors import SurgeonError
+from tests.cli.test_reliability import refused
+from tests.conftest import ROOT
+
+DECIMAL = f"{ROOT}/cases/decimal_organism.py"
+NOT_A_MODEL = "no/such/model/dir"  # loading it would fail: a refusal that names eval_items came before the model
+
+
+@pytest.mark.parametrize("fn,kw", [
+    (surgeon.patch, {}), (surgeon.threshold, {"layer": 0}), (surgeon.circuit, {}), (surgeon.repair, {"search": True}),
+    (surgeon.report, {}), (surgeon.sae_repair, {"layer": 0}), (surgeon.feature_circuit, {}),
+])
+@pytest.mark.parametrize("holdout", [0.5, 0])
+def test_holdout_with_eval_items_is_refused_by_every_function_before_the_model_loads(fn, kw, holdout):
+    with pytest.raises(SurgeonError) as e:
+        fn(DECIMAL, NOT_A_MODEL, holdout=holdout, eval_items=8, **kw)
+    assert e.value.field == "eval_items" and "two ways to choose the evaluation items" in str(e.value)
+
+
+@pytest.mark.parametrize("fn,kw", [(surgeon.threshold, {"layer": 0}), (surgeon.circuit, {})])
+def test_folds_with_holdout_is_refused(fn, kw):
+    with pytest.raises(SurgeonError) as e:
+        fn(DECIMAL, NOT_A_MODEL, holdout=0.5, folds=3, **kw)
+    assert e.value.field == "folds"
+
+
+@pytest.mark.parametrize("bad", [1, 1.5, -0.1, "0.5", True])
+def test_a_holdout_that_is_not_a_share_is_refused(bad):
+    with pytest.raises(SurgeonError) as e:
+        surgeon.patch(DECIMAL, NOT_A_MODEL, holdout=bad)
+    assert e.value.field == "holdout"
+
+
+def test_holdout_zero_runs_in_sample(decimal_model):
+    """holdout=0 holds no item out: the plain, in-sample result on every item, never a 0.5 split."""
+    r = surgeon.patch(DECIMAL, decimal_model, holdout=0, layers=[0])
+    assert type(r).__name__ == "PatchResult"
+    plain = surgeon.patch(DECIMAL, decimal_model, layers=[0])
+    assert r.n_items == plain.n_items and str(r) == str(plain)
+    t = surgeon.circuit(DECIMAL, decimal_model, holdout=0, method="eap", edges=3, paths=0, verify=0)
+    assert type(t).__name__ == "CircuitResult"
+
+
+def test_a_repair_with_holdout_zero_is_refused_not_measured_in_sample():
+    with pytest.raises(SurgeonError) as e:
+        surgeon.repair(DECIMAL, NOT_A_MODEL, heads="L0H1", holdout=0)
+    assert e.value.field == "--holdout" and "not built on" in str(e.value)
+
+
+def test_the_reports_repair_step_needs_held_out_items(tmp_path, capsys):
+    with pytest.raises(SurgeonError) as e:
+        surgeon.report(DECIMAL, NOT_A_MODEL, steps=["diagnose", "repair"], holdout=0)
+    assert e.value.field == "holdout"
+    refused(capsys, ["report", DECIMAL, "--steps", "diagnose,repair", "--holdout", "0", "--out", str(tmp_path / "r")],
+            "--holdout", "not built on")
+    assert not (tmp_path / "r").exists()
+
+
+@pytest.mark.parametrize("argv,flag", [
+    (["--heads", "L0H1", "--strengths", "1,2"], "--strengths"),
+    (["--heads", "L0H1", "--max-kl", "0.2"], "--max-kl"),
+    (["--heads", "L0H1", "--max-drop", "0.1"], "--max-drop"),
+    (["--heads", "L0H1", "--max-heads", "3"], "--max-heads"),
+    (["--heads", "L0H1", "--max-kl-q90", "0.3"], "--max-kl-q90"),
+    (["--heads", "L0H1", "--holdout", "0.4", "--eval-items", "8"], "--eval-items"),
+])
+def test_repair_options_without_their_partner_are_refused(capsys, tmp_path, argv, flag):
+    refused(capsys, ["repair", DECIMAL, *argv, "--out", str(tmp_path / "r")], flag)
+    assert not (tmp_path / "r").exists()
+
+
+def test_strengths_without_search_are_refused_in_python():
+    with pytest.raises(SurgeonError) as e:
+        surgeon.repair(DECIMAL, NOT_A_MODEL, heads="L0H1", strengths=[1, 2])
+    assert e.value.field == "--strengths"
+
+
+def test_max_drop_zero_is_accepted_as_the_library_accepts_it(capsys):
+    from surgeon.cli.commands import build_parser
+
+    args = build_parser().parse_args(["repair", DECIMAL, "--search", "--max-drop", "0"])
+    assert args.max_drop == 0.0
+
+
+def test_feature_circuit_steps_with_a_method_that_does_not_integrate_is_refused(capsys):
+    refused(capsys, ["feature-circuit", DECIMAL, "--method", "gradient", "--steps", "3"], "--steps", "does not")
+
+
+@pytest.mark.slow
+def test_the_reports_repair_step_takes_the_reports_split(decimal_model):
+    """The report's repair (and its baselines) is built and measured on the report's split, not a fixed 0.5."""
+    rep = surgeon.report(DECIMAL, decimal_model, steps=["repair"], holdout=0.25, seed=3)
+    r = rep.steps["repair"]
+    split = r.repair.built_on["split"]
+    assert (split["holdout"], split["seed"]) == (0.25, 3)
+    n = len(surgeon.load_case(DECIMAL).items)
+    assert abs(split["evaluation"] - 0.25 * n) <= 2, split
+    assert rep.options["repair"]["holdout"] == 0.25
