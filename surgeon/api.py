@@ -83,7 +83,7 @@ from surgeon.case.select import pick_items
 from surgeon.case.shipped import shipped_case
 from surgeon.models.checks import check_bare, check_case_against_model, load_case
 from surgeon.models.loading import from_hf, load_model, model_digest
-from surgeon.repairs.artifact import MODES, Repair, read_repair
+from surgeon.repairs.artifact import MODES, Repair, check_fits, read_repair
 from surgeon.repairs.fold import check_rule, save_folded
 from surgeon.repairs.artifact import apply as apply_repair
 from surgeon.reports.html import render as render_report
@@ -409,10 +409,11 @@ def _as_repair(repair) -> Repair:
 
 def measure(repair, case, model=None, *, bad: str | None = None, tag: str | None = None, eval_items=None,
             seed: int = 0, neutral: Sequence[str] | None = None, generate: int = 0, batch_size: int = 256,
-            device: str | None = None, dtype: str = "float32"):
+            any_model: bool = False, device: str | None = None, dtype: str = "float32"):
     """A saved repair (a folder, a `Repair` or a result holding one) measured on `case`'s items or formats (or
     `eval_items`), with every measure `surgeon.repair` takes (`surgeon repair --from DIR CASE`): how it generalizes
-    to formats, items and tasks it was not built on. Items it was built on are left out (by their prompts' values)."""
+    to formats, items and tasks it was not built on. Items it was built on are left out (by their prompts' values).
+    `any_model=True`: measured on weights other than those it was built on, on purpose (refused otherwise)."""
     repair = _as_repair(repair)  # before any weight loads
     c = read(case, model)
     if repair.mode not in MODES:
@@ -422,29 +423,34 @@ def measure(repair, case, model=None, *, bad: str | None = None, tag: str | None
     if generate:
         check_generation(case, model, list(case.items), generate)
     return measure_saved(case, model, repair, bad=bad, tag=tag, eval_items=eval_items, seed=seed, neutral=neutral,
-                         generate=generate, batch_size=batch_size)
+                         generate=generate, batch_size=batch_size, any_model=any_model)
 
 
 def fold(repair, model, out, *, rule: str = "slot0", format: str = "auto", strength: float | None = None,
-         device: str | None = None, dtype: str = "float32") -> str:
+         any_model: bool = False, device: str | None = None, dtype: str = "float32") -> str:
     """Write the model with `repair` folded into its weights (acting at every position, `rule`: "slot0" or "mean") to
     folder `out`: a Hugging Face folder that transformers loads (for a model given as its Hugging Face folder, or
     `format="hf"`), else a TransformerLens checkpoint (`--model DIR` reads it). `model`: a spec (organism:NAME, a
-    folder) or a HookedTransformer. Returns the format written. `surgeon.repairs.fold` says what is exact and why."""
+    folder) or a HookedTransformer. Returns the format written. `surgeon.repairs.fold` says what is exact and why.
+    A repair built on other weights of the same shape is refused unless `any_model=True`."""
     repair = _as_repair(repair)
     check_rule(rule)
     source = str(model) if isinstance(model, (str, Path)) else None
     if source is not None:
         model = load_model(source, device=device_of(device), dtype=dtype)
+    check_fits(repair, model, any_model)
+    if any_model:  # checked here, on purpose: the folded model records the weights it was folded into instead
+        repair = replace(repair, built_on={**repair.built_on, "model_sha256": model_digest(model)})
     return save_folded(repair, model, out, rule=rule, fmt=format, source=source, strength=strength)
 
 
-def apply(model, repair, strength: float | None = None, last=None):
+def apply(model, repair, strength: float | None = None, last=None, any_model: bool = False):
     """A context manager under which `model` (a HookedTransformer) runs with `repair` applied (see
     `surgeon.repairs.artifact.apply`): ``model.generate`` as it is; any other forward with `last`, each row's last
     prompt position (an int, one per row, or "end"), without which such a forward is refused. `repair`: a `Repair`, a
-    result holding one, or a folder written by `repair.save(DIR)` / `surgeon repair --out DIR`."""
-    return apply_repair(model, _as_repair(repair), strength, last)
+    result holding one, or a folder written by `repair.save(DIR)` / `surgeon repair --out DIR`. A repair built on other
+    weights of the same shape is refused unless `any_model=True`."""
+    return apply_repair(model, _as_repair(repair), strength, last, any_model)
 
 
 def blend(case, model=None, *, layer: int, heads=None, component: str = "z",

@@ -36,6 +36,7 @@ from surgeon.analyses.heldout import (MIN_PER_SPLIT, Split, SubsetRunner, eval_i
 from surgeon.engine.contrast import Contrast
 from surgeon.engine.readout import greedy, reference_logprobs
 from surgeon.errors import AnalysisError
+from surgeon.models.loading import model_digest
 from surgeon.repairs.artifact import MODES, Repair, check_fits
 from surgeon.repairs.fold import check_rule, every_position_hooks
 from surgeon.repairs.site import ConstantSite
@@ -645,8 +646,9 @@ def item_key(item: Item) -> str:
     return hashlib.sha256(json.dumps(sorted((str(k), str(v)) for k, v in item.values.items())).encode()).hexdigest()[:16]
 
 
-def _built_on(case: Case, split: Split | None, focus: str, n: int, pool: Pool, disc: Sequence[Item] = ()) -> dict:
+def _built_on(case: Case, model, split: Split | None, focus: str, n: int, pool: Pool, disc: Sequence[Item] = ()) -> dict:
     return {"case": case.name, "case_sha256": content_digest(case), "good": case.good, "bad": pool.formats["bad"],
+            "model_sha256": model_digest(model),  # the weights it was built on: applied to others only when asked
             "tag": focus, "n_items": n, "mode": pool.mode,
             # every item the building or the search read (its means, its bounds): never measured as held out
             "discovery_items": sorted({item_key(it) for it in disc}),
@@ -679,7 +681,7 @@ def repair_case(case: Case, model, *, heads: str | Sequence[str] | None, mode: s
     bads, focus, split, disc, ev, disc_focus = setup_split(case, mode, bad, tag, holdout, seed, eval_items)
     units = _head_units(model, heads)
     pool = build_pool(case, model, disc_focus, units, mode=mode, bads=bads, batch_size=batch_size)
-    repair = pool.repair(units, strength, _built_on(case, split, focus, len(disc_focus), pool, disc))
+    repair = pool.repair(units, strength, _built_on(case, model, split, focus, len(disc_focus), pool, disc))
     held, shifts, gens = measure_repair(case, model, repair, ev, focus=focus, bads=bads,
                                         neutral=case.neutral if neutral is None else neutral,
                                         generate=generate, batch_size=batch_size)
@@ -780,7 +782,7 @@ def search_repair(case: Case, model, *, heads: str | Sequence[str] | None = None
     chosen, best_strength = path[k][0], path[k][1]
     for st in steps:
         st["chosen"] = st.get("k") == len(chosen) and "added" in st
-    repair = pool.repair(chosen, best_strength, _built_on(case, split, focus, len(disc_focus), pool, disc))
+    repair = pool.repair(chosen, best_strength, _built_on(case, model, split, focus, len(disc_focus), pool, disc))
     held, shifts, gens = measure_repair(case, model, repair, ev, focus=focus, bads=bads,
                                         neutral=case.neutral if neutral is None else neutral,
                                         generate=generate, batch_size=batch_size)
@@ -805,12 +807,13 @@ def search_repair(case: Case, model, *, heads: str | Sequence[str] | None = None
 
 def measure_saved(case: Case, model, repair: Repair, *, bad: str | None = None, tag: str | None = None,
                   eval_items=None, seed: int = 0, neutral: Sequence[str] | None = None, generate: int = 0,
-                  batch_size: int = 256, fold: str | None = None) -> RepairResult:
+                  batch_size: int = 256, fold: str | None = None, any_model: bool = False) -> RepairResult:
     """A saved repair measured on `case`'s items (or `eval_items`), with every measure `surgeon repair` takes:
     generalization to a case, formats or items it was not built on. Items the repair was built or searched on (by
     their prompt's values, `repair.built_on["discovery_items"]`) are left out and counted; a repair saved without
-    that list, measured on its own case, is measured on its own held-out split (`built_on["split"]`)."""
-    check_fits(repair, model)
+    that list, measured on its own case, is measured on its own held-out split (`built_on["split"]`). `any_model`: on
+    weights other than those it was built on, on purpose (refused otherwise)."""
+    check_fits(repair, model, any_model)
     if case.align not in ALIGNS:
         raise AnalysisError(f"a repair acts at positions counted from the last prompt token, but the case aligns "
                             f"positions by {case.align!r}", where=case.source, field="align",

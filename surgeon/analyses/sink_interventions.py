@@ -107,6 +107,46 @@ def _mean_at(model, rows, hook: str, unit: int, batch_size: int) -> float:
     return total / max(count, 1)
 
 
+MAX_FACTOR = 1e6  # a token's residual scaled past this overflows float16 and meets nothing a model was trained on
+
+
+def chosen_heads(cfg, heads: Sequence[str]) -> list[tuple[int, int]]:
+    """(layer, head) of each head named (L1H0), refused when it is no head of this model."""
+    L, H = cfg.n_layers, cfg.n_heads
+    chosen = []
+    for h in heads:
+        try:
+            layer, head = (int(x) for x in h.upper().lstrip("L").split("H"))
+        except ValueError:
+            raise AnalysisError(f"{h!r} is not a head", field="heads", fix="name heads as L1H0") from None
+        if not (0 <= layer < L and 0 <= head < H):
+            raise AnalysisError(f"{h} is not a head of this model ({L} layers x {H} heads)", field="heads",
+                                fix=f"use L0H0 .. L{L - 1}H{H - 1}")
+        chosen.append((layer, head))
+    return chosen
+
+
+def check_amplify(case: Case, model, items, amplify: tuple) -> None:
+    """An amplification that means something: a layer of the model, a finite factor in (0, MAX_FACTOR], and a
+    position some prompt of some format has (one past every prompt would change nothing and print as an
+    intervention)."""
+    import math
+
+    position, factor, layer = amplify
+    L = model.cfg.n_layers
+    if not 0 <= layer < L:
+        raise AnalysisError(f"amplify at layer {layer}: the model has {L}", field="amplify",
+                            fix=f"a layer in 0..{L - 1}")
+    if not (math.isfinite(factor) and 0 < factor <= MAX_FACTOR):
+        raise AnalysisError(f"amplify by {factor:g}: a factor in (0, {MAX_FACTOR:g}] scales a token without "
+                            "overflowing the model's numbers", field="amplify", fix="e.g. 10")
+    longest = max(len(r.tokens) for f in case.formats.values()
+                  for r in prompt_rows(f, items, model.tokenizer, prepend_bos(case, model)))
+    if not 0 <= position < longest:
+        raise AnalysisError(f"amplify position {position}: the longest prompt has {longest} tokens, so it would change "
+                            "nothing", field="amplify", fix=f"a position in 0..{longest - 1} (0: the first token)")
+
+
 def candidates(case: Case, model, measured: SinkResult, items, *, heads: Sequence[str] | None = None,
                amplify: tuple | None = None, batch_size: int = 64) -> tuple[list[Candidate], list[str]]:
     """The interventions `sink_interventions` runs, chosen from what `sinks` measured (see the module docstring)."""
@@ -115,16 +155,7 @@ def candidates(case: Case, model, measured: SinkResult, items, *, heads: Sequenc
     notes = []
     most = np.max(np.stack([f.mass for f in measured.formats]), axis=0)  # [L, H]: a head's largest mass in any format
     if heads:
-        chosen = []
-        for h in heads:
-            try:
-                layer, head = (int(x) for x in h.upper().lstrip("L").split("H"))
-            except ValueError:
-                raise AnalysisError(f"{h!r} is not a head", field="heads", fix="name heads as L1H0") from None
-            if not (0 <= layer < L and 0 <= head < H):
-                raise AnalysisError(f"{h} is not a head of this model ({L} layers x {H} heads)", field="heads",
-                                    fix=f"use L0H0 .. L{L - 1}H{H - 1}")
-            chosen.append((layer, head))
+        chosen = chosen_heads(cfg, heads)
     else:
         order = [tuple(int(v) for v in x) for x in np.dstack(np.unravel_index(np.argsort(-most, axis=None), most.shape))[0]]
         chosen = [lh for lh in order if most[lh] > measured.epsilon][:4]
@@ -174,9 +205,6 @@ def candidates(case: Case, model, measured: SinkResult, items, *, heads: Sequenc
                                  UnitValue(hook, v, None, "MLP neurons"), m, tuple(chosen)))
     if amplify is not None:
         position, factor, layer = amplify
-        if not 0 <= layer < L:
-            raise AnalysisError(f"amplify at layer {layer}: the model has {L}", field="amplify",
-                                fix=f"a layer in 0..{L - 1}")
         out.append(Candidate(f"amplify position {position} x{factor:g} entering layer {layer}",
                              TokenScale(layer, position, float(factor)), torch.ones(1, 1), tuple(chosen)))
     return out, notes
@@ -245,6 +273,10 @@ def sink_interventions(case: Case, model, *, tag: str | None = None, heads: Sequ
     moves (`surgeon sinks --intervene`). `tag`: the items the effects are measured on (None: the case's focus, where
     it fails); the sinks are measured (unless given as `measured`) over every item."""
     tag, items = pick_items(case, tag)
+    if heads:  # refused before the sinks are measured, not after
+        chosen_heads(model.cfg, heads)
+    if amplify is not None:
+        check_amplify(case, model, items, amplify)
     measured = measured if measured is not None else sinks(case, model, tag="all", epsilon=epsilon,
                                                            batch_size=batch_size)
     cands, notes = candidates(case, model, measured, items, heads=heads, amplify=amplify, batch_size=batch_size)

@@ -182,6 +182,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--from", dest="from_dir", type=Path, metavar="DIR",
                    help="measure the repair saved in DIR (surgeon repair --out DIR) on this case's items and formats "
                         "instead of building one: every measure below, items it was built on left out")
+    p.add_argument("--any-model", action="store_true",
+                   help="with --from: measure it on weights other than those it was built on, on purpose (default: "
+                        "refused)")
     p.add_argument("--mode", default="mean", choices=["mean", "steer"],
                    help="mean: the heads' output replaced by the good format's mean over the discovery items; steer: "
                         "the mean good-minus-failing difference added, times --strength (ITI / CAA) (default: mean)")
@@ -663,6 +666,9 @@ def cmd_repair(args) -> int:
                 raise SurgeonError(f"{flag} builds a repair, but --from measures the one saved in {args.from_dir}",
                                    field=flag, fix=f"leave out {flag}, or leave out --from to build a repair")
         saved = read_repair(args.from_dir)  # before the model loads
+    elif args.any_model:
+        raise SurgeonError("--any-model says a saved repair may act on other weights, but no --from DIR is given",
+                           field="--any-model", fix="add --from DIR, or leave out --any-model")
     else:
         check_heads(args.heads, max_heads=args.max_heads, strength=args.strength, strengths=strengths,
                     search=args.search, max_kl=args.max_kl, max_drop=args.max_drop, max_kl_q90=args.max_kl_q90)
@@ -698,7 +704,7 @@ def cmd_repair(args) -> int:
                   generate=args.generate, batch_size=args.batch_size)
     if saved is not None:
         r = measure_saved(case, model, saved, bad=args.bad, tag=args.tag, eval_items=args.eval_items, seed=args.seed,
-                          neutral=neutral, generate=args.generate, batch_size=args.batch_size,
+                          neutral=neutral, generate=args.generate, batch_size=args.batch_size, any_model=args.any_model,
                           fold=args.fold_rule if args.fold_out is not None else None)
     elif args.search:
         r = search_repair(case, model, heads=args.heads, strengths=strengths, max_heads=args.max_heads,

@@ -109,7 +109,9 @@ class Repair:
 
 
 def read_repair(path) -> Repair:
-    """A repair saved by `Repair.save` (tensors loaded with safetensors; nothing executed)."""
+    """A repair saved by `Repair.save` (tensors loaded with safetensors; nothing executed), checked whole: a folder
+    edited or corrupted by hand is refused with what is wrong, never applied (`_check_saved`)."""
+    from safetensors import SafetensorError
     from safetensors.torch import load_file
 
     path = Path(path)
@@ -117,17 +119,73 @@ def read_repair(path) -> Repair:
     try:
         meta = json.loads((path / FILE).read_text())
         values = load_file(str(path / TENSORS))
-    except (OSError, ValueError) as e:
+    except (OSError, ValueError, RuntimeError, SafetensorError) as e:  # missing, truncated or not JSON / safetensors at all
         raise AnalysisError(f"holds no repair surgeon can read ({type(e).__name__}: {str(e)[:100]})", **bad) from None
-    if meta.get("mode") not in MODES or set(values) != set(meta.get("units", {})):
-        raise AnalysisError("its repair.json and repair.safetensors do not agree (mode or hook points)", **bad)
+    _check_saved(meta, values, bad)
     return Repair(tuple(meta["heads"]), meta["mode"], float(meta["strength"]), values,
                   {h: tuple(u) for h, u in meta["units"].items()}, meta.get("component", "z"),
                   meta.get("positions", POSITIONS), meta.get("built_on") or {})
 
 
-def check_fits(repair: Repair, model) -> None:
-    """Refuse a repair built for another model shape (its hook points or unit sizes do not exist here)."""
+def _check_saved(meta, values: dict, bad: dict) -> None:
+    """What a saved repair must be to mean anything: repair.json an object with heads (labels), mode, a finite
+    positive strength and units per hook point; repair.safetensors one floating, finite tensor [slots >= 1, units,
+    ...] per hook point, zero outside its units; the labels the units' own (a relabelled head is refused)."""
+    import math
+
+    import torch
+
+    from surgeon.sites.nodes import Site, unit_label
+
+    def no(why: str):
+        raise AnalysisError(f"its {FILE} or {TENSORS} {why}", **bad)
+
+    if not isinstance(meta, dict):
+        no(f"is not a repair: {FILE} holds a JSON {type(meta).__name__}, not an object")
+    for key in ("heads", "mode", "strength", "units"):
+        if key not in meta:
+            no(f"is not whole: {FILE} has no {key!r}")
+    if meta["mode"] not in MODES:
+        no(f"names mode {meta['mode']!r}, not one of {', '.join(MODES)}")
+    st = meta["strength"]
+    if isinstance(st, bool) or not isinstance(st, (int, float)) or not math.isfinite(st) or st <= 0:
+        no(f"holds strength {st!r}, not a finite positive number")
+    units, heads = meta["units"], meta["heads"]
+    if not isinstance(units, dict) or not isinstance(heads, list) or not all(isinstance(h, str) for h in heads):
+        no("holds units or heads of the wrong form (units: hook point -> unit indices; heads: labels)")
+    if set(values) != set(units):
+        no("do not agree: the hook points of the units and of the tensors differ")
+    labels = []
+    for h, v in values.items():
+        if not v.is_floating_point():
+            no(f"holds {v.dtype} values at {h}; a repair's constants are floating point")
+        if v.dim() < 3 or v.shape[0] < 1:
+            no(f"holds values of shape {tuple(v.shape)} at {h}: [slots >= 1, units, ...] expected")
+        if not bool(torch.isfinite(v).all()):
+            no(f"holds NaN or infinite values at {h}")
+        us = units[h]
+        if not isinstance(us, list) or not us or not all(isinstance(u, int) and not isinstance(u, bool) for u in us):
+            no(f"holds units {us!r} at {h}, not a list of unit indices")
+        if min(us) < 0 or max(us) >= v.shape[1]:
+            no(f"names units {us} at {h}, outside its {v.shape[1]} units")
+        off = torch.ones(v.shape[1], dtype=torch.bool)
+        off[us] = False
+        if bool(v[:, off].ne(0).any()):
+            no(f"holds values at {h} for units it does not name (units edited?)")
+        try:
+            site = Site.coerce(h)
+            comp, layer = site.component.name, site.layer
+        except AnalysisError:
+            no(f"acts at {h!r}, which is no hook point a repair writes")
+        labels += [unit_label(comp, layer, u) for u in us]
+    if sorted(labels) != sorted(heads):
+        no(f"do not agree: the units are {', '.join(sorted(labels))} but the heads say {', '.join(sorted(heads))} "
+           "(relabelled?)")
+
+
+def check_fits(repair: Repair, model, any_model: bool = False) -> None:
+    """Refuse a repair built for another model shape (its hook points or unit sizes do not exist here), or, unless
+    `any_model`, for other weights of the same shape (the weights' digest it recorded, `model_digest`)."""
     names = set(model.hook_dict)
     for h, v in repair.values.items():
         if h not in names:
@@ -137,8 +195,18 @@ def check_fits(repair: Repair, model) -> None:
         if dims is not None and tuple(v.shape[1:]) != dims:
             raise AnalysisError(f"the repair's values at {h} are {tuple(v.shape[1:])} per slot; this model's heads are "
                                 f"{dims}", field="repair", fix="apply a repair to the model it was built for")
+    built = (repair.built_on or {}).get("model_sha256")
+    if built and not any_model:
+        from surgeon.models.loading import model_digest
+
+        if model_digest(model) != built:
+            raise AnalysisError(f"the repair was built on other weights (sha256 {built[:12]}...) than this model's, of "
+                                "the same shape: its constants are that model's activations", field="repair",
+                                fix="apply it to the model it was built on; to apply it to these weights on purpose, "
+                                    "pass any_model=True (surgeon repair --from DIR --any-model)")
 
 
+_APPLIED = "_surgeon_applied_repair"  # set on a model while `apply` holds it: a second apply inside is refused
 END = "end"  # apply(..., last=END): every forward's last position is each row's last prompt token
 
 
@@ -171,7 +239,7 @@ def check_last(last) -> None:
 
 
 @contextmanager
-def apply(model, repair: Repair, strength: float | None = None, last=None):
+def apply(model, repair: Repair, strength: float | None = None, last=None, any_model: bool = False):
     """Every forward of `model` inside the block runs repaired, by one position rule (`slot_columns`): slot j at
     the position j tokens after each row's last prompt token.
 
@@ -182,8 +250,12 @@ def apply(model, repair: Repair, strength: float | None = None, last=None):
       prompt ends with `last` (an int, one per row, or ``"end"`` for "each forward's last position"). Without it such
       a forward is refused: the repair cannot know where the prompt ends, and a guess would silently misplace it.
     """
-    check_fits(repair, model)
+    check_fits(repair, model, any_model)
     check_last(last)
+    if model.__dict__.get(_APPLIED) is not None:
+        raise AnalysisError("a repair is already applied to this model (surgeon.apply inside surgeon.apply): both "
+                            "would act, a steer added twice", field="repair",
+                            fix="leave the outer `with surgeon.apply(...)` first, or apply one repair")
     a = repair.strength if strength is None else float(strength)
     gen: dict = {}  # while model.generate runs: cached (bool), and per hook point the positions seen so far
 
@@ -238,12 +310,14 @@ def apply(model, repair: Repair, strength: float | None = None, last=None):
     wrapped = [n for n in ("generate", "generate_stream") if hasattr(model, n)]
     for n in wrapped:
         setattr(model, n, wrap(n))
+    model.__dict__[_APPLIED] = repair
     try:
         with model.hooks(fwd_hooks=[(h, make(h, v)) for h, v in repair.values.items()]):
             yield model
     finally:
         for n in wrapped:
             model.__dict__.pop(n, None)
+        model.__dict__.pop(_APPLIED, None)
 
 
 __all__ = ["END", "MODES", "POSITIONS", "Repair", "apply", "check_fits", "check_last", "read_repair"]

@@ -38,7 +38,7 @@ def blend_at(x: "Tensor", idx: "Tensor", pos: "Tensor", m: "Tensor", value: "Ten
     with `value` [S, units, rest] under `m` [..., rows | 1, S, units, 1] (zero where a slot is padding). Every
     (row, position) pair must be distinct: a repeated one is written once, by whichever write lands last."""
     cur = x[..., idx, pos, :, :]
-    x[..., idx, pos, :, :] = mix(cur, value.to(x.device, x.dtype), m, how)
+    x[..., idx, pos, :, :] = mix(cur, value.to(x.device, x.dtype), m, how).to(x.dtype)  # a half model stays half
 
 
 def slot_columns(last: "Tensor", n_slots: int, start: int, width: int):

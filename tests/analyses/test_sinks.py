@@ -11,6 +11,7 @@ import torch
 import surgeon
 import surgeon.api
 from surgeon.analyses.sinks import sinks
+from tests.conftest import ROOT
 
 
 def _prompt(model, case, fmt, item):
@@ -434,3 +435,25 @@ def test_the_sinks_memory_plan_counts_what_a_pass_keeps_and_fits_max_memory(deci
     r = subprocess.run([sys.executable, "-m", "surgeon", "sinks", "--max-memory", "1MB", "--out", str(tmp_path / "o")],
                        capture_output=True, text=True)
     assert r.returncode == 2 and "at batch size 1" in r.stderr and not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("kw,phrase", [
+    ({"amplify": (3, 1e39, 1)}, "overflowing"),
+    ({"amplify": (3, float("nan"), 1)}, "overflowing"),
+    ({"amplify": (99, 10.0, 0)}, "would change nothing"),
+    ({"amplify": (3, 10.0, 99)}, "the model has"),
+    ({"heads": ["L9H9"]}, "not a head of this model"),
+])
+def test_interventions_that_mean_nothing_are_refused_before_the_sinks_are_measured(decimal_model, monkeypatch, kw,
+                                                                                  phrase):
+    import surgeon.analyses.sink_interventions as si
+    from surgeon.errors import SurgeonError
+
+    def measured(*a, **k):
+        raise AssertionError("the sinks were measured before the interventions were checked")
+
+    monkeypatch.setattr(si, "sinks", measured)
+    case = surgeon.load_case(f"{ROOT}/cases/decimal_organism.py")
+    with pytest.raises(SurgeonError) as e:
+        si.sink_interventions(case, decimal_model, **kw)
+    assert phrase in str(e.value), str(e.value)
