@@ -21,7 +21,7 @@ def _load_views() -> None:
 
 _show.install_loader(_load_views)
 
-API = ("diagnose", "encode", "dla", "attention", "patch", "patch_positions", "attribute", "threshold", "evaluate_subsets", "repair", "measure", "fold", "apply", "sinks", "blend", "circuit", "circuit_eval",
+API = ("diagnose", "scan", "encode", "dla", "attention", "patch", "patch_positions", "attribute", "threshold", "evaluate_subsets", "repair", "measure", "fold", "apply", "sinks", "blend", "circuit", "circuit_eval",
        "sae_overlap", "sae_amplified", "sae_heads", "sae_repair", "feature_circuit", "report", "read_circuit", "load",
        "case_and_model")
 

@@ -57,6 +57,10 @@ from surgeon.analyses.heldout import (
     threshold_heldout,
 )
 from surgeon.analyses.heldout import evaluate_subsets as evaluate_named
+from surgeon.analyses.scan import BUDGET as SCAN_BUDGET
+from surgeon.analyses.scan import ScanResult, check_scan_options, scan_formats, write_found
+from surgeon.case.grammar import check_scan
+from surgeon.case.writer import check_write_target
 from surgeon.analyses.sink_interventions import SinkInterventionResult
 from surgeon.analyses.sink_interventions import sink_interventions as sink_interventions_of
 from surgeon.analyses.sinks import SinkResult
@@ -97,7 +101,7 @@ from surgeon.errors import AnalysisError, CaseError, SurgeonError, warn
 from surgeon.version import __version__
 from surgeon.case.case import Case, case_metric_of, content_digest, validate
 
-__all__ = ["diagnose", "encode", "dla", "attention", "patch", "patch_positions", "attribute", "threshold",
+__all__ = ["diagnose", "scan", "encode", "dla", "attention", "patch", "patch_positions", "attribute", "threshold",
            "evaluate_subsets", "repair", "apply", "sinks", "blend", "circuit",
            "circuit_eval", "sae_overlap", "sae_amplified", "sae_heads", "sae_repair", "feature_circuit", "report", "render_report",
            "read_circuit", "case_and_model", "read", "load"]
@@ -175,6 +179,32 @@ def diagnose(case, model=None, *, batch_size: int = 256, generate: int = 0, metr
 
     case, model = case_and_model(case, model, device=device, dtype=dtype, metric=metric)
     return diagnose_case(case, model, batch_size=batch_size, generate=generate)
+
+
+def scan(case, model=None, *, budget: int = SCAN_BUDGET, tag: str | None = None, holdout: float | None = None,
+         eval_items=None, seed: int = 0, write_case: str | Path | None = None, batch_size: int = 256, metric=None,
+         progress: bool = False, device: str | None = None, dtype: str = "float32"):
+    """Find where the model fails (`surgeon scan`): formats composed from a grammar of parts (`surgeon.case.grammar`:
+    the answer and question cues, separators, casing, an instruction, few-shot examples, the chat template; the
+    case's `scan=` narrows or replaces them) scored on the case's items (`tag`; default its focus), exhaustively
+    within `budget` prompts or by successive halving; the worst and best formats and the spread, each part's effect
+    on accuracy (Holm-corrected), and the minimal pair (formats a part apart, one working, one failing). Chosen on
+    discovery items (`holdout`, default 0.5; or every item with `eval_items`) and measured on the evaluation items,
+    the result (`holdout=0`: in-sample, and said so). `write_case="cases/found.py"`: the minimal pair written as a
+    case file (good: the working format, bad: the failing one) that loads the scanned case's items."""
+    holdout = evaluation_choice(holdout, eval_items, default=0.5)
+    check_scan_options(budget, holdout, eval_items)
+    c = read(case, model)
+    check_scan(c.scan, c.source)  # the case's own parts, before any weight loads
+    if write_case is not None:
+        check_write_target(write_case, c)
+    check_eval_items(c, model, eval_items, seed)
+    case, model = case_and_model(case, model, device=device, dtype=dtype, metric=metric)
+    r = scan_formats(case, model, budget=budget, tag=tag, holdout=holdout, eval_items=eval_items, seed=seed,
+                     batch_size=batch_size, progress=progress)
+    if write_case is not None:
+        r = write_found(r, case, write_case)
+    return r
 
 
 def patch(case, model=None, *, layers: Sequence[int] | None = None, component: str = "z",

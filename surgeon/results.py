@@ -252,6 +252,22 @@ def follow_umask(path, directory: bool = False) -> None:
     os.chmod(path, (0o777 if directory else 0o666) & ~m)
 
 
+def atomic_text(path: Path, text: str) -> None:
+    """`text` written to `path` whole or not at all (a temporary file beside it, then renamed over it)."""
+    import tempfile
+
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        follow_umask(tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
 def write_json(path: Path, data: Any) -> None:
     path.write_text(json.dumps(to_jsonable(data), indent=2, allow_nan=False) + "\n")
 

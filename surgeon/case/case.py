@@ -134,6 +134,9 @@ class Case:
     # texts unrelated to the task on which a repair's side effects are measured (`surgeon repair`: the KL of each
     # text's next-token distribution from the unrepaired model and the change in its cross-entropy); None: none
     neutral: Sequence[str] | None = None
+    # the parts `surgeon scan` composes formats from, in place of its defaults (surgeon.case.grammar): e.g.
+    # {"question_cue": {"none": "", "Q": "Q: "}, "shots": [0, 1], "body": "Which is bigger: {a} or {b}?"}
+    scan: Mapping[str, Any] | None = None
     source: str | None = None  # set by load_case: the file it came from
     digest: str | None = None  # set by load_case: sha256 of that file
     read_as: str | None = None  # set by load_case: the content digest as read (an edit in Python no longer matches)
@@ -340,6 +343,9 @@ def validate(case: Case, where: str | None = None) -> None:
     if case.neutral is not None and (isinstance(case.neutral, str) or not isinstance(case.neutral, Sequence)
                                      or not all(isinstance(t, str) and t.strip() for t in case.neutral)):
         fail("neutral", "must be a list of non-empty texts", 'e.g. neutral=["The sun rose over the hills.", ...]')
+    if case.scan is not None and not isinstance(case.scan, Mapping):  # its parts are checked by surgeon.case.grammar
+        fail("scan", f"must be a dict of the grammar's parts, not {type(case.scan).__name__}",
+             'e.g. scan={"question_cue": {"none": "", "Q": "Q: "}, "shots": [0, 1]}')
     if case.draw is not None and not callable(case.draw):
         fail("draw", f"is a {type(case.draw).__name__}, not a function", "give draw=lambda n, seed: [Item(...), ...] "
              "(n fresh items from the distribution of `items`), or leave it out")
@@ -474,8 +480,9 @@ def content_digest(case: Case) -> str | None:
     same case built in Python; another for any edit. None when the metric is a function whose source Python cannot
     show (nothing computed with it can be reused)."""
     data = {f.name: _canonical(getattr(case, f.name)) for f in fields(case) if f.name not in NOT_CONTENT}
-    if data.get("neutral") is None:  # a case without neutral texts keeps the digest it had before the field existed
-        data.pop("neutral", None)
+    for late in ("neutral", "scan"):  # a case without them keeps the digest it had before the fields existed
+        if data.get(late) is None:
+            data.pop(late, None)
     if data["metric"] is None and case.metric is not None:
         return None
     return hashlib.sha256(json.dumps(data, sort_keys=True, default=repr).encode()).hexdigest()

@@ -38,6 +38,7 @@ REPORT_OPTIONAL = ("repair",)
 EVAL_ITEMS = ("N fresh items from the case's draw (none equal to its own items), or the path of a case file whose "
               "items fit the formats")  # = analyses.pipeline.OPTIONAL_STEPS: run only when --steps names them
 from surgeon.circuits.methods import SEMANTICS
+from surgeon.analyses.scan import BUDGET as SCAN_BUDGET
 from surgeon.sites.ablations import ABLATIONS
 
 
@@ -69,6 +70,23 @@ def build_parser() -> argparse.ArgumentParser:
     add_metric(p)
     p.add_argument("--generate", type=cli_types.nonnegative, default=0, metavar="N",
                    help="also generate N tokens greedily per focus item and judge them (what the paper did)")
+
+    p = sub.add_parser("scan", help="find where the model fails: formats composed from a grammar of parts (cues, "
+                                    "separators, casing, instruction, few-shot, chat template) scored on the case's "
+                                    "items; the worst and best formats, each part's effect, the minimal pair; held out")
+    add_common(p)
+    add_metric(p)
+    p.add_argument("--tag", help="only items with this tag ('all' for every item; default: the case's focus)")
+    p.add_argument("--budget", type=cli_types.positive, default=SCAN_BUDGET, metavar="PROMPTS",
+                   help=f"prompts scored in discovery at most: every format when they fit, else successive halving "
+                        f"(default {SCAN_BUDGET:,})")
+    p.add_argument("--holdout", type=cli_types.holdout, metavar="FRAC",
+                   help="choose on a seeded, tag-stratified share of the items and measure on the held-out FRAC "
+                        "(default 0.5; 0: every item, in-sample)")
+    p.add_argument("--eval-items", metavar="N|FILE", help="choose on every item and measure on these: " + EVAL_ITEMS)
+    p.add_argument("--write-case", type=Path, metavar="FILE.py",
+                   help="write the minimal pair as a case file (good: the working format, bad: the failing one) that "
+                        "loads this case's items (default: none written)")
 
     p = sub.add_parser("dla", help="direct logit attribution per head and layer, and the logit lens, in every "
                                    "format: the first look before patching")
@@ -394,6 +412,32 @@ def cmd_diagnose(args) -> int:
 
     d = diagnose(case, model, batch_size=args.batch_size, generate=args.generate, progress=True)
     return print_report(args, d, case, device)
+
+
+def cmd_scan(args) -> int:
+    from surgeon.analyses.heldout import eval_split, evaluation_choice
+    from surgeon.case.grammar import check_scan
+    from surgeon.case.writer import check_write_target
+
+    one_evaluation_choice(args)
+    holdout = evaluation_choice(args.holdout, args.eval_items, default=0.5)
+
+    def checks(case):  # the case's parts, the file to write and the split, before the model loads
+        check_scan(case.scan, case.source)
+        if args.write_case is not None:
+            check_write_target(args.write_case, case)
+        if holdout or args.eval_items is not None:
+            eval_split(case, args.tag, holdout, args.seed, args.eval_items)
+        eval_items_check(args, case)
+
+    case, model, device = load_case_and_model(args, check=checks)
+    from surgeon.analyses.scan import scan_formats, write_found
+
+    r = scan_formats(case, model, budget=args.budget, tag=args.tag, holdout=holdout, eval_items=args.eval_items,
+                     seed=args.seed, batch_size=args.batch_size, progress=True)
+    if args.write_case is not None:
+        r = write_found(r, case, args.write_case)
+    return print_report(args, r, case, device)
 
 
 def cmd_patch(args) -> int:
@@ -933,7 +977,7 @@ def cmd_feature_circuit(args) -> int:
     return run_feature_circuit(args)
 
 
-COMMANDS = {"report": cmd_report, "cases": cmd_cases, "sae": cmd_sae, "feature-circuit": cmd_feature_circuit, "diagnose": cmd_diagnose, "circuit": cmd_circuit, "circuit-eval": cmd_circuit_eval, "patch": cmd_patch, "attribute": cmd_attribute, "dla": cmd_dla, "encode": cmd_encode, "attention": cmd_attention, "patch-positions": cmd_patch_positions, "threshold": cmd_threshold,
+COMMANDS = {"scan": cmd_scan, "report": cmd_report, "cases": cmd_cases, "sae": cmd_sae, "feature-circuit": cmd_feature_circuit, "diagnose": cmd_diagnose, "circuit": cmd_circuit, "circuit-eval": cmd_circuit_eval, "patch": cmd_patch, "attribute": cmd_attribute, "dla": cmd_dla, "encode": cmd_encode, "attention": cmd_attention, "patch-positions": cmd_patch_positions, "threshold": cmd_threshold,
             "merge": cmd_merge, "repair": cmd_repair, "sinks": cmd_sinks,
             "blend": cmd_blend, "organisms": cmd_organisms}
 

@@ -28,8 +28,8 @@ class Gradients:
         output passes no gradient back (its value is unchanged): AtP*'s GradDrop drops a layer's outputs, a feature
         edge the SAEs' hook points between its ends. `read`: the scores read at a hook point (see `run`)."""
         acc = torch.promote_types(getattr(self.model.cfg, "dtype", torch.float32), torch.float32)
-        leaves = {coerce(k): v.detach().to(torch.promote_types(v.dtype, acc)).clone().requires_grad_(True)
-                  for k, v in masks.items()}  # a float64 model's gradients taken in float64
+        leaves = {coerce(k): v.detach().to(acc).clone().requires_grad_(True)
+                  for k, v in masks.items()}  # a float64 model's gradients taken in float64, any other's in float32
         self._grad_leaves = list(leaves.values())
         self._drop = list(drop)
         self._pool = pool

@@ -112,6 +112,16 @@ def _yerr(value, lo, hi) -> np.ndarray:
     return np.clip(np.stack([value - lo, hi - value]), 0, None)
 
 
+def pyplot():
+    """matplotlib.pyplot on the Agg backend (for views in other modules)."""
+    return _plt()
+
+
+def finish(fig, path: Path | None):
+    """A figure laid out, written to `path` (none: only returned) and closed, as every figure here is."""
+    return _save(fig, path)
+
+
 def diagnosis_figure(d, path: Path):
     """Accuracy per format and item tag, with 95% Wilson intervals."""
     plt = _plt()

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from surgeon.circuits.export import circuit_figure
-from surgeon.reports import attention_view, feature_view, figures, frames, html, repair_view, tables, text
+from surgeon.reports import attention_view, feature_view, figures, frames, html, repair_view, scan_view, tables, text
 from surgeon.show import View, register
 from surgeon.case.metrics import describe as describe_metric
 
@@ -156,5 +156,8 @@ register("RepairResult", View("repair", repair_view.repair_text, save=repair_vie
                               figures={"pareto.png": repair_view.pareto_of},
                               headline=lambda r: f"{'+'.join(r.repair.heads)} ({r.repair.mode}): held-out efficacy "
                                                  f"{100 * r.efficacy().repaired.value:.1f}%"))
+register("ScanResult", View("scan", scan_view.scan_text, figures={"effects.png": scan_view.scan_figure},
+                            tables={"formats.csv": scan_view.format_rows, "effects.csv": scan_view.effect_rows},
+                            save=text.save_result, headline=scan_view.headline))
 register("Report", View("report", html.report_text, save=html.save_report, headline=_report_line,
                         frame=frames.report_frames))

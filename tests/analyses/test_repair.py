@@ -273,7 +273,7 @@ def test_search_chooses_on_discovery_items_within_bounds(decimal_model):
     (dict(heads="L0H4", strength=-1.0), "--strength"),
     (dict(search=True, strength=2.0), "--strength"),
     (dict(), "--heads"),
-    (dict(heads="L0H4", holdout=None), "--holdout"),
+    (dict(heads="L0H4", holdout=0), "--holdout"),
 ])
 def test_bad_options_refused_before_the_model_loads(kwargs, field, monkeypatch):
     import surgeon.models.loading as loading
