@@ -194,6 +194,8 @@ def scan(case, model=None, *, budget: int = SCAN_BUDGET, tag: str | None = None,
     case file (good: the working format, bad: the failing one) that loads the scanned case's items."""
     holdout = evaluation_choice(holdout, eval_items, default=0.5)
     check_scan_options(budget, holdout, eval_items)
+    if write_case is not None:
+        check_write_target(write_case)  # a .py file not there yet
     c = read(case, model)
     check_scan(c.scan, c.source)  # the case's own parts, before any weight loads
     if write_case is not None:

@@ -126,6 +126,7 @@ class _Scorer:
         self.memo: dict[tuple, float] = {}  # (template key, item index) -> score
         self.by_prompt: dict[tuple, float] = {}  # the rows themselves -> score: one run per distinct prompt
         self.lengths: dict[tuple, int] = {}
+        self.pairs: set[tuple] = set()  # (format name, item) scored: what a loop over formats would run
         self.run = 0  # distinct prompts the model ran
 
     @staticmethod
@@ -139,6 +140,7 @@ class _Scorer:
         for f in formats:
             k = self.key(f.template)
             for i in item_ids:
+                self.pairs.add((f.name, i))
                 if (k, i) in self.memo:
                     continue
                 rows = encode_rows(f.template, [self.items[i]], self.model.tokenizer, self.bos, self.score_kind,
@@ -236,11 +238,16 @@ def scan_formats(case: Case, model, *, grammar: Grammar | None = None, budget: i
     if method != "exhaustive":
         acc = dict(zip(rung0, right0.mean(1)))
         mean = dict(zip(rung0, s0.mean(1)))
-        while len(alive) > 2 * SHOWN and n < D and scorer.run < budget:
+        used = len(rung0) * n0  # discovery's distinct (format, item) scores so far
+        while len(alive) > 2 * SHOWN and n < D:
             ranked = sorted(alive, key=lambda f: (acc[f], mean[f]))
             q = max(SHOWN, math.ceil(len(ranked) / 4))
-            alive = sorted(set(ranked[:q]) | set(ranked[-q:]))
-            n, rung = min(D, 2 * n), rung + 1
+            keep = sorted(set(ranked[:q]) | set(ranked[-q:]))
+            grow = min(D, 2 * n)
+            if used + len(keep) * (grow - n) > budget:  # the next rung would pass the budget: stop here
+                break
+            alive, used = keep, used + len(keep) * (grow - n)
+            n, rung = grow, rung + 1
             s = scorer.scores([formats[i] for i in alive], d_order[:n])
             for f, row in zip(alive, s):
                 acc[f], mean[f] = float(scorer.metric.right(row).mean()), float(row.mean())
@@ -321,8 +328,8 @@ def scan_formats(case: Case, model, *, grammar: Grammar | None = None, budget: i
         metric.label, tuple(discovery), tuple(held), tuple(effects), pair, tuple(case_scores),
         {"holdout": None if split is None else split.holdout, "seed": seed, "tag": tag or "all",
          "discovery": len(disc), "evaluation": len(ev), "shots": len(shot_ids), "evaluated_on": where},
-        {"format_items": len(scorer.memo), "prompts_run": scorer.run,
-         "formats_scored": len({k for k, _ in scorer.memo}),
+        {"format_items": len(scorer.pairs), "prompts_run": scorer.run,
+         "formats_scored": len({k for k, _ in scorer.pairs}),
          "note": "each distinct prompt run once (format_items: the (format, item) scores the result holds, what a "
                  "loop scoring one format at a time runs; prompts_run: the distinct prompts among them); prefixes "
                  "are not shared between prompts"},

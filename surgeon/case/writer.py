@@ -41,7 +41,7 @@ def _literal(f: Format) -> str:
     return repr(f)
 
 
-def check_write_target(path, found_on: Case) -> None:
+def check_write_target(path, found_on: Case | None = None) -> None:
     """Refuse a case file that cannot be written, before any work: not .py, already there, or a case not read from
     a file (the written case loads the scanned one's items from it)."""
     path = Path(path)
@@ -51,7 +51,7 @@ def check_write_target(path, found_on: Case) -> None:
     if path.exists():
         raise CaseError(f"{path} exists; a scan does not overwrite a case file", field="--write-case",
                         fix="give a new path, or remove the old file first")
-    if not found_on.source or not Path(found_on.source).is_file():
+    if found_on is not None and (not found_on.source or not Path(found_on.source).is_file()):
         raise CaseError("the scanned case was not read from a file, so the written case cannot load its items",
                         field="--write-case", fix="scan a case file (surgeon scan cases/NAME.py), or build the Case "
                                                   "in Python with dataclasses.replace(case, formats=...)")

@@ -421,6 +421,8 @@ def cmd_scan(args) -> int:
 
     one_evaluation_choice(args)
     holdout = evaluation_choice(args.holdout, args.eval_items, default=0.5)
+    if args.write_case is not None:
+        check_write_target(args.write_case)  # a .py file not there yet, before anything is read
 
     def checks(case):  # the case's parts, the file to write and the split, before the model loads
         check_scan(case.scan, case.source)
