@@ -266,6 +266,28 @@ def sinks_line() -> None:
         f"(zeroed) by {frac('zero-ablate the super neuron')} ([tutorial](docs/tutorial.md#attention-sinks)).")
 
 
+def scan_line() -> None:
+    """One sentence: what `surgeon scan` finds on the decimal organism (run now): the formats scored, the held-out
+    worst and best, the part that costs most, the minimal pair."""
+    execute("surgeon scan", name="readme_scan")
+    r = RESULTS["readme_scan"]
+    held = r["held_out"]
+    worst = min(f["accuracy"]["value"] for f in held)
+    best = max(f["accuracy"]["value"] for f in held)
+    chosen = [e for e in r["effects"] if e["p_holm"] < 0.05 and e["held_out"]]
+    e = min(chosen, key=lambda e: e["held_out"]["value"])
+    h = e["held_out"]
+    p = r["pair"]
+    (part, (works, fails)), = p["differs"].items()
+    w, f = p["held_out"]["works"]["value"], p["held_out"]["fails"]["value"]
+    out(f"Before any of that, `surgeon scan` finds where a model fails: on the decimal organism it scores "
+        f"{r['n_formats']} formats composed from question and answer cues, separators and casing, and on held-out items "
+        f"the worst answers {100 * worst:.0f}% of traps and the best {100 * best:.0f}%; the {e['part'].replace('_', ' ')} "
+        f"`{e['option']}` costs {-100 * h['value']:.1f} points [{-100 * h['hi']:.1f}, {-100 * h['lo']:.1f}] (Holm-corrected), "
+        f"and the minimal pair differs only in the {part.replace('_', ' ')} ({works} {100 * w:.0f}%, {fails} "
+        f"{100 * f:.0f}%), written as a case file by `--write-case` ([scan](docs/scan.md)).")
+
+
 def out(text: str) -> None:
     """Write generated text (a sentence whose numbers come from RESULTS); kept as is in a check of a slow block."""
     _cog().outl(text)

@@ -27,9 +27,7 @@ class Gradients:
         graph, not every item's (what `run(masks).mean(1).sum().backward()` would keep). `drop`: hook points whose
         output passes no gradient back (its value is unchanged): AtP*'s GradDrop drops a layer's outputs, a feature
         edge the SAEs' hook points between its ends. `read`: the scores read at a hook point (see `run`)."""
-        acc = torch.promote_types(getattr(self.model.cfg, "dtype", torch.float32), torch.float32)
-        leaves = {coerce(k): v.detach().to(acc).clone().requires_grad_(True)
-                  for k, v in masks.items()}  # a float64 model's gradients taken in float64, any other's in float32
+        leaves = {coerce(k): v.detach().clone().requires_grad_(True) for k, v in masks.items()}
         self._grad_leaves = list(leaves.values())
         self._drop = list(drop)
         self._pool = pool

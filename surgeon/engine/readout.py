@@ -33,16 +33,15 @@ class At:
 
 
 def final_logits(model, h: Tensor) -> Tensor:
-    """float32 logits (float64 for a float64 model) from final-layer residuals [..., d]: the final norm, the
-    unembedding and the model's logit soft-cap where it has one."""
+    """float32 logits from final-layer residuals [..., d]: the final norm, the unembedding and the model's logit
+    soft-cap where it has one."""
     if model.cfg.normalization_type is not None:
         h = model.ln_final(h)
     u = model.unembed
     if u.hook_in._forward_hooks or u.hook_out._forward_hooks:
-        logits = u(h)
+        logits = u(h).float()
     else:  # TransformerLens's Unembed copies W_U transposed on every call (the size of the unembedding): not here
-        logits = torch.matmul(h, u.W_U) + u.b_U
-    logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
+        logits = (torch.matmul(h, u.W_U) + u.b_U).float()
     cap = getattr(model.cfg, "output_logits_soft_cap", -1.0) or -1.0
     return cap * torch.tanh(logits / cap) if cap > 0 else logits
 
