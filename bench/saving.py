@@ -49,6 +49,8 @@ SOURCES = {
     "patch_sweep": (),
     "ray_search": ("surgeon/search", "surgeon/analyses/threshold.py", "surgeon/analyses/common.py"),
     "scale": _CIRCUIT,
+    "scan": ("surgeon/analyses/scan.py", "surgeon/case/grammar.py", "surgeon/analyses/diagnose.py",
+             "surgeon/analyses/heldout.py"),
     "startup": ("surgeon/__init__.py", "surgeon/api.py", "surgeon/cli", "surgeon/case", "surgeon/analyses/diagnose.py"),
     "subset_search": ("surgeon/search/subsets.py", "surgeon/search/store.py", "surgeon/analyses/common.py"),
 }

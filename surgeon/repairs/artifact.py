@@ -28,7 +28,8 @@ from typing import TYPE_CHECKING
 from surgeon.errors import AnalysisError
 from surgeon.results import manifest, staging, write_json
 from surgeon.repairs.site import ConstantSite, write_slots
-from surgeon.sites.nodes import hook_component, units_view
+from surgeon.models.loading import model_digest
+from surgeon.sites.nodes import Site, hook_component, unit_label, units_view
 
 if TYPE_CHECKING:
     from torch import Tensor
@@ -135,8 +136,6 @@ def _check_saved(meta, values: dict, bad: dict) -> None:
 
     import torch
 
-    from surgeon.sites.nodes import Site, unit_label
-
     def no(why: str):
         raise AnalysisError(f"its {FILE} or {TENSORS} {why}", **bad)
 
@@ -197,8 +196,6 @@ def check_fits(repair: Repair, model, any_model: bool = False) -> None:
                                 f"{dims}", field="repair", fix="apply a repair to the model it was built for")
     built = (repair.built_on or {}).get("model_sha256")
     if built and not any_model:
-        from surgeon.models.loading import model_digest
-
         if model_digest(model) != built:
             raise AnalysisError(f"the repair was built on other weights (sha256 {built[:12]}...) than this model's, of "
                                 "the same shape: its constants are that model's activations", field="repair",
