@@ -266,6 +266,13 @@ def sinks_line() -> None:
         f"(zeroed) by {frac('zero-ablate the super neuron')} ([tutorial](docs/tutorial.md#attention-sinks)).")
 
 
+def scan_example(keep=None) -> None:
+    """`surgeon scan --write-case found.py` on the decimal organism, the case file written into the run's folder."""
+    run(f"surgeon scan --write-case {_WORK / 'found.py'}", show="surgeon scan --write-case found.py", keep=keep,
+        name="docs_scan")
+    (_WORK / "found.py").unlink(missing_ok=True)
+
+
 def scan_line() -> None:
     """One sentence: what `surgeon scan` finds on the decimal organism (run now): the formats scored, the held-out
     worst and best, the part that costs most, the minimal pair."""
