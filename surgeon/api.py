@@ -68,7 +68,7 @@ from surgeon.analyses.sinks import sinks as sinks_of
 from surgeon.analyses.repair import (RepairResult, check_heads, check_repairable, check_sites, measure_saved,
                                     repair_case, search_repair)
 from surgeon.analyses.steering_baselines import compare_baselines
-from surgeon.analyses.feature_circuit import EXACT, FeatureCircuitResult, check_threshold_over
+from surgeon.analyses.feature_circuit import EXACT, FeatureCircuitResult, check_edge_rule, check_threshold_over
 from surgeon.analyses.feature_circuit import feature_circuit as feature_circuit_of
 from surgeon.analyses.encode import encode as encode_case
 from surgeon.analyses.diagnose import diagnose as diagnose_case
@@ -659,7 +659,7 @@ def feature_circuit(case, model=None, *, layers: Sequence[int] | None = None, me
                     sae_release: str | None = None, sae_id: str | None = None, sae_dir: str | None = None,
                     by_position: bool = False, max_memory: int | str | None = None, device: str | None = None,
                     dtype: str = "float32", progress: bool = False, holdout: float | None = None, eval_items=None,
-                    seed: int = 0, exact: str = "joint", threshold_over: str = "mean"):
+                    seed: int = 0, exact: str = "joint", threshold_over: str = "mean", edge_rule: str = "all"):
     """The feature circuit (SAE features and each SAE's error term as nodes) of the failing format and of the
     working one, their difference and the repair it suggests (`surgeon feature-circuit`; every layer with an SAE
     unless `layers`; `by_position`: a node per feature and error term at each aligned position). The batch size is
@@ -667,9 +667,12 @@ def feature_circuit(case, model=None, *, layers: Sequence[int] | None = None, me
     `holdout` (e.g. 0.5, seeded by `seed`) or `eval_items`: found on discovery items and measured on the held-out ones
     (a `HeldOutFeatureCircuit`). `exact`: a node's exact effect patched at every aligned position at once ("joint")
     or at one position at a time and summed ("per-position", Marks et al.'s). `threshold_over`: "mean" keeps every
-    node whose attribution reaches `threshold`, "example" every node whose effect on one item at one aligned position
-    does (Marks et al.'s)."""
+    node whose attribution reaches `threshold` (the aggregated effect, as Marks et al. threshold nodes), "example"
+    every node whose effect on one item at one aligned position does (surgeon's own rule). `edge_rule`: "all" computes
+    each edge from every (item, position) entry of its downstream node, "marks" only from the entries whose own effect
+    reaches `threshold` (Marks et al.'s: their per-example threshold chooses the entries `jvp` runs on)."""
     check_threshold_over(threshold_over, threshold, field="threshold_over")  # refused before any weight loads
+    check_edge_rule(edge_rule, threshold, field="edge_rule")
     if exact not in EXACT:  # refused before any weight loads
         raise AnalysisError(f"exact effects {exact!r} are not one of {', '.join(EXACT)}", field="exact",
                             fix="joint (every aligned position at once) or per-position (Marks et al.'s, summed)")
@@ -685,10 +688,11 @@ def feature_circuit(case, model=None, *, layers: Sequence[int] | None = None, me
                                        batch_size=batch_size, eval_items=eval_items, method=method, steps=steps,
                                        verify=verify, target=faithfulness, threshold=threshold, sources=where,
                                        by_position=by_position, progress=progress, exact=exact,
-                                       threshold_over=threshold_over)
+                                       threshold_over=threshold_over, edge_rule=edge_rule)
     return feature_circuit_of(case, model, saes, method=method, steps=steps, verify=verify, target=faithfulness,
                               threshold=threshold, bad=bad, tag=tag, batch_size=batch_size, sources=where,
-                              by_position=by_position, progress=progress, exact=exact, threshold_over=threshold_over)
+                              by_position=by_position, progress=progress, exact=exact, threshold_over=threshold_over,
+                              edge_rule=edge_rule)
 
 
 # One command from a case to a paper

@@ -102,3 +102,13 @@ def test_the_reports_repair_step_takes_the_reports_split(decimal_model):
     n = len(surgeon.load_case(DECIMAL).items)
     assert abs(split["evaluation"] - 0.25 * n) <= 2, split
     assert rep.options["repair"]["holdout"] == 0.25
+
+
+def test_the_marks_edge_rule_needs_a_threshold(capsys):
+    with pytest.raises(SurgeonError) as e:
+        surgeon.feature_circuit(DECIMAL, NOT_A_MODEL, edge_rule="marks")
+    assert e.value.field == "edge_rule"
+    with pytest.raises(SurgeonError) as e:
+        surgeon.feature_circuit(DECIMAL, NOT_A_MODEL, edge_rule="theirs", threshold=0.1)
+    assert e.value.field == "edge_rule"
+    refused(capsys, ["feature-circuit", DECIMAL, "--edge-rule", "marks"], "--edge-rule", "--threshold")

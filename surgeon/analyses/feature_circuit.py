@@ -43,7 +43,7 @@ import numpy as np
 import torch
 
 from surgeon.analyses.common import make_contrast
-from surgeon.analyses.feature_edges import Edge, edge_attribution, left_vectors, verify_edges
+from surgeon.analyses.feature_edges import EDGE_RULES, Edge, edge_attribution, left_vectors, marks_entries, verify_edges
 from surgeon.analyses.positions import slot_labels
 from surgeon.analyses.scoring import FEATURE_METHODS, check_feature_method
 from surgeon.case.select import pick_items
@@ -151,6 +151,7 @@ class FeatureCircuitResult(Shows):
     edges_only_working: list[tuple[int, int]] = field(default_factory=list)
     exact: str = "joint"  # how a node's exact effect was taken (EXACT): at every aligned position at once, or summed
     threshold_over: str = "mean"  # what --threshold was applied to (THRESHOLD_OVER)
+    edge_rule: str = "all"  # which downstream entries the edges are computed from (feature_edges.EDGE_RULES)
 
     def graph(self, direction: str = "denoise"):
         """The circuit of `direction` as surgeon's one circuit graph type (nodes of kind feature / error; no edges)."""
@@ -306,6 +307,17 @@ def check_threshold_over(threshold_over: str, threshold: float | None, field: st
                             fix="give --threshold T (a fraction of the gap), or leave the choice out")
 
 
+def check_edge_rule(edge_rule: str, threshold: float | None, field: str = "--edge-rule") -> None:
+    """One clear error for an edge rule that is unknown or has no node threshold to choose entries with."""
+    if edge_rule not in EDGE_RULES:
+        raise AnalysisError(f"edge rule {edge_rule!r} is not one of {', '.join(EDGE_RULES)}", field=field,
+                            fix="all (every downstream entry, default) or marks (Marks et al.'s: the entries whose "
+                                "per-example effect reaches --threshold)")
+    if edge_rule == "marks" and threshold is None:
+        raise AnalysisError("the marks edge rule chooses downstream entries by the node threshold, and none is given",
+                            field=field, fix="give --threshold T (a fraction of the gap), or leave --edge-rule out")
+
+
 def per_example_effects(contrast, sites, method: str, steps: int) -> torch.Tensor:
     """[items, S, nodes of one slot] each node's estimated effect on each item's score at each aligned position alone
     (score units; padded slots 0), by the method's own points (its `points`: 0 for the gradient, the IG points for
@@ -338,7 +350,7 @@ def per_example_peak(effects: torch.Tensor, by_position: bool) -> np.ndarray:
 def one_direction(case: Case, model, sites, direction: str, *, method: str, steps: int, verify: int,
                   target: float | None, threshold: float | None, bad: str | None, tag: str | None, batch_size: int,
                   by_position: bool = False, progress: bool = False, exact: str = "joint",
-                  threshold_over: str = "mean"):
+                  threshold_over: str = "mean", edge_rule: str = "all"):
     contrast, info = make_contrast(case, model, bad=bad, direction=direction, tag=tag, batch_size=batch_size,
                                    sites=[Site.coerce(s.hook) for s in sites])
     base, source = contrast.clean_base.double().cpu().numpy(), contrast.clean_source.double().cpu().numpy()
@@ -367,8 +379,10 @@ def one_direction(case: Case, model, sites, direction: str, *, method: str, step
     ablated = run_nodes(contrast, sites, [order[:k] for k in sizes], S=S)
     curve = [(k, _frac(kept[j], everything, base).value, _frac(ablated[j], everything, base).value)
              for j, k in enumerate(sizes)]
+    effects = (per_example_effects(contrast, sites, method, steps)
+               if threshold is not None and (threshold_over == "example" or edge_rule == "marks") else None)
     if threshold is not None and threshold_over == "example":
-        peak = per_example_peak(per_example_effects(contrast, sites, method, steps), S is not None) / abs(gap)
+        peak = per_example_peak(effects, S is not None) / abs(gap)
         circuit = [int(i) for i in order if peak[i] >= threshold]
         search = (f"every node whose |effect| on one item at one aligned position reaches {threshold:g} of the gap "
                   f"(surgeon's per-example node rule; Marks et al. threshold nodes on the aggregated effect)")
@@ -380,8 +394,9 @@ def one_direction(case: Case, model, sites, direction: str, *, method: str, step
         k = _smallest(contrast, sites, order, everything, base, goal, N, S)
         circuit = [int(i) for i in order[:k]]
         search = f"the smallest top-k by |attribution| with faithfulness >= {goal:g} (bisection over k)"
+    keep = marks_entries(effects, nodes, circuit, threshold * abs(gap)) if edge_rule == "marks" else None
     edges, nonzero = circuit_edges(contrast, sites, nodes, circuit, S, gap, base, source, verify,
-                                   edge_points(method, steps))
+                                   edge_points(method, steps), keep)
     k_scores = run_nodes(contrast, sites, [circuit], complement=True, S=S)[0]
     a_scores = run_nodes(contrast, sites, [circuit], S=S)[0]
     total = float(np.abs(attr[circuit]).sum()) if circuit else 0.0
@@ -393,11 +408,13 @@ def one_direction(case: Case, model, sites, direction: str, *, method: str, step
 
 
 def circuit_edges(contrast, sites, nodes, circuit: Sequence[int], S: int | None, gap: float, base: np.ndarray,
-                  source: np.ndarray, verify: int, left_points=None) -> tuple[list[Edge], int]:
+                  source: np.ndarray, verify: int, left_points=None, keep: dict | None = None
+                  ) -> tuple[list[Edge], int]:
     """The edges among the circuit's nodes (feature_edges): attribution for all (the downstream left vectors averaged
-    over `left_points`, the method's `edge_points`), the `verify` strongest patched exactly (through the downstream
-    node only), as fractions of the gap; the strongest EDGES_KEPT nonzero ones, and how many are nonzero."""
-    att = edge_attribution(contrast, sites, nodes, down=circuit, up=circuit, S=S, left_points=left_points)
+    over `left_points`, the method's `edge_points`; `keep`: the downstream entries each is computed from, Marks et
+    al.'s edge rule), the `verify` strongest patched exactly (through the downstream node only, every entry), as
+    fractions of the gap; the strongest EDGES_KEPT nonzero ones, and how many are nonzero."""
+    att = edge_attribution(contrast, sites, nodes, down=circuit, up=circuit, S=S, left_points=left_points, keep=keep)
     ranked = [e for e in sorted(att, key=lambda e: -abs(att[e])) if att[e] != 0.0]
     exact = verify_edges(contrast, sites, nodes, ranked[:verify], S) if verify else {}
     return [Edge(u, d, att[(u, d)] / gap, _frac(exact[(u, d)], base, source) if (u, d) in exact else None)
@@ -437,7 +454,7 @@ def feature_circuit(case: Case, model, saes: dict, *, method: str = "ig", steps:
                     target: float | None = None, threshold: float | None = None, bad: str | None = None,
                     tag: str | None = None, batch_size: int = 256, sources: dict | None = None,
                     by_position: bool = False, progress: bool = False, exact: str = "joint",
-                    threshold_over: str = "mean") -> FeatureCircuitResult:
+                    threshold_over: str = "mean", edge_rule: str = "all") -> FeatureCircuitResult:
     """The feature circuit of the failing format and of the working one over the SAEs `saes` ({layer: sae-lens
     SAE}), and their difference (see the module)."""
     check_feature_method(method)
@@ -453,12 +470,15 @@ def feature_circuit(case: Case, model, saes: dict, *, method: str = "ig", steps:
                             fix="--target F keeps the smallest circuit with faithfulness >= F; --threshold T every "
                                 "node with |attribution| >= T")
     check_threshold_over(threshold_over, threshold)
+    check_edge_rule(edge_rule, threshold)
+    if edge_rule == "marks":
+        points_of(method)
     if not saes:
         raise AnalysisError("no SAEs given", field="--layers", fix="name the layers whose SAEs form the nodes")
     sites = [FeatureSite.of(saes[layer], error=True) for layer in sorted(saes)]
     kw = dict(method=method, steps=steps, verify=verify, target=target, threshold=threshold, bad=bad, tag=tag,
               batch_size=batch_size, by_position=by_position, progress=progress, exact=exact,
-              threshold_over=threshold_over)
+              threshold_over=threshold_over, edge_rule=edge_rule)
     den, c_den, info, nodes, S = one_direction(case, model, sites, "denoise", **kw)
     noi, _, _, nodes_n, _ = one_direction(case, model, sites, "noise", **kw)
     if len(nodes_n) != len(nodes):
@@ -482,7 +502,8 @@ def feature_circuit(case: Case, model, saes: dict, *, method: str = "ig", steps:
                                 repair, profiles(c_den, case, sites, nodes, shown, tag),
                                 case.good, info["bad"], execution=c_den.execution,
                                 edges_only_failing=differing_edges(den, noi), edges_only_working=differing_edges(noi, den),
-                                exact="joint" if by_position else exact, threshold_over=threshold_over)
+                                exact="joint" if by_position else exact, threshold_over=threshold_over,
+                                edge_rule=edge_rule)
 
 
 def profiles(contrast, case: Case, sites, nodes: Sequence[Node], shown: Sequence[int], tag: str | None = None,

@@ -95,9 +95,10 @@ def left_vectors(contrast, site: FeatureSite, points: torch.Tensor | None = None
     return G, gf.detach()
 
 
-def _reader(site: FeatureSite, down: Sequence, G: torch.Tensor, gf: torch.Tensor):
+def _reader(site: FeatureSite, down: Sequence, G: torch.Tensor, gf: torch.Tensor, keep: Sequence | None = None):
     """The read for `Contrast.gradient`: patch k of a call reads downstream node down[k]'s g . value, summed over
-    its slots (one slot for a node at one position)."""
+    its slots (one slot for a node at one position); `keep[k]` [n_items, S] (bool, or None): only the (item, slot)
+    entries it marks are read (Marks et al.'s edge rule, `marks_entries`)."""
     def read(x, items, valid, lo):
         S_ = x.shape[2]
         it = items.to(G.device)
@@ -113,17 +114,21 @@ def _reader(site: FeatureSite, down: Sequence, G: torch.Tensor, gf: torch.Tensor
             else:
                 v = f[j, ..., node.unit].to(torch.float32) * gfb[..., node.unit]
             wj = w if node.slot is None else w * (torch.arange(S_, device=w.device) == node.slot).to(w.dtype)
+            if keep is not None and keep[lo + j] is not None:
+                wj = wj * keep[lo + j][items.cpu(), :S_].to(w.device, w.dtype)
             rows.append((v * wj).sum(-1))
         return torch.stack(rows)
     return read
 
 
 def edge_attribution(contrast, sites: Sequence[FeatureSite], nodes: Sequence, down: Sequence[int],
-                     up: Sequence[int] | None = None, S: int | None = None, left_points: torch.Tensor | None = None
-                     ) -> dict[tuple[int, int], float]:
+                     up: Sequence[int] | None = None, S: int | None = None, left_points: torch.Tensor | None = None,
+                     keep: dict | None = None) -> dict[tuple[int, int], float]:
     """{(u, d): E(u -> d)} in score units for every downstream node in `down` and every upstream node (or those in
     `up`) of an SAE whose hook point comes earlier; one backward pass per (upstream SAE, downstream SAE) pair.
-    `left_points`: the downstream SAE's mask values its left vectors average over (`left_vectors`; None: 0)."""
+    `left_points`: the downstream SAE's mask values its left vectors average over (`left_vectors`; None: 0).
+    `keep`: {d: bool [n_items, S]} the (item, aligned position) entries of downstream node d its edges are computed
+    from (Marks et al.'s edge rule: `marks_entries`); None: every entry."""
     offset, U = _index(sites, S)
     wanted = None if up is None else set(up)
     out: dict[tuple[int, int], float] = {}
@@ -133,7 +138,7 @@ def edge_attribution(contrast, sites: Sequence[FeatureSite], nodes: Sequence, do
         if not D or not earlier:
             continue
         G, gf = left_vectors(contrast, sd, left_points)
-        read = At(sd.hook, _reader(sd, [nodes[i] for i in D], G, gf))
+        read = At(sd.hook, _reader(sd, [nodes[i] for i in D], G, gf, None if keep is None else [keep.get(i) for i in D]))
         for su in earlier:
             between = [s.hook for s in sites if hook_rank(su.hook) < hook_rank(s.hook) < hook_rank(sd.hook)]
             grads, _ = contrast.gradient({su: _zeros(su, len(D), S)}, drop=between, read=read)
@@ -146,6 +151,20 @@ def edge_attribution(contrast, sites: Sequence[FeatureSite], nodes: Sequence, do
                 row = g[k].tolist()
                 out.update({(ids[c], d): row[c] for c in cols})
     return out
+
+
+EDGE_RULES = {"all": "every (item, aligned position) entry of the downstream node (surgeon's default)",
+              "marks": "only the downstream node's (item, aligned position) entries whose own effect reaches the node "
+                       "threshold (Marks et al.'s: their per-example, per-position threshold chooses the entries "
+                       "`jvp` is computed from)"}
+
+
+def marks_entries(effects: torch.Tensor, nodes: Sequence, down: Sequence[int], threshold: float) -> dict:
+    """{d: bool [n_items, S]} for each downstream node d: the entries whose per-example, per-position effect
+    (`per_example_effects`: [items, S, nodes of one slot], score units) is at least `threshold` in size (Marks et
+    al.'s `features_by_submod`, in score units)."""
+    per_slot = effects.shape[-1]
+    return {d: effects[:, :, d % per_slot].abs() >= threshold for d in down}
 
 
 def _one_hot(site: FeatureSite, node, S: int | None) -> torch.Tensor:

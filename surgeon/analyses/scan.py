@@ -29,7 +29,7 @@ import numpy as np
 from surgeon.analyses.heldout import eval_split
 from surgeon.case.case import Case, Chat, Item, case_metric_of
 from surgeon.case.encoding import encode_rows, prepend_bos
-from surgeon.case.grammar import TEXT_PARTS, Composed, Grammar, compose, grammar_of
+from surgeon.case.grammar import BUDGET, TEXT_PARTS, Composed, Grammar, compose, grammar_of
 from surgeon.case.writer import write_case
 
 from surgeon.case.select import pick_items
@@ -39,7 +39,6 @@ from surgeon.models.checks import check_case_against_model
 from surgeon.show import Shows
 from surgeon.stats import Estimate, bootstrap_mean, holm, paired_difference, wilson
 
-BUDGET = 40_000  # prompts scored in discovery at most (each distinct (format, item) once)
 MIN_ITEMS = 8  # items per format at rung 0 of successive halving
 SHOWN = 5  # worst and best formats reported
 ALPHA = 0.05

@@ -30,6 +30,7 @@ from typing import Mapping, Sequence
 from surgeon.case.case import Case, Chat, Format, Item
 from surgeon.errors import CaseError
 
+BUDGET = 40_000  # prompts a scan scores in discovery at most (each distinct (format, item) once)
 TEXT_PARTS = ("instruction", "question_cue", "separator", "answer_cue")
 PARTS = ("instruction", "question_cue", "separator", "answer_cue", "casing", "shots", "chat")
 DEFAULT: dict[str, dict] = {

@@ -38,7 +38,7 @@ REPORT_OPTIONAL = ("repair",)
 EVAL_ITEMS = ("N fresh items from the case's draw (none equal to its own items), or the path of a case file whose "
               "items fit the formats")  # = analyses.pipeline.OPTIONAL_STEPS: run only when --steps names them
 from surgeon.circuits.methods import SEMANTICS
-from surgeon.analyses.scan import BUDGET as SCAN_BUDGET
+from surgeon.case.grammar import BUDGET as SCAN_BUDGET
 from surgeon.sites.ablations import ABLATIONS
 
 

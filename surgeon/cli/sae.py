@@ -112,6 +112,10 @@ def add_feature_circuit(sub, common, items) -> None:
                    help="the smallest top-k circuit with at least this faithfulness (default 0.9)")
     q.add_argument("--threshold", type=cli_types.fraction,
                    help="instead: every node whose |attribution| is at least this fraction of the gap")
+    q.add_argument("--edge-rule", default="all", choices=["all", "marks"],
+                   help="which entries of a downstream node its edges are computed from: all (every item and aligned "
+                        "position) or marks (Marks et al.'s: the entries whose per-example effect reaches --threshold) "
+                        "(default: all)")
     q.add_argument("--threshold-over", default="mean", choices=["mean", "example"],
                    help="what --threshold applies to: the attribution (mean over items, default) or a node's largest "
                         "effect on one item at one aligned position (example: surgeon's own rule; Marks et al. "
@@ -141,6 +145,9 @@ def run_feature_circuit(args) -> int:
         raise SurgeonError("give --faithfulness or --threshold, not both", field="--threshold",
                            fix="--faithfulness F keeps the smallest circuit with faithfulness >= F; --threshold T "
                                "every node with |attribution| >= T of the gap")
+    if args.edge_rule == "marks" and args.threshold is None:
+        raise SurgeonError("--edge-rule marks chooses downstream entries by the node threshold, and none is given",
+                           field="--edge-rule", fix="give --threshold T (a fraction of the gap), or leave --edge-rule out")
     if args.threshold_over != "mean" and args.threshold is None:
         raise SurgeonError(f"--threshold-over {args.threshold_over} needs a threshold", field="--threshold-over",
                            fix="give --threshold T (a fraction of the gap), or leave --threshold-over out")
@@ -173,7 +180,7 @@ def run_feature_circuit(args) -> int:
                             sae_dir=args.sae_dir, by_position=args.by_position, max_memory=args.max_memory,
                             device=device, dtype=args.dtype, progress=True, holdout=args.holdout,
                             eval_items=args.eval_items, seed=args.seed, exact=args.exact,
-                            threshold_over=args.threshold_over)
+                            threshold_over=args.threshold_over, edge_rule=args.edge_rule)
     code = print_report(args, r, case, device)
     if args.export:
         (r.search if held else r).export(*args.export)

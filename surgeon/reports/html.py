@@ -55,7 +55,12 @@ def feature_conventions(o: dict) -> str:
     else:
         chosen = (f"the smallest top-k by attribution with faithfulness at least {o.get('faithfulness') or 0.9:g} "
                   f"(Marks et al. keep every node whose aggregated effect reaches a threshold)")
-    return f"{att}; the top nodes verified by exact patching, {exact}; the circuit {chosen}; edges weighted by {left}"
+    entries = ("computed from the downstream node's entries whose per-example effect reaches the threshold (Marks et "
+               "al.'s edge rule)" if o.get("edge_rule") == "marks" else
+               "computed from every entry of the downstream node (Marks et al. use only the entries whose per-example "
+               "effect reaches their node threshold)")
+    return (f"{att}; the top nodes verified by exact patching, {exact}; the circuit {chosen}; edges weighted by {left}, "
+            f"{entries}")
 
 
 def methods_paragraph(rep, how: str = "text") -> str:

@@ -770,8 +770,12 @@ def feature_circuit_text(r, top: int = 12) -> str:
     lines = [f"case {r.case} · feature circuit over {len(r.nodes)} nodes (every feature, and an error node per SAE) · "
              f"{r.n_items} items",
              "edges (Marks et al.): u -> d, the effect of u that reaches the answer through d alone; attribution: d's "
-             f"gradient ({left}) . the Jacobian . u's change, the SAE hook points between held (direct edges); exact: "
-             "u patched, then d alone set to the value it took",
+             f"gradient ({left}) . the Jacobian . u's change, the SAE hook points between held (direct edges), "
+             + ("read only at d's (item, position) entries whose own effect reaches the node threshold (Marks et al.'s "
+                "edge rule, --edge-rule marks)" if getattr(r, "edge_rule", "all") == "marks" else
+                "read at every (item, position) entry of d (Marks et al. read only the entries whose effect reaches "
+                "their node threshold: --edge-rule marks)")
+             + "; exact: u patched, then d alone set to the value it took",
              f"SAEs (features): {saes}",
              f"attribution: {meth}; exact: the top nodes each patched alone ({_exact_words(r)}); effects as fractions "
              f"of the gap between the formats, 95% bootstrap intervals over items",

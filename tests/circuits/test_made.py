@@ -102,3 +102,29 @@ def test_a_feature_circuit_file_is_named_for_what_it_is(tmp_path, decimal_model)
         with pytest.raises(AnalysisError, match="this is a feature circuit"):
             surgeon.circuit_eval("decimal_organism", tmp_path / f, decimal_model)
         assert main(["circuit-eval", "decimal_organism", str(tmp_path / f)]) == 2
+
+
+@pytest.mark.parametrize("direction", ["denoise", "noise"])
+def test_the_record_names_the_runs_the_numbers_come_from_under_resample(decimal_model, direction):
+    """Resample ablation (the default), kept semantics: the run the record says is run is the one whose clean score is
+    the circuit's 'full' end, and the run whose outputs it says the ablated senders carry is the one whose clean score
+    is its 'empty' end (every edge ablated), from each format's clean scores computed apart."""
+    from surgeon.analyses.circuit_runs import circuit_runs
+    from surgeon.case.encoding import format_rows
+    from surgeon.engine.readout import score_rows
+    from surgeon.sites.edges import EdgeSite
+
+    case = surgeon.api.read("decimal_organism")
+    r = discover(case, decimal_model, bad="chat", direction=direction, n_paths=0, verify=0, n_edges=10)
+    made = r.made()
+    assert made["ablation"] == "resample"
+    items = case.items_for(case.focus)
+    clean = {f: float(score_rows(decimal_model, format_rows(case, decimal_model, f, items)).mean())
+             for f in ("plain", "chat")}
+    runs = circuit_runs(case, decimal_model, EdgeSite.of(decimal_model.cfg), semantics="kept", direction=direction,
+                        bad="chat")
+    run, other = made["prompts_run"], ({"plain", "chat"} - {made["prompts_run"]}).pop()
+    assert float(runs.full.mean()) == pytest.approx(clean[run], abs=1e-3)
+    assert float(runs.empty.mean()) == pytest.approx(clean[other], abs=1e-3)
+    assert made["ablated_values"] == f"the {other!r} run's sender outputs at the aligned positions"
+    assert run == ("plain" if direction == "denoise" else "chat")

@@ -71,6 +71,9 @@ def test_the_feature_circuits_conventions_are_named_beside_marks_et_als():
     assert "every node whose attribution reaches 0.05 of the gap (the aggregated effect, as Marks et al. threshold " \
         "nodes)" in feature_conventions({"threshold": 0.05})
     assert "as Marks et al. threshold nodes" not in theirs  # the per-example node rule is surgeon's own
+    assert "reaches the threshold (Marks et al.'s edge rule)" in feature_conventions({"threshold": 0.05,
+                                                                                      "edge_rule": "marks"})
+    assert "computed from every entry of the downstream node" in ours
     page = (Path(ROOT) / "docs" / "report-decimal" / "report.html").read_text()
     assert html.escape(ours) in page
 

@@ -99,9 +99,10 @@ def _marks_ig(model, saes, base, source, L, steps):
     return (m["g_f"] * m["df"]).sum((0, 1)), (m["g_r"] * m["dr"]).sum()
 
 
-def _marks_jvp(model, saes, base, source, steps, down):
+def _marks_jvp(model, saes, base, source, steps, down, keep=None):
     """Their `jvp` from submodule LAYERS[0] into node `down` of LAYERS[1] ((unit, error)), the left vector their
-    `_pe_ig`'s averaged gradient at LAYERS[1]: [d_sae + 1] edges from every upstream feature and the error term."""
+    `_pe_ig`'s averaged gradient at LAYERS[1]: [d_sae + 1] edges from every upstream feature and the error term.
+    `keep` [n, S]: only those (example, position) entries of the downstream node (their `features_by_submod`)."""
     up_sae, down_sae = saes[LAYERS[0]], saes[LAYERS[1]]
     hu, hd = up_sae.cfg.metadata.hook_name, down_sae.cfg.metadata.hook_name
     tokens, _, pos, _, idx = _aligned(base, source)
@@ -126,9 +127,10 @@ def _marks_jvp(model, saes, base, source, steps, down):
         x = seen["x"]
         fd = down_sae.encode(x)
         if error:
-            objective = (left["g_r"] * (x - down_sae.decode(fd))).sum()
+            per = (left["g_r"] * (x - down_sae.decode(fd))).sum(-1)  # [n, S]
         else:
-            objective = (left["g_f"][..., unit] * fd[..., unit]).sum()
+            per = left["g_f"][..., unit] * fd[..., unit]
+        objective = (per if keep is None else per * keep.to(per.dtype)).sum()
         gf, gr = torch.autograd.grad(objective, (f, r))
     return torch.cat([(gf * upm["df"]).sum((0, 1)), (gr * upm["dr"]).sum()[None]])
 
@@ -271,3 +273,78 @@ def test_per_example_effects_are_their_per_example_effects(setup, method):
     T = float(attr.abs().sort(descending=True).values[9])  # the mean threshold keeps the top 10 nodes
     by_example = set(torch.nonzero(peak >= T).flatten().tolist())
     assert by_example - set(torch.nonzero(attr.abs() >= T).flatten().tolist())  # nodes whose effect is on few items
+
+
+def test_marks_edge_rule_computes_edges_from_the_entries_their_threshold_keeps(setup):
+    """--edge-rule marks: an edge into d is computed only from d's (item, position) entries whose per-example effect
+    reaches the node threshold, as their `features_by_submod` chooses the entries `jvp` runs on (written here with
+    hooks); on this model it moves the edges away from those of every entry."""
+    from surgeon.analyses.feature_circuit import node_list, per_example_effects
+    from surgeon.analyses.feature_edges import edge_attribution, marks_entries
+
+    model, saes, base, source = setup
+    sites, c = _surgeon(setup)
+    nodes = node_list(sites)
+    F, steps, n = 128, 4, len(base)
+    pts = POINTS["ig-marks"].edges(steps)
+    eff = per_example_effects(c, sites, "ig-marks", steps)  # [n, S, nodes of one slot], score units
+    m = _marks_pe_ig(model, saes, base, source, LAYERS[1], [k / steps for k in range(steps)])
+    theirs_eff = torch.cat([m["g_f"] * m["df"], (m["g_r"] * m["dr"]).sum(-1, keepdim=True)], -1) * n  # per example
+    fd = saes[LAYERS[1]].encode(c.activations(saes[LAYERS[1]].cfg.metadata.hook_name, "base")[:, :, 0])
+    active = int(fd.sum((0, 1)).argmax())
+    for unit, error in [(active, False), (F, True)]:
+        d = (F + 1) + unit
+        e = theirs_eff[..., unit].abs()
+        v = e[e > 0].sort().values
+        T = float(v[len(v) // 2 - 1] + v[len(v) // 2]) / 2  # between two entries: half kept, the rule changes something
+        keep_theirs = e >= T
+        keep = marks_entries(eff, nodes, [d], T)[d]
+        assert torch.equal(keep, keep_theirs) and 0 < int(keep.sum()) < keep.numel()
+        theirs = _marks_jvp(model, saes, base, source, steps, (unit, error), keep_theirs).double()
+        got = edge_attribution(c, sites, nodes, down=[d], left_points=pts, keep={d: keep})
+        mine = torch.tensor([got[(u, d)] for u in range(F + 1)], dtype=torch.float64)
+        torch.testing.assert_close(mine, theirs, atol=1e-6, rtol=1e-3)
+        every = _marks_jvp(model, saes, base, source, steps, (unit, error)).double()
+        assert float((every - theirs).abs().max()) > 0.05 * float(every.abs().max())
+
+
+def _case_of_setup(model):
+    """The setup's items as a Case (the same draw), for the whole feature circuit."""
+    from surgeon import Case
+
+    rng = random.Random(0)
+    word = lambda: "".join(rng.choice(string.ascii_lowercase) for _ in range(2))  # noqa: E731
+    items = [Item({"a": word(), "b": word()}, correct=" x", incorrect=" y") for _ in range(4)]
+    return Case(name="marks", formats={"working": WORKING, "failing": FAILING}, good="working", bad=["failing"],
+                items=items, align="index", score="first_token")
+
+
+@pytest.mark.parametrize("threshold_over", ["mean", "example"])
+def test_which_nodes_each_threshold_rule_keeps(setup, threshold_over):
+    """The nodes kept under --threshold T: 'mean' keeps those whose aggregated effect (their per-example effects,
+    written with hooks, summed over positions and averaged over items) reaches T of the gap, as Marks et al. threshold
+    nodes; 'example' (surgeon's own) those whose effect on one item at one position does. On this model the two
+    sets differ."""
+    from surgeon.analyses.feature_circuit import feature_circuit
+
+    model, saes, base, source = setup
+    case = _case_of_setup(model)
+    steps, n = 4, len(base)
+    tokens, src_tokens, *_ = _aligned(base, source)
+    with torch.no_grad():
+        gap = float(_mean_score(model, src_tokens, source, []) - _mean_score(model, tokens, base, []))
+    per = []
+    for L in LAYERS:
+        m = _marks_pe_ig(model, saes, base, source, L, [k / steps for k in range(steps)])
+        per.append(torch.cat([m["g_f"] * m["df"], (m["g_r"] * m["dr"]).sum(-1, keepdim=True)], -1) * n)
+    eff = torch.cat(per, -1).double()  # [n, S, nodes]
+    agg = eff.sum(1).mean(0).abs() / abs(gap)
+    peak = eff.abs().amax((0, 1)) / abs(gap)
+    top = agg.sort(descending=True).values
+    T = float(top[5] + top[6]) / 2  # between two nodes' values: no node sits on the threshold
+    want = {"mean": set(torch.nonzero(agg >= T).flatten().tolist()),
+            "example": set(torch.nonzero(peak >= T).flatten().tolist())}
+    assert want["mean"] != want["example"]
+    r = feature_circuit(case, model, saes, method="ig-marks", steps=steps, verify=0, threshold=T,
+                        threshold_over=threshold_over)
+    assert set(r.directions["denoise"].circuit) == want[threshold_over]
