@@ -421,3 +421,47 @@ def test_a_case_naming_one_failing_format_repairs_that_format(decimal_model):
     case = dataclasses.replace(_case(), bad="qa")
     r = surgeon.repair(case, decimal_model, heads=[f"L0H{h}" for h in HEADS])
     assert {row.format for row in r.rows("efficacy")} == {"qa"}
+
+
+def test_the_search_reads_its_kl_bound_on_the_discovery_items(decimal_model):
+    """The KL the search bounds (each accepted step's `discovery_kl_good`) is the good format's KL(unrepaired ||
+    repaired) on the discovery items, every tag, written here with one hooked forward per item; not the held-out
+    items' (a search that read its bound there would choose on them)."""
+    case = _case(n_trap=12, n_control=8, seed=3)
+    with torch.no_grad():
+        r = surgeon.repair(case, decimal_model, search=True, heads="L0H2,L0H4,L0H5,L0H6", max_heads=3,
+                           max_kl=1.0, holdout=0.5, seed=0)
+    chosen = next(s for s in r.search if s.get("chosen"))
+    heads = [int(h.split("H")[1]) for h in r.repair.heads]
+    v = r.repair.values["blocks.0.attn.hook_z"]
+
+    tok = decimal_model.tokenizer
+
+    def hand_kl(items):
+        """Per item: the prompt and its correct answer teacher-forced, KL at the last prompt token and each answer
+        token but the last, averaged within the item; then over items."""
+        out = []
+        for it in items:
+            prompt = case.formats["plain"].format(**it.values)
+            ids = [tok.bos_token_id] + [tok.convert_tokens_to_ids(ch) for ch in prompt + it.correct[:-1]]
+            last = len(prompt)  # BOS first: the last prompt token's index
+
+            def write(z, hook):
+                for j in range(v.shape[0]):
+                    if last + j < z.shape[1]:
+                        z[0, last + j, heads] = v[j, heads]
+                return z
+
+            toks = torch.tensor([ids])
+            un = decimal_model(toks)[0, last:].log_softmax(-1)
+            rep = decimal_model.run_with_hooks(toks, fwd_hooks=[("blocks.0.attn.hook_z", write)])[0, last:]
+            rep = rep.log_softmax(-1)
+            out.append(float((un.exp() * (un - rep)).sum(-1).mean()))
+        return float(np.mean(out))
+
+    disc = [case.items[i] for i in r.split.discovery]
+    ev = [case.items[i] for i in r.split.evaluation]
+    with torch.no_grad():
+        on_disc, on_ev = hand_kl(disc), hand_kl(ev)
+    assert chosen["discovery_kl_good"] == pytest.approx(on_disc, rel=1e-3, abs=1e-6)
+    assert abs(on_disc - on_ev) > 1e-3 * max(on_disc, on_ev)  # the two item sets tell the reads apart
