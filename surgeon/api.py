@@ -378,6 +378,8 @@ def repair(case, model=None, *, heads=None, mode: str = "mean", strength: float 
     case, model = case_and_model(case, model, device=device, dtype=dtype, metric=metric)
     if generate:
         check_generation(case, model, list(case.items), generate)
+    for b in ([bad] if bad is not None else list(case.bad_formats)):  # a repair of nothing is said before the work
+        _warn_if_no_failure(case, model, b, tag, batch_size)
     if search:
         r = search_repair(case, model, heads=heads, mode=mode, strengths=strengths, max_heads=max_heads,
                           max_kl=max_kl, max_kl_q90=max_kl_q90, max_drop=max_drop, bad=bad, tag=tag, holdout=holdout,

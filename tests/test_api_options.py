@@ -112,3 +112,36 @@ def test_the_marks_edge_rule_needs_a_threshold(capsys):
         surgeon.feature_circuit(DECIMAL, NOT_A_MODEL, edge_rule="theirs", threshold=0.1)
     assert e.value.field == "edge_rule"
     refused(capsys, ["feature-circuit", DECIMAL, "--edge-rule", "marks"], "--edge-rule", "--threshold")
+
+
+def test_a_holdout_of_one_is_refused_before_the_model_loads(capsys):
+    refused(capsys, ["repair", DECIMAL, "--heads", "L0H4", "--holdout", "1", "--model", NOT_A_MODEL], "--holdout")
+    refused(capsys, ["threshold", DECIMAL, "--layer", "0", "--holdout", "1", "--model", NOT_A_MODEL], "--holdout")
+
+
+@pytest.mark.parametrize("text,phrase", [("Vergleich: 3.4 \u00fcber 3.25", "does not know"),
+                                         ("Which is bigger: 1.1 or 1.2?" * 5, "past the model's context")])
+def test_neutral_texts_the_model_cannot_read_are_refused(text, phrase):
+    import dataclasses
+
+    from surgeon.models.checks import check_case_against_model
+
+    case = dataclasses.replace(surgeon.load_case(DECIMAL), neutral=["Which is bigger: 1.1 or 1.2? 1.2", text])
+    with pytest.raises(SurgeonError) as e:
+        check_case_against_model(case)  # the tokenizer and the config only, no weights
+    assert e.value.field == "neutral[1]" and phrase in str(e.value)
+
+
+def test_subsets_to_evaluate_are_named_by_eval(capsys):
+    refused(capsys, ["threshold", DECIMAL, "--eval", "L0H4,L0H99"], "'--eval'", "L0H99")
+
+
+def test_a_repair_where_nothing_fails_is_said_before_the_work(decimal_model, capsys):
+    surgeon.repair(DECIMAL, decimal_model, heads="L0H4", tag="control", bad="qa")
+    assert "the failure is not reproduced" in capsys.readouterr().err
+
+
+def test_a_mean_repair_past_full_strength_is_not_called_a_replacement(decimal_model):
+    r = surgeon.repair(DECIMAL, decimal_model, heads="L0H4", strength=5)
+    first = str(r).splitlines()[0]
+    assert "extrapolated" in first and "in place of" not in first

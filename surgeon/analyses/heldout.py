@@ -216,7 +216,10 @@ def evaluate_subsets(case: Case, model, subsets: Sequence[str | Sequence[str]], 
     if not names:
         raise AnalysisError("no subset to evaluate", field="--eval", fix="name heads, e.g. --eval L0H4,L0H6")
     n_units = Site.of(component, 0).n_units(model.cfg)
-    units = [parse_units(n, None, model.cfg.n_layers, n_units) if n.strip() else [] for n in names]  # "": no head
+    try:
+        units = [parse_units(n, None, model.cfg.n_layers, n_units) if n.strip() else [] for n in names]  # "": none
+    except AnalysisError as e:  # the subsets are named by --eval here, not --heads
+        raise AnalysisError(e.message, field="--eval", fix=e.fix) from None
     run = SubsetRunner(case, model, [u.layer for us in units for u in us], component=component, bad=bad, tag=tag,
                         batch_size=batch_size)
     return _rates(run, units, run.scores(units))

@@ -120,7 +120,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("patch", help="patch each head (unit) of each layer from one format into the other")
     add_patching(p, COMPONENTS)
     add_memory(p)
-    p.add_argument("--holdout", type=cli_types.fraction, metavar="FRAC",
+    p.add_argument("--holdout", type=cli_types.held_share, metavar="FRAC",
                    help="rank the units on a seeded, tag-stratified share of the items and report the top ones on the "
                         "held-out FRAC (e.g. 0.5)")
     p.add_argument("--eval-items", metavar="N|FILE", help="rank the units on every item and report the top ones on "
@@ -173,7 +173,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--resume", action="store_true", help="continue the search saved in --out")
     p.add_argument("--generate", type=cli_types.nonnegative, default=0, metavar="N",
                    help="also check the minimal subsets and all candidates by greedy generation of N tokens")
-    p.add_argument("--holdout", type=cli_types.fraction, metavar="FRAC",
+    p.add_argument("--holdout", type=cli_types.held_share, metavar="FRAC",
                    help="search on a seeded, tag-stratified share of the items and evaluate each family's best subset "
                         "per size on the held-out FRAC of them (e.g. 0.5): held-out rates beside the in-sample ones")
     p.add_argument("--folds", type=cli_types.positive, metavar="K",
@@ -228,7 +228,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--save-anyway", action="store_true",
                    help="with --out: save the repair even when its verdict says not to ship it (no held-out efficacy "
                         "above unrepaired, a bound not met on the held-out items)")
-    p.add_argument("--holdout", type=cli_types.fraction, metavar="FRAC",
+    p.add_argument("--holdout", type=cli_types.held_share, metavar="FRAC",
                    help="build on a seeded, tag-stratified share of the items and measure on the held-out FRAC "
                         "(default 0.5; not with --eval-items)")
     p.add_argument("--eval-items", metavar="N|FILE",
@@ -297,7 +297,7 @@ def build_parser() -> argparse.ArgumentParser:
                                        "rank complete paths by path patching, export the graph")
     add_common(p)
     add_memory(p)
-    p.add_argument("--holdout", type=cli_types.fraction, metavar="FRAC",
+    p.add_argument("--holdout", type=cli_types.held_share, metavar="FRAC",
                    help="find the circuit on a seeded, tag-stratified share of the items and measure its faithfulness "
                         "on the held-out FRAC of them (e.g. 0.5; MIB's train/test protocol)")
     p.add_argument("--folds", type=cli_types.positive, metavar="K",
@@ -741,6 +741,13 @@ def cmd_repair(args) -> int:
         from surgeon.analyses.generation import check_generation
 
         check_generation(case, model, list(case.items), args.generate)
+    if saved is None:  # a repair of a format that does not fail is said before the work, as the other analyses say it
+        from surgeon.analyses.diagnose import failure_check
+
+        for b in ([args.bad] if args.bad is not None else list(case.bad_formats)):
+            why = failure_check(case, model, bad=b, tag=args.tag, batch_size=args.batch_size)
+            if why:
+                warn(why)
     from surgeon.analyses.repair import measure_saved, repair_case, search_repair
     from surgeon.repairs.fold import save_folded
     from surgeon.analyses.steering_baselines import compare_baselines

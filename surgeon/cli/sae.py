@@ -81,7 +81,7 @@ def add_parser(sub, common, items) -> None:
 
 def add_heldout(q, chosen: str, measured: str) -> None:
     """--holdout and --eval-items: `chosen` ("choose the features") on discovery items, `measured` on the others."""
-    q.add_argument("--holdout", type=cli_types.fraction, metavar="FRAC",
+    q.add_argument("--holdout", type=cli_types.held_share, metavar="FRAC",
                    help=f"{chosen} on a seeded, tag-stratified share of the items and {measured} on the held-out FRAC "
                         "(e.g. 0.5; --seed seeds it)")
     q.add_argument("--eval-items", metavar="N|FILE",

@@ -44,6 +44,17 @@ def fraction(text: str) -> float:
     return v
 
 
+def held_share(text: str) -> float:
+    """A share of items held out: in (0, 1), both sides non-empty."""
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number, got {text!r}") from None
+    if not 0 < v < 1:
+        raise argparse.ArgumentTypeError(f"must be in (0, 1) (a share held out, the rest for discovery), got {text!r}")
+    return v
+
+
 def share(text: str) -> float:
     """A share in [0, 1] (0 allowed: e.g. no drop at all)."""
     try:

@@ -98,6 +98,16 @@ def check_case_against_model(case, model=None) -> None:
             if unk in tok(text, add_special_tokens=False)["input_ids"]:
                 raise CaseError("the template has characters the organism does not know (they would read as <unk>)",
                                 where=where, field=f"formats[{name!r}]", fix="use printable ASCII characters")
+    for i, text in enumerate(case.neutral or ()):  # a repair's side effects are measured on them: they must read
+        ids = tok(text, add_special_tokens=False)["input_ids"]
+        if unk is not None and organism and unk in ids:
+            raise CaseError(f"neutral text {text[:30]!r} has characters the organism does not know (they would read "
+                            "as <unk>, and the KL on them says nothing)", where=where, field=f"neutral[{i}]",
+                            fix="use printable ASCII characters")
+        if shp.n_ctx is not None and len(ids) + 1 > shp.n_ctx:
+            raise CaseError(f"neutral text {text[:30]!r} is {len(ids)} tokens, past the model's context of "
+                            f"{shp.n_ctx}", where=where, field=f"neutral[{i}]",
+                            fix=f"shorten it to at most {shp.n_ctx - 1} tokens, or split it in two")
     if case.answer_end == "eos" and tok.eos_token_id is None:
         raise CaseError("answer_end='eos', but the model's tokenizer has no end-of-sequence token", where=where,
                         field="answer_end", fix='end answers with text instead, e.g. answer_end="\\n"')

@@ -34,8 +34,11 @@ def repair_text(r) -> str:
     rep = r.repair
     where = (r.split.describe() if r.split is not None else f"{r.n_discovery} items; evaluated on {r.n_evaluation} "
              "other items given")
-    mode = ("the good format's mean output over the discovery items in place of the heads' own"
-            if rep.mode == "mean" else "the mean good-minus-failing difference added")
+    a = rep.strength
+    mode = ("the mean good-minus-failing difference added" if rep.mode != "mean" else
+            "the good format's mean output over the discovery items in place of the heads' own" if a == 1 else
+            f"the heads' own output moved {a:g} of the way to the good format's mean over the discovery items"
+            + (" (past the mean: extrapolated, z + a (mean - z) with a > 1)" if a > 1 else " (a blend)"))
     built = (f"{r.origin}; it needs only the failing prompt" if r.origin else
              f"built on {rep.built_on.get('n_items', '?')} discovery items of tag {r.focus!r} ({where}); needs only the "
              "failing prompt")
