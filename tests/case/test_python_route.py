@@ -145,7 +145,7 @@ EDITS = {
     "align": "end", "score": "first_token", "answer_end": "eos", "metric": "logit", "focus": "trap",
     "layers": [0], "components": ("z", "q"), "prepend_bos": False, "description": "x",
     "saes": {"dir": "x/{layer}"}, "reference": [Item({"a": "1.2", "b": "1.3"}, correct=" 1.2", incorrect=" 1.3")],
-    "combine": "sum", "notes": {"a": 1}, "neutral": ["The sun rose over the hills."],
+    "combine": "sum", "notes": {"a": 1}, "neutral": ["The sun rose over the hills."], "scan": {"shots": [0]},
 }
 
 
