@@ -15,19 +15,9 @@ the least (each distinct prompt the scan's numbers need, once).
 from __future__ import annotations
 
 import argparse
-import time
 from dataclasses import replace
 
 import torch
-
-
-def best_of(repeats: int, fn):
-    times, out = [], None
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        out = fn()
-        times.append(time.perf_counter() - t0)
-    return min(times), out
 
 
 def main() -> int:
@@ -38,6 +28,7 @@ def main() -> int:
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
 
+    from heldout import best_of
     from saving import saved
 
     from surgeon import load_case

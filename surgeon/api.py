@@ -193,7 +193,7 @@ def scan(case, model=None, *, budget: int = SCAN_BUDGET, tag: str | None = None,
     the result (`holdout=0`: in-sample, and said so). `write_case="cases/found.py"`: the minimal pair written as a
     case file (good: the working format, bad: the failing one) that loads the scanned case's items."""
     holdout = evaluation_choice(holdout, eval_items, default=0.5)
-    check_scan_options(budget, holdout, eval_items)
+    check_scan_options(budget)
     if write_case is not None:
         check_write_target(write_case)  # a .py file not there yet
     c = read(case, model)
@@ -793,10 +793,15 @@ def load(path):
     if not isinstance(m, dict) or not isinstance(m.get("command"), str):
         raise AnalysisError("its manifest.json is not one surgeon wrote (no command recorded)", **bad)
     wrote = str((m.get("versions") or {}).get("surgeon", "")) if isinstance(m.get("versions"), dict) else ""
-    if wrote and wrote.split(".")[0] != __version__.split(".")[0]:
-        raise AnalysisError(f"was written by surgeon {wrote}; this is surgeon {__version__}, another major version "
-                            "whose results may mean other things", **{**bad, "fix": f"read it with surgeon {wrote}, "
-                                                                                       "or run the analysis again"})
+    def series(v: str) -> tuple:  # what may change formats: the major version, and the minor while it is 0.x
+        parts = v.split(".")
+        return tuple(parts[:2]) if parts[0] == "0" else tuple(parts[:1])
+
+    if wrote and series(wrote) != series(__version__):
+        kind = "another minor version of 0.x" if __version__.startswith("0.") else "another major version"
+        raise AnalysisError(f"was written by surgeon {wrote}; this is surgeon {__version__}, {kind} whose "
+                            "results may mean other things", **{**bad, "fix": f"read it with surgeon {wrote}, "
+                                                                             "or run the analysis again"})
     if isinstance(m.get("report"), dict):
         return _load_report(path, m["report"], bad)
     if m.get("command") == "repair":  # a repair (repair.save) or a measured one (surgeon repair --out)
@@ -809,6 +814,9 @@ def load(path):
                                 **bad) from None
     if isinstance(m, dict) and m.get("command") == "report":  # written before the manifest said more
         steps = [p.name for p in sorted(path.iterdir()) if (p / "step.json").is_file()]
+        if not steps:
+            raise AnalysisError("its manifest says report, but the folder holds no step (no STEP/step.json): an "
+                                "interrupted report, or a folder surgeon did not write", **bad)
         order = [*STEPS[:-1], "sae_overlap", "sae_amplified", "sae_heads", "sae_repair", "sae_feature_circuit", "repair"]
         steps.sort(key=lambda s: order.index(s) if s in order else len(order))
         case = (m.get("case") or {}).get("name", "?") if isinstance(m.get("case"), dict) else "?"
@@ -868,6 +876,8 @@ def report(case, model=None, *, out: str | Path | None = None, steps: Sequence[s
                             "out", field="holdout", fix="give holdout=FRAC or eval_items, or leave the repair step out")
     if {"threshold", "circuit", "repair"} & set(steps) and (holdout or eval_items is not None):  # before weights load
         eval_split(read(case, model), tag, holdout, seed, eval_items)
+    if "repair" in steps:  # a case the repair step cannot run on is refused before any step runs, not after them
+        check_repairable(read(case, model), "mean", "z", holdout=holdout, eval_items=eval_items)
     case, model = case_and_model(case, model, device=device, dtype=dtype)
     source = SAESource.from_case(case, sae_release, sae_id, sae_dir) if (sae_release or sae_id or sae_dir) else None
     store = _StepFolders(Path(out), case, device, report_key(case, model, source)) if out is not None else None

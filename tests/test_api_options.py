@@ -145,3 +145,40 @@ def test_a_mean_repair_past_full_strength_is_not_called_a_replacement(decimal_mo
     r = surgeon.repair(DECIMAL, decimal_model, heads="L0H4", strength=5)
     first = str(r).splitlines()[0]
     assert "extrapolated" in first and "in place of" not in first
+
+
+def test_the_report_refuses_a_repair_step_it_cannot_run_before_any_step(tmp_path, capsys):
+    import dataclasses
+
+    case = dataclasses.replace(surgeon.load_case(DECIMAL), align="index")
+    with pytest.raises(SurgeonError) as e:
+        surgeon.report(case, "organism:decimal", steps=["diagnose", "repair"], out=tmp_path / "r")
+    assert e.value.field == "align" and not (tmp_path / "r").exists()
+
+
+def test_evaluation_items_that_all_repeat_discovery_prompts_say_so():
+    from surgeon.analyses.heldout import eval_split
+
+    case = surgeon.load_case(DECIMAL)
+    with pytest.raises(SurgeonError) as e:
+        eval_split(case, None, None, 0, list(case.items_for(case.focus))[:10])
+    assert "repeat a discovery item's prompt" in str(e.value) and e.value.field == "--eval-items"
+
+
+@pytest.mark.parametrize("manifest,phrase", [({"command": "report"}, "holds no step"),
+                                             ({"command": "diagnose", "versions": {"surgeon": "0.0.1"}},
+                                              "another minor version of 0.x")])
+def test_manifests_that_cannot_be_read_as_they_say_are_refused(tmp_path, manifest, phrase):
+    import json
+
+    (tmp_path / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(SurgeonError) as e:
+        surgeon.load(tmp_path)
+    assert phrase in str(e.value)
+
+
+def test_an_empty_item_list_is_refused(capsys):
+    refused(capsys, ["encode", DECIMAL, "--items", ","], "--items", "names no item")
+    with pytest.raises(SurgeonError) as e:
+        surgeon.encode(DECIMAL, items=[])
+    assert e.value.field == "--items"

@@ -70,6 +70,9 @@ def encode(case: Case, model, *, bad: str | None = None, tag: str | None = "all"
     bads = [pick_bad(case, bad)] if bad else list(case.bad_formats)
     tag, pool = pick_items(case, tag)
     chosen = list(range(len(pool))) if items is None else list(items)
+    if not chosen:
+        raise AnalysisError("no item to show: items is empty", field="--items", fix="name items, e.g. [0, 2], or leave "
+                                                                                 "items out for every item")
     outside = [i for i in chosen if not 0 <= i < len(pool)]
     if outside:
         raise AnalysisError(f"items {outside} are not among the {len(pool)} items", field="--items",

@@ -153,8 +153,11 @@ def eval_split(case: Case, tag: str | None, holdout: float | None, seed: int, ev
         ev = [it for it in ev if _prompt_key(it) not in seen]
         where += f", {same} whose prompt is a discovery item's left out"
     if len(ev) < MIN_PER_SPLIT:
-        raise AnalysisError(f"{len(ev)} evaluation items{f' with tag {tag!r}' if tag else ''}; at least {MIN_PER_SPLIT} "
-                            "are needed", field="--eval-items", fix="ask for more items")
+        why = (f" ({same} more repeat a discovery item's prompt, so they are not held out)" if same else "")
+        raise AnalysisError(f"{len(ev)} evaluation items{f' with tag {tag!r}' if tag else ''}{why}; at least "
+                            f"{MIN_PER_SPLIT} are needed", field="--eval-items",
+                            fix="give items whose prompts the case's own items do not have" if same else
+                            "ask for more items")
     split = Split(tuple(range(len(items))), tuple(range(len(ev))), 0.0, seed, "", evaluated_on=where)
     return split, list(items), ev
 
@@ -386,7 +389,8 @@ def circuit_heldout(case: Case, model, *, holdout: float = 0.5, seed: int = 0, t
     """`discover` (with `found`'s options) on a seeded discovery split of the items, and the circuit it prunes
     evaluated on the held-out items under the same ablation, semantics and direction."""
     split, disc, ev = eval_split(case, tag, holdout, seed, eval_items)
-    r = discover(replace(case, items=disc, focus=None), model, bad=bad, tag=None, batch_size=batch_size, **found)
+    label = pick_items(case, tag)[0] or "all"  # the discovery items are all of this tag: the result says which
+    r = discover(replace(case, items=disc, focus=None), model, bad=bad, tag=label, batch_size=batch_size, **found)
     eval_case = replace(case, items=ev, focus=None)
     held = evaluate_circuit(eval_case, model, r.names(r.circuit), ablation=r.ablation,
                             semantics=r.options.get("semantics"), direction=r.direction, bad=bad, tag=None,

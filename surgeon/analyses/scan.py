@@ -175,7 +175,8 @@ def _summary(scorer: _Scorer, f: Composed, s: np.ndarray, item_ids, rung: int = 
                        wilson(int(right.sum()), int(s.size)), bootstrap_mean(s), rung)
 
 
-def check_scan_options(budget: int, holdout, eval_items) -> None:
+def check_scan_options(budget: int) -> None:
+    """A budget that can score a format at all."""
     if isinstance(budget, bool) or not isinstance(budget, int) or budget < MIN_ITEMS:
         raise AnalysisError(f"budget {budget!r} prompts cannot score a format on {MIN_ITEMS} items", field="budget",
                             fix=f"at least {MIN_ITEMS}, e.g. {BUDGET}")
@@ -184,10 +185,11 @@ def check_scan_options(budget: int, holdout, eval_items) -> None:
 def scan_formats(case: Case, model, *, grammar: Grammar | None = None, budget: int = BUDGET, tag: str | None = None,
                  holdout: float | None = 0.5, eval_items=None, seed: int = 0, batch_size: int = 256,
                  progress: bool = False) -> ScanResult:
-    """Score the grammar's formats on the case's items (`tag`: which; default every item), find the worst and best
+    """Score the grammar's formats on the case's items (`tag`: which; default the case's focus, 'all' every item),
+    find the worst and best
     formats, each part's effect, the minimal pair, chosen on discovery items and measured on the evaluation items
     (see the module docstring)."""
-    check_scan_options(budget, holdout, eval_items)
+    check_scan_options(budget)
     metric = case_metric_of(case)
     if metric.reference:
         raise AnalysisError(f"metric {metric.label!r} compares against the good format, which a scan is looking for",
@@ -209,7 +211,8 @@ def scan_formats(case: Case, model, *, grammar: Grammar | None = None, budget: i
         disc, ev, where = scored, [], None
         split = None
     else:
-        split, disc, ev = eval_split(replace(case, items=scored), None, holdout, seed, eval_items)
+        # the evaluation items of the same tag as the scored ones (fresh items from a draw come in every tag)
+        split, disc, ev = eval_split(replace(case, items=scored), tag or "all", holdout, seed, eval_items)
         where = split.evaluated_on
     all_items = shot_items + list(disc) + list(ev)  # the scorer's index space
     d_ids = list(range(len(shot_ids), len(shot_ids) + len(disc)))

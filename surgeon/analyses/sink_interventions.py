@@ -83,15 +83,17 @@ class SinkInterventionResult(Shows):
 
 def _ratio(after: np.ndarray, base: np.ndarray, good: np.ndarray, bad: np.ndarray, damage: bool) -> Estimate:
     """(mean(after) - mean(base)) / (mean(good) - mean(bad)) (or its negative, for damage) with a paired bootstrap 95%
-    interval over the items (after and base are the same items' scores)."""
+    interval over the items: the four arrays are the same items' scores, so one resample of the items serves all
+    four (resampling the formats apart would widen the interval with differences between items)."""
     gap = float(good.mean() - bad.mean())
     sign = -1.0 if damage else 1.0
     if abs(gap) < 1e-12:
         return Estimate(float("nan"), float("nan"), float("nan"), len(after), "bootstrap (no gap between the formats)")
+    if not len(after) == len(base) == len(good) == len(bad):
+        raise AnalysisError("internal: the sink effects pair the same items in every format")
     rng = np.random.default_rng(0)
     idx = rng.integers(0, len(after), size=(2000, len(after)))
-    gi = rng.integers(0, len(good), size=(2000, len(good)))
-    boot = sign * (after[idx].mean(1) - base[idx].mean(1)) / (good[gi].mean(1) - bad[idx].mean(1))
+    boot = sign * (after[idx].mean(1) - base[idx].mean(1)) / (good[idx].mean(1) - bad[idx].mean(1))
     lo, hi = np.percentile(boot, [2.5, 97.5])
     return Estimate(sign * float(after.mean() - base.mean()) / gap, float(lo), float(hi), len(after), "bootstrap")
 

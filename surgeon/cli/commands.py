@@ -529,9 +529,12 @@ def _int_list(text: str | None, field: str):
     if text is None:
         return None
     try:
-        return [int(x) for x in text.split(",") if x.strip()]
+        out = [int(x) for x in text.split(",") if x.strip()]
     except ValueError:
         raise SurgeonError(f"cannot read {text!r}", field=field, fix="write e.g. 0,2,4") from None
+    if not out:  # an empty list would run on nothing and print "0 items"
+        raise SurgeonError(f"{text!r} names no item", field=field, fix="write e.g. 0,2,4, or leave it out")
+    return out
 
 
 def cmd_threshold(args) -> int:
@@ -921,6 +924,10 @@ def cmd_report(args) -> int:
                                                          "step out")
 
     def split_check(case):  # too few items for the split, or evaluation items that do not fit, before the model loads
+        if "repair" in steps:  # a case the repair step cannot run on (align="index"), before any step runs
+            from surgeon.analyses.repair import check_repairable
+
+            check_repairable(case, "mean", "z", holdout=holdout, eval_items=args.eval_items)
         if {"threshold", "circuit", "repair"} & set(steps) and (holdout or args.eval_items is not None):
             from surgeon.analyses.heldout import eval_split
 

@@ -34,47 +34,25 @@ def layer(text: str) -> int:
     return v
 
 
-def fraction(text: str) -> float:
-    try:
-        v = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a number, got {text!r}") from None
-    if not 0 < v <= 1:
-        raise argparse.ArgumentTypeError(f"must be in (0, 1], got {text!r}")
-    return v
+def _number_in(lo: float, hi: float, lo_open: bool, hi_open: bool, says: str = ""):
+    """An argparse type for a number in an interval ("(0, 1]", "[0, 1)", ...), its message saying the interval."""
+    interval = f"{'(' if lo_open else '['}{lo:g}, {hi:g}{')' if hi_open else ']'}"
+
+    def check(text: str) -> float:
+        try:
+            v = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"must be a number, got {text!r}") from None
+        if not ((lo < v if lo_open else lo <= v) and (v < hi if hi_open else v <= hi)):
+            raise argparse.ArgumentTypeError(f"must be in {interval}{says}, got {text!r}")
+        return v
+    return check
 
 
-def held_share(text: str) -> float:
-    """A share of items held out: in (0, 1), both sides non-empty."""
-    try:
-        v = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a number, got {text!r}") from None
-    if not 0 < v < 1:
-        raise argparse.ArgumentTypeError(f"must be in (0, 1) (a share held out, the rest for discovery), got {text!r}")
-    return v
-
-
-def share(text: str) -> float:
-    """A share in [0, 1] (0 allowed: e.g. no drop at all)."""
-    try:
-        v = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a number, got {text!r}") from None
-    if not 0 <= v <= 1:
-        raise argparse.ArgumentTypeError(f"must be in [0, 1], got {text!r}")
-    return v
-
-
-def holdout(text: str) -> float:
-    """A share of items held out, or 0 for none."""
-    try:
-        v = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a number, got {text!r}") from None
-    if not 0 <= v < 1:
-        raise argparse.ArgumentTypeError(f"must be in [0, 1) (0: no items held out), got {text!r}")
-    return v
+fraction = _number_in(0, 1, True, False)  # a share of something, not nothing
+held_share = _number_in(0, 1, True, True, " (a share held out, the rest for discovery)")  # both sides non-empty
+share = _number_in(0, 1, False, False)  # 0 allowed: e.g. no drop at all
+holdout = _number_in(0, 1, False, True, " (0: no items held out)")  # a share held out, or 0 for none
 
 
 def amplify(text: str) -> tuple[int, float, int]:

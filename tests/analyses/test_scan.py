@@ -217,3 +217,14 @@ def test_the_cli_scan_writes_results_and_a_case(tmp_path):
     assert {p.name for p in (tmp_path / "o").iterdir()} >= {"results.json", "manifest.json", "effects.png",
                                                              "formats.csv", "effects.csv"}
     assert surgeon.load_case(tmp_path / "found.py").good == "works"
+
+
+def test_fresh_evaluation_items_are_of_the_scanned_tag(small, decimal_model):
+    """--eval-items N draws items of every tag; the scan measures its chosen formats on those of the tag it scanned."""
+    r = scan_formats(small, decimal_model, holdout=None, eval_items=24, seed=2)
+    from surgeon.analyses.heldout import eval_items_of
+
+    drawn, _ = eval_items_of(small, 24, 2)
+    traps = sum(it.tag == "trap" for it in drawn)
+    assert 0 < traps < len(drawn)
+    assert r.split["evaluation"] == traps and all(f.accuracy.n == traps for f in r.held_out)

@@ -457,3 +457,16 @@ def test_interventions_that_mean_nothing_are_refused_before_the_sinks_are_measur
     with pytest.raises(SurgeonError) as e:
         si.sink_interventions(case, decimal_model, **kw)
     assert phrase in str(e.value), str(e.value)
+
+
+def test_the_sink_effects_interval_pairs_the_formats_on_the_same_items():
+    """An intervention that turns every failing score into the same item's good one repairs exactly 1 on every
+    resample of the items: the interval is [1, 1] when the formats are resampled together (paired), and not when
+    the good format is resampled apart."""
+    from surgeon.analyses.sink_interventions import _ratio
+
+    rng = np.random.default_rng(3)
+    good = rng.normal(5, 3, 40)
+    bad = good - rng.normal(4, 2, 40)
+    e = _ratio(good.copy(), bad, good, bad, damage=False)
+    assert e.value == pytest.approx(1.0) and e.lo == pytest.approx(1.0) and e.hi == pytest.approx(1.0)
