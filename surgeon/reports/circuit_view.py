@@ -87,7 +87,7 @@ def circuit_data(r, sinks: dict | None = None) -> dict:
             "n_edges": int(r.n_edges), "circuit_k": prefix, "circuit_n": len(r.circuit),
             "circuit_f": float(r.circuit_faithfulness), "circuit_lo": lo if lo == lo else None,
             "circuit_hi": hi if hi == hi else None, "f_at": measured, "gap": float(r.full - r.empty),
-            "method": r.method, "verified": len(exact) if r.method != "exact" else None,
+            "method": r.method, "verified": len(exact) if r.method != "exact" else None, "n_items": int(r.n_items),
             "touched": heads > TOUCHED_ABOVE, "geometry": {"spacing": SPACING, "margin": MARGIN,
                                                           "min_width": MIN_WIDTH, "port_dx": PORT_DX},
             "height": _row_y("input", 0, n_layers) + TOP + 6}
@@ -231,6 +231,8 @@ def k_label(data: dict, k: int) -> str:
     if k == data["circuit_k"]:
         ci = (f" [{data['circuit_lo']:.3f}, {data['circuit_hi']:.3f}]" if data["circuit_lo"] is not None else "")
         text += f"{ci} (the circuit: {data['circuit_n']} edges)"
+    if f is not None:  # measured on the items the circuit was found on: said, as the held-out result says its own
+        text += f", in-sample (the {data['n_items']} items it was found on)"
     return text
 
 
@@ -271,6 +273,7 @@ JS = r"""
       (f === undefined ? 'faithfulness not measured at this k' : 'faithfulness f = ' + f.toFixed(3));
     if (k === d.circuit_k) s += (d.circuit_lo === null ? '' : ' [' + d.circuit_lo.toFixed(3) + ', ' + d.circuit_hi.toFixed(3) + ']') +
       ' (the circuit: ' + d.circuit_n + ' edges)';
+    if (f !== undefined) s += ', in-sample (the ' + d.n_items + ' items it was found on)';
     return s; }
   function shownNodes(k, only){
     var on = {};

@@ -11,7 +11,7 @@ import pytest
 
 import surgeon
 from surgeon.analyses.pipeline import found_circuit
-from surgeon.reports.circuit_view import circuit_data, edge_tip, layout, shown_nodes
+from surgeon.reports.circuit_view import circuit_data, edge_tip, k_label, layout, shown_nodes
 from tests.browser import browser
 from tests.conftest import ROOT, tiny_model
 
@@ -77,6 +77,8 @@ def test_the_threshold_circuit_is_shown_and_clicks_land_on_the_node_clicked(thre
         assert _shown(b) == prefix
         lo, hi = c.circuit_faithfulness_ci
         assert f"f = {c.circuit_faithfulness:.3f} [{lo:.3f}, {hi:.3f}] (the circuit: {len(c.circuit)} edges)" in label
+        assert label.endswith(f", in-sample (the {c.n_items} items it was found on)")  # said, not only implied
+        assert label == k_label(data, prefix)  # the script's label is the page's Python one
         # the edges drawn solid at the circuit's k are exactly the circuit's (dashed: in the prefix, not the circuit)
         solid = b.execute_script("return Array.prototype.filter.call(document.querySelectorAll('#circuit-svg path.edge'),"
                                  " function(p){ return p.style.display !== 'none' && !p.getAttribute('stroke-dasharray'); })"
