@@ -16,20 +16,9 @@ The held-out evaluation's own cost is the held-out run's time minus that of its 
 from __future__ import annotations
 
 import argparse
-import time
 from dataclasses import replace
 
 import torch
-
-
-def best_of(repeats: int, fn):
-    """The fastest of `repeats` runs (seconds) and the last result."""
-    times, out = [], None
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        out = fn()
-        times.append(time.perf_counter() - t0)
-    return min(times), out
 
 
 def main() -> int:
@@ -40,7 +29,7 @@ def main() -> int:
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
 
-    from saving import saved
+    from saving import best_of, saved
 
     from surgeon import load_case
     from surgeon.analyses.circuit import discover

@@ -141,3 +141,13 @@ def saved(name: str, save: bool, organisms=(), data: dict | None = None):
     prov = {o: {"model": f"organism:{o}", "model_sha256": weights_sha256(o)} for o in organisms}
     record = {"organisms": prov, "run": run_record(name), **(data or {})}
     (RESULTS / f"{name}.json").write_text(json.dumps(record, indent=1, sort_keys=True) + "\n")
+
+
+def best_of(repeats: int, fn):
+    """The fastest of `repeats` runs of `fn` (seconds) and the last run's result."""
+    times, out = [], None
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        out = fn()
+        times.append(time.perf_counter() - t0)
+    return min(times), out

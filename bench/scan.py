@@ -28,8 +28,7 @@ def main() -> int:
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
 
-    from heldout import best_of
-    from saving import saved
+    from saving import best_of, saved
 
     from surgeon import load_case
     from surgeon.analyses.diagnose import diagnose
