@@ -8,7 +8,8 @@ separators, casing; 96 formats), on its 64 trap items:
               the good format (what a user writes who has only `diagnose`): every item of the case (traps and
               controls) in both formats, as diagnose scores them.
 The work is counted in prompts scored: the loop's, the scan's (format, item) scores and the distinct prompts it ran,
-the least (each distinct prompt the scan's numbers need, once).
+the least (each distinct prompt the scan's numbers need, once); and in token positions: the scan shares prefixes
+between prompts (`surgeon.engine.readout.prefix_batches`), so it runs fewer positions than its prompts hold.
 
     python bench/scan.py [--repeats 3] [--threads 2] [--save]
 """
@@ -55,7 +56,9 @@ def main() -> int:
         print(f"  loop of diagnose, one call per format   {t_loop:7.2f} s   {n_loop:,} prompts ({len(templates)} "
               f"formats x {len(case.items)} items x 2 formats per call)")
         print(f"  ratio loop / scan: {t_loop / t_scan:.2f}x; the scan's distinct prompts are {w['prompts_run']:,} of "
-              f"its {w['format_items']:,} scores (the least: each distinct prompt once; prefixes not shared)")
+              f"its {w['format_items']:,} scores (the least: each distinct prompt once), and with prefixes shared "
+              f"it runs {w['positions_run']:,} token positions of their {w['positions_whole']:,} "
+              f"({100 * w['positions_run'] / w['positions_whole']:.0f}%)")
         print(f"  what the loop gives: accuracy per format; what the scan adds: the held-out measure of the chosen "
               f"formats, {len(r.effects)} options' effects with Holm's correction, the minimal pair")
         from limit import case_rows, counted_section

@@ -8,7 +8,9 @@ where one works and one fails), confirmed on items none of it was chosen on, and
   seeded sample of the formats on a few items, each later rung keeps the most extreme half (the lowest and the
   highest quarter by accuracy) and doubles the items, reusing what earlier rungs scored.
 - **Work.** All formats' prompts in one batched pass over the distinct prompts: a prompt two formats share (casing of
-  an empty cue, ...) and a (format, item) an earlier rung scored run once (`work` counts both).
+  an empty cue, ...) and a (format, item) an earlier rung scored run once; prompts that share a long prefix (the
+  few-shot examples, an instruction, a chat template) are batched together and the prefix is run once per batch
+  (`surgeon.engine.readout.prefix_batches`; `work` counts prompts and token positions).
 - **Which part.** A part option's main effect: the mean accuracy of the formats with it minus that of the formats
   with another option of the same part, over rung 0 (every format on the same items), with a bootstrap interval over
   items and its p-value; Holm's correction over every option tested (`surgeon.stats.holm`).
@@ -127,6 +129,7 @@ class _Scorer:
         self.lengths: dict[tuple, int] = {}
         self.pairs: set[tuple] = set()  # (format name, item) scored: what a loop over formats would run
         self.run = 0  # distinct prompts the model ran
+        self.positions: dict = {}  # token positions run, and those of the prompts run whole (`score_rows`'s work)
 
     @staticmethod
     def key(t) -> tuple:
@@ -156,7 +159,7 @@ class _Scorer:
             for v, rk in enumerate(keys):
                 flat += [replace(r, item=v) for r in rows_of[rk]]
             out = score_rows(self.model, flat, self.batch_size, progress="scan" if self.progress else None,
-                             metric=self.metric).cpu().double().numpy()
+                             metric=self.metric, share_prefixes=True, work=self.positions).cpu().double().numpy()
             self.run += len(keys)
             for v, rk in enumerate(keys):
                 self.by_prompt[rk] = float(out[v])
@@ -332,9 +335,13 @@ def scan_formats(case: Case, model, *, grammar: Grammar | None = None, budget: i
          "discovery": len(disc), "evaluation": len(ev), "shots": len(shot_ids), "evaluated_on": where},
         {"format_items": len(scorer.pairs), "prompts_run": scorer.run,
          "formats_scored": len({k for k, _ in scorer.pairs}),
+         "positions_run": scorer.positions.get("positions", 0),
+         "positions_whole": scorer.positions.get("positions_whole", 0),
          "note": "each distinct prompt run once (format_items: the (format, item) scores the result holds, what a "
-                 "loop scoring one format at a time runs; prompts_run: the distinct prompts among them); prefixes "
-                 "are not shared between prompts"},
+                 "loop scoring one format at a time runs; prompts_run: the distinct prompts among them); prompts "
+                 "sharing a long prefix (few-shot examples, an instruction, a chat template) batched together and "
+                 "the prefix run once per batch (positions_run: the token positions run; positions_whole: those of "
+                 "the distinct prompts run whole)"},
         in_sample)
 
 

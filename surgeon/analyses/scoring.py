@@ -161,8 +161,8 @@ def _eap_ig_inputs(contrast, site, steps):
     import torch
 
     senders = torch.tensor([s for s, _ in site.edges])
-    betas = torch.tensor([1 - k / steps for k in range(steps)])
-    return _mask_gradient(contrast, site.variant(difference="fixed"), betas[:, None] * (senders == 0).float()[None])
+    betas = torch.tensor([1 - k / steps for k in range(steps)], dtype=torch.float64)  # exact for a float64 model
+    return _mask_gradient(contrast, site.variant(difference="fixed"), betas[:, None] * (senders == 0).double()[None])
 
 
 @edge_method("eap-ig-activations", job=_fixed_job)
@@ -174,7 +174,7 @@ def _eap_ig_activations(contrast, site, steps):
     groups = sorted(set(group_of), key=lambda g: (-1, 0) if g == ("input",) else (g[1], g[0] == "mlp"))
     rows = []
     for g in groups:
-        on = torch.tensor([group_of[s] == g for s, _ in site.edges]).float()
+        on = torch.tensor([group_of[s] == g for s, _ in site.edges], dtype=torch.float64)
         rows += [(1 - k / steps) * on for k in range(1, steps + 1)]
     return _mask_gradient(contrast, site.variant(difference="fixed"), torch.stack(rows))
 

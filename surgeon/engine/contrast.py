@@ -45,7 +45,7 @@ from surgeon.engine.grouping import Grouping, Groups
 from surgeon.engine.kernels import detached, fused_activations, hooked, last_mlp_at
 from surgeon.engine.padding import bidirectional, pad_hooks
 from surgeon.engine.probes import Probes
-from surgeon.engine.readout import LOGPROB, At, check_scores, readout
+from surgeon.engine.readout import LOGPROB, PLAIN, At, RunSpec, check_scores, readout
 from surgeon.engine.rows import Bucket, layout, merged_rows, padded, row_slice, to_items
 from surgeon.engine.sources import Sources
 from surgeon.errors import AnalysisError
@@ -65,8 +65,8 @@ class HookContext:
     device: torch.device
     engine: object = None
     masks: Mapping = field(default_factory=dict)  # every site's mask of this pass (this chunk's)
-    # under `gradient(pool=True)`: only the sum over the chunk's patches of each mask's gradient is wanted (a site
-    # may put it in the chunk's first row)
+    # under `gradient(pool=True)` (the call's `RunSpec.pool`): only the sum over the chunk's patches of each mask's
+    # gradient is wanted (a site may put it in the chunk's first row)
     pooled: bool = False
 
     def note(self, path: str) -> None:
@@ -116,11 +116,6 @@ class Contrast(CleanRuns, Sources, Grouping, Gradients, Probes):
         # which execution path each call took, and why a faster one was not taken (see `execution`)
         self._log = {"prefix": prefix, "paths": Counter(), "why": Counter(), "recomputed": 0, "forwards": 0,
                      "sites": Counter()}
-        self._grad_leaves: list[Tensor] = []  # set while `gradient` runs: the masks whose .grad it accumulates
-        self._drop: list[str] = []  # set while `gradient` runs: hook points whose outputs pass no gradient back
-        self._pool = False  # set while `gradient(pool=True)` runs: only the masks' gradients summed over patches count
-        self._read: At | None = None  # set while `run(read=...)` runs: scores read at a hook point, not the logits
-        self._catch = None  # set while `activation_gradient` runs: (hook, where its gradients go)
         self.device = next(model.parameters()).device
         self.cache_bytes = default_cache_bytes(self.device) if cache_bytes is None else int(cache_bytes)
         self.n_items = max(r.item for r in base_rows) + 1
@@ -225,22 +220,19 @@ class Contrast(CleanRuns, Sources, Grouping, Gradients, Probes):
                 "forwards": self._log["forwards"], "sites": dict(self._log["sites"]),
                 **({"attention": self._log["attention"]} if "attention" in self._log else {})}
 
-    def run(self, masks: Mapping[Site | str, Tensor], progress: bool | str = False, _start: int | None = None,
-            read: "At | None" = None) -> Tensor:
+    def run(self, masks: Mapping[Site | str, Tensor], progress: bool | str = False, read: "At | None" = None) -> Tensor:
         """Item scores [P, n_items] with each of P patches applied.
 
         `masks[site]` is [P, units] (the same mask at every patched position) or [P, slots, units]. Masks
         may require grad: the scores are differentiable w.r.t. them (attribution). With `read` (an `At`), the
         scores are what it reads at its hook point (the pass stops after that layer), not the metric.
         """
-        if read is not None:
-            if self._read is not None:
-                raise AnalysisError("internal: a read at a hook point is already under way")
-            self._read = read
-            try:
-                return self.run(masks, progress, _start)
-            finally:
-                self._read = None
+        return self._run(masks, RunSpec(read=read), progress)
+
+    def _run(self, masks: Mapping[Site | str, Tensor], spec: RunSpec, progress: bool | str = False,
+             _start: int | None = None) -> Tensor:
+        """`run` under `spec` (what the call does: see `RunSpec`), from layer `_start` on where given."""
+        read = spec.read
         masks = {coerce(k): v for k, v in masks.items()}
         if not masks:
             raise AnalysisError("no masks given")
@@ -252,15 +244,15 @@ class Contrast(CleanRuns, Sources, Grouping, Gradients, Probes):
             if m.shape[-1] != s.n_units(self.cfg):
                 raise AnalysisError(f"mask for {s.name} has {m.shape[-1]} units, the site has {s.n_units(self.cfg)}")
         start = min(s.layer for s in masks)
-        if self._read is not None and start > hook_layer(self._read.hook):
-            raise AnalysisError(f"{self._read.hook} is computed before the patched sites (layer {start}): no patch "
+        if read is not None and start > hook_layer(read.hook):
+            raise AnalysisError(f"{read.hook} is computed before the patched sites (layer {start}): no patch "
                                 "can change it", fix=f"read at layer {start} or later")
-        split = None if self._read is not None else self._by_first_layer(masks, P, start)
+        split = None if read is not None else self._by_first_layer(masks, P, start)
         if split is not None:  # patches that act only at later layers start there
             self._log["paths"]["split by first layer"] += 1
             out = None
             for L, idx in split:
-                sub = self.run({s: m[idx] for s, m in masks.items()}, progress=progress, _start=L)
+                sub = self._run({s: m[idx] for s, m in masks.items()}, spec, progress, _start=L)
                 out = sub.new_empty(P, sub.shape[1]) if out is None else out
                 out[idx.to(out.device)] = sub
             return out
@@ -272,7 +264,7 @@ class Contrast(CleanRuns, Sources, Grouping, Gradients, Probes):
 
             bar = tqdm(total=P * sum(b.n for b in self.buckets), unit="run", leave=False,
                        desc=progress if isinstance(progress, str) else "patching")
-        groups, why = (None, "read at a hook point") if self._read is not None else self._groups(masks, start, P)
+        groups, why = (None, "read at a hook point") if read is not None else self._groups(masks, start, P)
         self._log["paths"]["grouped" if groups is not None else "plain"] += 1
         if why:
             self._log["why"][why] += 1
@@ -281,14 +273,14 @@ class Contrast(CleanRuns, Sources, Grouping, Gradients, Probes):
         for b in self.buckets:
             self._ensure_base(b, start, nodes)
             self._ensure_source(b, nodes)
-            per_bucket.append(self._with_backoff(lambda: self._bucket_scores(b, start, masks, P, bar, groups),
-                                                 restart=self._restore_grads()))
+            per_bucket.append(self._with_backoff(lambda: self._bucket_scores(b, start, masks, P, bar, spec, groups),
+                                                 restart=self._restore_grads(spec)))
             self._trim(b)
         if bar is not None:
             bar.close()
         return self._to_items(per_bucket)
 
-    def _bucket_scores(self, b: Bucket, start: int, masks: Mapping[Site, Tensor], P: int, bar,
+    def _bucket_scores(self, b: Bucket, start: int, masks: Mapping[Site, Tensor], P: int, bar, spec: RunSpec,
                        groups: "Groups | None" = None) -> Tensor:
         """[P, n] scores for one bucket: rows in slices of at most batch_size, patches in chunks that fill it."""
         cols = []
@@ -301,7 +293,7 @@ class Contrast(CleanRuns, Sources, Grouping, Gradients, Probes):
             per_row = width - sb.p0 if self.shared_prefix else width
             chunk = max(1, self.batch_size * width // (sb.n * per_row))
             if groups is not None:
-                cols.append(self._grouped_scores(sb, start, groups, chunk, bar))
+                cols.append(self._grouped_scores(sb, start, groups, chunk, bar, spec))
                 continue
             outs, kv = [], {}
             for lo in range(0, P, chunk):
@@ -310,34 +302,36 @@ class Contrast(CleanRuns, Sources, Grouping, Gradients, Probes):
                 if c not in kv:
                     kv = {c: prefix_attention.prefix_cache(self.model, sb.p0, start) if self.shared_prefix
                           else self._kv_cache(sb, start, c)}
-                outs.append(self._backward_now(self._run_chunk(sb, start, sub, c, kv[c], lo=lo)))
+                outs.append(self._backward_now(self._run_chunk(sb, start, sub, c, kv[c], spec, lo=lo), spec))
                 if bar is not None:
                     bar.update(c * sb.n)
             cols.append(torch.cat(outs))
         return torch.cat(cols, dim=1)
 
-    def _mix_hooks(self, b: Bucket, masks: Mapping[SiteKind, Tensor], copies: int, offset: int, start: int = 0) -> list:
+    def _mix_hooks(self, b: Bucket, masks: Mapping[SiteKind, Tensor], copies: int, offset: int, start: int = 0,
+                   pooled: bool = False) -> list:
         """Every site's hooks for one chunk of `copies` patches (positions relative to `offset`, the first
-        position the forward pass sees)."""
-        ctx = HookContext(self.model, b, self.device, self, masks, pooled=self._pool)
+        position the forward pass sees; `pooled`: see `HookContext`)."""
+        ctx = HookContext(self.model, b, self.device, self, masks, pooled=pooled)
         return [h for site, m in masks.items() for h in site.hooks(ctx, m, copies, offset, start)]
 
-    def _run_chunk(self, b: Bucket, start: int, masks: Mapping[Site, Tensor], copies: int, kv_cache,
+    def _run_chunk(self, b: Bucket, start: int, masks: Mapping[Site, Tensor], copies: int, kv_cache, spec: RunSpec,
                    resid: Tensor | None = None, z: Tensor | None = None, lo: int = 0) -> Tensor:
         """[copies, n] scores under `copies` patches (patches lo.. of the call)."""
-        if self._read is not None:
+        read = spec.read
+        if read is not None:
             kept = {}
 
             def keep(act, hook):
                 kept["x"] = act
 
-            self._forward(b, start, masks, copies, kv_cache, resid=resid, z=z, stop=hook_layer(self._read.hook) + 1,
-                          extra_hooks=[(self._read.hook, keep)])
+            self._forward(b, start, masks, copies, kv_cache, resid=resid, z=z, stop=hook_layer(read.hook) + 1,
+                          extra_hooks=[(read.hook, keep)], spec=spec)
             x = kept["x"].view(copies, b.n, *kept["x"].shape[1:])
             rel, idx = (b.base_pos - b.p0).to(x.device), torch.arange(b.n, device=x.device)[:, None]
-            with torch.set_grad_enabled(bool(self._grad_leaves)):  # SAE parameters may require grad
-                return self._read.fn(x[:, idx, rel], b.items, b.slot_valid, lo)
-        final = self._forward(b, start, masks, copies, kv_cache, resid=resid, z=z, read=b.tgt_pos - b.p0)
+            with torch.set_grad_enabled(bool(spec.leaves)):  # SAE parameters may require grad
+                return read.fn(x[:, idx, rel], b.items, b.slot_valid, lo)
+        final = self._forward(b, start, masks, copies, kv_cache, resid=resid, z=z, read=b.tgt_pos - b.p0, spec=spec)
         return self._readout(b, final, b.tgt_pos - b.p0)
 
     def _readout(self, b: Bucket, final: Tensor, tgt_pos: Tensor) -> Tensor:
@@ -350,16 +344,17 @@ class Contrast(CleanRuns, Sources, Grouping, Gradients, Probes):
 
     def _forward(self, b: Bucket, start: int, masks: Mapping[Site, Tensor], copies: int, kv_cache, *,
                  resid: Tensor | None = None, z: Tensor | None = None, stop: int | None = None,
-                 extra_hooks: Sequence = (), read: Tensor | None = None) -> Tensor:
+                 extra_hooks: Sequence = (), read: Tensor | None = None, spec: RunSpec = PLAIN) -> Tensor:
         """Layers start..stop of the patched positions under `copies` patches, from the base run's residual
         stream (or `resid`, and head outputs `z` at layer `start`, per patched row where they differ). `read`
-        [n, T]: the only positions the caller reads of the last layer's output (its MLP runs there alone)."""
-        hooks = self._mix_hooks(b, masks, copies, offset=b.p0, start=start) + list(extra_hooks)
-        hooks += [(name, detached) for name in self._drop]
+        [n, T]: the only positions the caller reads of the last layer's output (its MLP runs there alone). `spec`:
+        the call's mode (its dropped gradients, caught activation, pooling)."""
+        hooks = self._mix_hooks(b, masks, copies, offset=b.p0, start=start, pooled=spec.pool) + list(extra_hooks)
+        hooks += [(name, detached) for name in spec.drop]
         if b.base_len is not None:  # a bidirectional model: each copy of a row masks its own padding
             hooks += pad_hooks(self.model, b.base_len)
-        if self._catch is not None:
-            hooks.append((self._catch[0], self._catch_hook(b, copies)))
+        if spec.catch is not None:
+            hooks.append((spec.catch[0], self._catch_hook(b, spec.catch[1])))
         if resid is None:
             resid = b.resid[start].repeat(copies, 1, 1)
         self._log["forwards"] += 1

@@ -3,12 +3,13 @@ back-propagated as soon as it is scored) and w.r.t. an activation at the aligned
 downstream end)."""
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Mapping, Sequence
 
 import torch
 from torch import Tensor
 
-from surgeon.engine.readout import At
+from surgeon.engine.readout import At, RunSpec
 from surgeon.engine.rows import Bucket
 from surgeon.errors import AnalysisError
 from surgeon.sites.nodes import Site
@@ -16,7 +17,8 @@ from surgeon.sites.protocol import SiteKind, coerce
 
 
 class Gradients:
-    """A `Contrast`'s gradient calls (mixed into `Contrast`: `run` reads `_grad_leaves`, `_drop`, `_pool` and `_catch`)."""
+    """A `Contrast`'s gradient calls (mixed into `Contrast`): each builds a `RunSpec` saying what its backward passes
+    need and hands it to the run; nothing is set on the engine."""
 
     def gradient(self, masks: Mapping[Site | str, Tensor], progress: bool | str = False, drop: Sequence[str] = (),
                  read: "At | None" = None, pool: bool = False) -> tuple[dict[SiteKind, Tensor], Tensor]:
@@ -27,17 +29,17 @@ class Gradients:
         graph, not every item's (what `run(masks).mean(1).sum().backward()` would keep). `drop`: hook points whose
         output passes no gradient back (its value is unchanged): AtP*'s GradDrop drops a layer's outputs, a feature
         edge the SAEs' hook points between its ends. `read`: the scores read at a hook point (see `run`)."""
-        leaves = {coerce(k): v.detach().clone().requires_grad_(True) for k, v in masks.items()}
-        self._grad_leaves = list(leaves.values())
-        self._drop = list(drop)
-        self._pool = pool
-        try:
-            with torch.enable_grad():
-                scores = self.run(leaves, progress, read=read)
-        finally:
-            self._grad_leaves, self._drop, self._pool = [], [], False
+        return self._gradient(masks, progress, RunSpec(drop=tuple(drop), read=read, pool=pool))
+
+    def _gradient(self, masks: Mapping[Site | str, Tensor], progress: bool | str, spec: RunSpec
+                  ) -> tuple[dict[SiteKind, Tensor], Tensor]:
+        acc = torch.promote_types(getattr(self.model.cfg, "dtype", torch.float32), torch.float32)
+        leaves = {coerce(k): v.detach().to(acc).clone().requires_grad_(True)
+                  for k, v in masks.items()}  # a float64 model's gradients taken in float64, any other's in float32
+        with torch.enable_grad():
+            scores = self._run(leaves, replace(spec, leaves=tuple(leaves.values())), progress)
         grads = {s: (m.grad if m.grad is not None else torch.zeros_like(m)) for s, m in leaves.items()}
-        if pool:  # a pooling site put its patches' summed gradient in one row of the chunk: only the sum is whole
+        if spec.pool:  # a pooling site put its patches' summed gradient in one row of the chunk: only the sum is whole
             grads = {s: g.sum(0, keepdim=True) / g.shape[0] for s, g in grads.items()}
         return grads, scores
 
@@ -60,36 +62,35 @@ class Gradients:
             out["g"].index_add_(0, b.items.cpu(), torch.nn.functional.pad(
                 x, [0, 0] * (x.dim() - 2) + [0, S - x.shape[1]]))
 
-        self._catch = (hook, store)
-        try:
-            self.gradient(masks, progress)
-        finally:
-            self._catch = None
+        self._gradient(masks, progress, RunSpec(catch=(hook, store)))
         return out["g"]
 
-    def _catch_hook(self, b: Bucket, copies: int):
+    @staticmethod
+    def _catch_hook(b: Bucket, store):
         def catch(act, hook):
             if not act.requires_grad:
                 act = act.detach().requires_grad_(True)
-            act.register_hook(lambda g: self._catch[1](b, g))
+            act.register_hook(lambda g: store(b, g))
             return act
         return catch
 
-    def _backward_now(self, scores: Tensor) -> Tensor:
-        """Within `gradient`: back-propagate one chunk's share of the mean score and keep only the values."""
-        if not self._grad_leaves or not scores.requires_grad:
+    def _backward_now(self, scores: Tensor, spec: RunSpec) -> Tensor:
+        """Under a gradient call (`spec.leaves`): back-propagate one chunk's share of the mean score and keep only
+        the values."""
+        if not spec.leaves or not scores.requires_grad:
             return scores
         (scores.sum() / self.n_items).backward()
         return scores.detach()
 
-    def _restore_grads(self):
-        """Within `gradient`: a function putting the masks' gradients back to what they are now (before a bucket
+    @staticmethod
+    def _restore_grads(spec: RunSpec):
+        """Under a gradient call: a function putting the masks' gradients back to what they are now (before a bucket
         is retried after out-of-memory, so its rows are not counted twice)."""
-        if not self._grad_leaves:
+        if not spec.leaves:
             return None
-        saved = [None if m.grad is None else m.grad.clone() for m in self._grad_leaves]
+        saved = [None if m.grad is None else m.grad.clone() for m in spec.leaves]
 
         def restore():
-            for m, g in zip(self._grad_leaves, saved):
+            for m, g in zip(spec.leaves, saved):
                 m.grad = g
         return restore

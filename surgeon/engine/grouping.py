@@ -9,6 +9,7 @@ import torch
 from torch import Tensor
 
 from surgeon.engine import prefix_attention
+from surgeon.engine.readout import RunSpec
 from surgeon.engine.rows import Bucket
 from surgeon.sites.nodes import Site
 from surgeon.sites.protocol import SiteKind
@@ -77,12 +78,13 @@ class Grouping:
                        {s: m for s, m in masks.items() if s.layer == last}, group,
                        torch.argsort(group, stable=True), torch.bincount(group, minlength=G).cumsum(0)), None
 
-    def _grouped_scores(self, b: Bucket, start: int, g: "Groups", chunk: int, bar) -> Tensor:
+    def _grouped_scores(self, b: Bucket, start: int, g: "Groups", chunk: int, bar, spec: RunSpec) -> Tensor:
         """[P, n] scores, each group's state at its last layer computed once (see `_groups`)."""
         G, n, out, done = len(g.ends), b.n, None, 0
         for g0 in range(0, G, chunk):
             g1 = min(G, g0 + chunk)
-            resid, z = self._group_states(b, start, g.last, {s: m[g0:g1] for s, m in g.lower.items()}, g1 - g0)
+            resid, z = self._group_states(b, start, g.last, {s: m[g0:g1] for s, m in g.lower.items()}, g1 - g0,
+                                          spec)
             resid, z = resid.view(g1 - g0, n, *resid.shape[1:]), z.view(g1 - g0, n, *z.shape[1:])
             ids = g.order[done: int(g.ends[g1 - 1])]
             done = int(g.ends[g1 - 1])
@@ -91,7 +93,7 @@ class Grouping:
                 p = ids[lo: lo + chunk]
                 sel = (g.group[p] - g0).to(resid.device)
                 c = len(p)
-                scores = self._run_chunk(b, g.last, {s: m[p] for s, m in g.upper.items()}, c, kv,
+                scores = self._run_chunk(b, g.last, {s: m[p] for s, m in g.upper.items()}, c, kv, spec,
                                          resid=resid[sel].flatten(0, 1), z=z[sel.to(z.device)].flatten(0, 1))
                 if out is None:
                     out = torch.empty(len(g.group), n, device=scores.device, dtype=scores.dtype)
@@ -100,7 +102,8 @@ class Grouping:
                     bar.update(c * n)
         return out
 
-    def _group_states(self, b: Bucket, start: int, last: int, masks: Mapping[Site, Tensor], copies: int):
+    def _group_states(self, b: Bucket, start: int, last: int, masks: Mapping[Site, Tensor], copies: int,
+                      spec: RunSpec):
         """Residual stream entering layer `last` and head outputs there [copies * n, ...] under each patch."""
         names = (f"blocks.{last}.hook_resid_pre", f"blocks.{last}.attn.hook_z")
         kept = {}
@@ -109,5 +112,5 @@ class Grouping:
             kept[hook.name] = act
 
         self._forward(b, start, masks, copies, prefix_attention.prefix_cache(self.model, b.p0, start),
-                      stop=last + 1, extra_hooks=[(name, keep) for name in names])
+                      stop=last + 1, extra_hooks=[(name, keep) for name in names], spec=spec)
         return kept[names[0]], kept[names[1]]

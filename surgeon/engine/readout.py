@@ -12,7 +12,8 @@ from torch import Tensor
 from surgeon.causal import check_attention
 from surgeon.engine.kernels import hooked
 from surgeon.engine.padding import bidirectional, masked_padding, refuse_generation
-from surgeon.engine.rows import padded
+from surgeon.engine import prefix_attention
+from surgeon.engine.rows import answer_cuts, cut_row, padded, unseen_answers
 from surgeon.errors import AnalysisError
 from surgeon.case.encoding import Row
 from surgeon.case.metrics import LogProb, Metric
@@ -32,16 +33,37 @@ class At:
     fn: Callable
 
 
+@dataclass(frozen=True, eq=False)
+class RunSpec:
+    """What one call to the engine does, handed down its call chain (`run` -> its buckets -> each chunk's forward
+    pass and hooks) instead of set on the engine around the call, so two calls in different modes can interleave
+    (a callback of one making the other) and each sees only its own. `leaves`: the masks whose `.grad` a gradient
+    call accumulates (each chunk back-propagated as soon as it is scored); none: no backward pass. `drop`: hook points
+    whose outputs pass no gradient back. `pool`: only the patches' summed gradient of each mask is wanted (a site may
+    put it in a chunk's first row). `read`: scores read at a hook point, not the metric. `catch`: (hook, store), the
+    activation at `hook` whose gradient `store(bucket, grad)` receives."""
+
+    leaves: tuple = ()
+    drop: tuple = ()
+    pool: bool = False
+    read: At | None = None
+    catch: tuple | None = None
+
+
+PLAIN = RunSpec()
+
+
 def final_logits(model, h: Tensor) -> Tensor:
-    """float32 logits from final-layer residuals [..., d]: the final norm, the unembedding and the model's logit
-    soft-cap where it has one."""
+    """float32 logits (float64 for a float64 model) from final-layer residuals [..., d]: the final norm, the
+    unembedding and the model's logit soft-cap where it has one."""
     if model.cfg.normalization_type is not None:
         h = model.ln_final(h)
     u = model.unembed
     if u.hook_in._forward_hooks or u.hook_out._forward_hooks:
-        logits = u(h).float()
+        logits = u(h)
     else:  # TransformerLens's Unembed copies W_U transposed on every call (the size of the unembedding): not here
-        logits = (torch.matmul(h, u.W_U) + u.b_U).float()
+        logits = torch.matmul(h, u.W_U) + u.b_U
+    logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
     cap = getattr(model.cfg, "output_logits_soft_cap", -1.0) or -1.0
     return cap * torch.tanh(logits / cap) if cap > 0 else logits
 
@@ -76,17 +98,19 @@ def readout(model, resid: Tensor, tgt_rel: Tensor, tok: Tensor, sign: Tensor, ma
 
 @torch.no_grad()
 def score_rows(model, rows: Sequence[Row], batch_size: int = 256, progress: str | None = None,
-               metric: Metric | None = None, reference: Tensor | None = None) -> Tensor:
+               metric: Metric | None = None, reference: Tensor | None = None, share_prefixes: bool = False,
+               work: dict | None = None) -> Tensor:
     """Clean (unpatched) item scores [n_items]: the metric per item (default: log P(correct) - log P(incorrect));
     `reference` [n_items, vocab]: the metric's reference log-probabilities per item.
 
     Rows are sorted by length and right-padded per batch (a bidirectional model's padding masked). `progress`: a
-    tqdm bar with this description when there is more than one batch."""
+    tqdm bar with this description when there is more than one batch. `share_prefixes`, `work`: see
+    `final_batches`."""
     check_attention(model)
     device = next(model.parameters()).device
     n_items = max(r.item for r in rows) + 1
     out = torch.zeros(n_items, device=device)
-    for batch, resid, pos, tok, sign in final_batches(model, rows, batch_size, progress):
+    for batch, resid, pos, tok, sign in final_batches(model, rows, batch_size, progress, share_prefixes, work):
         items = torch.tensor([r.item for r in batch], device=device)
         ref = reference[items.to(reference.device)] if reference is not None else None
         out = out.index_add(0, items, readout(model, resid, pos, tok, sign, metric=metric, ref=ref)[0])
@@ -101,32 +125,100 @@ def reference_logprobs(model, rows: Sequence[Row], batch_size: int = 256) -> Ten
     device = next(model.parameters()).device
     n_items = max(r.item for r in rows) + 1
     out = torch.zeros(n_items, model.cfg.d_vocab_out, device=device)
+    if bidirectional(model):  # the first target's position, reading none of the answer (one row per row)
+        rows = [cut_row(r, cuts[0]) for r in rows for cuts in [answer_cuts(r)] if cuts]
     for batch, resid, pos, _, _ in final_batches(model, rows, batch_size, None):
         logits = final_logits(model, resid[torch.arange(len(batch), device=device), pos[:, 0]][:, None])[:, 0]
         out[torch.tensor([r.item for r in batch], device=device)] = logits.log_softmax(-1)
     return out
 
 
-def final_batches(model, rows: Sequence[Row], batch_size: int, progress: str | None):
-    """Rows sorted by length, right-padded per batch: (rows, final residual, target positions, tokens, signs)."""
+def final_batches(model, rows: Sequence[Row], batch_size: int, progress: str | None, share_prefixes: bool = False,
+                  work: dict | None = None):
+    """Rows in right-padded batches: (rows, final residual from the batch's first computed position on, target
+    positions relative to it, tokens, signs). A bidirectional model's rows are cut first, so that no scored position
+    reads the answer it predicts (`rows.unseen_answers`). Rows are sorted by length; with `share_prefixes` (a causal
+    model whose attention `prefix_attention` reproduces), rows that share a long token prefix (few-shot examples, an
+    instruction, a chat template's system prompt: `prefix_batches`) are batched together and the prefix is run once
+    per batch, every row attending to its keys and values. `work`: adds the positions run ("positions", real tokens
+    only) and those a run of each row whole would ("positions_whole")."""
     device = next(model.parameters()).device
     pad = getattr(model.tokenizer, "pad_token_id", None) or 0
-    order = sorted(range(len(rows)), key=lambda i: len(rows[i].tokens))
-    starts = range(0, len(order), batch_size)
-    if progress and len(starts) > 1:
+    both = bidirectional(model)
+    if both:
+        rows = unseen_answers(rows)
+    share = share_prefixes and prefix_attention.unsupported(model) is None
+    plan = prefix_batches(rows, batch_size) if share else [
+        (ids, 0) for ids in _chunks(sorted(range(len(rows)), key=lambda i: len(rows[i].tokens)), batch_size)]
+    if progress and len(plan) > 1:
         from tqdm.auto import tqdm
 
-        starts = tqdm(starts, desc=progress, unit="batch")
-    for lo in starts:
-        batch = [rows[i] for i in order[lo: lo + batch_size]]
+        plan = tqdm(plan, desc=progress, unit="batch")
+    n_layers = model.cfg.n_layers
+    for ids, p in plan:
+        batch = [rows[i] for i in ids]
         W, T = max(len(r.tokens) for r in batch), max(len(r.targets) for r in batch)
         tokens = padded([r.tokens for r in batch], W, pad, device)
-        pos = padded([[t[0] for t in r.targets] for r in batch], T, 0, device)
+        pos = padded([[t[0] for t in r.targets] for r in batch], T, p, device) - p
         tok = padded([[t[1] for t in r.targets] for r in batch], T, 0, device)
         sign = padded([[t[2] for t in r.targets] for r in batch], T, 0.0, device, torch.float32)
-        with masked_padding(model, lengths(batch, device) if bidirectional(model) else None):
-            final = model(tokens, stop_at_layer=model.cfg.n_layers)
+        if p:
+            names = [f"blocks.{L}.attn.hook_{x}" for L in range(n_layers) for x in "kv"]
+            _, cache = model.run_with_cache(tokens[:1, :p], names_filter=names, stop_at_layer=n_layers)
+            kv = {L: (cache[f"blocks.{L}.attn.hook_k"], cache[f"blocks.{L}.attn.hook_v"]) for L in range(n_layers)}
+            resid = model.input_to_embed(tokens)[0][:, p:]
+            with prefix_attention.shared_prefix(model, kv, 1, p, 0):
+                final = model(resid, start_at_layer=0, stop_at_layer=n_layers,
+                              past_kv_cache=prefix_attention.prefix_cache(model, p, 0))
+        else:
+            with masked_padding(model, lengths(batch, device) if both else None):
+                final = model(tokens, stop_at_layer=n_layers)
+        if work is not None:
+            work["positions"] = work.get("positions", 0) + p + sum(len(r.tokens) - p for r in batch)
+            work["positions_whole"] = work.get("positions_whole", 0) + sum(len(r.tokens) for r in batch)
         yield batch, final, pos, tok, sign
+
+
+SHARED_PREFIX = 8  # tokens: rows sharing fewer are batched by length, as if they shared none
+FAMILY = 4  # rows: fewer sharing a prefix are not worth a batch of their own
+
+
+def prefix_batches(rows: Sequence[Row], batch_size: int) -> list[tuple[list[int], int]]:
+    """Batches [(row indices, shared prefix length)]: rows sorted by their tokens fall into families that share at
+    least a quarter of the first one's tokens (and `SHARED_PREFIX`); a family of at least `FAMILY` rows is batched
+    alone, each batch with the prefix all its rows share (never past a row's first scored position, so every score
+    is read from the positions run after it); the other rows by length, sharing nothing."""
+    lex = sorted(range(len(rows)), key=lambda i: rows[i].tokens)
+    out, rest, i = [], [], 0
+    while i < len(lex):
+        a = rows[lex[i]].tokens
+        need, j = max(SHARED_PREFIX, len(a) // 4), i + 1
+        while j < len(lex) and _common(a, rows[lex[j]].tokens) >= need:  # sorted: the common part only shrinks
+            j += 1
+        if j - i >= FAMILY:
+            for ids in _chunks(lex[i:j], batch_size):
+                p = min(_common(rows[ids[0]].tokens, rows[ids[-1]].tokens),
+                        *(min((t[0] for t in rows[k].targets), default=0) for k in ids),
+                        *(len(rows[k].tokens) - 1 for k in ids))
+                out.append((ids, p if p >= SHARED_PREFIX else 0))
+        else:
+            rest += lex[i:j]
+        i = j
+    rest.sort(key=lambda k: len(rows[k].tokens))
+    return out + [(ids, 0) for ids in _chunks(rest, batch_size)]
+
+
+def _common(a: Sequence[int], b: Sequence[int]) -> int:
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+def _chunks(ids: list[int], size: int) -> list[list[int]]:
+    return [ids[lo: lo + size] for lo in range(0, len(ids), size)]
 
 
 def lengths(rows: Sequence[Row], device, width: int | None = None) -> Tensor:

@@ -1,11 +1,12 @@
 """Row layout: a case's rows aligned, merged where one row's computation is a prefix of another's, and held in
 buckets of rows that share their first patched position (what the engine allocates follows from `layout`).
 Merging, sharing a prefix and cutting a row after its last read position are exact only for causal attention: for
-a bidirectional model every row is kept whole and alone, from position 0 (`engine.padding` masks its padding)."""
+a bidirectional model every row is kept alone, from position 0 (`engine.padding` masks its padding), and cut, per
+position it scores, before the answer tokens that position predicts (`unseen_answers`)."""
 from __future__ import annotations
 
 from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Sequence
 
 import torch
@@ -109,13 +110,53 @@ class BucketShape:
         return len(self.ids)
 
 
+def answer_cuts(row: Row) -> list[int]:
+    """Where a bidirectional model's row is cut for each position it scores: after the prompt and the answer tokens
+    before that position (every position reads the whole row, so a row holding a teacher-forced answer would show
+    each answer token to the position predicting it). A position inside the prompt (an output read at every
+    position, as tracr's are) reads the whole prompt. Ascending; one cut per distinct scored position."""
+    return sorted({max(row.n_prompt, p + 1) for p, _, _ in row.targets})
+
+
+def cut_row(row: Row, cut: int) -> Row:
+    """`row` ending at `cut` and scoring only the targets whose cut that is (`answer_cuts`)."""
+    return replace(row, tokens=row.tokens[:cut],
+                   targets=tuple(t for t in row.targets if max(row.n_prompt, t[0] + 1) == cut))
+
+
+def unseen_answers(rows: Sequence[Row]) -> list[Row]:
+    """A bidirectional model's rows cut so that no scored position reads the answer tokens it predicts
+    (`answer_cuts`): a row per distinct scored position; rows that hold no answer token are kept as they are."""
+    return [cut_row(r, c) if c < len(r.tokens) or len(cuts) > 1 else r for r in rows
+            for cuts in [answer_cuts(r) or [len(r.tokens)]] for c in cuts]
+
+
+def _unseen_pairs(base: Sequence[Row], source: Sequence[Row], aligned: Sequence[tuple]):
+    """`unseen_answers` for aligned pairs of rows: base and source cut at the same scored position (their answers
+    are the same tokens), each keeping the aligned positions before its cut (a prefix of its slots)."""
+    out_b, out_s, out_a = [], [], []
+    for b, s, (pb, ps) in zip(base, source, aligned):
+        cb, cs = answer_cuts(b) or [len(b.tokens)], answer_cuts(s) or [len(s.tokens)]
+        if len(cb) != len(cs):
+            raise AssertionError("internal: base and source rows score different numbers of positions")
+        for x, y in zip(cb, cs):
+            keep = [j for j in range(len(pb)) if pb[j] < x and ps[j] < y]
+            if keep != list(range(len(keep))):
+                raise AssertionError("internal: the aligned positions kept by a cut are not a prefix of the slots")
+            out_b.append(cut_row(b, x) if len(cb) > 1 or x < len(b.tokens) else b)
+            out_s.append(cut_row(s, y) if len(cs) > 1 or y < len(s.tokens) else s)
+            out_a.append(([pb[j] for j in keep], [ps[j] for j in keep]))
+    return out_b, out_s, out_a
+
+
 def merged_rows(base_rows: Sequence[Row], source_rows: Sequence[Row], align: str, base_name: str = "base",
                 source_name: str = "source", bidirectional: bool = False):
     """The rows aligned (`align`) and merged where one row's computation is a prefix of another's (never for a
-    bidirectional model, whose every position reads the whole row)."""
+    bidirectional model, whose every position reads the whole row: its rows are cut instead, so that no scored
+    position reads the answer it predicts, `unseen_answers`)."""
     aligned = [align_rows(b, s, align, base_name, source_name) for b, s in zip(base_rows, source_rows)]
     if bidirectional:
-        return list(base_rows), list(source_rows), aligned
+        return _unseen_pairs(base_rows, source_rows, aligned)
     return _merge_rows(base_rows, source_rows, aligned)
 
 

@@ -51,13 +51,14 @@ def norm_vjp(norm, x: Tensor, g: Tensor) -> Tensor:
     """d/dx of <norm(x), g> for TransformerLens's LayerNorm, LayerNormPre, RMSNorm and RMSNormPre (or no
     norm): x [..., 1, d] (broadcast over g's unit axis), g [..., units, d]."""
     kind = type(norm).__name__
-    x = x.float()
-    g = g.float()
+    acc = torch.promote_types(torch.promote_types(x.dtype, g.dtype), torch.float32)  # float64 stays float64
+    x = x.to(acc)
+    g = g.to(acc)
     if kind in ("Identity",):
         return g
     w = getattr(norm, "w", None)
     if w is not None:
-        g = g * w.float()
+        g = g * w.to(acc)
     eps = norm.eps
     if kind in ("LayerNorm", "LayerNormPre"):
         xc = x - x.mean(-1, keepdim=True)
@@ -122,7 +123,8 @@ def _mask_grads(spec: dict) -> list[Tensor]:
     valid, fixed, live, first_live = spec["valid"], spec["fixed"], spec["live"], spec["first_live"]
     K = max(k for _, _, k, _ in kinds)
     lo = min(K, first_live)
-    outs = [x.new_zeros(c, k, W.shape[0], dtype=torch.float32) for _, W, k, _ in kinds]
+    acc = torch.float64 if x.dtype == torch.float64 else torch.float32  # half models contract in float32
+    outs = [x.new_zeros(c, k, W.shape[0], dtype=acc) for _, W, k, _ in kinds]
     grads = {}
     for kind, *_ in kinds:
         gk = store.pop(kind, None)
@@ -138,26 +140,26 @@ def _mask_grads(spec: dict) -> list[Tensor]:
                 parts[-1][2] = u + 1
             else:
                 parts.append([i, u, u + 1])
-        dxr = x.new_empty(c, len(chunk), n * x.shape[2] * x.shape[3], dtype=torch.float32)  # [c, u, nSd]
+        dxr = x.new_empty(c, len(chunk), n * x.shape[2] * x.shape[3], dtype=acc)  # [c, u, nSd]
         off = 0
         for i, u0, u1 in parts:  # each kind's units through its projection and the norm, into the chunk's buffer
-            G = torch.einsum("cnsuh,udh->cnsud", grads[kinds[i][0]][:, :, :, u0:u1].float(), kinds[i][1][u0:u1].float())
+            G = torch.einsum("cnsuh,udh->cnsud", grads[kinds[i][0]][:, :, :, u0:u1].to(acc), kinds[i][1][u0:u1].to(acc))
             dx = norm_vjp(spec["norm"], x[:, :, :, None], G) * valid[None, :, :, None, None]
             dxr[:, off: off + u1 - u0] = dx.permute(0, 3, 1, 2, 4).reshape(c, u1 - u0, -1)
             off += u1 - u0
         dxr = dxr.transpose(1, 2)  # [c, nSd, u]
         if lo and spec.get("pooled"):  # the copies' gradients summed, contracted once with the fixed differences
             first = dxr.new_zeros(c, lo, dxr.shape[2])
-            first[0] = torch.matmul(fixed[:lo].float(), dxr.sum(0))
+            first[0] = torch.matmul(fixed[:lo].to(acc), dxr.sum(0))
             blocks = [first]
         else:
-            blocks = [torch.matmul(fixed[:lo].float(), dxr)] if lo else []  # [c, lo, u]
+            blocks = [torch.matmul(fixed[:lo].to(acc), dxr)] if lo else []  # [c, lo, u]
         have = first_live
         for b in live:
             if have >= K:
                 break
             hi = min(K, have + b.shape[1])
-            blocks.append(torch.bmm(b[:, : hi - have].float(), dxr))
+            blocks.append(torch.bmm(b[:, : hi - have].to(acc), dxr))
             have = hi
         res = torch.cat(blocks, dim=1) if len(blocks) > 1 else blocks[0]  # [c, K, u]
         off = 0

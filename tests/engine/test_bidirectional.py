@@ -46,9 +46,25 @@ def _rows(model, kind="answers"):
     return base, source
 
 
+def _cut(row, p):
+    """The tokens a bidirectional model may read to score position p: the prompt and the answer tokens before p + 1,
+    never the token p predicts (a position inside the prompt reads the whole prompt, as tracr's outputs are read)."""
+    return row.tokens[:max(row.n_prompt, p + 1)]
+
+
 def _alone_score(model, row, hooks=()):
-    """sign x log P summed over a row's targets, the row run alone (its own length: nothing to pad)."""
-    logp = model.run_with_hooks(torch.tensor([row.tokens]), fwd_hooks=list(hooks))[0].log_softmax(-1)
+    """sign x log P summed over a row's targets, each read from the row cut before the answer it predicts (`_cut`),
+    run alone (its own length: nothing to pad)."""
+    total = 0.0
+    for p, t, s in row.targets:
+        logp = model.run_with_hooks(torch.tensor([_cut(row, p)]), fwd_hooks=list(hooks))[0].log_softmax(-1)
+        total += s * float(logp[p, t])
+    return total
+
+
+def _whole_score(model, row):
+    """The same, every target read from the whole row (which shows each answer token to the position predicting it)."""
+    logp = model(torch.tensor([row.tokens]))[0].log_softmax(-1)
     return sum(s * float(logp[p, t]) for p, t, s in row.targets)
 
 
@@ -87,6 +103,34 @@ def test_clean_scores_equal_each_prompt_run_alone(model, kind):
     assert "bidirectional" in c.execution["attention"]
 
 
+def test_no_scored_position_reads_the_answer_it_predicts(model):
+    """A row holding a teacher-forced answer of two tokens shows the second token to the position that predicts the
+    first, and reading it moves the score: the engine's clean scores are those of the cut rows, not the whole."""
+    base, source = _rows(model)
+    c = Contrast(model, base, source, "last", batch_size=3)
+    with torch.no_grad():
+        cut = torch.zeros(len(ITEMS))
+        whole = torch.zeros(len(ITEMS))
+        for r in base:
+            cut[r.item] += _alone_score(model, r)
+            whole[r.item] += _whole_score(model, r)
+    assert (cut - whole).abs().max() > 1e-2 * cut.abs().max()
+    torch.testing.assert_close(c.clean_base.cpu().float(), cut, atol=1e-4, rtol=1e-4)
+
+
+def test_diagnose_scores_read_no_answer_either(model):
+    """The clean scoring outside the engine (`score_rows`, what diagnose runs) cuts the rows the same way."""
+    from surgeon.engine.readout import score_rows
+
+    base, _ = _rows(model)
+    with torch.no_grad():
+        cut = torch.zeros(len(ITEMS))
+        for r in base:
+            cut[r.item] += _alone_score(model, r)
+        got = score_rows(model, base, batch_size=3)
+    torch.testing.assert_close(got.cpu().float(), cut, atol=1e-4, rtol=1e-4)
+
+
 def test_the_pad_would_move_the_scores_were_it_not_masked(model):
     """The check above is not vacuous: a row padded and run without the mask scores differently."""
     base, _ = _rows(model)
@@ -119,13 +163,18 @@ def test_per_head_patching_equals_each_prompt_patched_alone(model, layer, kind, 
         name = f"blocks.{layer}.attn.hook_z"
         for rb, rs in zip(base, source):
             pb, ps = align(rb, rs, how)
-            _, cache = model.run_with_cache(torch.tensor([rs.tokens]), names_filter=[name])
-            for h in range(H):
-                def patch(z, hook, h=h, pb=pb, ps=ps, src=cache[name]):
-                    z[0, pb, h] = src[0, ps, h]
-                    return z
+            for (p, t, sg), (q, _, _) in zip(rb.targets, rs.targets):  # each target from its own cut rows
+                tb, ts = _cut(rb, p), _cut(rs, q)
+                keep = [(i, j) for i, j in zip(pb, ps) if i < len(tb) and j < len(ts)]
+                _, cache = model.run_with_cache(torch.tensor([ts]), names_filter=[name])
+                for h in range(H):
+                    def patch(z, hook, h=h, src=cache[name]):
+                        for i, j in keep:
+                            z[0, i, h] = src[0, j, h]
+                        return z
 
-                want[h, rb.item] += _alone_score(model, rb, [(name, patch)])
+                    logp = model.run_with_hooks(torch.tensor([tb]), fwd_hooks=[(name, patch)])[0].log_softmax(-1)
+                    want[h, rb.item] += sg * float(logp[p, t])
     scale = float(want.abs().max())
     torch.testing.assert_close(got.cpu().float(), want, atol=1e-5 * scale, rtol=0)
     assert (want - c.clean_base.cpu().float()).abs().max() > 1e-3 * scale  # the patches move the scores
@@ -138,3 +187,17 @@ def test_generation_is_refused_with_the_reason(model):
     c = Contrast(model, base, source, "last", batch_size=3, clean=False)
     with pytest.raises(AnalysisError, match="bidirectional"):
         c.generate({Site.of("z", 0): torch.zeros(1, model.cfg.n_heads)}, 2)
+
+
+def test_a_kl_metric_reference_reads_no_answer(model):
+    """The reference log-probabilities a KL metric compares against: each item's next-token distribution at its first
+    scored position, from the row cut before the answer (by hand: `_cut`)."""
+    from surgeon.engine.readout import reference_logprobs
+
+    base, _ = _rows(model)
+    with torch.no_grad():
+        got = reference_logprobs(model, base, batch_size=3)
+        for r in base:
+            p = r.targets[0][0]
+            want = model(torch.tensor([_cut(r, p)]))[0, p].log_softmax(-1)
+            torch.testing.assert_close(got[r.item].cpu().float(), want.float(), atol=1e-4, rtol=1e-4)
