@@ -228,3 +228,50 @@ def one_evaluation_choice(args) -> None:
     if len(chosen) > 1:
         raise SurgeonError(f"{chosen[0]} and {chosen[1]} are two ways to choose the evaluation items", field=chosen[1],
                            fix="give one: --holdout FRAC, --eval-items N|FILE or --folds K")
+
+# what --eval-items takes, in the help of every command that has it
+EVAL_ITEMS = ("N fresh items from the case's draw (none equal to its own items), or the path of a case file whose "
+              "items fit the formats")
+
+
+def add_patching(p: argparse.ArgumentParser, components) -> None:
+    """The options of a patching command: layers, component, direction, failing format and items."""
+    add_common(p)
+    p.add_argument("--layers", help="layers to patch, e.g. 0,1,2 or 0-2 (default: the case's, else all)")
+    p.add_argument("--component", default="z", choices=list(components), help="what to patch (default: z)")
+    p.add_argument("--direction", default="denoise", choices=["denoise", "noise"],
+                   help="denoise: good format into the failing one (repair); noise: the reverse (default: denoise)")
+    add_items(p)
+    add_metric(p)
+
+
+def eval_items_check(args, case) -> None:
+    """--eval-items and --folds checked against the case before the model loads (fresh items drawn, a case file
+    read, the folds dealt)."""
+    if getattr(args, "eval_items", None) is not None:
+        from surgeon.analyses.heldout import eval_items_of
+
+        eval_items_of(case, args.eval_items, args.seed)
+    if getattr(args, "folds", None) is not None:
+        from surgeon.analyses.heldout import fold_items
+        from surgeon.case.select import pick_items
+
+        fold_items(pick_items(case, args.tag)[1], args.folds, args.seed)
+
+
+def int_list(text: str | None, field: str):
+    if text is None:
+        return None
+    try:
+        out = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise SurgeonError(f"cannot read {text!r}", field=field, fix="write e.g. 0,2,4") from None
+    if not out:  # an empty list would run on nothing and print "0 items"
+        raise SurgeonError(f"{text!r} names no item", field=field, fix="write e.g. 0,2,4, or leave it out")
+    return out
+
+
+def ig_steps_ignored(args, uses: bool) -> None:
+    """A warning (before anything loads) where --ig-steps was given to a method that ignores it."""
+    if "ig_steps" in getattr(args, "given", ()) and not uses:
+        warn(f"--ig-steps {args.ig_steps} is ignored: --method {args.method} does not integrate")

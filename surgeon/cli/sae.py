@@ -6,12 +6,21 @@ from pathlib import Path
 
 from surgeon.circuits.methods import FEATURE_METHODS
 from surgeon.cli import types as cli_types
+from surgeon.cli.common import (
+    add_common,
+    add_items,
+    add_memory,
+    load_case_and_model,
+    one_evaluation_choice,
+    parse_layers,
+    print_report,
+)
+from surgeon.cli.registry import command
 from surgeon.errors import SurgeonError
 
 
-def add_parser(sub, common, items) -> None:
-    p = sub.add_parser("sae", help="SAE features across formats (sae-lens): train, quality, overlap, amplified, "
-                                   "heads, repair")
+def _sae_options(p) -> None:
+    common, items = add_common, add_items
     ssub = p.add_subparsers(dest="action", required=True)
 
     def sae_opts(q, layers=True):
@@ -89,14 +98,9 @@ def add_heldout(q, chosen: str, measured: str) -> None:
                         "path of a case file whose items fit the formats")
 
 
-def add_feature_circuit(sub, common, items) -> None:
+def _feature_circuit_options(q) -> None:
     """`surgeon feature-circuit`: SAE features and error terms as the nodes of a circuit, per format."""
-    q = sub.add_parser("feature-circuit", help="the feature circuit (SAE features and each SAE's error term) of the "
-                                               "failing format and of the working one, their difference and the "
-                                               "repair it suggests")
-    common(q)
-    from surgeon.cli.common import add_memory
-
+    add_common(q)
     add_memory(q)
     q.add_argument("--sae-release", help="a sae-lens pretrained release (local HF cache only)")
     q.add_argument("--sae-id", help="the SAE id within the release; {layer} is replaced")
@@ -131,11 +135,12 @@ def add_feature_circuit(sub, common, items) -> None:
                    help="write the failing format's circuit; format from the suffix: .json .graphml .gexf .dot .tex "
                         ".svg .pdf .png")
     add_heldout(q, "find the circuits", "measure them")
-    items(q)
+    add_items(q)
 
 
+@command("feature-circuit", "the feature circuit (SAE features and each SAE's error term) of the failing format and "
+         "of the working one, their difference and the repair it suggests", _feature_circuit_options)
 def run_feature_circuit(args) -> int:
-    from surgeon.cli.common import load_case_and_model, parse_layers, print_report
 
     if "steps" in getattr(args, "given", ()) and not args.method.startswith("ig"):
         raise SurgeonError(f"--steps {args.steps} integrates, but --method {args.method} does not", field="--steps",
@@ -159,8 +164,6 @@ def run_feature_circuit(args) -> int:
         raise SurgeonError(f"{mib[0]}: a feature circuit has no EAP-IG / MIB form", field="--export",
                            fix="export .json, .graphml, .gexf, .dot, .tex, .svg, .pdf or .png")
     layers = parse_layers(args.layers)
-    from surgeon.cli.common import one_evaluation_choice
-
     one_evaluation_choice(args)
     held = args.holdout is not None or args.eval_items is not None
 
@@ -194,8 +197,9 @@ def _source(args, case):
     return SAESource.from_case(case, args.sae_release, args.sae_id, args.sae_dir)
 
 
+@command("sae", "SAE features across formats (sae-lens): train, quality, overlap, amplified, heads, repair",
+         _sae_options)
 def run(args) -> int:
-    from surgeon.cli.common import load_case_and_model, parse_layers, print_report
 
     def sae_first(case):  # the SAEs named and on disk, and a held-out split, before the model loads
         if args.action != "train":
@@ -204,8 +208,6 @@ def run(args) -> int:
             _source(args, case).check_available(layers)
         if getattr(args, "holdout", None) is not None or getattr(args, "eval_items", None) is not None:
             from surgeon.analyses.heldout import eval_split
-            from surgeon.cli.common import one_evaluation_choice
-
             one_evaluation_choice(args)
             eval_split(case, args.tag, args.holdout, args.seed, args.eval_items)
 
@@ -242,7 +244,6 @@ def run(args) -> int:
 def _quality(args, case, model, device, save) -> int:
     """`surgeon sae quality`: each SAE's L0, explained variance and the score shift when it replaces the
     activation."""
-    from surgeon.cli.common import parse_layers
     from surgeon.sae.load import load_sae
     from surgeon.sae.quality import measure, quality_text
     from surgeon.sae.train import collect_activations
@@ -269,7 +270,6 @@ def _train(args, case, model, device, report_fn) -> int:
     from surgeon import organisms
     from surgeon.models.loading import resolve
     from surgeon.results import check_out
-    from surgeon.cli.common import parse_layers
     from surgeon.sae.load import SAESource, load_sae, model_layers
     from surgeon.sae.quality import measure, quality_text
     from surgeon.sae.train import (

@@ -390,12 +390,11 @@ def test_a_checkpoint_that_asks_to_run_its_own_code_is_refused_even_when_answere
 
 def test_ig_steps_given_to_a_method_that_does_not_integrate_is_said(capsys, monkeypatch):
     """Said before anything loads (the model loader is not reached in this test)."""
-    import surgeon.cli.commands as commands
-
     def stop(args, **kwargs):
         raise SystemExit(0)
 
-    monkeypatch.setattr(commands, "load_case_and_model", stop)
+    for module in ("circuit", "patching"):  # where the circuit and attribute commands live
+        monkeypatch.setattr(f"surgeon.cli.{module}.load_case_and_model", stop)
     for argv, method in ((["circuit", "--method", "eap", "--ig-steps", "7"], "eap"),
                          (["attribute", "--ig-steps", "7"], "gradient")):
         with pytest.raises(SystemExit):
