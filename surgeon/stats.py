@@ -103,6 +103,14 @@ def bootstrap_fraction(patched: np.ndarray, base: np.ndarray, source: np.ndarray
     return value, lo, hi
 
 
+
+def fraction_estimate(scores: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> Estimate:
+    """One repair fraction as an `Estimate`: (mean scores - mean lo) / (mean hi - mean lo), with the bootstrap 95%
+    interval over items of `bootstrap_fraction` (scores, lo, hi: [n], the same items)."""
+    v, a, b = bootstrap_fraction(np.asarray(scores)[None], lo, hi)
+    return Estimate(float(v[0]), float(a[0]), float(b[0]), len(lo), "bootstrap")
+
+
 def scaled(e: Estimate, by: float) -> Estimate:
     """`e` divided by `by` (e.g. an effect over a gap): the interval stays ordered when `by` is negative."""
     if abs(by) <= 1e-12:

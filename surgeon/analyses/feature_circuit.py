@@ -54,7 +54,7 @@ from surgeon.show import Shows
 from surgeon.sites.features import FeatureSite
 from surgeon.sites.nodes import Site
 from surgeon.case.case import Case
-from surgeon.stats import Estimate, bootstrap_fraction, wilson
+from surgeon.stats import Estimate, fraction_estimate, wilson
 
 PROFILED = 24  # the first nodes of each circuit whose activations the result keeps (the report's hover)
 STRONGER = 2.0  # a node in both circuits differs when its attribution in one direction is this many times the other's
@@ -225,12 +225,6 @@ def run_nodes(contrast, sites, sets: Sequence[Sequence[int]], complement: bool =
         return contrast.run(_split(sites, flat, S)).double().cpu().numpy()
 
 
-def _frac(scores: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> Estimate:
-    """(mean scores - mean lo) / (mean hi - mean lo) with a bootstrap interval over items."""
-    v, a, b = bootstrap_fraction(scores[None], lo, hi)
-    return Estimate(float(v[0]), float(a[0]), float(b[0]), len(lo), "bootstrap")
-
-
 EXACT = {"joint": "each node patched at every aligned position at once",
          "per-position": "each node patched at one aligned position at a time, the effects summed (Marks et al.'s "
                          "_pe_exact, node effects summed over positions)"}
@@ -371,13 +365,13 @@ def one_direction(case: Case, model, sites, direction: str, *, method: str, step
         single = per_position_exact(contrast, sites, top, base)
     else:  # a node per position is patched at its one position either way
         single = run_nodes(contrast, sites, [[i] for i in top], S=S)
-    exact = {i: _frac(single[k], base, source) for k, i in enumerate(top)}
+    exact = {i: fraction_estimate(single[k], base, source) for k, i in enumerate(top)}
     # faithfulness: the run itself (nothing ablated) = 1, every node ablated (all patched) = 0
     everything = run_nodes(contrast, sites, [list(range(N))], S=S)[0]
     sizes = sorted({k for k in CURVE_SIZES if k < N} | {N})
     kept = run_nodes(contrast, sites, [order[:k] for k in sizes], complement=True, S=S)
     ablated = run_nodes(contrast, sites, [order[:k] for k in sizes], S=S)
-    curve = [(k, _frac(kept[j], everything, base).value, _frac(ablated[j], everything, base).value)
+    curve = [(k, fraction_estimate(kept[j], everything, base).value, fraction_estimate(ablated[j], everything, base).value)
              for j, k in enumerate(sizes)]
     effects = (per_example_effects(contrast, sites, method, steps)
                if threshold is not None and (threshold_over == "example" or edge_rule == "marks") else None)
@@ -402,7 +396,7 @@ def one_direction(case: Case, model, sites, direction: str, *, method: str, step
     total = float(np.abs(attr[circuit]).sum()) if circuit else 0.0
     err = float(sum(abs(attr[i]) for i in circuit if nodes[i].error)) / total if total > 0 else float("nan")
     d = Direction(direction, info["base"], info["source"], float(base.mean()), float(source.mean()), attr, exact, order,
-                  circuit, _frac(k_scores, everything, base), _frac(a_scores, everything, base), curve, err, search,
+                  circuit, fraction_estimate(k_scores, everything, base), fraction_estimate(a_scores, everything, base), curve, err, search,
                   edges, nonzero)
     return d, contrast, info, nodes, S
 
@@ -417,7 +411,7 @@ def circuit_edges(contrast, sites, nodes, circuit: Sequence[int], S: int | None,
     att = edge_attribution(contrast, sites, nodes, down=circuit, up=circuit, S=S, left_points=left_points, keep=keep)
     ranked = [e for e in sorted(att, key=lambda e: -abs(att[e])) if att[e] != 0.0]
     exact = verify_edges(contrast, sites, nodes, ranked[:verify], S) if verify else {}
-    return [Edge(u, d, att[(u, d)] / gap, _frac(exact[(u, d)], base, source) if (u, d) in exact else None)
+    return [Edge(u, d, att[(u, d)] / gap, fraction_estimate(exact[(u, d)], base, source) if (u, d) in exact else None)
             for u, d in ranked[:EDGES_KEPT]], len(ranked)
 
 
@@ -438,7 +432,7 @@ def _smallest(contrast, sites, order, everything, base, goal: float, N: int, S: 
     """The smallest k whose top-k prefix, kept with the rest ablated, has faithfulness >= goal (faithfulness is
     evaluated at each bisection step; N when no prefix reaches it)."""
     def faith(k: int) -> float:
-        return _frac(run_nodes(contrast, sites, [order[:k]], complement=True, S=S)[0], everything, base).value
+        return fraction_estimate(run_nodes(contrast, sites, [order[:k]], complement=True, S=S)[0], everything, base).value
 
     lo, hi = 0, N  # faith(N) = 1 by construction (nothing ablated)
     while hi - lo > 1:
@@ -492,7 +486,7 @@ def feature_circuit(case: Case, model, saes: dict, *, method: str = "ig", steps:
         patched = run_nodes(c_den, sites, [only_f + only_w], S=S)[0]
         right = c_den.metric.right_above
         repair = Repair(only_f + only_w, wilson(int((patched > right).sum()), len(patched)),
-                        _frac(patched, base, source), wilson(int((base > right).sum()), len(base)))
+                        fraction_estimate(patched, base, source), wilson(int((base > right).sum()), len(base)))
     else:
         repair = Repair([], None, None, None)
     src = sources or {}

@@ -31,9 +31,9 @@ from surgeon.show import Shows
 from surgeon.sites.edges import EdgeSite
 from surgeon.sites.features import FeatureSite
 from surgeon.sites.nodes import Site
-from surgeon.case.case import Case, Item, fresh_items, read_case, validate
+from surgeon.case.case import Case, Item, fresh_items, read_case, tag_indices, validate
 from surgeon.case.select import pick_items
-from surgeon.stats import Estimate, bootstrap_fraction, wilson
+from surgeon.stats import Estimate, fraction_estimate, wilson
 
 MIN_PER_SPLIT = 4  # fewer items on either side say nothing a reader could use
 
@@ -60,13 +60,6 @@ class Split:
                 "format on one side)")
 
 
-def _indices_by_tag(items: Sequence[Item]) -> dict[str, list[int]]:
-    by_tag: dict[str, list[int]] = {}
-    for i, it in enumerate(items):
-        by_tag.setdefault(it.tag, []).append(i)
-    return by_tag
-
-
 def evaluation_choice(holdout, eval_items, folds=None, *, default: float | None = None) -> float | None:
     """A Python call's held-out options checked and resolved, as every function reads them: `holdout`, `eval_items`
     and `folds` are three ways to choose the evaluation items (at most one is given); `holdout=0` holds none out (every
@@ -91,7 +84,7 @@ def split_items(items: Sequence[Item], holdout: float, seed: int = 0) -> Split:
     if not 0 < holdout < 1:
         raise AnalysisError(f"holdout {holdout} is not in (0, 1)", field="--holdout",
                             fix="the share of items held out for evaluation, e.g. 0.5")
-    by_tag = _indices_by_tag(items)
+    by_tag = tag_indices(items)
     rng = random.Random(seed)
     disc, ev = [], []
     for tag in sorted(by_tag):
@@ -202,9 +195,6 @@ class SubsetRunner:
                 out.append(self.contrast.run(masks).cpu().numpy())
         return np.concatenate(out) if out else np.zeros((0, self.contrast.n_items))
 
-    def right(self, scores):
-        return scores > self.contrast.metric.right_above
-
     def rates(self, subsets) -> list[SubsetRate]:
         """Each subset (a list of `Unit`s) patched: its rate of items right and repair fraction."""
         return _rates(self, subsets, self.scores(subsets))
@@ -231,7 +221,7 @@ def evaluate_subsets(case: Case, model, subsets: Sequence[str | Sequence[str]], 
 def _rates(run: SubsetRunner, units, scores) -> list[SubsetRate]:
     c = run.contrast
     base, good = float(c.clean_base.mean()), float(c.clean_source.mean())
-    right = run.right(scores)
+    right = run.contrast.metric.right(scores)
     out = []
     for p, us in enumerate(units):
         mean = float(scores[p].mean())
@@ -334,7 +324,7 @@ def _held_out_k_star(run: SubsetRunner, plan, found: ThresholdResult, t, rates: 
         if k not in held:
             fam = by_k[k]
             masks = [m for m in fam.masks if m in rates]  # the subsets the search evaluated
-            right = run.right(run.scores([members(m) for m in masks])) if masks else np.zeros((0, 1), bool)
+            right = run.contrast.metric.right(run.scores([members(m) for m in masks])) if masks else np.zeros((0, 1), bool)
             n_rep = int((right.mean(axis=1) >= item_rate - 1e-12).sum()) if masks else 0
             exact = fam.enumerated and len(masks) == len(fam.masks)
             held[k] = _share(n_rep, len(masks), exact)
@@ -501,9 +491,9 @@ def feature_circuit_heldout(case: Case, model, saes: dict, *, holdout: float = 0
         source = contrast.clean_source.double().cpu().numpy()
         verified = [(e.up, e.down, e.exact.value) for e in d.edges if e.exact is not None]
         again = verify_edges(contrast, sites, r.nodes, [(u, v) for u, v, _ in verified], S) if verified else {}
-        edges = [(u, v, x, _fraction(again[(u, v)], base, source)) for u, v, x in verified]
-        rows.append(HeldOutFeatureDirection(name, len(d.circuit), _fraction(kept, everything, base),
-                                            _fraction(ablated, everything, base), d.faithfulness, d.completeness,
+        edges = [(u, v, x, fraction_estimate(again[(u, v)], base, source)) for u, v, x in verified]
+        rows.append(HeldOutFeatureDirection(name, len(d.circuit), fraction_estimate(kept, everything, base),
+                                            fraction_estimate(ablated, everything, base), d.faithfulness, d.completeness,
                                             edges))
         if name == "denoise" and r.repair.nodes:
             patched = run_nodes(contrast, sites, [r.repair.nodes], S=S)[0]
@@ -558,15 +548,9 @@ def sae_repair_heldout(case: Case, model, sae, *, holdout: float = 0.5, seed: in
         scores = contrast.run({fs: mask}).double().cpu().numpy()
     base, source = contrast.clean_base.double().cpu().numpy(), contrast.clean_source.double().cpu().numpy()
     right = contrast.metric.right_above
-    rows = [HeldOutFeatures(tuple(js), d, _fraction(sc, base, source), wilson(int((sc > right).sum()), len(sc)))
+    rows = [HeldOutFeatures(tuple(js), d, fraction_estimate(sc, base, source), wilson(int((sc > right).sum()), len(sc)))
             for js, d, sc in zip(sets, disc_frac, scores)]
     return HeldOutFeatureRepair(case.name, split, r, rows, len(split.discovery), len(split.evaluation))
-
-
-def _fraction(scores: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> Estimate:
-    """(mean scores - mean lo) / (mean hi - mean lo), bootstrap 95% interval over items (as the feature circuit's)."""
-    v, a, b = bootstrap_fraction(scores[None], lo, hi)
-    return Estimate(float(v[0]), float(a[0]), float(b[0]), len(lo), "bootstrap")
 
 
 def _ranks(x: np.ndarray) -> np.ndarray:
@@ -586,7 +570,7 @@ def fold_items(items: Sequence[Item], folds: int, seed: int = 0) -> list[tuple[i
     if not isinstance(folds, int) or folds < 2:
         raise AnalysisError(f"--folds {folds!r}: cross-validation needs at least 2 folds", field="--folds",
                             fix="e.g. --folds 5")
-    by_tag = _indices_by_tag(items)
+    by_tag = tag_indices(items)
     rng = random.Random(seed)
     out: list[list[int]] = [[] for _ in range(folds)]
     start = 0

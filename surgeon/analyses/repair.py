@@ -31,6 +31,7 @@ import numpy as np
 from surgeon.analyses.common import case_metric
 from surgeon.analyses.generation import end_text, judge
 from surgeon.analyses.pareto import Baselines
+from surgeon.analyses.selection import Step, forward_selection, smallest_best
 from surgeon.analyses.heldout import (MIN_PER_SPLIT, Split, SubsetRunner, eval_items_of, eval_split, evaluate_subsets,
                                      split_items)
 from surgeon.engine.contrast import Contrast
@@ -43,7 +44,7 @@ from surgeon.repairs.site import ConstantSite
 from surgeon.search.subsets import Unit, parse_units
 from surgeon.show import Shows
 from surgeon.sites.nodes import Site, hook_component, unit_label
-from surgeon.case.case import Case, Item, content_digest
+from surgeon.case.case import Case, Item, by_tag, content_digest
 from surgeon.case.encoding import Row, prompt_rows
 from surgeon.case.metrics import METRICS
 from surgeon.case.select import pick_bad, pick_items
@@ -57,7 +58,7 @@ KINDS = {"z": "H", "mlp_out": "M", "attn_out": "A", "resid_pre": "R"}
 COMPONENT_OF = {k: c for c, k in KINDS.items()}
 STRENGTHS = {"mean": (1.0,), "steer": (0.5, 1.0, 2.0, 4.0)}  # what `search_repair` tries by default
 Q90_PER_MEAN = 5.0  # the default bound on the items' 90th-percentile KL, as a multiple of the bound on the mean
-ALIGNS = ("last", "end")  # align rules under which slot j is the position j tokens after the last prompt token
+SLOT_ALIGNS = ("last", "end")  # align rules under which slot j is the position j tokens after the last prompt token
 
 
 # ----------------------------------------------------------------------------------------------- building
@@ -106,7 +107,7 @@ def check_repairable(case: Case, mode: str, component: str, *, holdout=0.5, eval
     if component not in COMPONENTS:
         raise AnalysisError(f"a repair writes head outputs, not {component!r}", field="--component",
                             fix="use --component z")
-    if case.align not in ALIGNS:
+    if case.align not in SLOT_ALIGNS:
         raise AnalysisError(f"a repair acts at positions counted from the last prompt token, but the case aligns "
                             f"positions by {case.align!r}", where=case.source, field="align",
                             fix='set align="last" in the case (the last prompt token and the answer tokens)')
@@ -305,13 +306,13 @@ class Scorer:
     def rates(self, scores: np.ndarray) -> np.ndarray:
         return np.asarray(self.metric.right(scores)).mean(-1)
 
-    def right(self, scores: np.ndarray) -> Estimate:
+    def accuracy(self, scores: np.ndarray) -> Estimate:
         r = np.asarray(self.metric.right(scores))
         return wilson(int(r.sum()), int(r.size))
 
     @property
     def unrepaired(self) -> Estimate:
-        return self.right(self.c.clean_base.float().cpu().numpy())
+        return self.accuracy(self.c.clean_base.float().cpu().numpy())
 
 
 def per_item(x: np.ndarray, owner: np.ndarray, n: int) -> np.ndarray:
@@ -380,13 +381,6 @@ def repair_masks(repair: Repair, cfg, strength: float | None = None) -> dict:
         m = torch.zeros(1, site.n_units(cfg))
         m[0, list(repair.units.get(h, ()))] = a
         out[site] = m
-    return out
-
-
-def by_tag(items: Sequence[Item]) -> dict[str, list[Item]]:
-    out: dict[str, list[Item]] = {}
-    for it in items:
-        out.setdefault(it.tag, []).append(it)
     return out
 
 
@@ -603,7 +597,7 @@ def measure_repair(case: Case, model, repair: Repair, items: Sequence[Item], *, 
             s = Scorer(case, model, its, fmt, batch_size)
             mine = focus == "all" or tag == focus
             measure = "specificity" if fmt == case.good else ("efficacy" if mine else "generalization")
-            rows.append(RateRow(measure, fmt, tag or "all", s.right(s.run(masks)[0]), s.unrepaired))
+            rows.append(RateRow(measure, fmt, tag or "all", s.accuracy(s.run(masks)[0]), s.unrepaired))
     if paired and all(hook_component(h).name == "z" for h in repair.values):  # a paired patch of heads only
         for fmt in bads:
             its = list(items) if focus == "all" else tags.get(focus, [])
@@ -697,7 +691,7 @@ def _discovery_rows(case, model, repair, items, focus, bads, batch_size) -> list
     out = []
     for fmt in bads:
         s = Scorer(case, model, items, fmt, batch_size)
-        out.append(RateRow("efficacy", fmt, focus, s.right(s.run(masks)[0]), s.unrepaired))
+        out.append(RateRow("efficacy", fmt, focus, s.accuracy(s.run(masks)[0]), s.unrepaired))
     return out
 
 
@@ -730,19 +724,11 @@ def search_repair(case: Case, model, *, heads: str | Sequence[str] | None = None
     others = [(f, t, Scorer(case, model, its, f, batch_size)) for f in [*bads, case.good]
               for t, its in by_tag(disc).items() if focus != "all" and t != focus]
     floors = [s.unrepaired.value - max_drop for _, _, s in others]
-    chosen: list[Unit] = []
-    cur = (float(np.mean([s.unrepaired.value for s in focus_scorers])),
-           float(np.mean([s.c.clean_base.float().mean().item() for s in focus_scorers])))
-    path, steps = [], []  # path: (units, strength, rate) after each accepted step
-    bar = None
-    if progress:
-        from tqdm.auto import tqdm
+    start = (float(np.mean([s.unrepaired.value for s in focus_scorers])),
+             float(np.mean([s.c.clean_base.float().mean().item() for s in focus_scorers])))
+    kls = []  # each step's candidates' KL (mean, 90th percentile), for the record
 
-        bar = tqdm(total=max_heads, desc="repair search", unit="head", leave=False)
-    while len(chosen) < max_heads:
-        cand = [(chosen + [u], a) for u in pool_units if u not in chosen for a in strengths]
-        if not cand:
-            break
+    def score(cand):  # the failing formats' rate and mean score; admissible: within every side-effect bound
         masks = _site_masks(sites, cand, model.cfg)
         scores = [s.run(masks) for s in focus_scorers]
         rate = np.mean([s.rates(x) for s, x in zip(focus_scorers, scores)], axis=0)  # [P]
@@ -752,34 +738,24 @@ def search_repair(case: Case, model, *, heads: str | Sequence[str] | None = None
         ok = (kl <= max_kl) & (kl_q <= max_kl_q90)
         for (_, _, s), floor in zip(others, floors):
             ok &= s.rates(s.run(masks)) >= floor - 1e-12
-        idx = np.flatnonzero(ok)
-        if not len(idx):
-            steps.append({"k": len(chosen) + 1, "stopped": "every candidate breaks a side-effect bound",
-                          "admissible": 0, "candidates": len(cand)})
-            break
-        p = int(idx[np.lexsort((-mean[idx], -rate[idx]))[0]])  # the highest rate; among those the highest mean score
-        if (rate[p], mean[p]) <= cur:
-            steps.append({"k": len(chosen) + 1, "stopped": "no admissible head raises the rate or the mean score",
-                          "admissible": int(ok.sum()), "candidates": len(cand)})
-            break
-        chosen, cur = cand[p][0], (float(rate[p]), float(mean[p]))
-        path.append((chosen, cand[p][1], float(rate[p])))
-        steps.append({"k": len(chosen), "added": unit_name(chosen[-1]), "unit": [chosen[-1].layer, chosen[-1].head,
-                                                                               chosen[-1].kind],
-                      "strength": cand[p][1],
-                      "discovery_rate": float(rate[p]), "discovery_mean_score": float(mean[p]),
-                      "discovery_kl_good": float(kl[p]), "discovery_kl_good_q90": float(kl_q[p]), "admissible": int(ok.sum()), "candidates": len(cand)})
-        if bar is not None:
-            bar.update(1)
+        kls.append((kl, kl_q))
+        return rate, mean, ok
+
+    bar = None
+    if progress:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=max_heads, desc="repair search", unit="head", leave=False)
+    path = forward_selection(pool_units, max_heads, score, start, strengths, bar)
     if bar is not None:
         bar.close()
-    if not path:
+    steps = [_step_record(st, kl, kl_q) for st, (kl, kl_q) in zip(path, kls)]
+    best = smallest_best(path)
+    if best is None:
         raise AnalysisError(f"no head of the pool raises the discovery items' repair within the bounds (good-format KL "
                             f"<= {max_kl:g} nats, other tags' accuracy no more than {max_drop:g} below unrepaired)",
                             field="--max-kl", fix="loosen --max-kl or --max-drop, widen --heads, or try --mode steer")
-    top = max(r for _, _, r in path)
-    k = next(i for i, (_, _, r) in enumerate(path) if r == top)  # the smallest set that reaches the best rate
-    chosen, best_strength = path[k][0], path[k][1]
+    chosen, best_strength = list(best.chosen), best.option  # the smallest set that reaches the best rate
     for st in steps:
         st["chosen"] = st.get("k") == len(chosen) and "added" in st
     repair = pool.repair(chosen, best_strength, _built_on(case, model, split, focus, len(disc_focus), pool, disc))
@@ -814,7 +790,7 @@ def measure_saved(case: Case, model, repair: Repair, *, bad: str | None = None, 
     that list, measured on its own case, is measured on its own held-out split (`built_on["split"]`). `any_model`: on
     weights other than those it was built on, on purpose (refused otherwise)."""
     check_fits(repair, model, any_model)
-    if case.align not in ALIGNS:
+    if case.align not in SLOT_ALIGNS:
         raise AnalysisError(f"a repair acts at positions counted from the last prompt token, but the case aligns "
                             f"positions by {case.align!r}", where=case.source, field="align",
                             fix='set align="last" in the case')
@@ -857,31 +833,36 @@ def measure_saved(case: Case, model, repair: Repair, *, bad: str | None = None, 
 
 def best_paired(case: Case, model, items: Sequence[Item], pool: Sequence[Unit], bads: Sequence[str], max_heads: int,
                 batch_size: int) -> list[Unit]:
-    """The head set a paired diagnosis would pick from `pool`: greedy forward selection of the failing formats' mean
-    paired repair rate on `items` (ties: the higher mean repair fraction), no side-effect bound, up to `max_heads`;
-    the smallest set on the path reaching its best rate."""
-    chosen: list[Unit] = []
-    path: list[tuple[list[Unit], float]] = []
-    cur = (-1.0, -np.inf)
+    """The head set a paired diagnosis would pick from `pool`: greedy forward selection (`selection`) of the failing
+    formats' mean paired repair rate on `items` (ties: the higher mean repair fraction), no side-effect bound, up to
+    `max_heads`; the smallest set on the path reaching its best rate."""
     sub = replace(case, items=list(items), focus=None)
     # one Contrast per failing format (its clean runs once), every step's candidates a batch of masks on it
     runners = [SubsetRunner(sub, model, [u.layer for u in pool], bad=f, batch_size=batch_size) for f in bads]
-    while len(chosen) < max_heads:
-        cand = [chosen + [u] for u in pool if u not in chosen]
-        if not cand:
-            break
-        got = [run.rates(cand) for run in runners]
+
+    def score(cand):
+        got = [run.rates([c for c, _ in cand]) for run in runners]
         rate = np.mean([[r.rate.value for r in g] for g in got], axis=0)
         frac = np.nan_to_num(np.mean([[r.repair_fraction for r in g] for g in got], axis=0), nan=-np.inf)
-        p = int(np.lexsort((-frac, -rate))[0])
-        if (rate[p], frac[p]) <= cur:
-            break
-        chosen, cur = cand[p], (float(rate[p]), float(frac[p]))
-        path.append((chosen, float(rate[p])))
-    if not path:
-        return []
-    top = max(r for _, r in path)
-    return next(c for c, r in path if r == top)
+        return rate, frac, np.ones(len(cand), bool)
+
+    best = smallest_best(forward_selection(pool, max_heads, score, (-1.0, -np.inf)))
+    return [] if best is None else list(best.chosen)
+
+
+def _step_record(st: Step, kl: np.ndarray, kl_q: np.ndarray) -> dict:
+    """A step of the repair search as its result records it."""
+    if st.index is None:
+        return {"k": st.k, "stopped": STOPPED[st.stopped], "admissible": st.admissible, "candidates": st.candidates}
+    u = st.chosen[-1]
+    return {"k": st.k, "added": unit_name(u), "unit": [u.layer, u.head, u.kind], "strength": st.option,
+            "discovery_rate": st.primary, "discovery_mean_score": st.secondary,
+            "discovery_kl_good": float(kl[st.index]), "discovery_kl_good_q90": float(kl_q[st.index]),
+            "admissible": st.admissible, "candidates": st.candidates}
+
+
+STOPPED = {"none admissible": "every candidate breaks a side-effect bound",
+           "no gain": "no admissible head raises the rate or the mean score"}
 
 
 def _compare(case, model, ev, focus, bads, held, shifts, repair, chosen_by, batch_size) -> list[CompareRow]:

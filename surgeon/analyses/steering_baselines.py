@@ -32,13 +32,13 @@ from typing import Sequence
 import numpy as np
 
 from surgeon.analyses.pareto import BaselinePoint, Baselines, front, key
-from surgeon.analyses.repair import KINDS, MODES, RepairResult, Scorer, build_pool, by_tag, setup_split, unit_name
+from surgeon.analyses.repair import KINDS, MODES, RepairResult, Scorer, build_pool, setup_split, unit_name
 from surgeon.engine.contrast import Contrast
 from surgeon.errors import AnalysisError
 from surgeon.repairs.site import ConstantSite
 from surgeon.search.subsets import Unit
 from surgeon.sites.nodes import Site
-from surgeon.case.case import Case, Item
+from surgeon.case.case import Case, Item, by_tag
 from surgeon.case.encoding import prepend_bos, prompt_rows
 from surgeon.stats import bootstrap_mean, wilson
 

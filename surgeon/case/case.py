@@ -165,6 +165,20 @@ class Case:
 REQUIRED = ("name", "formats", "good", "bad", "items")  # `model` too, unless one is given to the analyses
 
 
+def tag_indices(items: Sequence[Item]) -> dict[str, list[int]]:
+    """The indices of `items` per tag, tags in the order they first appear (the one grouping every split and measure
+    by tag uses; `by_tag` gives the items themselves)."""
+    out: dict[str, list[int]] = {}
+    for i, it in enumerate(items):
+        out.setdefault(it.tag, []).append(i)
+    return out
+
+
+def by_tag(items: Sequence[Item]) -> dict[str, list[Item]]:
+    """`items` per tag, tags in the order they first appear (`tag_indices`)."""
+    return {t: [items[i] for i in idx] for t, idx in tag_indices(items).items()}
+
+
 def placeholders(fmt: Format) -> set[str]:
     text = fmt.user if isinstance(fmt, Chat) else fmt
     try:
