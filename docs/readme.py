@@ -295,6 +295,13 @@ def scan_line() -> None:
         f"{100 * f:.0f}%), written as a case file by `--write-case` ([scan](docs/scan.md)).")
 
 
+def case_rules() -> None:
+    """docs/errors.md's table of the case rules, from the rules themselves (`surgeon.case.reading.RULES`)."""
+    from surgeon.case.reading import rules_table
+
+    out(rules_table())
+
+
 def out(text: str) -> None:
     """Write generated text (a sentence whose numbers come from RESULTS); kept as is in a check of a slow block."""
     _cog().outl(text)

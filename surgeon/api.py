@@ -57,8 +57,8 @@ from surgeon.analyses.heldout import (
     threshold_heldout,
 )
 from surgeon.analyses.heldout import evaluate_subsets as evaluate_named
+from surgeon.analyses.scan import check_scan_options, scan_formats, write_found
 from surgeon.analyses.scan import BUDGET as SCAN_BUDGET
-from surgeon.analyses.scan import ScanResult, check_scan_options, scan_formats, write_found
 from surgeon.case.grammar import check_scan
 from surgeon.case.writer import check_write_target
 from surgeon.analyses.sink_interventions import SinkInterventionResult
@@ -99,7 +99,8 @@ from surgeon.show import VIEWS, view_of
 from surgeon.sites.ablations import ABLATIONS
 from surgeon.errors import AnalysisError, CaseError, SurgeonError, warn
 from surgeon.version import __version__
-from surgeon.case.case import Case, case_metric_of, content_digest, validate
+from surgeon.case.case import Case, case_metric_of, content_digest
+from surgeon.case.reading import validate
 
 __all__ = ["diagnose", "scan", "encode", "dla", "attention", "patch", "patch_positions", "attribute", "threshold",
            "evaluate_subsets", "repair", "apply", "sinks", "blend", "circuit",

@@ -31,7 +31,8 @@ from surgeon.show import Shows
 from surgeon.sites.edges import EdgeSite
 from surgeon.sites.features import FeatureSite
 from surgeon.sites.nodes import Site
-from surgeon.case.case import Case, Item, fresh_items, read_case, tag_indices, validate
+from surgeon.case.case import Case, Item, tag_indices
+from surgeon.case.reading import fresh_items, read_case, validate
 from surgeon.case.select import pick_items
 from surgeon.stats import Estimate, fraction_estimate, wilson
 

@@ -10,7 +10,8 @@ import os
 from pathlib import Path
 from typing import Mapping
 
-from surgeon.case.case import Case, Chat, Format, read_case
+from surgeon.case.case import Case, Chat, Format
+from surgeon.case.reading import read_case
 from surgeon.errors import CaseError
 from surgeon.results import atomic_text
 

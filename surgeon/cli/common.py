@@ -10,7 +10,7 @@ from surgeon.errors import SurgeonError, did_you_mean, warn
 from surgeon.models.devices import device_of
 from surgeon.models.loading import resolve, shape
 from surgeon.search.subsets import BUILTIN_GROUPS, parse_units
-from surgeon.case.case import read_case
+from surgeon.case.reading import read_case
 from surgeon.case.select import pick_bad, pick_items
 from surgeon.case.shipped import DEFAULT_CASE, shipped_case
 

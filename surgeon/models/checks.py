@@ -19,7 +19,8 @@ from surgeon.models.loading import (
     tl_config,
 )
 from surgeon.sites.nodes import COMPONENTS
-from surgeon.case.case import Case, Chat, origin, read_case
+from surgeon.case.case import Case, Chat, origin
+from surgeon.case.reading import read_case
 from surgeon.case.shipped import CASES_DIR
 
 

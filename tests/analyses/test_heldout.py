@@ -222,7 +222,7 @@ def test_the_command_line_finds_a_circuit_held_out(capsys, tmp_path):
 def test_fresh_items_from_the_cases_draw_are_new_checked_and_in_proportion():
     """Issue 51, item 1: the organisms' cases draw fresh items from their test splits; none equals one of the case's,
     the tags keep the draw's proportions, the same seed gives the same items, and a case without a draw is refused."""
-    from surgeon.case.case import fresh_items
+    from surgeon.case.reading import fresh_items
 
     case = _case()
     have = {(tuple(sorted(it.values.items())), it.correct, it.incorrect) for it in case.items}

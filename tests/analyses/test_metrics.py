@@ -13,7 +13,7 @@ import torch
 import surgeon
 from surgeon import Item
 from surgeon.errors import CaseError
-from surgeon.case.case import validate
+from surgeon.case.reading import validate
 
 LAYER = 1
 

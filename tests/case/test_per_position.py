@@ -192,7 +192,7 @@ def test_direct_logit_attribution_combines_positions_as_the_score_does(seq_case,
 def test_per_position_items_are_checked_without_a_model(change, field, words):
     base = dict(values={"a": "abc"}, correct=["b", "c"], incorrect=["x", "y"])
     case = Case(name="t", formats={"p": "{a}", "q": "Q{a}"}, good="p", bad="q", items=[Item(**{**base, **change})])
-    from surgeon.case.case import validate
+    from surgeon.case.reading import validate
 
     with pytest.raises(CaseError) as e:
         validate(case)
@@ -200,7 +200,7 @@ def test_per_position_items_are_checked_without_a_model(change, field, words):
 
 
 def test_what_cannot_combine_over_positions_is_refused():
-    from surgeon.case.case import validate
+    from surgeon.case.reading import validate
 
     it = Item({"a": "abc"}, correct=["b", "c"], incorrect=["x", "y"])
     case = Case(name="t", formats={"p": "{a}", "q": "Q{a}"}, good="p", bad="q", items=[it])
