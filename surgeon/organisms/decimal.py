@@ -95,13 +95,21 @@ def pairs(kind: Kind, split: Split, n: int, seed: int = 0) -> list[Pair]:
         return []
     rng = random.Random(f"decimal-{kind}-{split}-{seed}")
     out: dict[tuple[str, str], Pair] = {}
+    since = 0  # draws since the last new pair: past SATURATED x the pairs found, the split has no more to give
     for _ in range(200 * n):
         p = sample_pair(rng, kind)
-        if p.split == split:
-            out.setdefault((p.a, p.b), p)
+        since += 1
+        if p.split == split and (p.a, p.b) not in out:
+            out[(p.a, p.b)] = p
+            since = 0
             if len(out) == n:
                 return list(out.values())
-    raise ValueError(f"could not draw {n} distinct {kind} pairs from the {split} split")
+        if since > SATURATED * (len(out) + 100):
+            break
+    raise ValueError(f"could not draw {n} distinct {kind} pairs from the {split} split (it holds about {len(out)})")
+
+
+SATURATED = 50  # a split whose last 50 x (pairs found + 100) draws were all repeats or the other split's is spent
 
 
 TRAIN_MIX: tuple[tuple[Kind, float], ...] = (("trap", 0.4), ("same_int", 0.3), ("diff_int", 0.3))

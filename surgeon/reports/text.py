@@ -759,6 +759,11 @@ def _exact_words(r) -> str:
     return EXACT[getattr(r, "exact", "joint")]
 
 
+# above this share of a feature circuit's attribution on error nodes, the SAEs are said to explain little: SAEs that fit
+# their activations leave 0-5% there on the shipped organisms; an SAE of the next layer saved under another's name, 31%
+ERROR_SHARE_WARN = 0.2
+
+
 def feature_circuit_text(r, top: int = 12) -> str:
     saes = ", ".join(f"{h} ({d})" for h, _, d in r.saes)
     meth = {"ig": f"integrated gradients over the feature mask ({r.steps} midpoints, one SAE at a time)",
@@ -792,6 +797,10 @@ def feature_circuit_text(r, top: int = 12) -> str:
                   f"faithfulness {d.faithfulness} · completeness {d.completeness}",
                   f"  chosen as {d.search}",
                   "  top nodes:  attribution  exact [95% CI]"]
+        if d.error_share > ERROR_SHARE_WARN:
+            lines.insert(-2, f"  WARNING: error nodes carry {d.error_share:.0%} of the circuit's attribution: the SAEs "
+                             "leave much of these activations unexplained (an SAE of another layer or model reads "
+                             "this way; `surgeon sae quality` measures each SAE's reconstruction on the case)")
         for i in d.order[:top]:
             e = d.exact.get(int(i))
             lines.append(f"    {r.nodes[i].name:32s} {d.attribution[i]:+.3f}   "

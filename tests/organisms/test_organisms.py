@@ -222,3 +222,25 @@ def test_decimal_items_of_one_tag_only():
     assert len(traps) == 8 and {it.tag for it in traps} == {"trap"}
     assert {it.tag for it in decimal.held_out_items(0, 6, seed=3)} == {"control"}
     assert decimal.pairs("trap", "test", 0) == []
+
+
+def test_decimal_draws_refuse_more_pairs_than_a_split_holds_without_trying_for_minutes():
+    """`--eval-items 100000` on the decimal case asks for 50,000 trap pairs of the test split, which holds about
+    3,300: refused once the split stops giving new pairs (it tried 200 x n draws before), and every draw that can
+    be met is the one the plain loop, written here, gives."""
+    import random
+
+    from surgeon.organisms import decimal as D
+
+    def plain(kind, split, n, seed):
+        rng, out = random.Random(f"decimal-{kind}-{split}-{seed}"), {}
+        while len(out) < n:
+            p = D.sample_pair(rng, kind)
+            if p.split == split:
+                out.setdefault((p.a, p.b), p)
+        return list(out.values())
+
+    with pytest.raises(ValueError, match=r"could not draw 50000 distinct trap pairs from the test split \(it holds"):
+        D.pairs("trap", "test", 50000)
+    for kind, split, n in (("trap", "test", 3000), ("same_int", "train", 700), ("diff_int", "test", 400)):
+        assert D.pairs(kind, split, n, seed=5) == plain(kind, split, n, 5)

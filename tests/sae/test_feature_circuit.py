@@ -350,3 +350,21 @@ def test_sae_repair_features_chosen_on_discovery_items_patched_on_held_out_ones(
     assert main(["sae", "repair", "--layer", "0", "--top", "2", "--budget", "10", "--holdout", "0.5"]) == 0
     out = capsys.readouterr().out
     assert "held-out repair fraction" in out and "in-sample" in out
+
+
+@pytest.mark.slow
+def test_an_sae_of_another_layer_is_said_by_its_error_share(decimal_case, decimal_model):
+    """The layer-2 SAE saved under layer 1's name (its cfg edited to read blocks.1.hook_mlp_out, so nothing in the
+    files tells): its error nodes carry over a fifth of the circuit's attribution and the text warns; the layer-1
+    SAE's carry under a tenth, with no warning."""
+    from surgeon.analyses.feature_circuit import feature_circuit
+    from surgeon.reports.text import ERROR_SHARE_WARN, feature_circuit_text
+    from tests.sae.test_sae import shipped
+
+    wrong = shipped("decimal", 2)
+    wrong.cfg.metadata.hook_name = "blocks.1.hook_mlp_out"
+    for sae, says in ((shipped("decimal", 1), False), (wrong, True)):
+        r = feature_circuit(decimal_case, decimal_model, {1: sae}, method="gradient", verify=2)
+        shares = [d.error_share for d in r.directions.values()]
+        assert all(s > ERROR_SHARE_WARN for s in shares) if says else all(s < 0.1 for s in shares)
+        assert ("WARNING: error nodes carry" in feature_circuit_text(r)) == says
