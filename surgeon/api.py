@@ -57,7 +57,7 @@ from surgeon.analyses.heldout import (
     threshold_heldout,
 )
 from surgeon.analyses.heldout import evaluate_subsets as evaluate_named
-from surgeon.analyses.scan import check_scan_options, scan_formats, write_found
+from surgeon.analyses.scan import ScanResult, check_scan_options, scan_formats, write_found
 from surgeon.analyses.scan import BUDGET as SCAN_BUDGET
 from surgeon.case.grammar import check_scan
 from surgeon.case.writer import check_write_target
@@ -750,7 +750,7 @@ RESULT_TYPES = {cls.__name__: cls for cls in (Diagnosis, LogitAttributionResult,
                                                 ThresholdResult, HeldOutThreshold, HeldOutCircuit, HeldOutPatch, HeldOutFeatureCircuit, HeldOutFeatureRepair, BlendResult, CircuitResult, AttentionResult,
                                                 OverlapResult, AmplifiedResult, HeadFeatureResult, FeatureRepairResult,
                                                 FeatureCircuitResult, RepairResult, FoldsThreshold,
-                                                FoldsCircuit, SinkResult, SinkInterventionResult)}
+                                                FoldsCircuit, SinkResult, SinkInterventionResult, ScanResult)}
 
 
 def _step_result(type_name: str, folder: Path):
@@ -875,7 +875,10 @@ def report(case, model=None, *, out: str | Path | None = None, steps: Sequence[s
     if "repair" in steps and holdout is None and eval_items is None:
         raise AnalysisError("the repair step measures the repair on items it was not built on; holdout=0 holds none "
                             "out", field="holdout", fix="give holdout=FRAC or eval_items, or leave the repair step out")
-    if {"threshold", "circuit", "repair"} & set(steps) and (holdout or eval_items is not None):  # before weights load
+    if "scan" in steps:  # the case's scan= parts, before the weights load
+        c = read(case, model)
+        check_scan(c.scan, c.source)
+    if {"threshold", "circuit", "repair", "scan"} & set(steps) and (holdout or eval_items is not None):  # before weights load
         eval_split(read(case, model), tag, holdout, seed, eval_items)
     if "repair" in steps:  # a case the repair step cannot run on is refused before any step runs, not after them
         check_repairable(read(case, model), "mean", "z", holdout=holdout, eval_items=eval_items)

@@ -32,6 +32,8 @@ from surgeon.analyses.logit_attribution import logit_attribution
 from surgeon.analyses.patching import patch_heads
 from surgeon.analyses.positions import patch_positions
 from surgeon.analyses.repair import search_repair
+from surgeon.analyses.scan import BUDGET as SCAN_BUDGET
+from surgeon.analyses.scan import scan_formats
 from surgeon.analyses.steering_baselines import compare_baselines
 from surgeon.analyses.sae_features import amplified, overlap
 from surgeon.analyses.sae_heads import head_feature_effects
@@ -47,7 +49,7 @@ from surgeon.case.case import Case, content_digest
 
 STEPS = ("diagnose", "dla", "patch", "positions", "threshold", "blend", "circuit", "attention", "sinks", "sae")
 # steps a report runs only when asked (--steps ...,repair): the repair search adds a minute on the decimal organism
-OPTIONAL_STEPS = ("repair",)
+OPTIONAL_STEPS = ("scan", "repair")
 ATTENTION_HEADS = 4  # the circuit's heads whose patterns the report shows
 
 
@@ -142,6 +144,11 @@ def run_report(case: Case, model, *, steps=STEPS, layer: int | None = None, budg
     # how the selecting steps split the items (in their options: a stored step is reused only for the same split)
     split = ({"holdout": holdout if eval_items is None else None, "split_seed": seed,
               "eval_items": _eval_key(case, eval_items, seed)} if held else {"holdout": None})
+    if "scan" in steps:  # where the model fails and which part of the format causes it, chosen and measured held out
+        opts = {"budget": SCAN_BUDGET, "seed": seed, "tag": tag, **split}
+        step("scan", opts, lambda: scan_formats(case, model, tag=tag, holdout=holdout if held and eval_items is None
+                                                else None, eval_items=eval_items, seed=seed, batch_size=batch_size,
+                                                progress=progress))
     if "diagnose" in steps:
         step("diagnose", {"batch_size": batch_size}, lambda: diagnose(case, model, batch_size=batch_size,
                                                                       progress=progress))

@@ -76,6 +76,27 @@ class PartEffect:
         return self.p_holm < ALPHA
 
 
+@dataclass(frozen=True)
+class PartInteraction:
+    """Two options of different parts together: (the accuracy of formats with both - with the first alone) - (with
+    the second alone - with neither), the difference in differences over the 2 x 2 cells of formats, paired over
+    items. Holm's correction runs over every pair tested, a family apart from the main effects."""
+
+    part_a: str
+    option_a: str
+    part_b: str
+    option_b: str
+    discovery: Estimate
+    p: float
+    p_holm: float
+    held_out: Estimate | None = None
+    p_held_out: float | None = None
+
+    @property
+    def chosen(self) -> bool:
+        return self.p_holm < ALPHA
+
+
 @dataclass
 class ScanResult(Shows):
     case: str
@@ -96,6 +117,22 @@ class ScanResult(Shows):
     in_sample: bool = False
     written: str | None = None  # the case file written (`write_case`)
     execution: dict = field(default_factory=dict)
+    interactions: tuple[PartInteraction, ...] = ()  # pairs of options of two parts, where all four cells have formats
+
+    def __post_init__(self):
+        """A result read back from JSON (`surgeon.load`, a report's reused step): the pair's estimates and chat
+        formats as the objects they were."""
+        p = self.pair
+        if not p:
+            return
+        for k in ("discovery", "held_out"):
+            if isinstance(p.get(k), dict):
+                p[k] = {w: Estimate(**{f: e[f] for f in ("value", "lo", "hi", "n", "method") if f in e})
+                        if isinstance(e, dict) else e for w, e in p[k].items()}
+        for k in ("works_format", "fails_format"):
+            t = p.get(k)
+            if isinstance(t, dict) and "user" in t:
+                p[k] = Chat(t["user"], t.get("system"))
 
     @property
     def worst(self) -> FormatScore:
@@ -170,6 +207,21 @@ class _Scorer:
     def n_tokens(self, f: Composed, item_ids: Sequence[int]) -> float:
         k = self.key(f.template)
         return float(np.mean([self.lengths[(k, i)] for i in item_ids]))
+
+
+def _interaction(right: np.ndarray, choices: Sequence[dict], a: tuple[str, str], b: tuple[str, str], seed: int):
+    """The difference in differences of accuracy between options `a` and `b` (each (part, option)) over formats
+    (rows of `right` [formats, items], their parts in `choices`), paired over items: the cells with both, `a` alone,
+    `b` alone and neither, each a mean over its formats; (None, 1.0) where a cell has no format."""
+    wa = np.array([c.get(a[0]) == a[1] for c in choices])
+    wb = np.array([c.get(b[0]) == b[1] for c in choices])
+    cells = [wa & wb, wa & ~wb, ~wa & wb, ~wa & ~wb]
+    if not all(c.any() for c in cells):
+        return None, 1.0
+    means = [right[c].mean(0) for c in cells]  # [items] each
+    per_item = (means[0] - means[1]) - (means[2] - means[3])
+    # paired_difference of [per_item; 0] with the first row "with": the same percentile bootstrap over items
+    return paired_difference(np.stack([per_item, np.zeros_like(per_item)]), np.array([True, False]), seed=seed)
 
 
 def _summary(scorer: _Scorer, f: Composed, s: np.ndarray, item_ids, rung: int = 0) -> FormatScore:
@@ -282,6 +334,13 @@ def scan_formats(case: Case, model, *, grammar: Grammar | None = None, budget: i
         effects_d.append(est)
         ps.append(pv)
     adj = holm(np.array(ps)) if ps else np.array([])
+    pairs_t = [(a, b) for i, a in enumerate(tests) for b in tests[i + 1:] if a[0] != b[0]]
+    inter_d, ips = [], []
+    for k, (a, b) in enumerate(pairs_t):
+        est, pv = _interaction(right0, [formats[f].choice for f in rung0], a, b, seed + 5000 + k)
+        inter_d.append(est)
+        ips.append(pv)
+    iadj = holm(np.array(ips)) if ips else np.array([])
 
     # ----------------------------------------------------------------------------------------- minimal pair
     pair_d = _minimal_pair(formats, rung0, right0, scorer, d_order[:n0], g)
@@ -312,6 +371,14 @@ def scan_formats(case: Case, model, *, grammar: Grammar | None = None, budget: i
             if w.any() and not w.all():
                 he, hp = paired_difference(right_e, w, seed=seed + 1000 + k)
         effects.append(PartEffect(p, o, est, float(ps[k]), float(adj[k]), he, hp))
+    interactions = []
+    for k, ((a, b), est) in enumerate(zip(pairs_t, inter_d)):
+        if est is None:
+            continue
+        he, hp = None, None
+        if not in_sample:
+            he, hp = _interaction(right_e, [formats[f].choice for f in pool], a, b, seed + 9000 + k)
+        interactions.append(PartInteraction(a[0], a[1], b[0], b[1], est, float(ips[k]), float(iadj[k]), he, hp))
     pair = None
     if pair_d:
         pair = dict(pair_d)
@@ -342,7 +409,7 @@ def scan_formats(case: Case, model, *, grammar: Grammar | None = None, budget: i
                  "sharing a long prefix (few-shot examples, an instruction, a chat template) batched together and "
                  "the prefix run once per batch (positions_run: the token positions run; positions_whole: those of "
                  "the distinct prompts run whole)"},
-        in_sample)
+        in_sample, interactions=tuple(interactions))
 
 
 def _minimal_pair(formats: Sequence[Composed], ids: Sequence[int], right: np.ndarray, scorer: _Scorer, items,

@@ -17,14 +17,15 @@ from surgeon.errors import SurgeonError
 
 REPORT_STEPS = ("diagnose", "dla", "patch", "positions", "threshold", "blend", "circuit", "attention", "sinks",
                 "sae")  # = analyses.pipeline.STEPS (a test checks)
-REPORT_OPTIONAL = ("repair",)  # = analyses.pipeline.OPTIONAL_STEPS: run only when --steps names them
+REPORT_OPTIONAL = ("scan", "repair")  # = analyses.pipeline.OPTIONAL_STEPS: run only when --steps names them
 
 def _report_options(p) -> None:
     add_common(p, out_help="where the page (report.html), each step's results and the figures go (default: "
                            "out/report-CASE under the current directory)")
     p.add_argument("--steps", default=",".join(REPORT_STEPS),
-                   help=f"steps to run, in order (default: {','.join(REPORT_STEPS)}; also: {','.join(REPORT_OPTIONAL)}, a "
-                        "repair that needs the failing prompt alone, chosen and measured on held-out items)")
+                   help=f"steps to run, in order (default: {','.join(REPORT_STEPS)}; also: scan, where the model fails and which "
+                        "part of the format causes it, and repair, a repair that needs the failing prompt alone, each "
+                        "chosen and measured on held-out items)")
     p.add_argument("--layer", type=cli_types.layer,
                    help="the layer of the subset search and the blend (default: where patching single heads repairs most)")
     p.add_argument("--budget", type=cli_types.positive, default=200,
@@ -70,7 +71,11 @@ def cmd_report(args) -> int:
             from surgeon.analyses.repair import check_repairable
 
             check_repairable(case, "mean", "z", holdout=holdout, eval_items=args.eval_items)
-        if {"threshold", "circuit", "repair"} & set(steps) and (holdout or args.eval_items is not None):
+        if "scan" in steps:  # the case's scan= parts
+            from surgeon.case.grammar import check_scan
+
+            check_scan(case.scan, case.source)
+        if {"threshold", "circuit", "repair", "scan"} & set(steps) and (holdout or args.eval_items is not None):
             from surgeon.analyses.heldout import eval_split
 
             eval_split(case, args.tag, holdout, args.seed, args.eval_items)

@@ -94,6 +94,22 @@ REFERENCES: dict[str, tuple[str, str]] = {
   year = {2023},
   note = {arXiv:2308.10248}
 }"""),
+    "sclar2024formatspread": ("Sclar et al., 2024", """@inproceedings{sclar2024formatspread,
+  title = {Quantifying Language Models' Sensitivity to Spurious Features in Prompt Design or: How I learned to start
+           worrying about prompt formatting},
+  author = {Sclar, Melanie and Choi, Yejin and Tsvetkov, Yulia and Suhr, Alane},
+  booktitle = {The Twelfth International Conference on Learning Representations (ICLR)},
+  year = {2024}
+}"""),
+    "holm1979": ("Holm, 1979", """@article{holm1979,
+  title = {A Simple Sequentially Rejective Multiple Test Procedure},
+  author = {Holm, Sture},
+  journal = {Scandinavian Journal of Statistics},
+  volume = {6},
+  number = {2},
+  pages = {65--70},
+  year = {1979}
+}"""),
     "rimsky2024caa": ("Rimsky et al., 2024", """@inproceedings{rimsky2024caa,
   title = {Steering {Llama 2} via Contrastive Activation Addition},
   author = {Rimsky, Nina and Gabrieli, Nick and Schulz, Julian and Tong, Meg and Hubinger, Evan and Turner, Alexander},

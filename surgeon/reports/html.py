@@ -31,7 +31,8 @@ TITLES = {"diagnose": "Is the failure there?", "dla": "Direct logit attribution"
           "sae_amplified": "SAE features: amplified in the failing format",
           "sae_heads": "Heads against SAE features", "sae_repair": "Feature-level repair",
           "sae_feature_circuit": "Feature circuit", "repair": "A repair that needs the failing prompt alone",
-          "sinks": "Attention sinks and massive activations"}
+          "sinks": "Attention sinks and massive activations",
+          "scan": "Where the model fails: formats scanned"}
 
 
 def feature_conventions(o: dict) -> str:
@@ -189,6 +190,15 @@ def methods_paragraph(rep, how: str = "text") -> str:
                                        f"the strongest verified by path patching {cite('marks2024sparse')})"}
         parts.append(f"Sparse autoencoder features, read with SAELens {cite('bloom2024saelens')}, gave "
                      + "; ".join(what[k] for k in sae) + ".")
+    if "scan" in o and st.get("scan") is not None:
+        s = st["scan"]
+        held = "measured on held-out items" if not s.in_sample else "in-sample (no item held out)"
+        parts.append(f"Formats were composed from a grammar of parts around the case's question ({s.n_formats} "
+                     f"formats: {s.grammar}), as FormatSpread samples meaning-preserving formats "
+                     f"{cite('sclar2024formatspread')}, and scored {s.search['method']} within "
+                     f"{s.search['budget']:,} prompts; each part option's main effect on accuracy and each pair's "
+                     "interaction came with paired bootstrap intervals over items and Holm's correction "
+                     f"{cite('holm1979')}, chosen on discovery items and {held}.")
     if "repair" in o and st.get("repair") is not None:
         r = st["repair"]
         rp, b = r.repair, r.bounds

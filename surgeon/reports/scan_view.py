@@ -64,6 +64,7 @@ def scan_text(r) -> str:
     rest = [e for e in r.effects if not e.chosen]
     if rest:
         lines.append("  not significant after Holm on discovery: " + ", ".join(f"{e.part} {e.option!r}" for e in rest))
+    lines += _interaction_lines(r, held)
     if r.pair is None:
         lines += ["", "minimal pair: none (no two formats where one's interval lies above the other's)"]
     else:
@@ -81,6 +82,35 @@ def scan_text(r) -> str:
     if r.written:
         lines += ["", f"wrote {r.written}: surgeon diagnose {r.written} (then patch, threshold, circuit, repair)"]
     return "\n".join(lines)
+
+
+def _interaction_lines(r, held: bool, top: int = 5) -> list[str]:
+    """The interactions significant after Holm (over the pairs, a family apart), largest first."""
+    if not r.interactions:
+        return []
+    chosen = sorted([x for x in r.interactions if x.chosen],
+                    key=lambda x: -abs(x.held_out.value if held and x.held_out else x.discovery.value))
+    lines = ["", f"interactions: two options of different parts together, (both - the first alone) - (the second alone "
+                 f"- neither), 95% bootstrap interval over items; Holm over the {len(r.interactions)} pairs tested, "
+                 f"alpha {ALPHA}: {len(chosen)} significant on discovery" + (":" if chosen else "")]
+    for x in chosen[:top]:
+        num = x.held_out if held and x.held_out is not None else x.discovery
+        lines.append(f"  {x.part_a} {x.option_a!r} x {x.part_b} {x.option_b!r}  {_pts(num)}   (discovery "
+                     f"{100 * x.discovery.value:+.1f}, Holm p {x.p_holm:.3g})")
+    if len(chosen) > top:
+        lines.append(f"  ... {len(chosen) - top} more (interactions.csv with --out)")
+    return lines
+
+
+def interaction_rows(r) -> list:
+    rows = [["part_a", "option_a", "part_b", "option_b", "discovery", "lo", "hi", "p", "p_holm", "held_out",
+             "held_lo", "held_hi", "p_held_out"]]
+    for x in r.interactions:
+        h = x.held_out
+        rows.append([x.part_a, x.option_a, x.part_b, x.option_b, x.discovery.value, x.discovery.lo, x.discovery.hi,
+                     x.p, x.p_holm, None if h is None else h.value, None if h is None else h.lo,
+                     None if h is None else h.hi, x.p_held_out])
+    return rows
 
 
 def scan_figure(r, path: Path | None):

@@ -157,7 +157,8 @@ register("RepairResult", View("repair", repair_view.repair_text, save=repair_vie
                               headline=lambda r: f"{'+'.join(r.repair.heads)} ({r.repair.mode}): held-out efficacy "
                                                  f"{100 * r.efficacy().repaired.value:.1f}%"))
 register("ScanResult", View("scan", scan_view.scan_text, figures={"effects.png": scan_view.scan_figure},
-                            tables={"formats.csv": scan_view.format_rows, "effects.csv": scan_view.effect_rows},
+                            tables={"formats.csv": scan_view.format_rows, "effects.csv": scan_view.effect_rows,
+                                    "interactions.csv": scan_view.interaction_rows},
                             save=text.save_result, headline=scan_view.headline))
 register("Report", View("report", html.report_text, save=html.save_report, headline=_report_line,
                         frame=frames.report_frames))

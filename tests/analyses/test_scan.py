@@ -228,3 +228,48 @@ def test_fresh_evaluation_items_are_of_the_scanned_tag(small, decimal_model):
     traps = sum(it.tag == "trap" for it in drawn)
     assert 0 < traps < len(drawn)
     assert r.split["evaluation"] == traps and all(f.accuracy.n == traps for f in r.held_out)
+
+
+def test_a_chat_models_own_template_is_one_of_the_parts(tmp_path):
+    """On a tiny Llama checkpoint with Llama 3's chat template: the grammar keeps the chat part, and each chat option's
+    prompts are the tokenizer's own rendering of the question (written here with apply_chat_template, the system
+    prompt where asked; BOS from the template, not added again), its mean score a hand-written forward of them."""
+    import random
+
+    import surgeon
+    from surgeon import Case, Item
+    from surgeon.case.grammar import SYSTEM
+    from surgeon.models.loading import load_model
+    from tests.checkpoints import make_llama
+
+    path = make_llama(tmp_path / "llama")
+    rng = random.Random(0)
+    word = lambda: "".join(rng.choice("abcdefgh") for _ in range(3))  # noqa: E731
+    items = [Item({"a": word(), "b": word()}, correct="x", incorrect="y") for _ in range(6)]
+    case = Case(name="chat", model=str(path), formats={"plain": "{a} or {b}?\nAnswer:", "qa": "Q: {a} or {b}?\nA:"},
+                good="plain", bad=["qa"], items=items,
+                scan={"body": "{a} or {b}?", "instruction": {"none": ""}, "question_cue": {"Q": "Q: "},
+                      "separator": {"newline": "\n"}, "answer_cue": {"A": "A:"}, "casing": ["as written"],
+                      "shots": [0]})
+    model = load_model(str(path))
+    r = surgeon.scan(case, model, holdout=0)
+    chats = {f.choice["chat"]: f for f in r.discovery}
+    assert sorted(chats) == ["none", "template", "template+system"]
+    tok = model.tokenizer
+    x, y = (tok(c, add_special_tokens=False)["input_ids"][0] for c in "xy")
+    for option, f in chats.items():
+        scores = []
+        for it in items:
+            q = f"Q: {it.values['a']} or {it.values['b']}?\nA:"
+            if option == "none":
+                ids = [tok.bos_token_id] + tok(q, add_special_tokens=False)["input_ids"]
+            else:
+                msgs = ([{"role": "system", "content": SYSTEM}] if option == "template+system" else []) + [
+                    {"role": "user", "content": q}]
+                text = tok.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
+                assert text.count("<|begin_of_text|>") == 1 and "<|start_header_id|>assistant" in text
+                ids = tok(text, add_special_tokens=False)["input_ids"]
+            with torch.no_grad():
+                logp = model(torch.tensor([ids]))[0, -1].float().log_softmax(-1)
+            scores.append(float(logp[x] - logp[y]))
+        assert f.mean_score.value == pytest.approx(np.mean(scores), abs=1e-4), option

@@ -178,4 +178,21 @@ def test_the_command_line_knows_the_optional_steps(tmp_path, capsys):
     steps = next(a for a in sub._actions if a.dest == "steps")
     assert all(s in steps.help for s in OPTIONAL_STEPS)
     assert main(["report", INDUCTION, "--steps", "bogus", "--out", str(tmp_path / "x")]) == 2
-    assert all(s in capsys.readouterr().err for s in OPTIONAL_STEPS)
+    err = capsys.readouterr().err
+    assert all(s in err for s in OPTIONAL_STEPS), err
+
+
+def test_the_report_can_start_from_a_scan(decimal_model, tmp_path):
+    """`--steps scan,...`: the scan is a step of the page (its section, its effects figure and tables, its methods
+    sentence citing FormatSpread and Holm), held out as the report's split says, saved and reused like every step."""
+    out = tmp_path / "r"
+    rep = surgeon.report("decimal_organism", decimal_model, out=out, steps=["scan", "diagnose"], holdout=0.5)
+    s = rep.steps["scan"]
+    assert not s.in_sample and s.split["holdout"] == 0.5 and s.worst.accuracy.value < s.best.accuracy.value
+    page = (out / "report.html").read_text()
+    assert "Where the model fails: formats scanned" in page and "Sclar et al., 2024" in page and "Holm, 1979" in page
+    assert (out / "scan" / "results.json").exists() and (out / "scan" / "interactions.csv").exists()
+    again = surgeon.report("decimal_organism", decimal_model, out=out, steps=["scan", "diagnose"], holdout=0.5)
+    assert again.reused == ["scan", "diagnose"]
+    assert str(again.steps["scan"]) == str(s)  # read back whole: the pair's estimates, the interactions
+    assert again.steps["scan"].interactions == s.interactions
