@@ -498,23 +498,10 @@ def bench_readme(items: int = 2, positions_letters: int = 10) -> None:
     if ratios:
         cog.outl(f"The subset search against the careful TransformerLens search (12,870 subsets of 16 heads, "
                  f"`bench/subset_search.py`): {' and '.join(ratios)} ({goal[0].split(':')[-1].strip() if goal else ''}). "
-                 f"{_features_sentence()} {_peer_sentence()} "
+                 f"{_features_sentence()} "
                  f"Why the misses, where the work grows and the extrapolation to Llama-3.1-8B on one 80 GB GPU: "
                  f"[benchmarks](docs/benchmarks.md). "
-                 f"{ran_on_many(['scale', 'memory', 'subset_search', 'features', 'peer_auto_circuit'])}")
-
-
-def _peer_sentence() -> str:
-    """bench/peer_auto_circuit.py's saved numbers in one sentence: surgeon beside auto-circuit 1.0.1 on the same model,
-    items and edges, the scores checked equal first."""
-    d = json.loads((BENCH / "peer_auto_circuit.json").read_text())
-    s, a = d["surgeon"], d["auto_circuit"]
-    return (f"Beside the field's edge-attribution tool, auto-circuit 1.0.1 (in its own environment, TransformerLens "
-            f"{a['versions']['transformer_lens']}; `bench/peer_auto_circuit.py`: GPT-2 small's shape, {d['edges']:,} edges, "
-            f"{d['items']} items, medians of {d['rounds']} interleaved rounds), on scores equal to "
-            f"{max(d['eap_error'], d['exact_error']):.0e}: EAP over every edge {s['eap_s']:.1f} s against "
-            f"{a['eap_s']:.1f} s ({a['eap_s'] / s['eap_s']:.1f}x), the exact effects of the top {d['top']} edges "
-            f"{s['exact_s']:.1f} s against {a['exact_s']:.1f} s ({a['exact_s'] / s['exact_s']:.1f}x).")
+                 f"{ran_on_many(['scale', 'memory', 'subset_search', 'features'])}")
 
 
 def _features_sentence() -> str:
