@@ -112,7 +112,8 @@ def test_circuits_over_three_saes_equal_hand_written_hooks(decimal_case, decimal
     the good run's value, through all three layers at once) scores what hand-written hooks give, item by item; and
     the empty circuit and the full one are the two runs' ends of faithfulness (0 and 1)."""
     from surgeon.analyses.common import make_contrast
-    from surgeon.analyses.feature_circuit import _frac, run_nodes
+    from surgeon.analyses.feature_circuit import run_nodes
+    from surgeon.stats import fraction_estimate as _frac
     from surgeon.sites.features import FeatureSite
     from surgeon.sites.nodes import Site
 
@@ -208,7 +209,8 @@ def test_nodes_per_position_sum_to_the_nodes_at_every_position_and_equal_hooks_a
     breaks it), and a node at one position, patched exactly, scores what a hand-written hook at that position alone
     gives (the layer-1 error term at the answer's first position)."""
     from surgeon.analyses.common import format_rows, make_contrast
-    from surgeon.analyses.feature_circuit import _frac, attribution, node_list, run_nodes
+    from surgeon.analyses.feature_circuit import attribution, node_list, run_nodes
+    from surgeon.stats import fraction_estimate as _frac
     from surgeon.engine.readout import score_rows
     from surgeon.sites.features import FeatureSite
     from surgeon.sites.nodes import Site

@@ -168,7 +168,8 @@ def test_the_chain_organisms_planted_edges_are_recovered():
     planted feature circuit (every A_k and B_k) is faithful 1 and the circuit found is exactly it, with its edges."""
     from surgeon import load_case
     from surgeon.analyses.common import make_contrast
-    from surgeon.analyses.feature_circuit import _frac, feature_circuit, node_list, run_nodes
+    from surgeon.analyses.feature_circuit import feature_circuit, node_list, run_nodes
+    from surgeon.stats import fraction_estimate as _frac
     from surgeon.analyses.feature_edges import edge_attribution, verify_edges
     from surgeon.models.loading import load_model
     from surgeon.organisms import chain
