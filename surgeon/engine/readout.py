@@ -53,6 +53,11 @@ class RunSpec:
 PLAIN = RunSpec()
 
 
+def logits_dtype(model) -> torch.dtype:
+    """The dtype of `final_logits` and of every score read from them: float32, float64 for a float64 model."""
+    return torch.promote_types(next(model.parameters()).dtype, torch.float32)
+
+
 def final_logits(model, h: Tensor) -> Tensor:
     """float32 logits (float64 for a float64 model) from final-layer residuals [..., d]: the final norm, the
     unembedding and the model's logit soft-cap where it has one."""
@@ -63,7 +68,7 @@ def final_logits(model, h: Tensor) -> Tensor:
         logits = u(h)
     else:  # TransformerLens's Unembed copies W_U transposed on every call (the size of the unembedding): not here
         logits = torch.matmul(h, u.W_U) + u.b_U
-    logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
+    logits = logits.to(torch.promote_types(logits.dtype, torch.float32))  # logits_dtype(model)
     cap = getattr(model.cfg, "output_logits_soft_cap", -1.0) or -1.0
     return cap * torch.tanh(logits / cap) if cap > 0 else logits
 
@@ -109,7 +114,7 @@ def score_rows(model, rows: Sequence[Row], batch_size: int = 256, progress: str 
     check_attention(model)
     device = next(model.parameters()).device
     n_items = max(r.item for r in rows) + 1
-    out = torch.zeros(n_items, device=device)
+    out = torch.zeros(n_items, device=device, dtype=logits_dtype(model))
     for batch, resid, pos, tok, sign in final_batches(model, rows, batch_size, progress, share_prefixes, work):
         items = torch.tensor([r.item for r in batch], device=device)
         ref = reference[items.to(reference.device)] if reference is not None else None
@@ -124,7 +129,7 @@ def reference_logprobs(model, rows: Sequence[Row], batch_size: int = 256) -> Ten
     answers first differ, for rows encoded by first token), the reference a KL metric compares against."""
     device = next(model.parameters()).device
     n_items = max(r.item for r in rows) + 1
-    out = torch.zeros(n_items, model.cfg.d_vocab_out, device=device)
+    out = torch.zeros(n_items, model.cfg.d_vocab_out, device=device, dtype=logits_dtype(model))
     if bidirectional(model):  # the first target's position, reading none of the answer (one row per row)
         rows = [cut_row(r, cuts[0]) for r in rows for cuts in [answer_cuts(r)] if cuts]
     for batch, resid, pos, _, _ in final_batches(model, rows, batch_size, None):

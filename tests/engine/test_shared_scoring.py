@@ -63,3 +63,27 @@ def test_nothing_is_shared_unless_asked_or_where_little_is_common(random_model):
     work = {}
     score_rows(random_model, rows, 256, work=work)
     assert work["positions"] == work["positions_whole"]
+
+
+def test_a_float64_model_is_scored_in_float64(random_model):
+    """A float64 model's clean scores and a KL metric's reference come back in float64, equal to a float64 forward
+    run row by row to 1e-12 (they were accumulated into float32 and, for scores, refused: index_add of Double into
+    Float)."""
+    import copy
+
+    from surgeon.engine.readout import reference_logprobs
+
+    model = copy.deepcopy(random_model).to(torch.float64)
+    rows = _rows(model)
+    with torch.no_grad():
+        got = score_rows(model, rows, 5, share_prefixes=True)
+        ref = reference_logprobs(model, rows, 5)
+        want = torch.zeros(len(got), dtype=torch.float64)
+        want_ref = torch.zeros_like(ref)
+        for r in rows:
+            logp = model(torch.tensor([r.tokens]))[0].log_softmax(-1)
+            want[r.item] += sum(sign * logp[p, t] for p, t, sign in r.targets)
+            want_ref[r.item] = logp[r.targets[0][0]]
+    assert got.dtype == ref.dtype == torch.float64
+    torch.testing.assert_close(got.cpu(), want, atol=1e-12, rtol=1e-12)
+    torch.testing.assert_close(ref.cpu(), want_ref, atol=1e-12, rtol=1e-12)
