@@ -230,7 +230,8 @@ def case_example(path: str, keep=None, command: str = "surgeon diagnose mine.py"
 
 
 def llama_memory() -> None:
-    """One sentence: the peak memory bench/scale.py predicts for the paper's Llama-3.1-8B workload."""
+    """One sentence: the peak memory bench/scale.py predicts for the paper's Llama-3.1-8B workload, and what
+    bench/gpu.py measured of it on a GPU (bench/results/gpu.json), labelled with the device."""
     sys.path.insert(0, str(ROOT / "bench"))
     from scale import llama_8b_workload
 
@@ -238,10 +239,62 @@ def llama_memory() -> None:
     peaks = {m.group(1): m.group(2).strip() for m in (re.match(r"(.*): batch size \d+, predicted peak ([^(]*)", ln)
                                                       for ln in lines[1:]) if m}
     weights = re.search(r"weights ([^;]*);", lines[0]).group(1)
+    g = gpu_measured()
     out(f"Each command predicts its peak memory before the work and fits the batch to the GPU: for this case in "
         f"bfloat16, {peaks['per-head patching']} for `patch` and {peaks['EAP']} for the circuit's edge scores, of which "
-        f"the weights are {weights} ([real models](docs/real-models.md) has the table, `--max-memory`, several GPUs "
-        f"and Ray).")
+        f"the weights are {weights}. Measured on an {g['device']} (`bench/gpu.py`, random weights at the full width): "
+        f"{g['patch']} for per-head patching (predicted {g['patch_pred']}) but {g['eap']} for the edge scores (predicted "
+        f"{g['eap_pred']}): the plan under-counts EAP at full width, where TransformerLens keeps a transposed copy of "
+        f"every weight matrix for the backward pass ([benchmarks](docs/benchmarks.md#on-a-gpu); "
+        f"[real models](docs/real-models.md) has the table, `--max-memory`, several GPUs and Ray).")
+
+
+def _gib(x: float) -> str:
+    return f"{x / 2**30:.1f} GiB"
+
+
+def gpu_measured() -> dict:
+    """bench/gpu.py's saved run, as the README and docs say it: the device, the memory of the paper's workload
+    (part B) measured and predicted, and per job of part A surgeon's time beside its baseline's."""
+    d = json.loads((BENCH / "gpu.json").read_text())
+    part_b = {j["job"].split(" (")[0]: j for j in d["jobs"] if j.get("part") == "memory"}
+    p, e = part_b["per-head patching, layers 24-31"], part_b["EAP"]
+    return {"device": d["device_name"], "patch": _gib(p["peak"]), "patch_pred": _gib(p["predicted"]),
+            "eap": _gib(e["peak"]), "eap_pred": _gib(e["predicted"]), "data": d}
+
+
+GPU_PAIRS = (("per-head sweep", "careful TL sweep"), ("EAP", "floor"), ("EAP-IG (5 steps)", "floor"),
+             ("exact top-200", "careful TL edge loop"))
+
+
+def gpu_summary() -> None:
+    """docs/benchmarks.md's GPU table: per model and job, surgeon's time, its baseline's on the same GPU, the ratio,
+    the share of the GPU's matmul peak, and the measured peak against surgeon's prediction."""
+    g = gpu_measured()
+    d = g["data"]
+    rate = {k: v / 1e12 for k, v in d["matmul_peak"].items()}
+    o = _cog().outl
+    o(f"{d['device_name']}, torch {d['torch']}, TransformerLens {d['transformer_lens']}; its matmul peak measured in "
+      f"the same run: {rate['torch.bfloat16']:.0f} TFLOP/s in bfloat16, {rate['torch.float32']:.0f} in float32; "
+      f"{d['items']} items; x = baseline / surgeon; memory: surgeon's predicted peak over the measured one (the "
+      f"weights included)")
+    o("")
+    o("| model | job | surgeon | baseline | x | share of peak | memory pred / meas |")
+    o("|---|---|---|---|---|---|---|")
+    jobs = {(j["model"], j["job"].strip()): j for j in d["jobs"]}
+    for model in ("llama8b", "gpt2"):
+        for job, base in GPU_PAIRS + (("subsets", None), ("repair", None)):
+            j = next((v for (m, k), v in jobs.items() if m == model and k.startswith(job)), None)
+            if j is None:
+                continue
+            b = jobs.get((model, base)) if base else None
+            share = f"{j['flops'] / j['seconds'] / d['peaks'][model]:.0%}" if j.get("flops") else ""
+            mem = f"{j['predicted'] / j['peak']:.2f}" if j.get("predicted") else ""
+            o(f"| {model} | {j['job'].strip()} | {j['seconds']:.2f} s | "
+              + (f"{base}: {b['seconds']:.2f} s | {b['seconds'] / j['seconds']:.1f} |" if b else "| |")
+              + f" {share} | {mem} |")
+    o("")
+    o(ran_on("gpu"))
 
 
 def sinks_line() -> None:
@@ -559,7 +612,8 @@ def ran_on_many(names: list[str]) -> str:
 def ran_on(name: str) -> str:
     """The line under a bench's output: the commit it ran on and whether the code it timed is still this one."""
     commit, date, same = _run(name)
-    return f"[ran on {commit}, {date}; {CODE_TIMED} {'unchanged since' if same else 'changed since: rerun with python bench/all.py'}]"
+    rerun = "python bench/gpu.py --save on a GPU" if name == "gpu" else "python bench/all.py"
+    return f"[ran on {commit}, {date}; {CODE_TIMED} {'unchanged since' if same else f'changed since: rerun with {rerun}'}]"
 
 
 def _collect(*marker: str) -> int:

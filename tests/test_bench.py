@@ -116,7 +116,7 @@ def test_a_bench_is_stale_when_a_source_it_times_changes_and_only_then(tmp_path)
         for p in paths:
             assert (Path(ROOT) / p).exists(), (name, p)
     for p in ("surgeon/engine", "surgeon/sites", "surgeon/analyses", "surgeon/search", "surgeon/circuits", "surgeon/cli",
-              "surgeon/case"):
+              "surgeon/case", "surgeon/repairs"):
         shutil.copytree(Path(ROOT) / p, tmp_path / p, ignore=shutil.ignore_patterns("__pycache__"))
     for f in ("surgeon/__init__.py", "surgeon/api.py", "pyproject.toml"):
         shutil.copy(Path(ROOT) / f, tmp_path / f)
@@ -138,7 +138,7 @@ def test_a_bench_is_stale_when_a_source_it_times_changes_and_only_then(tmp_path)
 # modules a bench imports without timing their code: planning.graph_size (EdgeSite's graph size, under ENGINE);
 # scale.py's circuit code, which features.py imports scale.py beside (for its models and rows), not to run
 _GRAPH = {"surgeon.analyses.planning"}
-_NOT_TIMED = {"scale": _GRAPH, "growth": _GRAPH, "memory": _GRAPH,
+_NOT_TIMED = {"scale": _GRAPH, "growth": _GRAPH, "memory": _GRAPH, "gpu": _GRAPH,
               "features": {"surgeon.analyses.circuit", "surgeon.analyses.circuit_runs", "surgeon.circuits.graph"}}
 
 
@@ -492,3 +492,23 @@ def test_the_least_is_a_lower_bound_on_the_counted_work(job):
     r = scale.measure("gpt2-L3-d64", job, 2, 4, batch_size=64, count=True)
     assert r["flops"] >= 0.97 * r["least"], (r["flops"], r["least"])
     assert r["flops"] <= 4 * r["least"], (r["flops"], r["least"])
+
+
+def test_the_gpu_bench_runs_every_job_on_a_small_model(tmp_path):
+    """bench/gpu.py is run only where a GPU is lent, a few minutes at a time: every code path it takes (the models'
+    jobs beside their baselines, the repair, the README's memory claim at the planned batch size, the results written
+    as it goes) runs here first on a small model of the same layout, on the CPU, with no job failing."""
+    import subprocess
+    import sys
+
+    r = subprocess.run([sys.executable, str(Path(ROOT) / "bench" / "gpu.py"), "--device", "cpu", "--models", "tiny",
+                        "--items", "2", "--out", str(tmp_path)], capture_output=True, text=True, cwd=ROOT)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+    d = json.loads((tmp_path / "gpu.json").read_text())
+    assert d["failed"] == [] and d["skipped"] == []
+    names = [j["job"].strip() for j in d["jobs"]]
+    for want in ("floor", "per-head sweep", "careful TL sweep", "EAP", "EAP-IG (5 steps)", "exact top-200",
+                 "careful TL edge loop", "subsets", "repair", "per-head patching", "EAP (batch size"):
+        assert any(n.startswith(want) for n in names), (want, names)
+    assert all(j["seconds"] > 0 for j in d["jobs"]) and d["run"]["sources_sha256"]
+    assert (tmp_path / "gpu.txt").read_text().startswith("== cpu")
