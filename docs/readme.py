@@ -243,8 +243,8 @@ def llama_memory() -> None:
     out(f"Each command predicts its peak memory before the work and fits the batch to the GPU: for this case in "
         f"bfloat16, {peaks['per-head patching']} for `patch` and {peaks['EAP']} for the circuit's edge scores, of which "
         f"the weights are {weights}. Measured on an {g['device']} (`bench/gpu.py`, random weights at the full width): "
-        f"{g['patch']} for per-head patching (predicted {g['patch_pred']}) but {g['eap']} for the edge scores (predicted "
-        f"{g['eap_pred']}): the plan under-counts EAP at full width, where TransformerLens keeps a transposed copy of "
+        f"{g['patch']} for per-head patching (its last 8 layers: one chunk of 256 patches; predicted {g['patch_pred']}) but "
+        f"{g['eap']} for the edge scores (predicted {g['eap_pred']}): the plan under-counts EAP at full width, where TransformerLens keeps a transposed copy of "
         f"every weight matrix for the backward pass ([benchmarks](docs/benchmarks.md#on-a-gpu); "
         f"[real models](docs/real-models.md) has the table, `--max-memory`, several GPUs and Ray).")
 
@@ -273,13 +273,14 @@ def gpu_summary() -> None:
     g = gpu_measured()
     d = g["data"]
     rate = {k: v / 1e12 for k, v in d["matmul_peak"].items()}
+    shape = re.search(r"(\d+) items x (\d+) positions", (BENCH / "gpu.txt").read_text())
     o = _cog().outl
     o(f"{d['device_name']}, torch {d['torch']}, TransformerLens {d['transformer_lens']}; its matmul peak measured in "
       f"the same run: {rate['torch.bfloat16']:.0f} TFLOP/s in bfloat16, {rate['torch.float32']:.0f} in float32; "
-      f"{d['items']} items; x = baseline / surgeon; memory: surgeon's predicted peak over the measured one (the "
-      f"weights included)")
+      f"{shape.group(1)} items x {shape.group(2)} positions (`scale.make_rows`), the careful baselines of bench/careful.py; memory: "
+      f"surgeon's predicted peak over the measured one (the weights included)")
     o("")
-    o("| model | job | surgeon | baseline | x | share of peak | memory pred / meas |")
+    o("| model | job | surgeon | baseline | surgeon against it | share of peak | memory pred / meas |")
     o("|---|---|---|---|---|---|---|")
     jobs = {(j["model"], j["job"].strip()): j for j in d["jobs"]}
     for model in ("llama8b", "gpt2"):
@@ -290,9 +291,15 @@ def gpu_summary() -> None:
             b = jobs.get((model, base)) if base else None
             share = f"{j['flops'] / j['seconds'] / d['peaks'][model]:.0%}" if j.get("flops") else ""
             mem = f"{j['predicted'] / j['peak']:.2f}" if j.get("predicted") else ""
+            if b is None:
+                x = ""
+            elif base == "floor":
+                x = f"{j['seconds'] / b['seconds']:.1f}x the floor"
+            else:
+                r = b["seconds"] / j["seconds"]
+                x = f"{r:.2f}x faster" if r >= 1 else f"{1 / r:.2f}x slower"
             o(f"| {model} | {j['job'].strip()} | {j['seconds']:.2f} s | "
-              + (f"{base}: {b['seconds']:.2f} s | {b['seconds'] / j['seconds']:.1f} |" if b else "| |")
-              + f" {share} | {mem} |")
+              + (f"{base} {b['seconds']:.2f} s" if b else "") + f" | {x} | {share} | {mem} |")
     o("")
     o(ran_on("gpu"))
 
