@@ -558,23 +558,10 @@ def bench_readme(items: int = 2, positions_letters: int = 10) -> None:
     if ratios:
         cog.outl(f"The subset search against the careful TransformerLens search (12,870 subsets of 16 heads, "
                  f"`bench/subset_search.py`): {' and '.join(ratios)} ({goal[0].split(':')[-1].strip() if goal else ''}). "
-                 f"{_features_sentence()} {_peer_sentence()} "
+                 f"{_features_sentence()} "
                  f"Why the misses, where the work grows and the extrapolation to Llama-3.1-8B on one 80 GB GPU: "
                  f"[benchmarks](docs/benchmarks.md). "
-                 f"{ran_on_many(['scale', 'memory', 'subset_search', 'features', 'peer_auto_circuit'])}")
-
-
-def _peer_sentence() -> str:
-    """bench/peer_auto_circuit.py's saved numbers in one sentence: surgeon against auto-circuit 1.0.1, the tool a
-    researcher would otherwise install for edge attribution, on the same model, items and edges."""
-    d = json.loads((BENCH / "peer_auto_circuit.json").read_text())
-    us, them = d["surgeon"], d["auto_circuit"]
-    return (f"Against the field's own tool for edge attribution, auto-circuit 1.0.1 (`bench/peer_auto_circuit.py`: "
-            f"GPT-2 small's shape, {d['edges']:,} edges, {d['items']} items, its scores checked equal to surgeon's "
-            f"first, to {max(d['eap_error'], d['exact_error']):.0e}; medians of {d['rounds']} interleaved rounds): "
-            f"EAP over every edge {us['eap_s']:.2f} s against {them['eap_s']:.2f} s "
-            f"({them['eap_s'] / us['eap_s']:.1f}x), exact scores of the top {d['top']} edges {us['exact_s']:.2f} s "
-            f"against {them['exact_s']:.2f} s ({them['exact_s'] / us['exact_s']:.1f}x).")
+                 f"{ran_on_many(['scale', 'memory', 'subset_search', 'features'])}")
 
 
 def _features_sentence() -> str:
