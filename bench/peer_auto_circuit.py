@@ -20,7 +20,9 @@ Scores are checked equal first (auto-circuit's = -surgeon's, relative 1e-4), the
     python bench/peer_auto_circuit.py [--rounds 3] [--items 32] [--top 200] [--threads 2] [--save]
 
 Not yet in bench/all.py, the README or docs/benchmarks.md: checked end to end on a small model (scores equal to
-8e-7), its first run on the GPT-2 shape alone on the machine is still to be made and saved.
+8e-7). Its first run on the GPT-2 shape (2026-11-28, alone on the 2 cores) was stopped after its first, checking call
+to auto-circuit had run 19 minutes (its `patch_mode` runs one forward per edge, 200 of them, after its EAP): the next
+run needs a larger time box (about 1.5 hours for the check and 3 rounds at that rate) or fewer edges (--top), said.
 """
 from __future__ import annotations
 
