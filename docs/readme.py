@@ -558,10 +558,20 @@ def bench_readme(items: int = 2, positions_letters: int = 10) -> None:
     if ratios:
         cog.outl(f"The subset search against the careful TransformerLens search (12,870 subsets of 16 heads, "
                  f"`bench/subset_search.py`): {' and '.join(ratios)} ({goal[0].split(':')[-1].strip() if goal else ''}). "
-                 f"{_features_sentence()} "
+                 f"{_contended_sentence()}{_features_sentence()} "
                  f"Why the misses, where the work grows and the extrapolation to Llama-3.1-8B on one 80 GB GPU: "
                  f"[benchmarks](docs/benchmarks.md). "
                  f"{ran_on_many(['scale', 'memory', 'subset_search', 'features'])}")
+
+
+def _contended_sentence() -> str:
+    """bench/subset_search.py's run beside one other busy process, in one sentence (empty where it did not run)."""
+    lines = (BENCH / "subset_search.txt").read_text().splitlines()
+    said = [ln for ln in lines if ln.startswith("contended, following the free cores:")]
+    if not said:
+        return ""
+    return (f"Beside one other busy process on the 2 cores (decision setting), with torch's threads following the "
+            f"cores left free: {said[0].split(':', 1)[1].strip()}. ")
 
 
 def _features_sentence() -> str:
