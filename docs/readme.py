@@ -478,6 +478,34 @@ def _limit_cells(by: dict, data: dict, job: str) -> tuple[str, str, str]:
     return " / ".join(works), " / ".join(shares), goal
 
 
+FLOOR_GOALS = {"eap": ("EAP", 1, 1.5), "eap-ig": ("EAP-IG (5 steps)", 5, 1.3)}  # issue 73: x the floor (n floors)
+
+
+def eap_floor_reason(positions_letters: int = 10) -> None:
+    """EAP and EAP-IG against their floor, from bench/results/scale.json: per model, the least work each needs (the
+    floor, the other run's forward, every edge's dot product where its sender's difference can be nonzero) over the
+    floor's work (one forward and backward; five for EAP-IG's 5 steps), beside its time over the floor's, and whether
+    the goal of issue 73 (EAP within 1.5x its floor, EAP-IG within 1.3x five floors) is within reach of the work."""
+    data = json.loads((BENCH / "scale.json").read_text())
+    cog = _cog()
+    lines = []
+    for m, name in (("gpt2", "GPT-2 small"), ("llama", "Llama-shaped")):
+        by = {r["job"]: r for r in data[m]["jobs"] if r["letters"] == positions_letters and r.get("least")}
+        floor = by["floor"]
+        for job, (label, n, goal) in FLOOR_GOALS.items():
+            r = by[job]
+            least, took = r["least"] / (n * floor["flops"]), r["seconds"] / (n * floor["seconds"])
+            reach = (f"the least work alone is {least:.2f}x, past the goal" if least > goal else
+                     "met" if took <= goal else f"within reach of the work ({least:.2f}x), missed by speed")
+            lines.append(f"| {name} | {label} | {least:.2f}x | {took:.2f}x | {took / least:.2f} | {goal}x: {reach} |")
+    cog.outl("| model | job | least work / floor's | time / floor's | time / least work's (at the floor's speed) | goal |")
+    cog.outl("|---|---|---|---|---|---|")
+    for ln in lines:
+        cog.outl(ln)
+    cog.outl("")
+    cog.outl(ran_on("scale"))
+
+
 def _versus(x: float | None, base: str | None) -> str:
     """baseline / surgeon as words: times faster than a baseline, or times the floor (the least the job needs)."""
     if x is None:
@@ -634,7 +662,8 @@ def ran_on(name: str) -> str:
 
 
 def _collect(*marker: str) -> int:
-    r = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", *marker], cwd=ROOT, capture_output=True,
+    r = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-n", "0", *marker], cwd=ROOT,
+                       capture_output=True,
                        text=True)
     m = re.search(r"(\d+)(?:/\d+)? tests? (?:collected|selected)", r.stdout)
     if not m:
