@@ -687,16 +687,89 @@ def _minutes(seconds: float) -> str:
     return f"{seconds / 60:.1f} minutes" if seconds >= 90 else f"{seconds:.0f} s"
 
 
+SLOWEST = 20  # the slowest tests docs/install.md lists, each with why it takes what it takes
+DURATIONS = 60  # the slowest tests recorded (tests/conftest.py hands them out first)
+# why each of the slowest tests takes what it takes, by test file (a slow test in a file not named here fails the
+# docs check: say why, or make it faster)
+SLOW_WHY = {
+    "tests/test_readme.py::test_readme_is_regenerated_from_real_runs":
+        "reruns every fast command block of the README and the docs pages (dozens of `surgeon` commands on the "
+        "organisms, each a fresh process) and compares what they print",
+    "tests/test_readme_blocks.py::test_the_own_model_block_runs_on_a_standin":
+        "the README's own-model block as written, on a checkpoint of Llama-3.1-8B's layout (32 layers x 32 heads, "
+        "grouped-query): `surgeon patch` sweeps its 1,024 heads in a subprocess",
+    "tests/engine/test_memory.py":
+        "peak memory measured per job on shapes held out of the memory plan's fit, large enough that the "
+        "activations, not the weights, set the peak",
+    "tests/analyses/test_repair_table.py":
+        "the ground truth written by hand: TransformerLens hooks, one prompt at a time, over the organism's test "
+        "split for every row of the table",
+    "tests/sae/test_feature_memory.py":
+        "feature circuits' memory plan against the measured peak on a held-out grouped-query shape with TopK SAEs "
+        "of 16x at three layers",
+    "tests/engine/test_execution.py":
+        "EAP-IG and the faithfulness curve over 8x the items, each in a fresh process, so their peak memory is "
+        "measured alone",
+    "tests/analyses/test_repair.py":
+        "`surgeon report` with the repair step and the steering baselines, then a rerun that reuses them",
+    "tests/test_api_options.py":
+        "the report's repair and its baselines built and measured on the report's split",
+    "tests/models/test_models.py":
+        "the shipped Llama-3.1 case and Hugging Face cache layouts, run from the command line on stand-in checkpoints",
+    "tests/circuits/test_circuits.py": "`surgeon circuit` with every export, then `circuit-eval` on it, as commands",
+    "tests/reports/test_report_page.py": "`surgeon report`'s every step, then a rerun and a start from a scan",
+    "tests/test_invariance.py": "every analysis run at two batch sizes (or item orders, or chunk sizes)",
+    "tests/models/test_fit.py": "a TransformerLens checkpoint folder written, then loaded and run from the command line",
+    "tests/cli/test_reliability.py": "commands run as processes side by side on one output folder",
+    "tests/test_bench.py": "every job of bench/gpu.py beside its TransformerLens baseline, on a small model on the CPU",
+    "tests/search/test_threshold.py": "subset searches from the command line, stopped by a signal and resumed",
+    "tests/sae/test_sae.py": "SAEs trained, or read from a Hugging Face cache layout, then used",
+    "tests/analyses/test_scan.py": "`surgeon scan` from the command line: formats composed and tested on the organism",
+    "tests/search/test_ray.py": "a local Ray cluster started, a worker killed, the run resumed without Ray",
+    "tests/reports/test_report_key.py": "reports rerun with one input changed at a time, to see each enter the key",
+    "tests/test_smoke.py": "the README's quick start, its commands as processes",
+    "tests/analyses/test_repair_saved_checks.py":
+        "a repair built and measured in float16 and bfloat16 on the CPU, whose half-precision products are slow",
+    "tests/cli/test_first_hour.py": "a new user's first commands, as processes",
+    "tests/analyses/test_repair_measure.py": "repairs built, saved and measured from the command line",
+    "tests/cli/test_robustness.py": "signals sent to commands while they import and run",
+    "tests/organisms/test_organisms.py": "the organisms' data drawn and their mechanisms measured",
+}
+
+
+def slowest_tests() -> None:
+    """docs/install.md's table of the suite's slowest tests (timed by `python docs/readme.py --suite-only`), each with
+    why it is slow."""
+    t = _timings()
+    rows = t.get("suite-slowest")
+    if not rows:
+        out("(not measured yet: python docs/readme.py --suite-only)")
+        return
+    out("| s | phase | test | why |")
+    out("|---|---|---|---|")
+    for sec, phase, node in rows[:SLOWEST]:
+        f = node.split("::")[0]
+        why = SLOW_WHY.get(node.split("[")[0], SLOW_WHY.get(f))
+        if why is None:
+            raise SystemExit(f"{node} is among the {SLOWEST} slowest tests and docs/readme.py's SLOW_WHY does not say "
+                             f"why: add its file or test there, or make it faster")
+        out(f"| {sec:.1f} | {phase} | `{node}` | {why} |")
+
+
 def measure_suite() -> None:
     """Run the whole suite and the fast part, then record their wall times in docs/timings.json (written once
     both have passed: the README check inside them compares against the timings as they were)."""
     new = {}
-    for key, extra in (("suite", []), ("suite-fast", ["-m", "not slow"])):
+    for key, extra in (("suite", ["--durations", str(DURATIONS)]), ("suite-fast", ["-m", "not slow"])):
         t0 = time.perf_counter()
-        r = subprocess.run([sys.executable, "-m", "pytest", "-q", *extra], cwd=ROOT)
+        r = subprocess.run([sys.executable, "-m", "pytest", "-q", *extra], cwd=ROOT, stdout=subprocess.PIPE, text=True)
+        sys.stdout.write(r.stdout)
         if r.returncode:
             raise SystemExit(f"the suite failed ({key}): fix it before regenerating the README")
         new[key] = round(time.perf_counter() - t0, 1)
+        if key == "suite":  # pytest's --durations lines: "12.34s call     tests/x.py::test_y"
+            new["suite-slowest"] = [[float(m.group(1)), m.group(2), m.group(3)] for m in
+                                    re.finditer(r"^(\d+\.\d+)s (setup|call|teardown)\s+(\S+)$", r.stdout, re.M)]
     new["suite-tests"] = _collect()
     t = _timings()
     t.update(new)
