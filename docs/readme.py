@@ -688,7 +688,7 @@ def _minutes(seconds: float) -> str:
 
 
 SLOWEST = 20  # the slowest tests docs/install.md lists, each with why it takes what it takes
-DURATIONS = 60  # the slowest tests recorded (tests/conftest.py hands them out first)
+DURATIONS = 40  # the slowest tests recorded
 # why each of the slowest tests takes what it takes, by test file (a slow test in a file not named here fails the
 # docs check: say why, or make it faster)
 SLOW_WHY = {

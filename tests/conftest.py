@@ -118,18 +118,3 @@ def pytest_sessionfinish(session, exitstatus):
           + "\n  ".join(new), file=sys.stderr)
     session.exitstatus = 1
 
-
-def pytest_collection_modifyitems(config, items):
-    """The slowest tests first (as docs/timings.json's last timed run measured them, then the other slow-marked ones),
-    so that pytest-xdist's workers start the long ones together rather than one of them running the slowest last
-    while the other waits; every worker sorts alike (the order depends only on the collected ids)."""
-    import json
-
-    try:
-        slowest = json.loads(open(os.path.join(ROOT, "docs", "timings.json")).read()).get("suite-slowest", [])
-    except (OSError, ValueError):
-        slowest = []
-    took = {}
-    for sec, _, node in slowest:
-        took[node.split("@")[0]] = took.get(node.split("@")[0], 0.0) + sec
-    items.sort(key=lambda it: (-took.get(it.nodeid, 0.0), it.get_closest_marker("slow") is None))
