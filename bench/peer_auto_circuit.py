@@ -23,6 +23,8 @@ Scores are checked equal first (auto-circuit's = -surgeon's, relative 1e-4), the
 Its first run on the GPT-2 shape (2026-11-28, alone on the 2 cores) was stopped after its first, checking call to
 auto-circuit had run 19 minutes (its `patch_mode`, one forward of its patchable model per edge, 200 of them, after its
 EAP); auto-circuit's exact scores are therefore timed on `--peer-top` edges and compared as a rate.
+
+In bench/all.py (after edges.py), the README's speed table and paragraph, and docs/benchmarks.md.
 """
 from __future__ import annotations
 

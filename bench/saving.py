@@ -50,6 +50,7 @@ SOURCES = {
     "install": ("pyproject.toml",),
     "memory": _CIRCUIT,
     "patch_sweep": (),
+    "peer_auto_circuit": _CIRCUIT,  # surgeon's side: edge_scores and the engine's exact edges; the peer's own venv
     "ray_search": ("surgeon/search", "surgeon/analyses/threshold.py", "surgeon/analyses/common.py",
                    "surgeon/threads.py"),
     "scale": _CIRCUIT,

@@ -569,15 +569,23 @@ def bench_readme(items: int = 2, positions_letters: int = 10) -> None:
              f"the Llama-3.1-8B-shaped model (32 layers, 805,681 edges); memory: surgeon's predicted peak above the "
              f"weights over the measured one on shapes the predictor was not fitted to ({', '.join(held)}){_limit_words(data)}:")
     cog.outl("")
-    cog.outl("| job | surgeon | baseline | GPT-2 small | Llama-shaped | work / least | of peak | goal | memory pred / meas |")
-    cog.outl("|---|---|---|---|---|---|---|---|---|")
+    peer = _peer_rates()
+    cog.outl(f"The auto-circuit column is its own bench (`bench/peer_auto_circuit.py`: GPT-2 small's shape, "
+             f"{peer['items']} items, every edge; auto-circuit 1.0.1's time over surgeon's for EAP, surgeon's rate over "
+             f"its for exact edges, each patched alone).")
+    cog.outl("")
+    cog.outl("| job | surgeon | baseline | GPT-2 small | Llama-shaped | auto-circuit | work / least | of peak | goal | "
+             "memory pred / meas |")
+    cog.outl("|---|---|---|---|---|---|---|---|---|---|")
     for job, name in JOB_NAMES.items():
         base, label = BASELINES[job]
         r, b = by["gpt2"][job], by["gpt2"].get(base) if base else None
         xs = [by[m][base]["seconds"] / by[m][job]["seconds"] if base else None for m in ("gpt2", "llama")]
         work, share, goal = _limit_cells(by, data, job)
+        vs_peer = {"eap": peer["eap"][1] / peer["eap"][0], "exact": peer["rate"][0] / peer["rate"][1]}.get(job)
         cells = [name, f"{r['seconds']:.2f} s", f"{label} {b['seconds']:.2f} s" if b else "--",
-                 *(_versus(x, base) for x in xs), work, share, goal, _held_out(job)]
+                 *(_versus(x, base) for x in xs), f"{vs_peer:.1f}x faster" if vs_peer else "--", work, share, goal,
+                 _held_out(job)]
         cog.outl("| " + " | ".join(cells) + " |")
     cog.outl("")
     ratios = [ln.split("ratio")[1].strip() for ln in (BENCH / "subset_search.txt").read_text().splitlines()
@@ -586,10 +594,31 @@ def bench_readme(items: int = 2, positions_letters: int = 10) -> None:
     if ratios:
         cog.outl(f"The subset search against the careful TransformerLens search (12,870 subsets of 16 heads, "
                  f"`bench/subset_search.py`): {' and '.join(ratios)} ({goal[0].split(':')[-1].strip() if goal else ''}). "
-                 f"{_contended_sentence()}{_features_sentence()} "
+                 f"{_contended_sentence()}{_features_sentence()} {_peer_sentence()} "
                  f"Why the misses, where the work grows and the extrapolation to Llama-3.1-8B on one 80 GB GPU: "
                  f"[benchmarks](docs/benchmarks.md). "
-                 f"{ran_on_many(['scale', 'memory', 'subset_search', 'features'])}")
+                 f"{ran_on_many(['scale', 'memory', 'subset_search', 'features', 'peer_auto_circuit'])}")
+
+
+def _peer_rates() -> dict:
+    """bench/peer_auto_circuit.py's saved medians: each side's EAP seconds and exact edges per second."""
+    d = json.loads((BENCH / "peer_auto_circuit.json").read_text())
+    us, them = d["surgeon"], d["auto_circuit"]
+    return {**d, "eap": (us["eap_s"], them["eap_s"]),
+            "rate": (d["top"] / us["exact_s"], d["peer_top"] / them["exact_s"])}
+
+
+def _peer_sentence() -> str:
+    """bench/peer_auto_circuit.py's saved numbers in one sentence: surgeon against auto-circuit 1.0.1, the tool a
+    researcher would otherwise install for edge attribution, on the same model, items and edges."""
+    d = _peer_rates()
+    (us, them), (r_us, r_them) = d["eap"], d["rate"]
+    return (f"Against the field's own tool for edge attribution, auto-circuit 1.0.1 (`bench/peer_auto_circuit.py`: "
+            f"GPT-2 small's shape, {d['edges']:,} edges, {d['items']} items, its scores checked equal to surgeon's "
+            f"first, to {max(d['eap_error'], d['exact_error']):.0e}; medians of {d['rounds']} interleaved rounds): "
+            f"EAP over every edge {us:.2f} s against {them:.2f} s ({them / us:.1f}x); exact scores, each edge patched "
+            f"alone, {r_us:.1f} edges/s against {r_them:.2f} ({r_us / r_them:.0f}x; auto-circuit's one forward per "
+            f"edge timed on {d['peer_top']} of surgeon's top {d['top']}).")
 
 
 def _contended_sentence() -> str:
