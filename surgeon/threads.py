@@ -83,11 +83,15 @@ def others_busy(a: Sample, b: Sample) -> float:
     return max(0.0, ((b.busy - a.busy) - (b.own - a.own)) / wall)
 
 
+TAKEN = 0.3  # other work holding more than this share of a core takes that core
+
+
 def threads_for(cores: int, busy_elsewhere: float, ceiling: int) -> int:
-    """The thread count for the next step: the cores other work leaves, rounded (while we run a thread per core,
-    a process that wants a whole core gets about 2/3 of one on 2 cores: it still costs a thread), between 1 and
-    `ceiling`."""
-    return max(1, min(ceiling, math.floor(cores - busy_elsewhere + 0.5)))
+    """The thread count for the next step: the cores less those other work takes (a core is taken once other work
+    holds more than `TAKEN` of it: while we run a thread per core, a process that wants a whole core gets about 2/3
+    of one on 2 cores, and less when our threads spin), between 1 and `ceiling`."""
+    taken = max(0, math.ceil(busy_elsewhere - TAKEN))
+    return max(1, min(ceiling, cores - taken))
 
 
 class ThreadGovernor:
@@ -141,7 +145,7 @@ class ThreadGovernor:
 
     @property
     def contended(self) -> bool:
-        return self.busy_elsewhere > 0.3
+        return self.busy_elsewhere > TAKEN
 
     @property
     def note(self) -> str:

@@ -29,7 +29,10 @@ def test_other_work_is_the_machines_busy_time_less_this_processs_own():
 @pytest.mark.parametrize("cores,busy,ceiling,want", [
     (2, 0.0, 2, 2),  # quiet: the starting count
     (2, 0.2, 2, 2),  # a short burst elsewhere does not cost a thread
+    (2, 0.4, 2, 1),  # a process sharing a core with two spinning threads of ours may get less than half of it
     (2, 0.67, 2, 1),  # one process sharing a core with two of ours gets about 2/3 of it: it costs a thread
+    (2, 1.2, 2, 1),
+    (4, 1.4, 4, 2),
     (2, 1.0, 2, 1),
     (2, 2.0, 2, 1),  # never below one
     (8, 3.0, 8, 5),
@@ -55,9 +58,11 @@ def test_a_busy_process_beside_the_loop_costs_a_thread_and_the_count_comes_back_
         time.sleep(0.5)
         with ThreadGovernor(adapt=True, min_interval=0.3) as gov:
             seen = []
-            for _ in range(4):
+            for _ in range(8):  # the first steps may still see the process starting
                 _spin(0.4)
                 seen.append(gov.step())
+                if seen[-1] == 1 and len(seen) >= 2:
+                    break
             assert seen[-1] == 1, (seen, gov.busy_elsewhere)
             assert gov.contended and gov.busy_elsewhere > 0.5
             assert "machine contended" in gov.note and "1 thread" in gov.note
