@@ -50,9 +50,24 @@ def _timings() -> dict:
     return json.loads(TIMINGS.read_text()) if TIMINGS.exists() else {}
 
 
+_RAN: dict[str, tuple[str, str | None]] = {}  # command line -> (its stdout as shown, the RESULTS name it has)
+
+
 def execute(cmd: str, name: str | None = None) -> str:
     """Run a `surgeon ...` command line from the repository root; its stdout (progress bars go to stderr).
-    With `name`, the command also writes --out and its results.json is kept in RESULTS[name]."""
+    With `name`, the command also writes --out and its results.json is kept in RESULTS[name]. A command line run
+    before in this pass is not run again: its output, and its results when that run kept them, are the same."""
+    if cmd in _RAN and (name is None or _RAN[cmd][1] is not None):
+        text, had = _RAN[cmd]
+        if name is not None:
+            RESULTS[name] = RESULTS[had]
+        return text
+    text = _execute(cmd, name)
+    _RAN[cmd] = (text, name)
+    return text
+
+
+def _execute(cmd: str, name: str | None) -> str:
     argv = shlex.split(cmd)
     if argv[0] == "surgeon":
         argv = [sys.executable, "-m", "surgeon", *argv[1:]]
@@ -206,11 +221,41 @@ def _in_empty_folder(path: str, name: str, argv: list[str]) -> tuple[str, str]:
     folder = _WORK / f"{Path(path).stem}-{abs(hash(code)) % 10**8}"
     folder.mkdir(parents=True, exist_ok=True)
     (folder / name).write_text(code + "\n")
-    env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", COLUMNS="200")
-    r = subprocess.run([sys.executable, *argv], cwd=folder, capture_output=True, text=True, env=env)
+    if FAST:  # a check runs it in this interpreter, in that folder (the same code, without a start-up)
+        r = _in_this_process(argv, folder)
+    else:
+        env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", COLUMNS="200")
+        r = subprocess.run([sys.executable, *argv], cwd=folder, capture_output=True, text=True, env=env)
     if r.returncode != 0:
         raise SystemExit(f"{path} failed ({r.returncode}) under {argv}:\n{r.stderr[-3000:]}")
     return code, r.stdout.replace(str(ROOT) + os.sep, "")
+
+
+def _in_this_process(argv: list[str], cwd: Path) -> subprocess.CompletedProcess:
+    """`python *argv` (a script, or `-m surgeon ...`) run in this interpreter from `cwd`, its output captured."""
+    import contextlib
+    import io
+    import runpy
+
+    from surgeon.cli.commands import main as surgeon_main
+
+    buf, err, code = io.StringIO(), io.StringIO(), 0
+    here, args = os.getcwd(), sys.argv
+    os.chdir(cwd)
+    try:
+        with contextlib.redirect_stdout(buf), contextlib.redirect_stderr(err):
+            if argv[:2] == ["-m", "surgeon"]:
+                code = surgeon_main(argv[2:])
+            else:
+                sys.argv = list(argv)
+                try:
+                    runpy.run_path(argv[0], run_name="__main__")
+                except SystemExit as e:
+                    code = e.code if isinstance(e.code, int) else 1
+    finally:
+        os.chdir(here)
+        sys.argv = args
+    return subprocess.CompletedProcess(argv, code, buf.getvalue(), err.getvalue())
 
 
 def example(path: str, keep=None, slow: bool = False) -> None:
@@ -336,8 +381,11 @@ def scan_example(keep=None) -> None:
 def scan_line() -> None:
     """One sentence: what `surgeon scan` finds on the decimal organism (run now): the formats scored, the held-out
     worst and best, the part that costs most, the minimal pair."""
-    execute("surgeon scan", name="readme_scan")
-    r = RESULTS["readme_scan"]
+    if "docs_scan" in RESULTS:  # docs/scan.md ran the same scan (and wrote its case file): its results, not a rerun
+        r = RESULTS["docs_scan"]
+    else:
+        execute("surgeon scan", name="readme_scan")
+        r = RESULTS["readme_scan"]
     held = r["held_out"]
     worst = min(f["accuracy"]["value"] for f in held)
     best = max(f["accuracy"]["value"] for f in held)
@@ -690,23 +738,23 @@ def ran_on(name: str) -> str:
     return f"[ran on {commit}, {date}; {CODE_TIMED} {'unchanged since' if same else f'changed since: rerun with {rerun}'}]"
 
 
-def _collect(*marker: str) -> int:
-    r = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-n", "0", *marker], cwd=ROOT,
-                       capture_output=True,
-                       text=True)
-    m = re.search(r"(\d+)(?:/\d+)? tests? (?:collected|selected)", r.stdout)
+def _collect() -> tuple[int, int]:
+    """(tests, slow tests): one collection, deselecting the slow ones ("1029/1159 tests collected (130 deselected)")."""
+    r = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-n", "0", "-m", "not slow"], cwd=ROOT,
+                       capture_output=True, text=True)
+    m = re.search(r"(\d+)/(\d+) tests? (?:collected|selected)", r.stdout)
     if not m:
         raise SystemExit(f"pytest --collect-only printed no count:\n{r.stdout[-2000:]}{r.stderr[-2000:]}")
-    return int(m.group(1))
+    return int(m.group(2)), int(m.group(2)) - int(m.group(1))
 
 
 def suite() -> dict:
     """The test suite's size (collected now) and wall times (measured by `python docs/readme.py --suite`)."""
     t = _timings()
-    total = _collect()
+    total, slow = _collect()
     unmeasured = "(not measured yet: python docs/readme.py --suite)"
     timed = t.get("suite-tests", total)  # how many tests the timed run had (the suite grows between timings)
-    return {"tests": total, "slow": total - _collect("-m", "not slow"),
+    return {"tests": total, "slow": slow,
             "when": "" if timed == total else f" (timed when it had {timed} tests)",
             "time": _minutes(t["suite"]) if "suite" in t else unmeasured,
             "fast_time": _minutes(t["suite-fast"]) if "suite-fast" in t else unmeasured}
@@ -722,17 +770,17 @@ DURATIONS = 40  # the slowest tests recorded
 # docs check: say why, or make it faster)
 SLOW_WHY = {
     "tests/test_readme.py::test_readme_is_regenerated_from_real_runs":
-        "reruns every fast command block of the README and the docs pages (dozens of `surgeon` commands on the "
-        "organisms, each a fresh process) and compares what they print",
+        "reruns every fast command block and example of the README and the docs pages (dozens of `surgeon` commands "
+        "and Python examples on the organisms, in its one process) and compares what they print",
     "tests/test_readme_blocks.py::test_the_own_model_block_runs_on_a_standin":
         "the README's own-model block as written, on a checkpoint of Llama-3.1-8B's layout (32 layers x 32 heads, "
-        "grouped-query): `surgeon patch` sweeps its 1,024 heads in a subprocess",
+        "grouped-query, heads of 2 dimensions): `surgeon patch` sweeps its 1,024 heads over 64 items in a subprocess",
     "tests/engine/test_memory.py":
         "peak memory measured per job on shapes held out of the memory plan's fit, large enough that the "
         "activations, not the weights, set the peak",
     "tests/analyses/test_repair_table.py":
-        "the ground truth written by hand: TransformerLens hooks, one prompt at a time, over the organism's test "
-        "split for every row of the table",
+        "the repair of each row of the table measured on the organism's test split (384 items; the hand-written "
+        "ground truth beside it, TransformerLens hooks on prompts of one length at a time, takes a tenth of it)",
     "tests/sae/test_feature_memory.py":
         "feature circuits' memory plan against the measured peak on a held-out grouped-query shape with TopK SAEs "
         "of 16x at three layers",
@@ -799,7 +847,7 @@ def measure_suite() -> None:
         if key == "suite":  # pytest's --durations lines: "12.34s call     tests/x.py::test_y"
             new["suite-slowest"] = [[float(m.group(1)), m.group(2), m.group(3)] for m in
                                     re.finditer(r"^(\d+\.\d+)s (setup|call|teardown)\s+(\S+)$", r.stdout, re.M)]
-    new["suite-tests"] = _collect()
+    new["suite-tests"] = _collect()[0]
     t = _timings()
     t.update(new)
     TIMINGS.write_text(json.dumps(t, indent=1, sort_keys=True) + "\n")
