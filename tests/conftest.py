@@ -15,10 +15,6 @@ import torch
 torch.set_num_threads(1 if WORKER else min(2, os.cpu_count() or 1))
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-# the tests that measure a process's peak memory (glibc made to map and unmap every large block, so the resident set
-# follows the tensors alive) run one after another on one worker: two at once fault pages in against each other and
-# each took three times as long as alone (gqa's exact edges: 84 s beside another, 21 s alone, on 2 cores)
-MEASURES_MEMORY = pytest.mark.xdist_group("memory")
 
 
 @pytest.fixture(scope="session")

@@ -10,7 +10,7 @@ from surgeon.analyses.common import make_contrast
 from surgeon.cli import main
 from surgeon.sites.edges import EdgeSite
 from surgeon.sites.nodes import Site
-from tests.conftest import MEASURES_MEMORY, ROOT
+from tests.conftest import ROOT
 
 THRESHOLD = f"{ROOT}/cases/threshold_organism.py"
 INDUCTION = f"{ROOT}/cases/induction_organism.py"
@@ -159,7 +159,6 @@ print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024)
 
 
 @pytest.mark.slow
-@MEASURES_MEMORY
 def test_memory_does_not_grow_with_the_number_of_items():
     """Family 3: EAP-IG's gradients and the faithfulness curve over 8x the items in fresh processes: peak memory
     grows by at most 40 MB (before streaming, 1.2 MB per item: about 1 GB more here; 10,000 items passed 6 GB).

@@ -11,7 +11,7 @@ import pytest
 from surgeon.analyses import planning
 from surgeon.cli import main
 from surgeon.errors import AnalysisError
-from tests.conftest import MEASURES_MEMORY, ROOT
+from tests.conftest import ROOT
 
 CASE = os.path.join(ROOT, "cases", "chain_organism.py")
 
@@ -129,7 +129,6 @@ def test_the_command_prints_the_plan_and_refuses_before_the_work(capsys, tmp_pat
 
 
 @pytest.mark.slow
-@MEASURES_MEMORY
 @pytest.mark.parametrize("job", ["exact", "attribution", "edges"])
 def test_the_plan_is_never_under_the_measured_peak_on_a_held_out_shape(job):
     """A grouped-query model with RMSNorm and rotary (bench/scale.py's "gqa", not the shape the constants were fitted
