@@ -79,20 +79,7 @@ def _execute(cmd: str, name: str | None) -> str:
         argv += ["--out", str(out)]
     if FAST and argv[1:3] == ["-m", "surgeon"]:
         # a check runs the commands in this interpreter (the same code, without a start-up per command)
-        import contextlib
-        import io
-
-        from surgeon.cli.commands import main as surgeon_main
-
-        buf, err = io.StringIO(), io.StringIO()
-        cwd = os.getcwd()
-        os.chdir(ROOT)
-        try:
-            with contextlib.redirect_stdout(buf), contextlib.redirect_stderr(err):
-                code = surgeon_main(argv[3:])
-        finally:
-            os.chdir(cwd)
-        r = subprocess.CompletedProcess(argv, code, buf.getvalue(), err.getvalue())
+        r = _in_this_process(argv[1:], ROOT)
         dt = None
     else:
         env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", COLUMNS="200")
