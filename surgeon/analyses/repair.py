@@ -44,7 +44,7 @@ from surgeon.repairs.site import ConstantSite
 from surgeon.search.subsets import Unit, parse_units
 from surgeon.show import Shows
 from surgeon.sites.nodes import Site, hook_component, unit_label
-from surgeon.case.case import Case, Item, by_tag, content_digest
+from surgeon.case.case import Case, Item, content_digest, tag_indices
 from surgeon.case.encoding import Row, prompt_rows
 from surgeon.case.metrics import METRICS
 from surgeon.case.select import pick_bad, pick_items
@@ -310,9 +310,13 @@ class Scorer:
         r = np.asarray(self.metric.right(scores))
         return wilson(int(r.sum()), int(r.size))
 
+    def clean_scores(self) -> np.ndarray:
+        """[n] the unrepaired scores (the base format's clean run)."""
+        return self.c.clean_base.float().cpu().numpy()
+
     @property
     def unrepaired(self) -> Estimate:
-        return self.accuracy(self.c.clean_base.float().cpu().numpy())
+        return self.accuracy(self.clean_scores())
 
 
 def per_item(x: np.ndarray, owner: np.ndarray, n: int) -> np.ndarray:
@@ -475,24 +479,27 @@ def fold_cost(case: Case, model, repair: Repair, items: Sequence[Item], *, focus
     KL from the unrepaired model (its log-probabilities taken before the edit)."""
     check_rule(rule)
     hooks = every_position_hooks(repair, rule)
-    tags = by_tag(items)
-    plans = []
-    for fmt in [*bads, case.good]:
-        for tag, its in tags.items():
-            measure = "specificity" if fmt == case.good else ("efficacy" if focus in ("all", tag) else "generalization")
-            metric, ref = case_metric(case, model, its, batch_size)
-            plans.append((measure, fmt, tag or "all", format_rows(case, model, fmt, its),
-                          format_rows(case, model, case.good, its), metric, ref))
+    tags = tag_indices(items)
+    metric, ref = case_metric(case, model, items, batch_size)
+    good = format_rows(case, model, case.good, items)
     krows, owner = scored_positions(case, model, case.good, items)
     kref = reference_logprobs(model, krows, batch_size)  # the unrepaired model's, before the edit
-    unrepaired = [Scorer(case, model, its, fmt, batch_size).unrepaired for fmt in [*bads, case.good]
-                  for its in tags.values()]
+    # one Contrast a format (its items' scores split by tag), without the edit and then under it
+    unrepaired = {fmt: Scorer(case, model, items, fmt, batch_size).clean_scores() for fmt in [*bads, case.good]}
     rows = []
+
+    def rate(x):
+        right = np.asarray(metric.right(x))
+        return wilson(int(right.sum()), int(right.size))
+
     with model.hooks(fwd_hooks=hooks):
-        for (measure, fmt, tag, r, g, metric, ref), un in zip(plans, unrepaired):
-            c = Contrast(model, r, g, case.align, batch_size=batch_size, metric=metric, reference=ref)
-            right = np.asarray(metric.right(c.clean_base.float().cpu().numpy()))
-            rows.append(RateRow(measure, fmt, tag, wilson(int(right.sum()), int(right.size)), un))
+        for fmt in [*bads, case.good]:
+            c = Contrast(model, format_rows(case, model, fmt, items), good, case.align, batch_size=batch_size,
+                         metric=metric, reference=ref)
+            folded = c.clean_base.float().cpu().numpy()
+            for tag, idx in tags.items():
+                measure = "specificity" if fmt == case.good else ("efficacy" if focus in ("all", tag) else "generalization")
+                rows.append(RateRow(measure, fmt, tag or "all", rate(folded[idx]), rate(unrepaired[fmt][idx])))
         kc = Contrast(model, krows, krows, case.align, batch_size=batch_size, metric=METRICS["kl"](), reference=kref)
         k = np.maximum(-kc.clean_base.float().cpu().numpy()[None], 0)
     kl = per_item(k, owner, len(items))[0]
@@ -591,21 +598,23 @@ def measure_repair(case: Case, model, repair: Repair, items: Sequence[Item], *, 
     unrepaired model in every format; neutral texts), generation, and the same heads as a paired interchange."""
     masks = repair_masks(repair, model.cfg)
     rows: list[RateRow] = []
-    tags = by_tag(items)
-    for fmt in [*bads, case.good]:
-        for tag, its in tags.items():
-            s = Scorer(case, model, its, fmt, batch_size)
+    tags = tag_indices(items)
+    unrepaired = {}  # per format: the items' scores without the repair
+    for fmt in [*bads, case.good]:  # one Scorer a format (its clean passes once), its items' scores split by tag
+        s = Scorer(case, model, items, fmt, batch_size)
+        repaired, unrepaired[fmt] = s.run(masks)[0], s.clean_scores()
+        for tag, idx in tags.items():
             mine = focus == "all" or tag == focus
             measure = "specificity" if fmt == case.good else ("efficacy" if mine else "generalization")
-            rows.append(RateRow(measure, fmt, tag or "all", s.accuracy(s.run(masks)[0]), s.unrepaired))
+            rows.append(RateRow(measure, fmt, tag or "all", s.accuracy(repaired[idx]),
+                                s.accuracy(unrepaired[fmt][idx])))
     if paired and all(hook_component(h).name == "z" for h in repair.values):  # a paired patch of heads only
         for fmt in bads:
-            its = list(items) if focus == "all" else tags.get(focus, [])
-            if its:
-                e = evaluate_subsets(replace(case, items=list(its), focus=None), model, [",".join(repair.heads)],
-                                     bad=fmt, tag=None, batch_size=batch_size)[0]
-                s = Scorer(case, model, its, fmt, batch_size)
-                rows.append(RateRow("paired", fmt, focus, e.rate, s.unrepaired))
+            idx = list(range(len(items))) if focus == "all" else tags.get(focus, [])
+            if idx:
+                e = evaluate_subsets(replace(case, items=[items[i] for i in idx], focus=None), model,
+                                     [",".join(repair.heads)], bad=fmt, tag=None, batch_size=batch_size)[0]
+                rows.append(RateRow("paired", fmt, focus, e.rate, s.accuracy(unrepaired[fmt][idx])))  # one metric
     shifts = []
     labels = [item_label(it) for it in items]
     for fmt in [case.good, *bads]:
@@ -616,8 +625,9 @@ def measure_repair(case: Case, model, repair: Repair, items: Sequence[Item], *, 
     gens = []
     if generate:
         for fmt in [*bads, case.good]:
-            for tag, its in tags.items():
-                gens.append(_generation(case, model, repair, fmt, tag or "all", its, generate, batch_size))
+            for tag, idx in tags.items():
+                gens.append(_generation(case, model, repair, fmt, tag or "all", [items[i] for i in idx], generate,
+                                        batch_size))
     return rows, shifts, gens
 
 
@@ -695,6 +705,26 @@ def _discovery_rows(case, model, repair, items, focus, bads, batch_size) -> list
     return out
 
 
+def _controls(case: Case, model, items: Sequence[Item], focus: str, bads: Sequence[str], batch_size: int,
+              max_drop: float) -> list[tuple[Scorer, list[tuple[list[int], float]]]]:
+    """The items a repair must not harm while it is chosen (every format's items of the tags other than the focus):
+    one Scorer a format over them all, each tag's positions among them and its floor (its unrepaired rate less
+    `max_drop`)."""
+    if focus == "all":
+        return []
+    ctl, spans = [], []
+    for t, idx in tag_indices(items).items():
+        if t != focus:
+            spans.append(list(range(len(ctl), len(ctl) + len(idx))))
+            ctl += [items[i] for i in idx]
+    out = []
+    for f in ([*bads, case.good] if ctl else []):
+        s = Scorer(case, model, ctl, f, batch_size)
+        clean = s.clean_scores()
+        out.append((s, [(span, s.accuracy(clean[span]).value - max_drop) for span in spans]))
+    return out
+
+
 def search_repair(case: Case, model, *, heads: str | Sequence[str] | None = None, mode: str = "mean",
                   strengths: Sequence[float] | None = None, max_heads: int = 8, max_kl: float = 0.1,
                   max_kl_q90: float | None = None, max_drop: float = 0.05, bad: str | None = None, tag: str | None = None, holdout: float | None = 0.5,
@@ -721,9 +751,7 @@ def search_repair(case: Case, model, *, heads: str | Sequence[str] | None = None
     sites = {h: ConstantSite.at(h, v, MODES[mode]) for h, v in pool.values.items()}
     focus_scorers = [Scorer(case, model, disc_focus, f, batch_size) for f in bads]
     kl_scorer = Scorer(case, model, disc, case.good, batch_size, kl=True)
-    others = [(f, t, Scorer(case, model, its, f, batch_size)) for f in [*bads, case.good]
-              for t, its in by_tag(disc).items() if focus != "all" and t != focus]
-    floors = [s.unrepaired.value - max_drop for _, _, s in others]
+    others = _controls(case, model, disc, focus, bads, batch_size, max_drop)
     start = (float(np.mean([s.unrepaired.value for s in focus_scorers])),
              float(np.mean([s.c.clean_base.float().mean().item() for s in focus_scorers])))
     kls = []  # each step's candidates' KL (mean, 90th percentile), for the record
@@ -736,8 +764,10 @@ def search_repair(case: Case, model, *, heads: str | Sequence[str] | None = None
         kl_items = kl_scorer.kl(masks)
         kl, kl_q = kl_items.mean(-1), np.quantile(kl_items, 0.9, axis=-1)
         ok = (kl <= max_kl) & (kl_q <= max_kl_q90)
-        for (_, _, s), floor in zip(others, floors):
-            ok &= s.rates(s.run(masks)) >= floor - 1e-12
+        for s, checks in others:
+            x = s.run(masks)
+            for span, floor in checks:
+                ok &= s.rates(x[:, span]) >= floor - 1e-12
         kls.append((kl, kl_q))
         return rate, mean, ok
 

@@ -235,8 +235,8 @@ def measure_candidates(case: Case, model, items: Sequence[Item], focus: str, bad
         s = Scorer(case, model, focus_items, f, batch_size)
         eff.append(np.asarray(s.metric.right(s.run(masks))))
         eff0.append(np.asarray(s.metric.right(s.c.clean_base.float().cpu().numpy())))
-    groups = [(case.good, list(items))] + [(f, its) for f in bads for t, its in tags.items()
-                                           if focus != "all" and t != focus]
+    others = [it for t, its in tags.items() if focus != "all" and t != focus for it in its]  # in tag order
+    groups = [(case.good, list(items))] + [(f, others) for f in bads if others]  # one Scorer a format
     for f, its in groups:
         s = Scorer(case, model, its, f, batch_size)
         ctl.append(np.asarray(s.metric.right(s.run(masks))))
