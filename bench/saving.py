@@ -42,7 +42,7 @@ SOURCES = {
                  "surgeon/analyses/feature_edges.py", "surgeon/analyses/scoring.py", "surgeon/analyses/common.py"),
     # bench/gpu.py: run on a lent GPU, never by bench/all.py (no GPU where CI runs), so its result can be older than
     # the code it times: the README and docs say so beside its numbers rather than fail (tests/test_bench.py)
-    "gpu": _CIRCUIT + ("surgeon/analyses/repair.py", "surgeon/repairs"),
+    "gpu": _CIRCUIT + ("surgeon/analyses/repair.py", "surgeon/repairs", "surgeon/models/loading.py"),  # model_digest
     "growth": _CIRCUIT,
     "heldout": ("surgeon/analyses/heldout.py", "surgeon/search/subsets.py", "surgeon/analyses/threshold.py",
                 "surgeon/search/shards.py",

@@ -340,12 +340,12 @@ def scan_line() -> None:
     p = r["pair"]
     (part, (works, fails)), = p["differs"].items()
     w, f = p["held_out"]["works"]["value"], p["held_out"]["fails"]["value"]
-    out(f"Before any of that, `surgeon scan` finds where a model fails: on the decimal organism it scores "
+    out(f"`surgeon scan` finds where a model fails: on the decimal organism it scores "
         f"{r['n_formats']} formats composed from question and answer cues, separators and casing, and on held-out items "
         f"the worst answers {100 * worst:.0f}% of traps and the best {100 * best:.0f}%; the {e['part'].replace('_', ' ')} "
         f"`{e['option']}` costs {-100 * h['value']:.1f} points [{-100 * h['hi']:.1f}, {-100 * h['lo']:.1f}] (Holm-corrected), "
         f"and the minimal pair differs only in the {part.replace('_', ' ')} ({works} {100 * w:.0f}%, {fails} "
-        f"{100 * f:.0f}%), written as a case file by `--write-case` ([scan](docs/scan.md)).")
+        f"{100 * f:.0f}%): the case file `--write-case` writes, which the lines above run on ([scan](docs/scan.md)).")
 
 
 def case_rules() -> None:

@@ -1,10 +1,12 @@
 import surgeon
 
-case = "decimal_organism"          # a shipped case: 9.11 > 9.8 in its 'qa' and 'chat' formats, not 'plain'
+scan = surgeon.scan("decimal_organism", write_case="found.py")  # 96 formats around one question: where does it fail?
+print(scan)                        # held out: worst and best formats, the part that causes it, the minimal pair
+case = "found.py"                  # the pair it wrote ('works', 'fails'), the organism and the case's items
 print(surgeon.diagnose(case))      # accuracy per format and tag, 95% intervals: is the failure there?
-patch = surgeon.patch(case, bad="chat")          # every head patched alone, 'plain' -> 'chat'
+patch = surgeon.patch(case)                      # every head patched alone, 'works' -> 'fails'
 print(patch)                                     # repair fraction per head, n and 95% intervals
-held = surgeon.circuit(case, bad="chat", paths=3, holdout=0.5)   # found on half the items, measured on the rest
+held = surgeon.circuit(case, paths=3, holdout=0.5)   # found on half the items, measured on the rest
 print(held)                        # faithfulness on the held-out half (the result) beside the in-sample one
 held.search.export("circuit.mib.json", "circuit.dot", "circuit.tex")   # EAP-IG/MIB, Graphviz, TikZ
 fix = surgeon.repair(case, search=True, generate=6, baselines=True, fold="slot0")  # heads chosen on half the items

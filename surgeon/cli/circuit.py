@@ -137,13 +137,14 @@ def cmd_circuit_eval(args) -> int:
         check_circuit_file(circuit, case.model, ablation, str(args.graph))
 
     case, model, device = load_case_and_model(args, check=against_the_model)
-    from surgeon.reports import text as report
+    from surgeon.reports.circuit_view import circuit_eval_text
+    from surgeon.reports.text import save
 
     r = evaluate_circuit(case, model, circuit, ablation=args.ablation, semantics=args.semantics,
                          direction=args.direction, bad=args.bad,
                          tag=args.tag, batch_size=args.batch_size, where=str(args.graph))
-    print(report.circuit_eval_text(r, args.graph))
+    print(circuit_eval_text(r, args.graph))
     if args.out:
-        report.save(args.out, "circuit-eval", r, case, args, device)
+        save(args.out, "circuit-eval", r, case, args, device)
         print(f"\nwrote {args.out}/results.json, manifest.json")
     return 0

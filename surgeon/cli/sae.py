@@ -212,15 +212,16 @@ def run(args) -> int:
             eval_split(case, args.tag, args.holdout, args.seed, args.eval_items)
 
     case, model, device = load_case_and_model(args, check=sae_first)
-    from surgeon.reports import text as report
+    from surgeon.reports.feature_view import amplified_text
+    from surgeon.reports.text import save
 
     if args.action == "train":
-        return _train(args, case, model, device, report.save)
+        return _train(args, case, model, device, save)
     import surgeon.api as api
 
     sae = dict(sae_release=args.sae_release, sae_id=args.sae_id, sae_dir=args.sae_dir, device=device, dtype=args.dtype)
     if args.action == "quality":
-        return _quality(args, case, model, device, report.save)
+        return _quality(args, case, model, device, save)
     if args.action == "overlap":
         r = api.sae_overlap(case, model, layers=parse_layers(args.layers), top_k=args.top_k, position=args.position,
                             bad=args.bad, tag=args.tag, batch_size=args.batch_size, **sae)
@@ -229,7 +230,7 @@ def run(args) -> int:
         r = api.sae_amplified(case, model, layer=args.layer, position=args.position, labels=args.labels, top=args.top,
                               min_items=args.min_items, bad=args.bad, tag=args.tag, batch_size=args.batch_size,
                               **sae)
-        return print_report(args, r, case, device, report.amplified_text(r, args.top))
+        return print_report(args, r, case, device, amplified_text(r, args.top))
     if args.action == "heads":
         r = api.sae_heads(case, model, layer=args.layer, sae_layer=args.sae_layer, top=args.top,
                           groups=[g for g in args.groups.split(",") if g.strip()], bad=args.bad, tag=args.tag,

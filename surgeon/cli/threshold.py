@@ -83,9 +83,9 @@ def cmd_threshold(args) -> int:
 
         rates = evaluate_subsets(case, model, args.eval, component=args.component, bad=args.bad, tag=args.tag,
                                  batch_size=args.batch_size)
-        from surgeon.reports import text as report
+        from surgeon.reports.threshold_view import subset_rates_text
 
-        print(report.subset_rates_text(rates, case, args.bad, args.tag))
+        print(subset_rates_text(rates, case, args.bad, args.tag))
         return 0
     if args.generate:  # refused before the search, not after it
         from surgeon.analyses.generation import check_generation
@@ -171,7 +171,7 @@ def _search(args, case, device, model, out, ray, search: dict) -> int:
     """The search itself (checkpointed in `out`, sharded, on Ray), its text and its files; an interrupted search
     keeps its partial results."""
     from surgeon.analyses.threshold import Interrupted, threshold_search
-    from surgeon.reports import text as report
+    from surgeon.reports.threshold_view import save_threshold, threshold_text
 
     try:
         r = threshold_search(case, model, out=out, shard=args.shard, generate=args.generate, progress=True, ray=ray,
@@ -180,19 +180,19 @@ def _search(args, case, device, model, out, ray, search: dict) -> int:
         from surgeon.results import reset_interrupts
 
         reset_interrupts()  # the signal arrived where it was meant to: the partial results are kept on purpose
-        print(report.threshold_text(e.partial))
+        print(threshold_text(e.partial))
         if out is None:
             print("\ninterrupted (to continue an interrupted search later, give it --out)", file=sys.stderr)
             return 130
-        report.save_threshold(out, e.partial, case, args, device)
+        save_threshold(out, e.partial, case, args, device)
         print(f"\ninterrupted: partial results in {out}; continue with --resume", file=sys.stderr)
         return 130
     if r is None:
         print(f"shard {args.shard} done: parts in {out}/parts; merge the shards with: surgeon merge DIR... --out DIR")
         return 0
-    print(report.threshold_text(r))
+    print(threshold_text(r))
     if out is not None:
-        report.save_threshold(out, r, case, args, device)
+        save_threshold(out, r, case, args, device)
         print(f"\nwrote {out}/results.json, manifest.json, subsets.csv, threshold.png")
     return 0
 
@@ -205,11 +205,11 @@ def _merge_options(p) -> None:
 
 @command('merge', "merge threshold shards into the result one run gives", _merge_options)
 def cmd_merge(args) -> int:
-    from surgeon.reports import text as report
+    from surgeon.reports.threshold_view import save_threshold, threshold_text
     from surgeon.search.shards import merge
 
     r = merge(args.dirs, args.out)
-    report.save_threshold(args.out, r, None, args, None)
-    print(report.threshold_text(r))
+    save_threshold(args.out, r, None, args, None)
+    print(threshold_text(r))
     print(f"\nmerged {len(args.dirs)} shards into {args.out}")
     return 0

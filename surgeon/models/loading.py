@@ -18,6 +18,7 @@ import sys
 
 import os
 import re
+import weakref
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -208,24 +209,101 @@ def weights_sha256(ref: ModelRef) -> str | None:
     return h.hexdigest()
 
 
+# model_digest's cache: per model object, the digest and what it was computed on (`_fingerprint`)
+_DIGESTS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+_CHUNK = 1 << 26  # elements a checksum reduces at once (a multiple of 1,024; bounds its int64 temporaries)
+_COPY = 1 << 28  # bytes a CUDA tensor moves to the host at once, through one pinned buffer
+
+
 def model_digest(model) -> str:
     """sha256 over a model in memory: its TransformerLens config and every parameter's name, dtype, shape and bytes
-    (exact; CUDA tensors are copied to the host one at a time). What a cache or resume key holds for the model:
-    the same weights loaded differently, a weight edited in place, or another dtype give another digest."""
-    import hashlib
+    (exact). What a cache or resume key holds for the model: the same weights loaded differently, a weight edited in
+    place, or another dtype give another digest.
+
+    Computed once per model object and weights: the digest is kept beside a fingerprint of what it hashed (each
+    parameter's name, storage, version counter, dtype, shape and device, and an exact, order-sensitive checksum of
+    its bytes computed where the weights are, `_checksum`), and computed again only when that changes: the full hash
+    reads every byte on the host, the fingerprint only reduces them on the device. CUDA tensors
+    reach the host through one pinned buffer, a block at a time; bytes are hashed without a copy."""
+    import torch
+
+    params = list(model.named_parameters())
+    with torch.no_grad():
+        key = _fingerprint(model, params)
+        hit = _DIGESTS.get(model)
+        if hit is not None and hit[0] == key:
+            return hit[1]
+        digest = _full_digest(model, params)
+    try:
+        _DIGESTS[model] = (key, digest)
+    except TypeError:  # not weak-referenceable: no cache
+        pass
+    return digest
+
+
+def _config_json(model) -> bytes:
     import json
+
+    cfg = model.cfg.to_dict() if hasattr(model.cfg, "to_dict") else vars(model.cfg)
+    return json.dumps({k: v for k, v in cfg.items() if k not in ("device", "n_devices")}, sort_keys=True,
+                      default=str).encode()
+
+
+def _fingerprint(model, params) -> tuple:
+    """What `model_digest` hashed, cheaply: the config, and per parameter its name, storage, version counter, dtype,
+    shape, device and an exact checksum of its bytes (`_checksum`: an edit that bypasses the version counter, `.data`,
+    is seen too)."""
+    return (_config_json(model),) + tuple(
+        (name, w.data_ptr(), w._version, str(w.dtype), tuple(w.shape), str(w.device), _checksum(w))
+        for name, w in params)
+
+
+def _checksum(w) -> int:
+    """An exact, order-sensitive integer checksum of a tensor's bytes, computed where it is: its integer words in rows
+    of 1,024, each word weighted by its place in the row and each row's sum by the row's place (int64, wrapping)."""
+    import torch
+
+    t = w.detach().contiguous().view(-1)
+    if not t.numel():
+        return 0
+    words = t.view({8: torch.int64, 4: torch.int32, 2: torch.int16}.get(t.element_size(), torch.uint8))
+    col = torch.arange(1, 2049, 2, dtype=torch.int64, device=t.device)  # odd weights 1, 3, ..., 2047
+    total = torch.zeros((), dtype=torch.int64, device=t.device)
+    for lo in range(0, words.numel(), _CHUNK):
+        block = words[lo: lo + _CHUNK].to(torch.int64)
+        n = block.numel() // 1024 * 1024
+        rows = (block[:n].view(-1, 1024) * col).sum(1)
+        first = lo // 1024 + 1
+        total += (rows * torch.arange(first, first + rows.numel(), dtype=torch.int64, device=t.device)).sum()
+        total += (block[n:] * col[: block.numel() - n]).sum() * 7919
+    return int(total)
+
+
+def _full_digest(model, params) -> str:
+    import hashlib
 
     import torch
 
     h = hashlib.sha256()
-    cfg = model.cfg.to_dict() if hasattr(model.cfg, "to_dict") else vars(model.cfg)
-    h.update(json.dumps({k: v for k, v in cfg.items() if k not in ("device", "n_devices")}, sort_keys=True,
-                        default=str).encode())
-    with torch.no_grad():
-        for name, w in model.named_parameters():
-            t = w.detach().contiguous().cpu()
-            h.update(f"{name}:{t.dtype}:{tuple(t.shape)}".encode())
-            h.update(t.view(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+    h.update(_config_json(model))
+    pinned = None
+    for name, w in params:
+        t = w.detach().contiguous()
+        h.update(f"{name}:{t.dtype}:{tuple(t.shape)}".encode())
+        if not t.numel():
+            continue
+        flat = t.view(-1).view(torch.uint8)
+        if flat.device.type != "cuda":
+            h.update(flat.numpy())
+            continue
+        if pinned is None:
+            pinned = torch.empty(min(_COPY, max(p.numel() * p.element_size() for _, p in params)), dtype=torch.uint8,
+                                 pin_memory=True)
+        for lo in range(0, flat.numel(), pinned.numel()):
+            part = flat[lo: lo + pinned.numel()]
+            buf = pinned[: part.numel()]
+            buf.copy_(part)  # synchronous: the buffer is hashed next
+            h.update(buf.numpy())
     return h.hexdigest()
 
 

@@ -1,4 +1,6 @@
-"""Attention patterns as an interactive view (Jupyter and the report page): per item, a grid of heads (rows) by
+"""How attention patterns print, and their interactive view.
+
+Attention patterns as an interactive view (Jupyter and the report page): per item, a grid of heads (rows) by
 formats (columns), each cell the tokens read up to the scored position. Hovering a token makes it the query and
 shades every token by the weight that query gives it; the view opens on the scored position (the query whose
 attention reaches the logits the metric reads), outlined. Self-contained HTML and JavaScript, nothing fetched; the
@@ -8,6 +10,10 @@ from __future__ import annotations
 import hashlib
 import html
 import json
+
+import numpy as np
+from surgeon.show import View
+from surgeon.reports import figures
 
 CSS = """
 .attn-view{font-family:system-ui,sans-serif;font-size:12px}.attn-view table{border-collapse:collapse;margin:.4em 0}
@@ -73,3 +79,26 @@ def widget(r) -> str:
         out.append("</table>")
     out.append(f"<script type='application/json' class='attn-data'>{blob}</script><script>{JS}</script></div>")
     return "".join(out)
+
+
+def attention_text(r, top: int = 3) -> str:
+    lines = [f"case {r.case} · attention patterns of {', '.join(r.heads)} · items {r.items} ({r.tag or 'all'}) · "
+             f"formats {', '.join(r.formats)}",
+             f"from the last prompt token: the {top} keys attended most (weight)"]
+    for head in r.heads:
+        for i in r.items:
+            lines.append("")
+            for fmt in r.formats:
+                p = r.get(head, i, fmt)
+                row = p.pattern[-1]
+                best = np.argsort(-row, kind="stable")[:top]
+                lines.append(f"{head} item {i:<3d} {fmt:8s} " + "  ".join(f"{k}:{p.tokens[k]!r} {row[k]:.2f}"
+                                                                         for k in best))
+    return "\n".join(lines)
+
+
+# how each result of this module's analyses prints, draws and saves (registered by surgeon.reports.views)
+VIEWS = {
+    "AttentionResult": View("attention", attention_text, {"attention.png": figures.attention_figure},
+                            widget=widget),
+}

@@ -1,4 +1,6 @@
-"""The report page's circuit view: the circuit's graph laid out by layer, as a static SVG (what a reader sees where
+"""How a circuit prints (discovered, held out, over folds, evaluated from a file) and its view on the report page.
+
+The report page's circuit view: the circuit's graph laid out by layer, as a static SVG (what a reader sees where
 scripts do not run) and as the data the page's script redraws it from (a slider over every top-k prefix of the
 ranking, a tooltip per edge and node, paths through a clicked node, and a view of only the nodes the shown edges
 touch, for models with many heads).
@@ -16,8 +18,15 @@ from __future__ import annotations
 
 import html
 import json
+import math
 
 import numpy as np
+
+from surgeon.reports.text import num, num3
+from surgeon.show import View
+from surgeon.reports import figures
+from surgeon.reports import tables
+from surgeon.circuits.export import circuit_figure
 
 SPACING = 44  # px between neighbouring nodes of a row
 MARGIN = 56  # px left and right of the rows (the left one holds the row names)
@@ -350,3 +359,173 @@ JS = r"""
   build();
 })();
 """
+
+
+def folds_circuit_text(r) -> str:
+    """The circuit cross-validated (`surgeon circuit --folds K`): sizes and faithfulness per fold, and each edge's
+    selection frequency."""
+    reading = "faithfulness" if r.semantics == "kept" else "share removed by knocking it out"
+    lines = [f"case {r.case} · the circuit cross-validated: {r.folds} folds of {r.n_items} items (fold sizes "
+             f"{', '.join(map(str, r.fold_sizes))}; seed {r.seed}, stratified by tag); each found on the other folds "
+             "and measured on its own",
+             f"edges per fold: {', '.join(map(str, r.sizes))}",
+             f"{reading} held out, per fold: {', '.join(f'{v:.3f}' for v in r.held_out)} (mean "
+             f"{sum(r.held_out) / len(r.held_out):.3f}); in-sample, where each was pruned: "
+             f"{', '.join(f'{v:.3f}' for v in r.in_sample)}",
+             f"edges in every fold's circuit: {sum(1 for n in r.edges.values() if n == r.folds)} of {len(r.edges)} ever "
+             "selected", "", "selection frequency (folds whose circuit holds the edge):"]
+    for name, n in list(r.edges.items())[:40]:
+        lines.append(f"  {n}/{r.folds}  {name}")
+    if len(r.edges) > 40:
+        lines.append(f"  ... {len(r.edges) - 40} more")
+    return "\n".join(lines)
+
+
+def circuit_text(r, top: int = 10) -> str:
+    gap = r.full - r.empty
+    steps = r.options.get("ig_steps")
+    what = {"eap": "EAP (gradient at mask 0)", "eap-ig-inputs": f"EAP-IG-inputs ({steps} steps)",
+            "eap-ig-activations": f"EAP-IG-activations ({steps} steps per sender group)",
+            "eap-ig-masks": f"integrated gradients over the edge masks ({steps} midpoints, averaged)",
+            "exact": "exact edge patching"}[r.method]
+    sem = r.options.get("semantics", "kept")
+    sym = "f" if sem == "kept" else "removed"
+    lines = [f"case {r.case} · circuit of the {r.source!r} run against {r.base!r} ({r.direction}, {r.ablation} "
+             f"ablation, {sem} semantics) · {r.n_items} items ({r.tag or 'all'}) · {r.n_edges} edges scored by {what}",
+             f"m(empty) = {r.empty:+.3f} (every edge ablated), m(full) = {r.full:+.3f} (nothing ablated); "
+             + ("faithfulness f = (m(circuit) - m(empty)) / (m(full) - m(empty))" if sem == "kept" else
+                "removed = (m(full) - m(without the circuit)) / (m(full) - m(empty)), the share of the behaviour "
+                "that knocking the circuit out removes")]
+    if r.options.get("semantics_detail"):
+        lines.append(f"what a circuit means: {r.options['semantics_detail']}; a path is path-patched")
+    lines.append("")
+    order = np.argsort(-np.abs(r.scores))[:top]
+    alone = "patching the edge alone" if r.ablation == "resample" else f"{r.ablation}-ablating the edge alone"
+    lines.append(f"top {len(order)} edges by |score| (effect on the mean score of {alone}):")
+    lines.append(f"  {'edge':28s} {'score':>9s} {'exact':>9s}")
+    for e in order:
+        ex = r.exact.get(int(e))
+        lines.append(f"  {r.edge_names[e]:28s} {num(r.scores[e], '+9.3f')} " + (num(ex, "+9.3f") if ex is not None else f"{'-':>9s}"))
+    if r.verify_pearson is not None:
+        lines.append(f"  estimate vs exact over the top {len(r.exact)} edges: Pearson r = {r.verify_pearson:.3f}")
+    lines += ["", f"{'faithfulness' if sem == 'kept' else 'knock-out'} curve (top-scoring edges, MIB's fractions):",
+              "  " + "  ".join(f"{100 * x:g}%:{n}" for x, n in zip(r.curve_fractions, r.curve_edges)),
+              "  " + "  ".join(num(v, ".3f") for v in r.curve),
+              f"  CPR (area under f) = {r.cpr:.3f}, CMD (area under |1 - f|) = {r.cmd:.3f}", ""]
+    s = r.search
+    if r.target is not None and s.get("k") is None:
+        how = f"no top-k edge set reaches {sym} >= {r.target}: every edge"
+    elif r.target is not None:
+        how = f"smallest top-k edge set with {sym} >= {r.target}: k = {s['k']}"
+        if s.get("f_before") is not None:
+            how += f" ({sym}(k-1) = {s['f_before']:.3f})"
+    else:
+        how = "the top edges asked for"
+    if s.get("pruned", len(r.circuit)) != s.get("prefix", len(r.circuit)):
+        how += f", less {s['prefix'] - s['pruned']} edges on no complete path"
+    lo, hi = r.circuit_faithfulness_ci
+    lines.append(f"circuit ({how}): {len(r.circuit)} edges, "
+                 f"{sym} = {r.circuit_faithfulness:.3f} [{lo:.3f}, {hi:.3f}] (95% CI over items)"
+                 + past_one(r.circuit_faithfulness, hi))
+    if s.get("search"):
+        lines.append(f"  search: {s['describe']}")
+    nodes = sorted({x.split("<")[0] for n in r.names(r.circuit) for x in n.split("->")} - {"input", "logits"})
+    lines.append("  nodes: " + (", ".join(nodes) if nodes else "(none)"))
+    if not r.paths and r.options.get("n_paths", 0) > 0:
+        lines += ["", f"no paths listed: {r.no_paths}"]
+    if r.paths:
+        lines += ["", f"strongest complete paths, verified by path patching (effect on the score; share of the full "
+                      f"patch's effect, per item; skill path: share >= {r.options['min_share']} on >= "
+                      f"{100 * r.options['min_items']:.0f}% of items):"]
+        for i, p in enumerate(r.paths, 1):
+            e, s = p.effect, p.share
+            lines.append(f"  {i:2d}. {' -> '.join(p.nodes)}")
+            lines.append(f"      effect {e.value:+.3f} [{e.lo:+.3f}, {e.hi:+.3f}] (n={e.n}), share {s.value:.3f}"
+                         f"{' · skill path' if p.skill else ''}")
+    if abs(gap) <= 1e-6 * max(1.0, abs(r.full), abs(r.empty)):
+        lines[2:2] = ["warning: the two formats score the same (m(full) = m(empty)): faithfulness is undefined, so "
+                      "the curve and the pruned circuit below mean nothing"]
+    return "\n".join(lines)
+
+
+def past_one(value: float, hi: float) -> str:
+    """A note where a faithfulness or its interval passes 1: not clipped, because it is a ratio of mean scores that can
+    pass 1 (the circuit scores above the full model: some edges outside it work against the behaviour)."""
+    if not (math.isfinite(hi) and hi > 1):
+        return ""
+    what = "it passes 1" if value > 1 else "its interval passes 1"
+    return (f" ({what}: faithfulness is (m(C) - m(empty)) / (m(full) - m(empty)), which exceeds 1 where the circuit "
+            "scores above the full model, i.e. edges left out work against the behaviour; not clipped)")
+
+
+def heldout_circuit_text(r) -> str:
+    """The circuit found on the discovery items and its faithfulness on the held-out items (the result)."""
+    c, h = r.search, r.held_out
+    ci = lambda lo_hi: f"[{lo_hi[0]:.3f}, {lo_hi[1]:.3f}]" if lo_hi else "[no interval]"  # noqa: E731
+    reading = "faithfulness" if h["semantics"] == "kept" else "share removed by knocking it out"
+    lines = [f"case {r.case} · circuit found on {r.split.describe()} · the {c.source!r} run against {c.base!r} "
+             f"({c.ablation} ablation, {h['semantics']} semantics)",
+             f"held-out ({r.n_evaluation} items, the result): {len(c.circuit)} edges, {reading} = "
+             f"{h['faithfulness']:.3f} {ci(h['faithfulness_ci'])} (95% CI over items)",
+             f"in-sample ({r.n_discovery} discovery items, where it was pruned to reach the target): {reading} = "
+             f"{c.circuit_faithfulness:.3f} {ci(c.circuit_faithfulness_ci)}",
+             "", f"the circuit on the discovery items (in-sample, n={r.n_discovery}):", circuit_text(c)]
+    if r.curve:
+        head = lines[:3]
+        curve = [f"faithfulness curve of the discovery ranking (its top-k edges at MIB's fractions) on the "
+                 f"{r.n_evaluation} held-out items:",
+                 "  " + "  ".join(f"{100 * x:g}%:{k}" for x, k in zip(c.curve_fractions, c.curve_edges)),
+                 "  held out   " + "  ".join(num3(v) for v in r.curve) + f"   CPR {r.cpr:.3f}, CMD {r.cmd:.3f}",
+                 "  in-sample  " + "  ".join(num3(v) for v in c.curve) + f"   CPR {c.cpr:.3f}, CMD {c.cmd:.3f}"]
+        lines = head + curve + lines[3:]
+    return "\n".join(lines)
+
+
+def circuit_eval_text(r: dict, path) -> str:
+    lo, hi = r["faithfulness_ci"] or (float("nan"), float("nan"))
+    sem = r.get("semantics", "kept")
+    lines = [f"case {r['case']} · circuit {path} · {r['n_edges']} of {r['of_edges']} edges · the {r['source']!r} run "
+             f"against {r['base']!r} ({r.get('ablation', 'resample')} ablation, {sem} semantics) · {r['n_items']} items",
+             f"what a circuit means: {r['semantics_detail']}" if r.get("semantics_detail") else "",
+             f"m(empty) = {r['empty']:+.3f}, m(circuit) = {r['circuit']:+.3f}, m(full) = {r['full']:+.3f}",
+             (f"faithfulness = {r['faithfulness']:.3f}" if sem == "kept" else
+              f"share removed by knocking the circuit out = {r['faithfulness']:.3f}") +
+             f" [{lo:.3f}, {hi:.3f}] (95% CI over items)" + past_one(r["faithfulness"], hi)]
+    made = r.get("made") or {}
+    if made:
+        lines.append(f"the file says it was found by {made.get('method')} on case {made.get('case')!r} ("
+                     f"{made.get('ablation')} ablation, {made.get('semantics')}, {made.get('direction')}, failing format "
+                     f"{made.get('failing_format')!r}, {made.get('n_items')} items, {made.get('tool')})")
+    lines += [f"note: {n}" for n in r.get("notes") or ()]
+    lines = [x for x in lines if x]
+    if r["n_edges"] == 0:
+        lines.append(f"warning: {path} marks no edge as in the circuit: this is the empty circuit "
+                     f"({'f = 0' if sem == 'kept' else 'nothing removed'} by definition)")
+    return "\n".join(lines)
+
+
+def circuit_line(c) -> str:
+    lo, hi = c.circuit_faithfulness_ci
+    return (f"{len(c.circuit)} of {c.n_edges} edges, f = {c.circuit_faithfulness:.3f} [{lo:.3f}, {hi:.3f}] "
+            f"({c.method}, {c.ablation} ablation)")
+
+
+def heldout_circuit_line(r) -> str:
+    h, c = r.held_out, r.search
+    ci = h.get("faithfulness_ci")
+    return (f"{len(c.circuit)} of {c.n_edges} edges, f = {h['faithfulness']:.3f}"
+            + (f" [{ci[0]:.3f}, {ci[1]:.3f}]" if ci else "")
+            + f" held out on {r.n_evaluation} items ({c.circuit_faithfulness:.3f} in-sample)")
+
+
+# how each result of this module's analyses prints, draws and saves (registered by surgeon.reports.views)
+VIEWS = {
+    "CircuitResult": View("circuit", circuit_text, {"faithfulness.png": figures.faithfulness_figure,
+                                                        "circuit.png": circuit_figure}, table=tables.circuit_table,
+                          headline=circuit_line),
+    "HeldOutCircuit": View("circuit-heldout", heldout_circuit_text,
+                           {"faithfulness_discovery.png": lambda r, p: figures.faithfulness_figure(r.search, p),
+                            "circuit.png": lambda r, p: circuit_figure(r.search, p)},
+                           table=tables.heldout_circuit_table, headline=heldout_circuit_line),
+    "FoldsCircuit": View("circuit-folds", folds_circuit_text),
+}

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from surgeon.reports.text import threshold_rows
+from surgeon.reports.threshold_view import threshold_rows
 from surgeon.show import view_of
 
 

@@ -6,7 +6,10 @@ import pytest
 
 from surgeon.analyses import attribute, patch_heads
 from surgeon.analyses.circuit import discover, evaluate_circuit
-from surgeon.reports import text as report
+from surgeon.reports.attribution_view import attribution_text
+from surgeon.reports.circuit_view import circuit_eval_text, circuit_text
+from surgeon.reports.feature_view import feature_repair_text
+from surgeon.reports.patch_view import patch_text
 from tests.conftest import ROOT
 
 NUM = r"([-+]?\d+(?:\.\d+)?)%?"
@@ -40,17 +43,17 @@ def test_every_interval_is_ordered_and_holds_its_estimate(direction, decimal_mod
     from surgeon.analyses.sae_repair import feature_repair
     from tests.sae.test_sae import shipped
 
-    texts = [report.patch_text(patch_heads(decimal_case, decimal_model, direction=direction)),
-             report.attribution_text(attribute(decimal_case, decimal_model, direction=direction, compare=True)),
-             report.feature_repair_text(feature_repair(decimal_case, decimal_model, shipped("decimal", 1), top=4,
+    texts = [patch_text(patch_heads(decimal_case, decimal_model, direction=direction)),
+             attribution_text(attribute(decimal_case, decimal_model, direction=direction, compare=True)),
+             feature_repair_text(feature_repair(decimal_case, decimal_model, shipped("decimal", 1), top=4,
                                                        budget=50, direction=direction))]
     induction = load_case(f"{ROOT}/cases/induction_organism.py")
     for case, model in [(decimal_case, decimal_model), (induction, induction_model)]:
         for method in ("exact", None):
             r = discover(case, model, method=method, direction=direction, n_paths=3, verify=10)
-            texts.append(report.circuit_text(r))
+            texts.append(circuit_text(r))
         ev = evaluate_circuit(case, model, r.names(r.circuit), direction=direction)
-        texts.append(report.circuit_eval_text(ev, "c.json"))
+        texts.append(circuit_eval_text(ev, "c.json"))
         lo, hi = r.circuit_faithfulness_ci
         assert lo <= r.circuit_faithfulness <= hi
     assert sum(check_intervals(t) for t in texts) > 30

@@ -11,7 +11,7 @@ import surgeon
 from surgeon.cli import main
 from surgeon.analyses.heldout import threshold_heldout
 from surgeon.reports.html import methods_paragraph
-from surgeon.reports.text import threshold_text
+from surgeon.reports.threshold_view import threshold_text
 from surgeon.analyses.threshold import threshold_search
 from tests.conftest import ROOT
 

@@ -7,7 +7,10 @@ import pytest
 from surgeon.analyses import attribute, diagnose, patch_heads
 from surgeon.analyses.blend import blend
 from surgeon.cli.commands import main
-from surgeon.reports import text as report
+from surgeon.reports.attribution_view import attribution_text
+from surgeon.reports.diagnose_view import diagnosis_text
+from surgeon.reports.patch_view import patch_text
+from surgeon.reports.threshold_view import blend_text
 from tests.conftest import ROOT
 
 CASE = f"{ROOT}/cases/decimal_organism.py"
@@ -31,11 +34,11 @@ def test_identical_formats_are_refused_with_the_file_named(tmp_path, capsys):
 def test_one_item_has_no_interval_and_the_verdict_says_why(decimal_model, decimal_case):
     case = replace(decimal_case, items=decimal_case.items[:1], focus=None)
     d = diagnose(case, decimal_model)
-    text = report.diagnosis_text(d, case)
+    text = diagnosis_text(d, case)
     assert "nan" not in text.lower()
     assert "(no interval)" in text and "1 item cannot separate them" in text
     p = patch_heads(case, decimal_model, layers=[1])
-    text = report.patch_text(p)
+    text = patch_text(p)
     assert "nan" not in text.lower() and "(no interval)" in text
     assert d.get("plain").score.n == 1 and str(d.get("plain").score).endswith("(n=1, no interval)")
 
@@ -43,22 +46,22 @@ def test_one_item_has_no_interval_and_the_verdict_says_why(decimal_model, decima
 def test_units_are_named_one_way_everywhere(decimal_model, decimal_case):
     p = patch_heads(decimal_case, decimal_model, layers=[1, 2])
     a = attribute(decimal_case, decimal_model, layers=[1, 2])
-    for text in (report.patch_text(p), report.attribution_text(a)):
+    for text in (patch_text(p), attribution_text(a)):
         assert "L1H" in text or "L2H" in text
         assert "L1." not in text and "L2." not in text
-    top = report.patch_text(p).split("top ")[1].splitlines()[2].split()[0]
+    top = patch_text(p).split("top ")[1].splitlines()[2].split()[0]
     L, h = top[1:].split("H")
     assert p.fraction[p.layers.index(int(L)), int(h)] == max(x for x in p.fraction.ravel())
 
 
 def test_blend_reports_whole_components_and_no_repair_in_words(decimal_model, decimal_case):
     r = blend(decimal_case, decimal_model, layer=1, component="mlp_out", step=0.1)
-    text = report.blend_text(r)
+    text = blend_text(r)
     assert "blend mlp_out of layer 1:" in text and r.units == ("L1.mlp_out",)
     # L2H1 alone never repairs a trap item (the answer heads are elsewhere): said in words, not "nan (n=0)"
     r = blend(decimal_case, decimal_model, layer=2, heads=[1], step=0.1)
     assert r.never == r.n_items and r.switch_mean.n == 0
-    text = report.blend_text(r)
+    text = blend_text(r)
     assert "nan" not in text and "does not repair the failure" in text
 
 
@@ -121,14 +124,14 @@ def test_figures_scale_to_the_data_and_mark_what_they_claim(decimal_model, decim
 def test_numbers_that_round_to_zero_print_as_zero(decimal_model, decimal_case):
     p = patch_heads(decimal_case, decimal_model, layers=[2])
     assert ((p.fraction < 0) & (p.fraction > -0.005)).any()  # tiny negative effects, which used to print -0.00
-    grid = report.patch_text(p).split("unit (columns):")[1].split("top ")[0]
+    grid = patch_text(p).split("unit (columns):")[1].split("top ")[0]
     assert "-0.00" not in grid and " 0.00" in grid
 
 
 def test_a_faithfulness_past_one_says_why_it_is_not_clipped():
     """Issue 53, item 5: an interval above 1 printed with its reason (a ratio of mean scores: edges left out can work
     against the behaviour), nothing added below 1."""
-    from surgeon.reports.text import circuit_eval_text
+    from surgeon.reports.circuit_view import circuit_eval_text
 
     base = dict(case="c", n_edges=3, of_edges=10, source="plain", base="qa", n_items=8, empty=-1.0, full=1.0,
                 semantics="kept")

@@ -360,7 +360,7 @@ def test_an_sae_of_another_layer_is_said_by_its_error_share(decimal_case, decima
     files tells): its error nodes carry over a fifth of the circuit's attribution and the text warns; the layer-1
     SAE's carry under a tenth, with no warning."""
     from surgeon.analyses.feature_circuit import feature_circuit
-    from surgeon.reports.text import ERROR_SHARE_WARN, feature_circuit_text
+    from surgeon.reports.feature_view import ERROR_SHARE_WARN, feature_circuit_text
     from tests.sae.test_sae import shipped
 
     wrong = shipped("decimal", 2)
