@@ -178,12 +178,33 @@ def run_report(case: Case, model, *, steps=STEPS, layer: int | None = None, budg
         opts = {"layer": L, "step": blend_step, **sel}
         step("blend", opts, lambda: blend(case, model, layer=L, step=blend_step, batch_size=batch_size, **sel))
     if "circuit" in steps or "attention" in steps:  # the attention step shows the circuit's heads
-        method = circuit_method or default_method(case)
-        opts = {"method": method, "verify": verify, "paths": paths, "faithfulness": 0.9, **sel, **split}
-        found = dict(method=method, verify=verify, n_paths=paths, batch_size=batch_size, bad=bad, tag=tag)
-        step("circuit", opts, lambda: circuit_heldout(case, model, holdout=holdout or 0.5, seed=seed,
-                                                      eval_items=eval_items, **found) if held else
-             discover(case, model, **found))
+        _circuit_steps(rep, step, steps, case, model, method=circuit_method or default_method(case), verify=verify,
+                       paths=paths, sel=sel, split=split, held=held, holdout=holdout, eval_items=eval_items,
+                       seed=seed, batch_size=batch_size)
+    if "sinks" in steps:  # measured over every item; the interventions' effects on the focus items
+        opts = {"epsilon": EPSILON, "tag": tag}
+        step("sinks", opts, lambda: sink_interventions(case, model, tag=tag, epsilon=EPSILON,
+                                                       batch_size=min(batch_size, 64)))
+    if "sae" in steps:
+        _sae_steps(rep, step, case, model, L, sae_source, batch_size, bad, tag)
+    if "repair" in steps:  # a repair that needs the failing prompt alone, chosen on discovery items, measured held out
+        _repair_step(step, case, model, sel=sel, split=split, held=held, holdout=holdout, eval_items=eval_items,
+                     seed=seed, batch_size=batch_size, progress=progress)
+    if bar is not None:
+        bar.close()
+    return rep
+
+
+def _circuit_steps(rep: Report, step, steps, case: Case, model, *, method: str, verify: int, paths: int, sel: dict,
+                   split: dict, held: bool, holdout, eval_items, seed: int, batch_size: int) -> None:
+    """The report's circuit step (found on discovery items, measured held out, where `held`) and the attention step
+    that shows the circuit's heads."""
+    bad, tag = sel["bad"], sel["tag"]
+    opts = {"method": method, "verify": verify, "paths": paths, "faithfulness": 0.9, **sel, **split}
+    found = dict(method=method, verify=verify, n_paths=paths, batch_size=batch_size, bad=bad, tag=tag)
+    step("circuit", opts, lambda: circuit_heldout(case, model, holdout=holdout or 0.5, seed=seed,
+                                                  eval_items=eval_items, **found) if held else
+         discover(case, model, **found))
     if "attention" in steps:
         heads = circuit_heads(found_circuit(rep.steps["circuit"]))
         if heads:
@@ -192,31 +213,28 @@ def run_report(case: Case, model, *, steps=STEPS, layer: int | None = None, budg
                                                                batch_size=batch_size))
         else:
             rep.skipped["attention"] = "the circuit holds no attention head"
-    if "sinks" in steps:  # measured over every item; the interventions' effects on the focus items
-        opts = {"epsilon": EPSILON, "tag": tag}
-        step("sinks", opts, lambda: sink_interventions(case, model, tag=tag, epsilon=EPSILON,
-                                                       batch_size=min(batch_size, 64)))
-    if "sae" in steps:
-        _sae_steps(rep, step, case, model, L, sae_source, batch_size, bad, tag)
-    if "repair" in steps:  # a repair that needs the failing prompt alone, chosen on discovery items, measured held out
-        if not held:
-            raise AnalysisError("the repair step measures the repair on items it was not built on; holdout=0 holds "
-                                "none out", field="--holdout", fix="give --holdout FRAC or --eval-items, or leave the "
-                                                                   "repair step out")
-        rsplit = dict(holdout=holdout if eval_items is None else None, eval_items=eval_items)
-        opts = {"mode": "mean", "seed": seed, "max_kl": 0.1, "max_drop": 0.05, "max_heads": 8,
-                "baselines": True, **sel, **split}
 
-        def repair_step():
-            r = search_repair(case, model, mode="mean", seed=seed, max_kl=0.1, max_drop=0.05,
-                              max_heads=8, bad=bad, tag=tag, batch_size=batch_size, progress=progress, **rsplit)
-            return replace(r, baselines=compare_baselines(case, model, r, seed=seed, bad=bad, tag=tag,
-                                                          batch_size=batch_size, progress=progress, **rsplit))
 
-        step("repair", opts, repair_step)
-    if bar is not None:
-        bar.close()
-    return rep
+def _repair_step(step, case: Case, model, *, sel: dict, split: dict, held: bool, holdout, eval_items, seed: int,
+                 batch_size: int, progress: bool) -> None:
+    """The report's repair step: a repair that needs the failing prompt alone, chosen on discovery items by the
+    repair search, measured held out beside the field's steering baselines."""
+    bad, tag = sel["bad"], sel["tag"]
+    if not held:
+        raise AnalysisError("the repair step measures the repair on items it was not built on; holdout=0 holds "
+                            "none out", field="--holdout", fix="give --holdout FRAC or --eval-items, or leave the "
+                                                               "repair step out")
+    rsplit = dict(holdout=holdout if eval_items is None else None, eval_items=eval_items)
+    opts = {"mode": "mean", "seed": seed, "max_kl": 0.1, "max_drop": 0.05, "max_heads": 8,
+            "baselines": True, **sel, **split}
+
+    def repair_step():
+        r = search_repair(case, model, mode="mean", seed=seed, max_kl=0.1, max_drop=0.05,
+                          max_heads=8, bad=bad, tag=tag, batch_size=batch_size, progress=progress, **rsplit)
+        return replace(r, baselines=compare_baselines(case, model, r, seed=seed, bad=bad, tag=tag,
+                                                      batch_size=batch_size, progress=progress, **rsplit))
+
+    step("repair", opts, repair_step)
 
 
 def found_circuit(result):

@@ -279,7 +279,71 @@ def scan_formats(case: Case, model, *, grammar: Grammar | None = None, budget: i
     d_order = list(d_ids)
     rng.shuffle(d_order)
 
-    # --------------------------------------------------------------------------------------------- search
+    rung0, right0, n0, method, last, rungs = _search(scorer, formats, d_order, budget, seed)
+    discovery = []
+    for f in sorted(last):
+        r, ids = last[f]
+        discovery.append(_summary(scorer, formats[f], scorer.scores([formats[f]], ids)[0], ids, r))
+    # compare formats at the deepest rung that holds them all for the extremes
+    deepest = max(r for r, _ in last.values())
+    finalists = [f for f in sorted(last) if last[f][0] == deepest]
+    by = {f: discovery[i] for i, f in enumerate(sorted(last))}
+    ranked = sorted(finalists, key=lambda f: (by[f].accuracy.value, by[f].mean_score.value))
+    worst, best = ranked[:SHOWN], ranked[::-1][:SHOWN]
+
+    # which part: each option's main effect and each pair's interaction, on rung 0 (Holm over each family)
+    tests, effects_d, ps, adj, pairs_t, inter_d, ips, iadj = _part_tests(g, formats, rung0, right0, seed)
+
+    # ----------------------------------------------------------------------------------------- minimal pair
+    pair_d = _minimal_pair(formats, rung0, right0, scorer, d_order[:n0], g)
+
+    # ------------------------------------------------------------------------------------------- held out
+    held, case_scores = [], []
+    ev_ids = e_ids if not in_sample else d_ids
+    chosen = list(dict.fromkeys(worst + best + ([pair_d["works"], pair_d["fails"]] if pair_d else [])))
+    if not in_sample:
+        sc = scorer.scores([formats[f] for f in chosen], ev_ids)
+        held = [_summary(scorer, formats[f], row, ev_ids) for f, row in zip(chosen, sc)]
+        room = max(0, budget - len(chosen) * len(ev_ids))
+        pool = list(rung0)
+        if len(pool) * len(ev_ids) > room:  # the effects' formats on the evaluation items, within the budget
+            pool = sorted(random.Random(f"scan-eval-{seed}").sample(pool, max(2, room // max(1, len(ev_ids)))))
+        right_e = scorer.metric.right(scorer.scores([formats[f] for f in pool], ev_ids)).astype(float)
+    own = [Composed({"case format": name}, t) for name, t in (case.formats or {}).items()]
+    if own:
+        so = scorer.scores(own, ev_ids)
+        case_scores = [replace(_summary(scorer, f, row, ev_ids), name=f"case format {f.choice['case format']!r}")
+                       for f, row in zip(own, so)]
+    effects, interactions = _held_out_tests(formats, pool if not in_sample else [], right_e if not in_sample else None,
+                                           tests, effects_d, ps, adj, pairs_t, inter_d, ips, iadj, seed)
+    pair = _pair_record(pair_d, formats, chosen, held, in_sample)
+    return ScanResult(
+        case.name, case.model or "(in memory)", g.body, g.describe(), g.dropped, g.size,
+        {"method": method, "budget": budget, "rungs": rungs, "sampled": len(rung0) < len(formats), "seed": seed,
+         "effects_over": "rung 0: every format scored on the same items"
+         if method == "exhaustive" or len(rung0) == len(formats)
+         else f"rung 0: {len(rung0)} formats sampled at random from {len(formats)}, on the same items",
+         "held_out_effects_over": None if in_sample else f"{len(pool)} of rung 0's formats"},
+        metric.label, tuple(discovery), tuple(held), tuple(effects), pair, tuple(case_scores),
+        {"holdout": None if split is None else split.holdout, "seed": seed, "tag": tag or "all",
+         "discovery": len(disc), "evaluation": len(ev), "shots": len(shot_ids), "evaluated_on": where},
+        {"format_items": len(scorer.pairs), "prompts_run": scorer.run,
+         "formats_scored": len({k for k, _ in scorer.pairs}),
+         "positions_run": scorer.positions.get("positions", 0),
+         "positions_whole": scorer.positions.get("positions_whole", 0),
+         "note": "each distinct prompt run once (format_items: the (format, item) scores the result holds, what a "
+                 "loop scoring one format at a time runs; prompts_run: the distinct prompts among them); prompts "
+                 "sharing a long prefix (few-shot examples, an instruction, a chat template) batched together and "
+                 "the prefix run once per batch (positions_run: the token positions run; positions_whole: those of "
+                 "the distinct prompts run whole)"},
+        in_sample, interactions=tuple(interactions))
+
+
+def _search(scorer: "_Scorer", formats, d_order: list, budget: int, seed: int):
+    """Every format on every discovery item where the budget allows (exhaustive), else successive halving: a seeded
+    sample of formats on a few items, then the best and worst quarter of them on twice the items, until the budget
+    or the items run out. Returns rung 0's formats and their right/wrong [F0, n0], n0, the method, each format's
+    deepest rung and its items, and the rungs' sizes."""
     F, D = len(formats), len(d_order)
     if F * D <= budget:
         rung0, n0, method = list(range(F)), D, "exhaustive"
@@ -310,18 +374,12 @@ def scan_formats(case: Case, model, *, grammar: Grammar | None = None, budget: i
                 acc[f], mean[f] = float(scorer.metric.right(row).mean()), float(row.mean())
                 last[f] = (rung, d_order[:n])
             rungs.append({"formats": len(alive), "items": n})
-    discovery = []
-    for f in sorted(last):
-        r, ids = last[f]
-        discovery.append(_summary(scorer, formats[f], scorer.scores([formats[f]], ids)[0], ids, r))
-    # compare formats at the deepest rung that holds them all for the extremes
-    deepest = max(r for r, _ in last.values())
-    finalists = [f for f in sorted(last) if last[f][0] == deepest]
-    by = {f: discovery[i] for i, f in enumerate(sorted(last))}
-    ranked = sorted(finalists, key=lambda f: (by[f].accuracy.value, by[f].mean_score.value))
-    worst, best = ranked[:SHOWN], ranked[::-1][:SHOWN]
+    return rung0, right0, n0, method, last, rungs
 
-    # ---------------------------------------------------------------------------------------- which part
+
+def _part_tests(g: Grammar, formats, rung0: list, right0: np.ndarray, seed: int):
+    """Each option's main effect on accuracy (formats with it minus those with another option of its part, a paired
+    bootstrap over items) and each pair of options' interaction, on rung 0, with Holm's adjustment in each family."""
     tests = [(p, o) for p in g.varied for o in g.parts[p]]
     effects_d, ps = [], []
     for k, (p, o) in enumerate(tests):
@@ -341,27 +399,14 @@ def scan_formats(case: Case, model, *, grammar: Grammar | None = None, budget: i
         inter_d.append(est)
         ips.append(pv)
     iadj = holm(np.array(ips)) if ips else np.array([])
+    return tests, effects_d, ps, adj, pairs_t, inter_d, ips, iadj
 
-    # ----------------------------------------------------------------------------------------- minimal pair
-    pair_d = _minimal_pair(formats, rung0, right0, scorer, d_order[:n0], g)
 
-    # ------------------------------------------------------------------------------------------- held out
-    held, case_scores, effects = [], [], []
-    ev_ids = e_ids if not in_sample else d_ids
-    chosen = list(dict.fromkeys(worst + best + ([pair_d["works"], pair_d["fails"]] if pair_d else [])))
-    if not in_sample:
-        sc = scorer.scores([formats[f] for f in chosen], ev_ids)
-        held = [_summary(scorer, formats[f], row, ev_ids) for f, row in zip(chosen, sc)]
-        room = max(0, budget - len(chosen) * len(ev_ids))
-        pool = list(rung0)
-        if len(pool) * len(ev_ids) > room:  # the effects' formats on the evaluation items, within the budget
-            pool = sorted(random.Random(f"scan-eval-{seed}").sample(pool, max(2, room // max(1, len(ev_ids)))))
-        right_e = scorer.metric.right(scorer.scores([formats[f] for f in pool], ev_ids)).astype(float)
-    own = [Composed({"case format": name}, t) for name, t in (case.formats or {}).items()]
-    if own:
-        so = scorer.scores(own, ev_ids)
-        case_scores = [replace(_summary(scorer, f, row, ev_ids), name=f"case format {f.choice['case format']!r}")
-                       for f, row in zip(own, so)]
+def _held_out_tests(formats, pool: list, right_e, tests, effects_d, ps, adj, pairs_t, inter_d, ips, iadj, seed: int):
+    """The effects and interactions chosen on discovery, each measured again on the evaluation items over `pool`'s
+    formats (`right_e` their right/wrong; None in-sample)."""
+    in_sample = right_e is None
+    effects = []
     for k, ((p, o), est) in enumerate(zip(tests, effects_d)):
         if est is None:
             continue
@@ -379,6 +424,11 @@ def scan_formats(case: Case, model, *, grammar: Grammar | None = None, budget: i
         if not in_sample:
             he, hp = _interaction(right_e, [formats[f].choice for f in pool], a, b, seed + 9000 + k)
         interactions.append(PartInteraction(a[0], a[1], b[0], b[1], est, float(ips[k]), float(iadj[k]), he, hp))
+    return effects, interactions
+
+
+def _pair_record(pair_d: dict | None, formats, chosen: list, held: list, in_sample: bool) -> dict | None:
+    """The minimal pair as the result records it: its formats' names and templates, held out where measured."""
     pair = None
     if pair_d:
         pair = dict(pair_d)
@@ -391,25 +441,7 @@ def scan_formats(case: Case, model, *, grammar: Grammar | None = None, budget: i
             hf = next(h for f, h in zip(chosen, held) if f == pair_d["fails"])
             pair["held_out"] = {"works": hw.accuracy, "fails": hf.accuracy}
             pair["confirmed"] = hw.accuracy.lo > hf.accuracy.hi
-    return ScanResult(
-        case.name, case.model or "(in memory)", g.body, g.describe(), g.dropped, g.size,
-        {"method": method, "budget": budget, "rungs": rungs, "sampled": len(rung0) < F, "seed": seed,
-         "effects_over": "rung 0: every format scored on the same items" if method == "exhaustive" or len(rung0) == F
-         else f"rung 0: {len(rung0)} formats sampled at random from {F}, on the same items",
-         "held_out_effects_over": None if in_sample else f"{len(pool)} of rung 0's formats"},
-        metric.label, tuple(discovery), tuple(held), tuple(effects), pair, tuple(case_scores),
-        {"holdout": None if split is None else split.holdout, "seed": seed, "tag": tag or "all",
-         "discovery": len(disc), "evaluation": len(ev), "shots": len(shot_ids), "evaluated_on": where},
-        {"format_items": len(scorer.pairs), "prompts_run": scorer.run,
-         "formats_scored": len({k for k, _ in scorer.pairs}),
-         "positions_run": scorer.positions.get("positions", 0),
-         "positions_whole": scorer.positions.get("positions_whole", 0),
-         "note": "each distinct prompt run once (format_items: the (format, item) scores the result holds, what a "
-                 "loop scoring one format at a time runs; prompts_run: the distinct prompts among them); prompts "
-                 "sharing a long prefix (few-shot examples, an instruction, a chat template) batched together and "
-                 "the prefix run once per batch (positions_run: the token positions run; positions_whole: those of "
-                 "the distinct prompts run whole)"},
-        in_sample, interactions=tuple(interactions))
+    return pair
 
 
 def _minimal_pair(formats: Sequence[Composed], ids: Sequence[int], right: np.ndarray, scorer: _Scorer, items,

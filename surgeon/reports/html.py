@@ -64,6 +64,225 @@ def feature_conventions(o: dict) -> str:
             f"{entries}")
 
 
+def _patch_methods(o: dict, st: dict) -> list[str]:
+    parts: list[str] = []
+    if "patch" not in o:
+        return []
+    parts.append("Each attention head's output (before W_O) was patched alone from the good format's run into the "
+                 f"failing one at the aligned positions (activation patching {cite('heimersheim2024patching')}); "
+                 "repair fraction = (patched - failing) / (good - failing) of the mean score.")
+    return parts
+
+
+def _dla_methods(o: dict, st: dict) -> list[str]:
+    parts: list[str] = []
+    if not ("dla" in o and st.get("dla") is not None):
+        return []
+    do = st["dla"].options
+    vb = ("each head's output including its value bias" if do.get("value_biases", "per-head") == "per-head" else
+          "value biases folded into the attention bias")
+    lb = "with" if do.get("lens_bias", "included") == "included" else "without"
+    parts.append("Direct logit attribution split each format's logit difference (correct - incorrect answer) into "
+                 "the direct effects of the embeddings, every head, every MLP and the biases, through the final "
+                 f"norm's scale as measured on each item ({vb}) {cite('elhage2021framework')}; the logit lens "
+                 f"read the residual stream after each layer through the final norm and unembedding, {lb} the "
+                 f"unembedding bias {cite('nostalgebraist2020lens')}.")
+    return parts
+
+
+def _positions_methods(o: dict, st: dict) -> list[str]:
+    parts: list[str] = []
+    if "positions" not in o:
+        return []
+    parts.append(f"Layer {', '.join(map(str, o['positions']['layers']))}'s heads were also patched one aligned "
+                 "position at a time, over the items that have the position.")
+    return parts
+
+
+def _attention_methods(o: dict, st: dict) -> list[str]:
+    parts: list[str] = []
+    if "attention" not in o:
+        return []
+    parts.append(f"The attention patterns of the circuit's {len(o['attention']['heads'])} strongest heads "
+                 f"({', '.join(o['attention']['heads'])}, by the summed |score| of their circuit edges) are shown "
+                 "on the first item in every format.")
+    return parts
+
+
+def _threshold_methods(o: dict, st: dict) -> list[str]:
+    parts: list[str] = []
+    if "threshold" not in o:
+        return []
+    t, r = o["threshold"], st.get("threshold")
+    held = r if isinstance(r, HeldOutThreshold) else None
+    r = held.search if held is not None else r
+    rate = t.get("item_rate", 1.0)
+    right = "every item" if rate >= 1 else f"at least {100 * rate:g}% of the items"
+    n = len(r.units) if r is not None else None
+    cands = (f"subsets of the {n} heads {t['heads']}" if t.get("heads") else
+             f"subsets of layer {t['layer']}'s {n} heads")
+    parts.append(f"Head {cands} were searched by size k, as in {cite('sandoval2025even')} (all subsets up to "
+                 f"{t['budget']} per size, else a uniform sample of {t['budget']} drawn with seed {t.get('seed', 0)}"
+                 + (f"; also within the {' and '.join(t['groups'])} heads" if t["groups"] else "")
+                 + f"); a subset repairs when the model is right on {right}, and k* is the smallest k at "
+                   f"which at least {100 * (r.x if r is not None else 0.5):g}% of the subsets repair.")
+    if held is not None:
+        parts.append(f"The search ran on discovery items and what it chose was evaluated on held-out items, the "
+                     f"results reported (as MIB's circuit-localization track does {cite('mueller2025mib')}): "
+                     f"{held.split.describe()}. Per size k, the subset best on the discovery items was patched "
+                     "on the held-out items, and k* was measured there on the search's own subsets of the sizes "
+                     "around it; rates on the discovery items are in-sample and overstated by the choice.")
+    return parts
+
+
+def _sinks_methods(o: dict, st: dict) -> list[str]:
+    parts: list[str] = []
+    if not ("sinks" in o and st.get("sinks") is not None):
+        return []
+    si = st["sinks"]
+    eps = si.measured.epsilon if si.measured is not None else o["sinks"]["epsilon"]
+    parts.append(f"Attention sinks {cite('xiao2024streaming')} were measured in every format over every item: "
+                 f"each head's attention on the first token averaged over the prompt's later positions, and the "
+                 f"share of heads above {eps:g} (the sink rate, {cite('gu2025sink')}); per layer the largest "
+                 f"residual activation against the median, massive above 100 and 1000 times it "
+                 f"{cite('sun2024massive')}, with the MLP neurons writing it (activation times output weight, "
+                 f"the super neurons {cite('yu2024superweight')}), and the share of each head's query and key "
+                 f"energy in one dimension {cite('jin2025massivevalues')}. Each was then tested as a cause of the "
+                 f"failure by intervening at every position of every format on the {si.n_items} "
+                 f"{si.tag or 'focus'} items: the sink heads' attention to the first token removed and the rest "
+                 "renormalised, the largest dimension and its super neuron set to zero or their mean; repair "
+                 "fraction (after - failing) / (good - failing) in the failing formats, damage in the good one.")
+    return parts
+
+
+def _blend_methods(o: dict, st: dict) -> list[str]:
+    parts: list[str] = []
+    if "blend" not in o:
+        return []
+    parts.append(f"Layer {o['blend']['layer']}'s head outputs were blended (1-a) failing + a good on a grid of "
+                 f"step {o['blend']['step']}.")
+    return parts
+
+
+def _circuit_methods(o: dict, st: dict) -> list[str]:
+    parts: list[str] = []
+    if not ("circuit" in o and st.get("circuit") is not None):
+        return []
+    held = st["circuit"] if isinstance(st["circuit"], HeldOutCircuit) else None
+    c = held.search if held is not None else st["circuit"]
+    co = c.options
+    name, keys = METHOD_NAMES.get(c.method, (c.method, ()))
+    steps = f" with {co['ig_steps']} steps" if "ig" in c.method and co.get("ig_steps") else ""
+    ablated = {"resample": f"the {c.base} run's value at the aligned positions (resample ablation)",
+               "mean": "the sender's mean over " + (co.get("mean_over") or "items") + " at every position "
+                       "(mean ablation)",
+               "zero": "zero at every position (zero ablation)"}[c.ablation]
+    kept = co.get("semantics", "kept") == "kept"
+    meaning = (f"a circuit is the set of edges kept, every edge outside it ablated to {ablated}, as in MIB and "
+               f"ACDC {cite('mueller2025mib', 'conmy2023acdc')}; its faithfulness is (m(C) - m(empty)) / "
+               "(m(full) - m(empty))" if kept else
+               f"a circuit is the set of edges knocked out (ablated to {ablated}), every other edge kept; its value "
+               "is the share of the behaviour removed")
+    verified = len(c.exact)
+    target = (f"the smallest top-k prefix of the ranking by |score| reaching faithfulness {c.target}"
+              if c.target is not None else f"the top {len(c.circuit)} edges by |score|")
+    paths = (f" Its {len(c.paths)} strongest complete paths were measured by path patching "
+             f"{cite('wang2023ioi', 'goldowskydill2023path')}." if c.paths else "")
+    parts.append(f"The edges between the {c.source} run's components ({c.n_edges} in all) were scored by {name}"
+                 f"{steps} {cite(*keys) if keys else ''}, "
+                 + (f"the top {verified} verified by exact edge patching; " if verified and c.method != "exact"
+                    else "")
+                 + f"{meaning}. The circuit is {target}: {len(c.circuit)} edges, f = "
+                   f"{c.circuit_faithfulness:.3f}" + (" on the discovery items (in-sample)." if held else ".")
+                 + paths)
+    if held is not None:
+        h = held.held_out
+        ci = h.get("faithfulness_ci")
+        parts.append(f"The circuit was found on discovery items and measured on held-out items under the same "
+                     f"ablation, semantics and direction, MIB's protocol {cite('mueller2025mib')}: "
+                     f"{held.split.describe()}; on the held-out items f = {h['faithfulness']:.3f}"
+                     + (f" (95% interval {ci[0]:.3f} to {ci[1]:.3f})" if ci else "") + ", the result.")
+    return parts
+
+
+def _sae_methods(o: dict, st: dict) -> list[str]:
+    parts: list[str] = []
+    sae = [k for k in ("sae_overlap", "sae_amplified", "sae_heads", "sae_repair", "sae_feature_circuit") if k in o]
+    if not sae:
+        return []
+    what = {"sae_overlap": f"the overlap of the formats' top {o.get('sae_overlap', {}).get('k', 20)} features per "
+                           f"layer ({', '.join(map(str, o.get('sae_overlap', {}).get('layers', [])))})",
+            "sae_amplified": f"the features amplified in the failing format at layer "
+                             f"{o.get('sae_amplified', {}).get('layer')}",
+            "sae_heads": f"the effect of layer {o.get('sae_heads', {}).get('layer')}'s heads on those features",
+            "sae_repair": f"repair by patching features at layer {o.get('sae_repair', {}).get('layer')}",
+            "sae_feature_circuit": "the feature circuit of each format (features and each SAE's error term as nodes, "
+                                   f"{feature_conventions(o.get('sae_feature_circuit', {}))}; edges between "
+                                   "nodes of different SAEs as direct effects, the SAE hook points between held, "
+                                   f"the strongest verified by path patching {cite('marks2024sparse')})"}
+    parts.append(f"Sparse autoencoder features, read with SAELens {cite('bloom2024saelens')}, gave "
+                 + "; ".join(what[k] for k in sae) + ".")
+    return parts
+
+
+def _scan_methods(o: dict, st: dict) -> list[str]:
+    parts: list[str] = []
+    if not ("scan" in o and st.get("scan") is not None):
+        return []
+    s = st["scan"]
+    held = "measured on held-out items" if not s.in_sample else "in-sample (no item held out)"
+    parts.append(f"Formats were composed from a grammar of parts around the case's question ({s.n_formats} "
+                 f"formats: {s.grammar}), as FormatSpread samples meaning-preserving formats "
+                 f"{cite('sclar2024formatspread')}, and scored {s.search['method']} within "
+                 f"{s.search['budget']:,} prompts; each part option's main effect on accuracy and each pair's "
+                 "interaction came with paired bootstrap intervals over items and Holm's correction "
+                 f"{cite('holm1979')}, chosen on discovery items and {held}.")
+    return parts
+
+
+def _repair_methods(o: dict, st: dict) -> list[str]:
+    parts: list[str] = []
+    if not ("repair" in o and st.get("repair") is not None):
+        return []
+    r = st["repair"]
+    rp, b = r.repair, r.bounds
+    split = r.split
+    held = f"{split.describe()}" if split is not None else f"{r.n_evaluation} other items"
+    parts.append("A repair that needs the failing prompt alone was built as mean patching: each chosen head's "
+                 "output (before W_O) is replaced by the good format's mean output over the discovery items at "
+                 "each position counted from the last prompt token (steering a chosen set of heads at inference, "
+                 f"as inference-time intervention and contrastive activation addition do {cite('li2023iti', 'rimsky2024caa')}). "
+                 f"Its heads were chosen on the discovery items by greedy forward selection over "
+                 f"{len(b.get('pool', []))} heads, maximising the failing formats' repair rate under side-effect "
+                 f"bounds (the good format's mean KL from the unrepaired model at most {b.get('max_kl')} nats, every "
+                 f"other tag's accuracy at most {b.get('max_drop')} below unrepaired), and the smallest set reaching "
+                 f"the best rate taken ({len(rp.heads)} heads: {', '.join(rp.heads)}). The split: {held}. It was "
+                 "measured on the held-out items as model editing evaluates an edit (efficacy, generalization, "
+                 f"specificity {cite('meng2022rome', 'meng2023memit', 'wang2024easyedit')}), with the KL divergence "
+                 "of the next-token distribution from the unrepaired model as the side effect, beside the same "
+                 "heads patched from each item's good-format twin.")
+    bl = getattr(r, "baselines", None)
+    if bl is not None:
+        ship = bl.shipped()
+        parts.append("Beside it, the field's steering baselines were built on the same discovery items and measured "
+                     "on the same held-out items: activation addition in the residual stream at every layer "
+                     f"{cite('turner2023actadd', 'rimsky2024caa')}, inference-time intervention on the heads a "
+                     f"linear probe ranks {cite('li2023iti')}, and as controls as many random heads and every head "
+                     "of one layer; each method's configurations were kept by their Pareto front on the discovery "
+                     "items (efficacy against the good format's KL and control accuracy), and the front drawn on "
+                     "the held-out items" + (f": the shipped repair is dominated by {len(bl.dominating(ship))} of "
+                                             f"{len(bl.points) - 1} kept configurations." if ship else "."))
+    verdict = r.verdict() if hasattr(r, "verdict") else []
+    if verdict:
+        parts.append("Its verdict on the held-out items: " + " ".join(verdict))
+    return parts
+
+
+# each step's sentences in a paper's methods section, in the order they are written: (step, sentences from the
+# steps' options and results)
+METHODS = (("patch", _patch_methods), ("dla", _dla_methods), ("positions", _positions_methods), ("attention", _attention_methods), ("threshold", _threshold_methods), ("sinks", _sinks_methods), ("blend", _blend_methods), ("circuit", _circuit_methods), ("sae", _sae_methods), ("scan", _scan_methods), ("repair", _repair_methods))
+
+
 def methods_paragraph(rep, how: str = "text") -> str:
     """What a paper's methods section needs, every statement from what ran (the steps' results and options): model,
     items, formats, metric, alignment, each step's method as papers name it, ablation and circuit semantics, seeds,
@@ -83,154 +302,8 @@ def methods_paragraph(rep, how: str = "text") -> str:
              f"Proportions carry Wilson 95% intervals {cite('wilson1927')} and means bootstrap 95% intervals "
              f"{cite('efron1979bootstrap')} over items."]
     o, st = rep.options, rep.steps
-    if "patch" in o:
-        parts.append("Each attention head's output (before W_O) was patched alone from the good format's run into the "
-                     f"failing one at the aligned positions (activation patching {cite('heimersheim2024patching')}); "
-                     "repair fraction = (patched - failing) / (good - failing) of the mean score.")
-    if "dla" in o and st.get("dla") is not None:
-        do = st["dla"].options
-        vb = ("each head's output including its value bias" if do.get("value_biases", "per-head") == "per-head" else
-              "value biases folded into the attention bias")
-        lb = "with" if do.get("lens_bias", "included") == "included" else "without"
-        parts.append("Direct logit attribution split each format's logit difference (correct - incorrect answer) into "
-                     "the direct effects of the embeddings, every head, every MLP and the biases, through the final "
-                     f"norm's scale as measured on each item ({vb}) {cite('elhage2021framework')}; the logit lens "
-                     f"read the residual stream after each layer through the final norm and unembedding, {lb} the "
-                     f"unembedding bias {cite('nostalgebraist2020lens')}.")
-    if "positions" in o:
-        parts.append(f"Layer {', '.join(map(str, o['positions']['layers']))}'s heads were also patched one aligned "
-                     "position at a time, over the items that have the position.")
-    if "attention" in o:
-        parts.append(f"The attention patterns of the circuit's {len(o['attention']['heads'])} strongest heads "
-                     f"({', '.join(o['attention']['heads'])}, by the summed |score| of their circuit edges) are shown "
-                     "on the first item in every format.")
-    if "threshold" in o:
-        t, r = o["threshold"], st.get("threshold")
-        held = r if isinstance(r, HeldOutThreshold) else None
-        r = held.search if held is not None else r
-        rate = t.get("item_rate", 1.0)
-        right = "every item" if rate >= 1 else f"at least {100 * rate:g}% of the items"
-        n = len(r.units) if r is not None else None
-        cands = (f"subsets of the {n} heads {t['heads']}" if t.get("heads") else
-                 f"subsets of layer {t['layer']}'s {n} heads")
-        parts.append(f"Head {cands} were searched by size k, as in {cite('sandoval2025even')} (all subsets up to "
-                     f"{t['budget']} per size, else a uniform sample of {t['budget']} drawn with seed {t.get('seed', 0)}"
-                     + (f"; also within the {' and '.join(t['groups'])} heads" if t["groups"] else "")
-                     + f"); a subset repairs when the model is right on {right}, and k* is the smallest k at "
-                       f"which at least {100 * (r.x if r is not None else 0.5):g}% of the subsets repair.")
-        if held is not None:
-            parts.append(f"The search ran on discovery items and what it chose was evaluated on held-out items, the "
-                         f"results reported (as MIB's circuit-localization track does {cite('mueller2025mib')}): "
-                         f"{held.split.describe()}. Per size k, the subset best on the discovery items was patched "
-                         "on the held-out items, and k* was measured there on the search's own subsets of the sizes "
-                         "around it; rates on the discovery items are in-sample and overstated by the choice.")
-    if "sinks" in o and st.get("sinks") is not None:
-        si = st["sinks"]
-        eps = si.measured.epsilon if si.measured is not None else o["sinks"]["epsilon"]
-        parts.append(f"Attention sinks {cite('xiao2024streaming')} were measured in every format over every item: "
-                     f"each head's attention on the first token averaged over the prompt's later positions, and the "
-                     f"share of heads above {eps:g} (the sink rate, {cite('gu2025sink')}); per layer the largest "
-                     f"residual activation against the median, massive above 100 and 1000 times it "
-                     f"{cite('sun2024massive')}, with the MLP neurons writing it (activation times output weight, "
-                     f"the super neurons {cite('yu2024superweight')}), and the share of each head's query and key "
-                     f"energy in one dimension {cite('jin2025massivevalues')}. Each was then tested as a cause of the "
-                     f"failure by intervening at every position of every format on the {si.n_items} "
-                     f"{si.tag or 'focus'} items: the sink heads' attention to the first token removed and the rest "
-                     "renormalised, the largest dimension and its super neuron set to zero or their mean; repair "
-                     "fraction (after - failing) / (good - failing) in the failing formats, damage in the good one.")
-    if "blend" in o:
-        parts.append(f"Layer {o['blend']['layer']}'s head outputs were blended (1-a) failing + a good on a grid of "
-                     f"step {o['blend']['step']}.")
-    if "circuit" in o and st.get("circuit") is not None:
-        held = st["circuit"] if isinstance(st["circuit"], HeldOutCircuit) else None
-        c = held.search if held is not None else st["circuit"]
-        co = c.options
-        name, keys = METHOD_NAMES.get(c.method, (c.method, ()))
-        steps = f" with {co['ig_steps']} steps" if "ig" in c.method and co.get("ig_steps") else ""
-        ablated = {"resample": f"the {c.base} run's value at the aligned positions (resample ablation)",
-                   "mean": "the sender's mean over " + (co.get("mean_over") or "items") + " at every position "
-                           "(mean ablation)",
-                   "zero": "zero at every position (zero ablation)"}[c.ablation]
-        kept = co.get("semantics", "kept") == "kept"
-        meaning = (f"a circuit is the set of edges kept, every edge outside it ablated to {ablated}, as in MIB and "
-                   f"ACDC {cite('mueller2025mib', 'conmy2023acdc')}; its faithfulness is (m(C) - m(empty)) / "
-                   "(m(full) - m(empty))" if kept else
-                   f"a circuit is the set of edges knocked out (ablated to {ablated}), every other edge kept; its value "
-                   "is the share of the behaviour removed")
-        verified = len(c.exact)
-        target = (f"the smallest top-k prefix of the ranking by |score| reaching faithfulness {c.target}"
-                  if c.target is not None else f"the top {len(c.circuit)} edges by |score|")
-        paths = (f" Its {len(c.paths)} strongest complete paths were measured by path patching "
-                 f"{cite('wang2023ioi', 'goldowskydill2023path')}." if c.paths else "")
-        parts.append(f"The edges between the {c.source} run's components ({c.n_edges} in all) were scored by {name}"
-                     f"{steps} {cite(*keys) if keys else ''}, "
-                     + (f"the top {verified} verified by exact edge patching; " if verified and c.method != "exact"
-                        else "")
-                     + f"{meaning}. The circuit is {target}: {len(c.circuit)} edges, f = "
-                       f"{c.circuit_faithfulness:.3f}" + (" on the discovery items (in-sample)." if held else ".")
-                     + paths)
-        if held is not None:
-            h = held.held_out
-            ci = h.get("faithfulness_ci")
-            parts.append(f"The circuit was found on discovery items and measured on held-out items under the same "
-                         f"ablation, semantics and direction, MIB's protocol {cite('mueller2025mib')}: "
-                         f"{held.split.describe()}; on the held-out items f = {h['faithfulness']:.3f}"
-                         + (f" (95% interval {ci[0]:.3f} to {ci[1]:.3f})" if ci else "") + ", the result.")
-    sae = [k for k in ("sae_overlap", "sae_amplified", "sae_heads", "sae_repair", "sae_feature_circuit") if k in o]
-    if sae:
-        what = {"sae_overlap": f"the overlap of the formats' top {o.get('sae_overlap', {}).get('k', 20)} features per "
-                               f"layer ({', '.join(map(str, o.get('sae_overlap', {}).get('layers', [])))})",
-                "sae_amplified": f"the features amplified in the failing format at layer "
-                                 f"{o.get('sae_amplified', {}).get('layer')}",
-                "sae_heads": f"the effect of layer {o.get('sae_heads', {}).get('layer')}'s heads on those features",
-                "sae_repair": f"repair by patching features at layer {o.get('sae_repair', {}).get('layer')}",
-                "sae_feature_circuit": "the feature circuit of each format (features and each SAE's error term as nodes, "
-                                       f"{feature_conventions(o.get('sae_feature_circuit', {}))}; edges between "
-                                       "nodes of different SAEs as direct effects, the SAE hook points between held, "
-                                       f"the strongest verified by path patching {cite('marks2024sparse')})"}
-        parts.append(f"Sparse autoencoder features, read with SAELens {cite('bloom2024saelens')}, gave "
-                     + "; ".join(what[k] for k in sae) + ".")
-    if "scan" in o and st.get("scan") is not None:
-        s = st["scan"]
-        held = "measured on held-out items" if not s.in_sample else "in-sample (no item held out)"
-        parts.append(f"Formats were composed from a grammar of parts around the case's question ({s.n_formats} "
-                     f"formats: {s.grammar}), as FormatSpread samples meaning-preserving formats "
-                     f"{cite('sclar2024formatspread')}, and scored {s.search['method']} within "
-                     f"{s.search['budget']:,} prompts; each part option's main effect on accuracy and each pair's "
-                     "interaction came with paired bootstrap intervals over items and Holm's correction "
-                     f"{cite('holm1979')}, chosen on discovery items and {held}.")
-    if "repair" in o and st.get("repair") is not None:
-        r = st["repair"]
-        rp, b = r.repair, r.bounds
-        split = r.split
-        held = f"{split.describe()}" if split is not None else f"{r.n_evaluation} other items"
-        parts.append("A repair that needs the failing prompt alone was built as mean patching: each chosen head's "
-                     "output (before W_O) is replaced by the good format's mean output over the discovery items at "
-                     "each position counted from the last prompt token (steering a chosen set of heads at inference, "
-                     f"as inference-time intervention and contrastive activation addition do {cite('li2023iti', 'rimsky2024caa')}). "
-                     f"Its heads were chosen on the discovery items by greedy forward selection over "
-                     f"{len(b.get('pool', []))} heads, maximising the failing formats' repair rate under side-effect "
-                     f"bounds (the good format's mean KL from the unrepaired model at most {b.get('max_kl')} nats, every "
-                     f"other tag's accuracy at most {b.get('max_drop')} below unrepaired), and the smallest set reaching "
-                     f"the best rate taken ({len(rp.heads)} heads: {', '.join(rp.heads)}). The split: {held}. It was "
-                     "measured on the held-out items as model editing evaluates an edit (efficacy, generalization, "
-                     f"specificity {cite('meng2022rome', 'meng2023memit', 'wang2024easyedit')}), with the KL divergence "
-                     "of the next-token distribution from the unrepaired model as the side effect, beside the same "
-                     "heads patched from each item's good-format twin.")
-        bl = getattr(r, "baselines", None)
-        if bl is not None:
-            ship = bl.shipped()
-            parts.append("Beside it, the field's steering baselines were built on the same discovery items and measured "
-                         "on the same held-out items: activation addition in the residual stream at every layer "
-                         f"{cite('turner2023actadd', 'rimsky2024caa')}, inference-time intervention on the heads a "
-                         f"linear probe ranks {cite('li2023iti')}, and as controls as many random heads and every head "
-                         "of one layer; each method's configurations were kept by their Pareto front on the discovery "
-                         "items (efficacy against the good format's KL and control accuracy), and the front drawn on "
-                         "the held-out items" + (f": the shipped repair is dominated by {len(bl.dominating(ship))} of "
-                                                 f"{len(bl.points) - 1} kept configurations." if ship else "."))
-        verdict = r.verdict() if hasattr(r, "verdict") else []
-        if verdict:
-            parts.append("Its verdict on the held-out items: " + " ".join(verdict))
+    for _, sentences in METHODS:
+        parts += sentences(o, st)
     v = f["versions"]
     parts.append("Software: " + ", ".join(f"{k} {x}" for k, x in v.items()) + ".")
     text = " ".join(parts).replace(" .", ".").replace("  ", " ")

@@ -1,4 +1,5 @@
-"""Numbers as the reports write them, and saved results (results.json + manifest.json + figures); each result's own text lives with its view (surgeon/reports/*_view.py)."""
+"""Numbers as the reports write them, and saved results (results.json + manifest.json + figures); each result's own
+text lives with its view (surgeon/reports/*_view.py)."""
 from __future__ import annotations
 
 from pathlib import Path
