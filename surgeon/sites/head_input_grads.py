@@ -114,7 +114,10 @@ class _EdgeGrads(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, g):
-        return (g, None, *_mask_grads(ctx.spec))
+        # taken off ctx: the spec holds tensors of this graph (the layer's live senders), so kept there it would make a
+        # cycle through autograd's nodes, which Python's collector cannot see, and every batch's graph would stay
+        spec, ctx.spec = ctx.spec, None
+        return (g, None, *_mask_grads(spec))
 
 
 def _mask_grads(spec: dict) -> list[Tensor]:
