@@ -145,7 +145,7 @@ class Bench:
 
     def __init__(self, out: Path, budget: float, device: str):
         self.out, self.budget, self.device, self.t0 = out, budget, device, time.perf_counter()
-        self.data = {"device": device, "jobs": [], "skipped": [], "failed": []}
+        self.data = {"device": device, "jobs": [], "skipped": [], "failed": [], "organisms": {}}  # random weights only
         self.lines: list[str] = []
 
     def say(self, line: str) -> None:

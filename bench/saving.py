@@ -45,17 +45,20 @@ SOURCES = {
     "gpu": _CIRCUIT + ("surgeon/analyses/repair.py", "surgeon/repairs", "surgeon/models/loading.py"),  # model_digest
     "growth": _CIRCUIT,
     "heldout": ("surgeon/analyses/heldout.py", "surgeon/search/subsets.py", "surgeon/analyses/threshold.py",
-                "surgeon/search/shards.py",
+                "surgeon/search/shards.py", "surgeon/threads.py",
                 "surgeon/circuits/export.py") + _CIRCUIT,  # discover() checks its output paths there
     "install": ("pyproject.toml",),
     "memory": _CIRCUIT,
     "patch_sweep": (),
-    "ray_search": ("surgeon/search", "surgeon/analyses/threshold.py", "surgeon/analyses/common.py"),
+    "peer_auto_circuit": _CIRCUIT,  # surgeon's side: edge_scores and the engine's exact edges; the peer's own venv
+    "ray_search": ("surgeon/search", "surgeon/analyses/threshold.py", "surgeon/analyses/common.py",
+                   "surgeon/threads.py"),
     "scale": _CIRCUIT,
     "scan": ("surgeon/analyses/scan.py", "surgeon/case/grammar.py", "surgeon/analyses/diagnose.py",
              "surgeon/analyses/heldout.py"),
     "startup": ("surgeon/__init__.py", "surgeon/api.py", "surgeon/cli", "surgeon/case", "surgeon/analyses/diagnose.py"),
-    "subset_search": ("surgeon/search/subsets.py", "surgeon/search/store.py", "surgeon/analyses/common.py"),
+    "subset_search": ("surgeon/search/subsets.py", "surgeon/search/store.py", "surgeon/analyses/common.py",
+                      "surgeon/threads.py"),  # the threads between chunks
 }
 
 

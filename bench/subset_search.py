@@ -15,10 +15,12 @@ that writes each subset's heads from the good run's cache with one vectorised `t
            patched position, the positions before it run once into a frozen `TransformerLensKeyValueCache`
            repeated once per subset, and layer 0 (no candidate head) skipped with `start_at_layer=1` from the clean
            residual stream; timed over every subset.
-Both are checked to give surgeon's scores.
+Both are checked to give surgeon's scores. In decision mode, the same runs again beside one other busy process
+(`contended`): surgeon with its threads fixed and following the free cores (surgeon/threads.py), the careful
+baseline with torch's threads and with one.
 
     python bench/subset_search.py [--mode both] [--items 32] [--subsets-per-batch 64] [--naive-subsets 1024]
-                                  [--threads 2] [--save]
+                                  [--threads 2] [--contended-subsets 2048] [--no-contended] [--save]
 """
 from __future__ import annotations
 
@@ -39,6 +41,10 @@ def main():
                     help="time the naive baseline on this many subsets (its rate is compared; 0: every subset)")
     ap.add_argument("--save", action="store_true", help="also write bench/results/subset_search.txt (the README's)")
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--no-contended", dest="contended", action="store_false",
+                    help="skip the decision mode's runs beside one other busy process")
+    ap.add_argument("--contended-subsets", type=int, default=2048,
+                    help="time the careful baseline on this many subsets when contended (its rate is compared)")
     ap.add_argument("--batch-size", type=int, default=512)
     ap.add_argument("--mode", choices=["sequence", "decision", "both"], default="both",
                     help="sequence: the case as shipped (whole answers scored, last prompt token and answer tokens "
@@ -240,9 +246,82 @@ def run(case, model, args) -> bool:
     print(f"max |score difference|: naive {err:.1e} over {len(naive)} subsets, careful {err_c:.1e} over "
           f"{len(subsets)}")
     err = max(err, err_c)
+    if args.contended and case.score == "first_token":
+        err = max(err, contended(args, subsets, ours, ours_again, careful, timed, t_ours, t_careful))
     ok = err < 1e-3
     print("scores agree" if ok else "SCORES DISAGREE")
     return ok
+
+
+def contended(args, subsets, ours, ours_again, careful, timed, t_ours, t_careful) -> float:
+    """The same search with one other busy process on the machine (a Python loop holding a core): surgeon with its
+    threads fixed at the starting count (SURGEON_ADAPT_THREADS=0, as torch leaves them) and following the free
+    cores (the default), the careful baseline as torch leaves it and with the one thread its user could have set.
+    Where the time goes: torch operations counted in one run, and the time each costs more than on the quiet machine
+    (a wait at the parallel region's barrier for the thread that is off its core). Returns the largest score
+    difference of the contended runs from the quiet run's."""
+    import os
+    import subprocess
+    import sys
+
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Count(TorchDispatchMode):
+        n, rows = 0, []  # operations; the rows of each matrix product's output
+
+        def __torch_dispatch__(self, func, types, a=(), kw=None):
+            out = func(*a, **(kw or {}))
+            Count.n += 1
+            if func.overloadpacket in (torch.ops.aten.mm, torch.ops.aten.addmm, torch.ops.aten.bmm):
+                Count.rows.append(int(np.prod(out.shape[:-1])))
+            return out
+
+    with Count():
+        ours_again()
+    ops, mm_rows = Count.n, np.array(Count.rows)
+    cores, threads = os.cpu_count(), torch.get_num_threads()
+    few = subsets[: args.contended_subsets]
+    other = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    rows, err = [], 0.0
+    try:
+        time.sleep(1.0)
+        for label, adapt in (("surgeon, threads fixed (as torch leaves them)", "0"),
+                             ("surgeon, threads follow the free cores (default)", "1")):
+            os.environ["SURGEON_ADAPT_THREADS"] = adapt
+            t0 = time.perf_counter()
+            ours_again()
+            rows.append((label, len(subsets), time.perf_counter() - t0))
+        os.environ.pop("SURGEON_ADAPT_THREADS")
+        for label, n in (("careful TransformerLens, threads as torch leaves them", threads),
+                         ("careful TransformerLens, 1 thread set by hand", 1)):
+            torch.set_num_threads(n)
+            t, sc = timed(careful, few)
+            err = max(err, max(float(np.abs(ours[m] - sc[m]).max()) for m in few))
+            rows.append((label, len(few), t))
+        torch.set_num_threads(threads)
+    finally:
+        other.kill()
+        other.wait()
+    print(f"\ncontended: one other process (a Python loop, one core) on this machine's {cores} cores; torch's "
+          f"threads at the start: {threads}; the careful baseline timed on the first {len(few):,} subsets, "
+          "its rate compared")
+    quiet = len(subsets) / t_ours
+    print(f"  {'run':<68}{'subsets':>8}{'s':>7}{'subsets/s':>11}  time a subset, x quiet surgeon's")
+    print(f"  {'quiet: surgeon (above)':<68}{len(subsets):>8}{t_ours:>7.1f}{quiet:>11.0f}{1.0:>10.1f}")
+    print(f"  {'quiet: careful TransformerLens (above)':<68}{len(subsets):>8}{t_careful:>7.1f}"
+          f"{len(subsets) / t_careful:>11.0f}{quiet * t_careful / len(subsets):>10.1f}")
+    for label, n, t in rows:
+        print(f"  {'contended: ' + label:<68}{n:>8}{t:>7.1f}{n / t:>11.0f}{quiet * t / n:>10.1f}")
+    fixed, adapt = rows[0][2], rows[1][2]
+    print(f"where the time goes: one search runs {ops:,} torch operations ({len(mm_rows):,} matrix products, median "
+          f"{int(np.median(mm_rows)):,} output rows, largest {int(mm_rows.max()):,}); contended with the threads fixed each costs {(fixed - t_ours) / ops * 1e6:.0f} us more "
+          f"than quiet (quiet: {t_ours / ops * 1e6:.0f} us an operation), a wait at the barrier for the thread "
+          f"that is off its core")
+    rate = {label: n / t for label, n, t in rows}
+    print(f"contended, following the free cores: {fixed / adapt:.1f}x faster than with its threads fixed; "
+          f"{rate[rows[1][0]] / rate[rows[2][0]]:.1f}x the careful baseline as torch leaves it, "
+          f"{rate[rows[1][0]] / rate[rows[3][0]]:.1f}x the careful baseline with 1 thread set by hand")
+    return err
 
 
 if __name__ == "__main__":

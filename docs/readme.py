@@ -50,9 +50,24 @@ def _timings() -> dict:
     return json.loads(TIMINGS.read_text()) if TIMINGS.exists() else {}
 
 
+_RAN: dict[str, tuple[str, str | None]] = {}  # command line -> (its stdout as shown, the RESULTS name it has)
+
+
 def execute(cmd: str, name: str | None = None) -> str:
     """Run a `surgeon ...` command line from the repository root; its stdout (progress bars go to stderr).
-    With `name`, the command also writes --out and its results.json is kept in RESULTS[name]."""
+    With `name`, the command also writes --out and its results.json is kept in RESULTS[name]. A command line run
+    before in this pass is not run again: its output, and its results when that run kept them, are the same."""
+    if cmd in _RAN and (name is None or _RAN[cmd][1] is not None):
+        text, had = _RAN[cmd]
+        if name is not None:
+            RESULTS[name] = RESULTS[had]
+        return text
+    text = _execute(cmd, name)
+    _RAN[cmd] = (text, name)
+    return text
+
+
+def _execute(cmd: str, name: str | None) -> str:
     argv = shlex.split(cmd)
     if argv[0] == "surgeon":
         argv = [sys.executable, "-m", "surgeon", *argv[1:]]
@@ -64,20 +79,7 @@ def execute(cmd: str, name: str | None = None) -> str:
         argv += ["--out", str(out)]
     if FAST and argv[1:3] == ["-m", "surgeon"]:
         # a check runs the commands in this interpreter (the same code, without a start-up per command)
-        import contextlib
-        import io
-
-        from surgeon.cli.commands import main as surgeon_main
-
-        buf, err = io.StringIO(), io.StringIO()
-        cwd = os.getcwd()
-        os.chdir(ROOT)
-        try:
-            with contextlib.redirect_stdout(buf), contextlib.redirect_stderr(err):
-                code = surgeon_main(argv[3:])
-        finally:
-            os.chdir(cwd)
-        r = subprocess.CompletedProcess(argv, code, buf.getvalue(), err.getvalue())
+        r = _in_this_process(argv[1:], ROOT)
         dt = None
     else:
         env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", COLUMNS="200")
@@ -206,11 +208,41 @@ def _in_empty_folder(path: str, name: str, argv: list[str]) -> tuple[str, str]:
     folder = _WORK / f"{Path(path).stem}-{abs(hash(code)) % 10**8}"
     folder.mkdir(parents=True, exist_ok=True)
     (folder / name).write_text(code + "\n")
-    env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", COLUMNS="200")
-    r = subprocess.run([sys.executable, *argv], cwd=folder, capture_output=True, text=True, env=env)
+    if FAST:  # a check runs it in this interpreter, in that folder (the same code, without a start-up)
+        r = _in_this_process(argv, folder)
+    else:
+        env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", COLUMNS="200")
+        r = subprocess.run([sys.executable, *argv], cwd=folder, capture_output=True, text=True, env=env)
     if r.returncode != 0:
         raise SystemExit(f"{path} failed ({r.returncode}) under {argv}:\n{r.stderr[-3000:]}")
     return code, r.stdout.replace(str(ROOT) + os.sep, "")
+
+
+def _in_this_process(argv: list[str], cwd: Path) -> subprocess.CompletedProcess:
+    """`python *argv` (a script, or `-m surgeon ...`) run in this interpreter from `cwd`, its output captured."""
+    import contextlib
+    import io
+    import runpy
+
+    from surgeon.cli.commands import main as surgeon_main
+
+    buf, err, code = io.StringIO(), io.StringIO(), 0
+    here, args = os.getcwd(), sys.argv
+    os.chdir(cwd)
+    try:
+        with contextlib.redirect_stdout(buf), contextlib.redirect_stderr(err):
+            if argv[:2] == ["-m", "surgeon"]:
+                code = surgeon_main(argv[2:])
+            else:
+                sys.argv = list(argv)
+                try:
+                    runpy.run_path(argv[0], run_name="__main__")
+                except SystemExit as e:
+                    code = e.code if isinstance(e.code, int) else 1
+    finally:
+        os.chdir(here)
+        sys.argv = args
+    return subprocess.CompletedProcess(argv, code, buf.getvalue(), err.getvalue())
 
 
 def example(path: str, keep=None, slow: bool = False) -> None:
@@ -243,8 +275,8 @@ def llama_memory() -> None:
     out(f"Each command predicts its peak memory before the work and fits the batch to the GPU: for this case in "
         f"bfloat16, {peaks['per-head patching']} for `patch` and {peaks['EAP']} for the circuit's edge scores, of which "
         f"the weights are {weights}. Measured on an {g['device']} (`bench/gpu.py`, random weights at the full width): "
-        f"{g['patch']} for per-head patching (predicted {g['patch_pred']}) but {g['eap']} for the edge scores (predicted "
-        f"{g['eap_pred']}): the plan under-counts EAP at full width, where TransformerLens keeps a transposed copy of "
+        f"{g['patch']} for per-head patching (its last 8 layers: one chunk of 256 patches; predicted {g['patch_pred']}) but "
+        f"{g['eap']} for the edge scores (predicted {g['eap_pred']}): the plan under-counts EAP at full width, where TransformerLens keeps a transposed copy of "
         f"every weight matrix for the backward pass ([benchmarks](docs/benchmarks.md#on-a-gpu); "
         f"[real models](docs/real-models.md) has the table, `--max-memory`, several GPUs and Ray).")
 
@@ -273,13 +305,14 @@ def gpu_summary() -> None:
     g = gpu_measured()
     d = g["data"]
     rate = {k: v / 1e12 for k, v in d["matmul_peak"].items()}
+    shape = re.search(r"(\d+) items x (\d+) positions", (BENCH / "gpu.txt").read_text())
     o = _cog().outl
     o(f"{d['device_name']}, torch {d['torch']}, TransformerLens {d['transformer_lens']}; its matmul peak measured in "
       f"the same run: {rate['torch.bfloat16']:.0f} TFLOP/s in bfloat16, {rate['torch.float32']:.0f} in float32; "
-      f"{d['items']} items; x = baseline / surgeon; memory: surgeon's predicted peak over the measured one (the "
-      f"weights included)")
+      f"{shape.group(1)} items x {shape.group(2)} positions (`scale.make_rows`), the careful baselines of bench/careful.py; memory: "
+      f"surgeon's predicted peak over the measured one (the weights included)")
     o("")
-    o("| model | job | surgeon | baseline | x | share of peak | memory pred / meas |")
+    o("| model | job | surgeon | baseline | surgeon against it | share of peak | memory pred / meas |")
     o("|---|---|---|---|---|---|---|")
     jobs = {(j["model"], j["job"].strip()): j for j in d["jobs"]}
     for model in ("llama8b", "gpt2"):
@@ -290,9 +323,15 @@ def gpu_summary() -> None:
             b = jobs.get((model, base)) if base else None
             share = f"{j['flops'] / j['seconds'] / d['peaks'][model]:.0%}" if j.get("flops") else ""
             mem = f"{j['predicted'] / j['peak']:.2f}" if j.get("predicted") else ""
+            if b is None:
+                x = ""
+            elif base == "floor":
+                x = f"{j['seconds'] / b['seconds']:.1f}x the floor"
+            else:
+                r = b["seconds"] / j["seconds"]
+                x = f"{r:.2f}x faster" if r >= 1 else f"{1 / r:.2f}x slower"
             o(f"| {model} | {j['job'].strip()} | {j['seconds']:.2f} s | "
-              + (f"{base}: {b['seconds']:.2f} s | {b['seconds'] / j['seconds']:.1f} |" if b else "| |")
-              + f" {share} | {mem} |")
+              + (f"{base} {b['seconds']:.2f} s" if b else "") + f" | {x} | {share} | {mem} |")
     o("")
     o(ran_on("gpu"))
 
@@ -329,8 +368,11 @@ def scan_example(keep=None) -> None:
 def scan_line() -> None:
     """One sentence: what `surgeon scan` finds on the decimal organism (run now): the formats scored, the held-out
     worst and best, the part that costs most, the minimal pair."""
-    execute("surgeon scan", name="readme_scan")
-    r = RESULTS["readme_scan"]
+    if "docs_scan" in RESULTS:  # docs/scan.md ran the same scan (and wrote its case file): its results, not a rerun
+        r = RESULTS["docs_scan"]
+    else:
+        execute("surgeon scan", name="readme_scan")
+        r = RESULTS["readme_scan"]
     held = r["held_out"]
     worst = min(f["accuracy"]["value"] for f in held)
     best = max(f["accuracy"]["value"] for f in held)
@@ -471,6 +513,34 @@ def _limit_cells(by: dict, data: dict, job: str) -> tuple[str, str, str]:
     return " / ".join(works), " / ".join(shares), goal
 
 
+FLOOR_GOALS = {"eap": ("EAP", 1, 1.5), "eap-ig": ("EAP-IG (5 steps)", 5, 1.3)}  # issue 73: x the floor (n floors)
+
+
+def eap_floor_reason(positions_letters: int = 10) -> None:
+    """EAP and EAP-IG against their floor, from bench/results/scale.json: per model, the least work each needs (the
+    floor, the other run's forward, every edge's dot product where its sender's difference can be nonzero) over the
+    floor's work (one forward and backward; five for EAP-IG's 5 steps), beside its time over the floor's, and whether
+    the goal of issue 73 (EAP within 1.5x its floor, EAP-IG within 1.3x five floors) is within reach of the work."""
+    data = json.loads((BENCH / "scale.json").read_text())
+    cog = _cog()
+    lines = []
+    for m, name in (("gpt2", "GPT-2 small"), ("llama", "Llama-shaped")):
+        by = {r["job"]: r for r in data[m]["jobs"] if r["letters"] == positions_letters and r.get("least")}
+        floor = by["floor"]
+        for job, (label, n, goal) in FLOOR_GOALS.items():
+            r = by[job]
+            least, took = r["least"] / (n * floor["flops"]), r["seconds"] / (n * floor["seconds"])
+            reach = (f"the least work alone is {least:.2f}x, past the goal" if least > goal else
+                     "met" if took <= goal else f"within reach of the work ({least:.2f}x), missed by speed")
+            lines.append(f"| {name} | {label} | {least:.2f}x | {took:.2f}x | {took / least:.2f} | {goal}x: {reach} |")
+    cog.outl("| model | job | least work / floor's | time / floor's | time / least work's (at the floor's speed) | goal |")
+    cog.outl("|---|---|---|---|---|---|")
+    for ln in lines:
+        cog.outl(ln)
+    cog.outl("")
+    cog.outl(ran_on("scale"))
+
+
 def _versus(x: float | None, base: str | None) -> str:
     """baseline / surgeon as words: times faster than a baseline, or times the floor (the least the job needs)."""
     if x is None:
@@ -534,15 +604,23 @@ def bench_readme(items: int = 2, positions_letters: int = 10) -> None:
              f"the Llama-3.1-8B-shaped model (32 layers, 805,681 edges); memory: surgeon's predicted peak above the "
              f"weights over the measured one on shapes the predictor was not fitted to ({', '.join(held)}){_limit_words(data)}:")
     cog.outl("")
-    cog.outl("| job | surgeon | baseline | GPT-2 small | Llama-shaped | work / least | of peak | goal | memory pred / meas |")
-    cog.outl("|---|---|---|---|---|---|---|---|---|")
+    peer = _peer_rates()
+    cog.outl(f"The auto-circuit column is its own bench (`bench/peer_auto_circuit.py`: GPT-2 small's shape, "
+             f"{peer['items']} items, every edge; auto-circuit 1.0.1's time over surgeon's for EAP, surgeon's rate over "
+             f"its for exact edges, each patched alone).")
+    cog.outl("")
+    cog.outl("| job | surgeon | baseline | GPT-2 small | Llama-shaped | auto-circuit | work / least | of peak | goal | "
+             "memory pred / meas |")
+    cog.outl("|---|---|---|---|---|---|---|---|---|---|")
     for job, name in JOB_NAMES.items():
         base, label = BASELINES[job]
         r, b = by["gpt2"][job], by["gpt2"].get(base) if base else None
         xs = [by[m][base]["seconds"] / by[m][job]["seconds"] if base else None for m in ("gpt2", "llama")]
         work, share, goal = _limit_cells(by, data, job)
+        vs_peer = {"eap": peer["eap"][1] / peer["eap"][0], "exact": peer["rate"][0] / peer["rate"][1]}.get(job)
         cells = [name, f"{r['seconds']:.2f} s", f"{label} {b['seconds']:.2f} s" if b else "--",
-                 *(_versus(x, base) for x in xs), work, share, goal, _held_out(job)]
+                 *(_versus(x, base) for x in xs), f"{vs_peer:.1f}x faster" if vs_peer else "--", work, share, goal,
+                 _held_out(job)]
         cog.outl("| " + " | ".join(cells) + " |")
     cog.outl("")
     ratios = [ln.split("ratio")[1].strip() for ln in (BENCH / "subset_search.txt").read_text().splitlines()
@@ -551,10 +629,41 @@ def bench_readme(items: int = 2, positions_letters: int = 10) -> None:
     if ratios:
         cog.outl(f"The subset search against the careful TransformerLens search (12,870 subsets of 16 heads, "
                  f"`bench/subset_search.py`): {' and '.join(ratios)} ({goal[0].split(':')[-1].strip() if goal else ''}). "
-                 f"{_features_sentence()} "
+                 f"{_contended_sentence()}{_features_sentence()} {_peer_sentence()} "
                  f"Why the misses, where the work grows and the extrapolation to Llama-3.1-8B on one 80 GB GPU: "
                  f"[benchmarks](docs/benchmarks.md). "
-                 f"{ran_on_many(['scale', 'memory', 'subset_search', 'features'])}")
+                 f"{ran_on_many(['scale', 'memory', 'subset_search', 'features', 'peer_auto_circuit'])}")
+
+
+def _peer_rates() -> dict:
+    """bench/peer_auto_circuit.py's saved medians: each side's EAP seconds and exact edges per second."""
+    d = json.loads((BENCH / "peer_auto_circuit.json").read_text())
+    us, them = d["surgeon"], d["auto_circuit"]
+    return {**d, "eap": (us["eap_s"], them["eap_s"]),
+            "rate": (d["top"] / us["exact_s"], d["peer_top"] / them["exact_s"])}
+
+
+def _peer_sentence() -> str:
+    """bench/peer_auto_circuit.py's saved numbers in one sentence: surgeon against auto-circuit 1.0.1, the tool a
+    researcher would otherwise install for edge attribution, on the same model, items and edges."""
+    d = _peer_rates()
+    (us, them), (r_us, r_them) = d["eap"], d["rate"]
+    return (f"Against the field's own tool for edge attribution, auto-circuit 1.0.1 (`bench/peer_auto_circuit.py`: "
+            f"GPT-2 small's shape, {d['edges']:,} edges, {d['items']} items, its scores checked equal to surgeon's "
+            f"first, to {max(d['eap_error'], d['exact_error']):.0e}; medians of {d['rounds']} interleaved rounds): "
+            f"EAP over every edge {us:.2f} s against {them:.2f} s ({them / us:.1f}x); exact scores, each edge patched "
+            f"alone, {r_us:.1f} edges/s against {r_them:.2f} ({r_us / r_them:.0f}x; auto-circuit's one forward per "
+            f"edge timed on {d['peer_top']} of surgeon's top {d['top']}).")
+
+
+def _contended_sentence() -> str:
+    """bench/subset_search.py's run beside one other busy process, in one sentence (empty where it did not run)."""
+    lines = (BENCH / "subset_search.txt").read_text().splitlines()
+    said = [ln for ln in lines if ln.startswith("contended, following the free cores:")]
+    if not said:
+        return ""
+    return (f"Beside one other busy process on the 2 cores (decision setting), with torch's threads following the "
+            f"cores left free: {said[0].split(':', 1)[1].strip()}. ")
 
 
 def _features_sentence() -> str:
@@ -616,22 +725,23 @@ def ran_on(name: str) -> str:
     return f"[ran on {commit}, {date}; {CODE_TIMED} {'unchanged since' if same else f'changed since: rerun with {rerun}'}]"
 
 
-def _collect(*marker: str) -> int:
-    r = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", *marker], cwd=ROOT, capture_output=True,
-                       text=True)
-    m = re.search(r"(\d+)(?:/\d+)? tests? (?:collected|selected)", r.stdout)
+def _collect() -> tuple[int, int]:
+    """(tests, slow tests): one collection, deselecting the slow ones ("1029/1159 tests collected (130 deselected)")."""
+    r = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-n", "0", "-m", "not slow"], cwd=ROOT,
+                       capture_output=True, text=True)
+    m = re.search(r"(\d+)/(\d+) tests? (?:collected|selected)", r.stdout)
     if not m:
         raise SystemExit(f"pytest --collect-only printed no count:\n{r.stdout[-2000:]}{r.stderr[-2000:]}")
-    return int(m.group(1))
+    return int(m.group(2)), int(m.group(2)) - int(m.group(1))
 
 
 def suite() -> dict:
     """The test suite's size (collected now) and wall times (measured by `python docs/readme.py --suite`)."""
     t = _timings()
-    total = _collect()
+    total, slow = _collect()
     unmeasured = "(not measured yet: python docs/readme.py --suite)"
     timed = t.get("suite-tests", total)  # how many tests the timed run had (the suite grows between timings)
-    return {"tests": total, "slow": total - _collect("-m", "not slow"),
+    return {"tests": total, "slow": slow,
             "when": "" if timed == total else f" (timed when it had {timed} tests)",
             "time": _minutes(t["suite"]) if "suite" in t else unmeasured,
             "fast_time": _minutes(t["suite-fast"]) if "suite-fast" in t else unmeasured}
@@ -641,17 +751,90 @@ def _minutes(seconds: float) -> str:
     return f"{seconds / 60:.1f} minutes" if seconds >= 90 else f"{seconds:.0f} s"
 
 
+SLOWEST = 20  # the slowest tests docs/install.md lists, each with why it takes what it takes
+DURATIONS = 40  # the slowest tests recorded
+# why each of the slowest tests takes what it takes, by test file (a slow test in a file not named here fails the
+# docs check: say why, or make it faster)
+SLOW_WHY = {
+    "tests/test_readme.py::test_readme_is_regenerated_from_real_runs":
+        "reruns every fast command block and example of the README and the docs pages (dozens of `surgeon` commands "
+        "and Python examples on the organisms, in its one process) and compares what they print",
+    "tests/test_readme_blocks.py::test_the_own_model_block_runs_on_a_standin":
+        "the README's own-model block as written, on a checkpoint of Llama-3.1-8B's layout (32 layers x 32 heads, "
+        "grouped-query, heads of 2 dimensions): `surgeon patch` sweeps its 1,024 heads over 64 items in a subprocess",
+    "tests/engine/test_memory.py":
+        "peak memory measured per job on shapes held out of the memory plan's fit, large enough that the "
+        "activations, not the weights, set the peak",
+    "tests/analyses/test_repair_table.py":
+        "the repair of each row of the table measured on the organism's test split (384 items; the hand-written "
+        "ground truth beside it, TransformerLens hooks on prompts of one length at a time, takes a tenth of it)",
+    "tests/sae/test_feature_memory.py":
+        "feature circuits' memory plan against the measured peak on a held-out grouped-query shape with TopK SAEs "
+        "of 16x at three layers",
+    "tests/engine/test_execution.py":
+        "EAP-IG and the faithfulness curve over 8x the items, each in a fresh process, so their peak memory is "
+        "measured alone",
+    "tests/analyses/test_repair.py":
+        "`surgeon report` with the repair step and the steering baselines, then a rerun that reuses them",
+    "tests/test_api_options.py":
+        "the report's repair and its baselines built and measured on the report's split",
+    "tests/models/test_models.py":
+        "the shipped Llama-3.1 case and Hugging Face cache layouts, run from the command line on stand-in checkpoints",
+    "tests/circuits/test_circuits.py": "`surgeon circuit` with every export, then `circuit-eval` on it, as commands",
+    "tests/reports/test_report_page.py": "`surgeon report`'s every step, then a rerun and a start from a scan",
+    "tests/test_invariance.py": "every analysis run at two batch sizes (or item orders, or chunk sizes)",
+    "tests/models/test_fit.py": "a TransformerLens checkpoint folder written, then loaded and run from the command line",
+    "tests/cli/test_reliability.py": "commands run as processes side by side on one output folder",
+    "tests/test_bench.py": "every job of bench/gpu.py beside its TransformerLens baseline, on a small model on the CPU",
+    "tests/search/test_threshold.py": "subset searches from the command line, stopped by a signal and resumed",
+    "tests/sae/test_sae.py": "SAEs trained, or read from a Hugging Face cache layout, then used",
+    "tests/analyses/test_scan.py": "`surgeon scan` from the command line: formats composed and tested on the organism",
+    "tests/search/test_ray.py": "a local Ray cluster started, a worker killed, the run resumed without Ray",
+    "tests/reports/test_report_key.py": "reports rerun with one input changed at a time, to see each enter the key",
+    "tests/test_smoke.py": "the README's quick start, its commands as processes",
+    "tests/analyses/test_repair_saved_checks.py":
+        "a repair built and measured in float16 and bfloat16 on the CPU, whose half-precision products are slow",
+    "tests/cli/test_first_hour.py": "a new user's first commands, as processes",
+    "tests/analyses/test_repair_measure.py": "repairs built, saved and measured from the command line",
+    "tests/cli/test_robustness.py": "signals sent to commands while they import and run",
+    "tests/organisms/test_organisms.py": "the organisms' data drawn and their mechanisms measured",
+}
+
+
+def slowest_tests() -> None:
+    """docs/install.md's table of the suite's slowest tests (timed by `python docs/readme.py --suite-only`), each with
+    why it is slow."""
+    t = _timings()
+    rows = t.get("suite-slowest")
+    if not rows:
+        out("(not measured yet: python docs/readme.py --suite-only)")
+        return
+    out("| s | phase | test | why |")
+    out("|---|---|---|---|")
+    for sec, phase, node in rows[:SLOWEST]:
+        f = node.split("::")[0]
+        why = SLOW_WHY.get(node.split("[")[0], SLOW_WHY.get(f))
+        if why is None:
+            raise SystemExit(f"{node} is among the {SLOWEST} slowest tests and docs/readme.py's SLOW_WHY does not say "
+                             f"why: add its file or test there, or make it faster")
+        out(f"| {sec:.1f} | {phase} | `{node}` | {why} |")
+
+
 def measure_suite() -> None:
     """Run the whole suite and the fast part, then record their wall times in docs/timings.json (written once
     both have passed: the README check inside them compares against the timings as they were)."""
     new = {}
-    for key, extra in (("suite", []), ("suite-fast", ["-m", "not slow"])):
+    for key, extra in (("suite", ["--durations", str(DURATIONS)]), ("suite-fast", ["-m", "not slow"])):
         t0 = time.perf_counter()
-        r = subprocess.run([sys.executable, "-m", "pytest", "-q", *extra], cwd=ROOT)
+        r = subprocess.run([sys.executable, "-m", "pytest", "-q", *extra], cwd=ROOT, stdout=subprocess.PIPE, text=True)
+        sys.stdout.write(r.stdout)
         if r.returncode:
             raise SystemExit(f"the suite failed ({key}): fix it before regenerating the README")
         new[key] = round(time.perf_counter() - t0, 1)
-    new["suite-tests"] = _collect()
+        if key == "suite":  # pytest's --durations lines: "12.34s call     tests/x.py::test_y"
+            new["suite-slowest"] = [[float(m.group(1)), m.group(2), m.group(3)] for m in
+                                    re.finditer(r"^(\d+\.\d+)s (setup|call|teardown)\s+(\S+)$", r.stdout, re.M)]
+    new["suite-tests"] = _collect()[0]
     t = _timings()
     t.update(new)
     TIMINGS.write_text(json.dumps(t, indent=1, sort_keys=True) + "\n")

@@ -36,7 +36,8 @@ def _save(model, tok, path: Path) -> Path:
 
 
 def make_llama(path: Path, n_layers: int = 2, n_heads: int = 4, n_kv_heads: int = 2, hidden: int = 64) -> Path:
-    """A tiny Llama; make_llama(p, 32, 32, 8, 256) has Llama-3.1-8B's layer and head layout."""
+    """A tiny Llama; make_llama(p, 32, 32, 8) has Llama-3.1-8B's layer and head layout (at hidden=64, heads of 2
+    dimensions)."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 

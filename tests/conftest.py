@@ -2,11 +2,17 @@ import os
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+# pytest-xdist (pyproject's addopts: a worker per core): each worker, and the commands its tests start, runs torch on
+# one thread, so the workers do not share cores with their own threads (surgeon/threads.py says why that is slow)
+WORKER = os.environ.get("PYTEST_XDIST_WORKER")
+if WORKER:
+    for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        os.environ[var] = "1"
 
 import pytest
 import torch
 
-torch.set_num_threads(min(2, os.cpu_count() or 1))
+torch.set_num_threads(1 if WORKER else min(2, os.cpu_count() or 1))
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -89,12 +95,15 @@ def _tree_state() -> str | None:
 
 
 def pytest_sessionstart(session):
-    session.config._surgeon_tree = _tree_state()
+    if not WORKER:  # once, in the process that runs or hands out the tests
+        session.config._surgeon_tree = _tree_state()
 
 
 def pytest_sessionfinish(session, exitstatus):
     """The suite leaves the working tree as it found it (issue 33: no results.json, manifest.json, figures or
     out/ folders written into the repository by a test); a test that writes there fails the run."""
+    if WORKER:
+        return
     before = getattr(session.config, "_surgeon_tree", None)
     after = _tree_state()
     if before is None or after is None or before == after:
@@ -108,3 +117,4 @@ def pytest_sessionfinish(session, exitstatus):
           "these at the same time, e.g. mkdocs build into site/ or a surgeon run with --out, rerun the suite alone):\n  "
           + "\n  ".join(new), file=sys.stderr)
     session.exitstatus = 1
+

@@ -116,9 +116,9 @@ def test_a_bench_is_stale_when_a_source_it_times_changes_and_only_then(tmp_path)
         for p in paths:
             assert (Path(ROOT) / p).exists(), (name, p)
     for p in ("surgeon/engine", "surgeon/sites", "surgeon/analyses", "surgeon/search", "surgeon/circuits", "surgeon/cli",
-              "surgeon/case", "surgeon/repairs"):
+              "surgeon/case", "surgeon/repairs", "surgeon/models"):
         shutil.copytree(Path(ROOT) / p, tmp_path / p, ignore=shutil.ignore_patterns("__pycache__"))
-    for f in ("surgeon/__init__.py", "surgeon/api.py", "pyproject.toml"):
+    for f in ("surgeon/__init__.py", "surgeon/api.py", "surgeon/threads.py", "pyproject.toml"):
         shutil.copy(Path(ROOT) / f, tmp_path / f)
     before = {n: sources_sha256(n, tmp_path) for n in SOURCES}
     assert before == {n: sources_sha256(n) for n in SOURCES}

@@ -12,7 +12,8 @@ ROOT = Path(_ROOT)
 PKG = ROOT / "surgeon"
 # lowest first; a module may import its own layer and those below it, never one above (docs/layout.md draws them)
 LAYERS = [
-    ("surgeon.version", "surgeon.errors", "surgeon.stats", "surgeon.results", "surgeon.show", "surgeon.causal"),
+    ("surgeon.version", "surgeon.errors", "surgeon.stats", "surgeon.results", "surgeon.show", "surgeon.causal",
+     "surgeon.threads"),
     ("surgeon.sites",),  # the vocabulary of sites (a case names components) and the protocol the engine calls
     ("surgeon.case",),  # a case described once: no model
     ("surgeon.engine",),  # masks between runs of a HookedTransformer it is given: no loading

@@ -29,6 +29,7 @@ from surgeon.search.store import ChunkStore, read_plan
 from surgeon.show import Shows
 from surgeon.sites.nodes import Site
 from surgeon.stats import wilson
+from surgeon.threads import ThreadGovernor
 
 
 # ----------------------------------------------------------------------------- candidates and groups
@@ -258,17 +259,22 @@ def todo_chunks(plan: Plan, store, chunk: int, shard: tuple[int, int] = (0, 1)) 
 
 def evaluate(contrast, plan: Plan, store, *, component: str = "z", chunk: int = 256, shard: tuple[int, int] = (0, 1),
              progress: bool = False) -> int:
-    """Evaluate this shard's missing chunks of the plan, saving each as it finishes. Returns chunks done now."""
+    """Evaluate this shard's missing chunks of the plan, saving each as it finishes. Returns chunks done now.
+    Between chunks, torch's threads follow the cores other work leaves free (`ThreadGovernor`; the progress line
+    says when the machine is contended)."""
     todo = todo_chunks(plan, store, chunk, shard)
     bar = None
     if progress:
         from tqdm.auto import tqdm
 
         bar = tqdm(total=sum(todo.values()), desc="subsets", unit="subset")
-    for c, size in todo.items():
-        store.save(c, **chunk_scores(contrast, plan, c, chunk, component))
-        if bar is not None:
-            bar.update(size)
+    with ThreadGovernor() as gov:
+        for c, size in todo.items():
+            store.save(c, **chunk_scores(contrast, plan, c, chunk, component))
+            gov.step()
+            if bar is not None:
+                bar.set_postfix_str(gov.note, refresh=False)
+                bar.update(size)
     if bar is not None:
         bar.close()
     return len(todo)

@@ -1,7 +1,8 @@
 """Issue 52's hand-written table, reproduced: each head of a subset gets its mean good-format output (over the case's
 trap items, at each offset from the last prompt token) with no good-format prompt, read at the answers' first differing
 token on fresh items of the organism's test split. The expected counts come from TransformerLens hooks written here,
-one prompt at a time (the tokens built from the templates, the means taken here), never from surgeon's rows or means;
+on the prompts of one length at a time (the tokens built from the templates, the means taken here), never from
+surgeon's rows or means;
 the published rates must fall inside surgeon's 95% intervals.
 
 Reproduced: the qa and chat traps, the plain traps and the paired column of the k=2 and k=5 rows; the KL on plain
@@ -42,29 +43,36 @@ def _hand_means(model, case, items, layers):
 
 
 def _mean_hook(units, means, last):
-    """A hand-written hook: each unit's mean at the position j tokens after the last prompt token."""
+    """A hand-written hook: each unit's mean at the position j tokens after the last prompt token, in every row of a
+    batch whose rows share that position."""
     def hook(z, hook):
         L = hook.layer()
         heads = [h for UL, h in units if UL == L]
         for (LL, j), v in means.items():
             if LL == L and last + j < z.shape[1]:
-                z[0, last + j, heads] = v[heads]
+                z[:, last + j, heads] = v[heads]
         return z
     return hook
 
 
+def _by_shape(rows):
+    """Rows (ids, last, *rest) grouped by (length, last prompt position): each group one batch, no padding."""
+    groups = {}
+    for r in rows:
+        groups.setdefault((len(r[0]), r[1]), []).append(r)
+    return groups.values()
+
+
 def _hand_right(model, case, fmt, items, units, means):
-    """How many items the mean patch makes right."""
+    """How many items the mean patch makes right (prompts of one length and last position run as one batch)."""
     right = 0
-    for it in items:
-        ids, last, c, i = _tokens(model, case, fmt, it)
-
+    layers = sorted({L for L, _ in units})
+    for group in _by_shape([_tokens(model, case, fmt, it) for it in items]):
+        ids, last = torch.tensor([g[0] for g in group]), group[0][1]
         hook = _mean_hook(units, means, last)
-
-        layers = sorted({L for L, _ in units})
-        lp = model.run_with_hooks(torch.tensor([ids]), fwd_hooks=[(f"blocks.{L}.attn.hook_z", hook) for L in layers])
-        lp = lp[0, -1].log_softmax(-1)
-        right += int(lp[c] > lp[i])
+        lp = model.run_with_hooks(ids, fwd_hooks=[(f"blocks.{L}.attn.hook_z", hook) for L in layers])
+        lp = lp[:, -1].log_softmax(-1)
+        right += sum(int(lp[b, c] > lp[b, i]) for b, (_, _, c, i) in enumerate(group))
     return right
 
 
@@ -105,16 +113,17 @@ def _hand_kl(model, case, fmt, items, units, means):
     answer teacher-forced, read at the last prompt token and each answer character but the last."""
     tok, kls = model.tokenizer, []
     layers = sorted({L for L, _ in units})
+    rows = []
     for it in items:
         prompt = case.formats[fmt].format(**it.values)
-        ids = [tok.bos_token_id] + [tok.convert_tokens_to_ids(ch) for ch in prompt + it.correct[:-1]]
-        last = len(prompt)
-
+        rows.append(([tok.bos_token_id] + [tok.convert_tokens_to_ids(ch) for ch in prompt + it.correct[:-1]],
+                     len(prompt)))
+    for group in _by_shape(rows):
+        ids, last = torch.tensor([g[0] for g in group]), group[0][1]
         hook = _mean_hook(units, means, last)
-
-        rep = model.run_with_hooks(torch.tensor([ids]), fwd_hooks=[(f"blocks.{L}.attn.hook_z", hook) for L in layers])
-        rep = rep[0].log_softmax(-1)
-        base = model(torch.tensor([ids]))[0].log_softmax(-1)
-        pos = range(last, len(ids))
-        kls.append(sum(float((base[p].exp() * (base[p] - rep[p])).sum()) for p in pos) / len(pos))
+        rep = model.run_with_hooks(ids, fwd_hooks=[(f"blocks.{L}.attn.hook_z", hook) for L in layers]).log_softmax(-1)
+        base = model(ids).log_softmax(-1)
+        pos = range(last, ids.shape[1])
+        for b in range(len(group)):
+            kls.append(sum(float((base[b, p].exp() * (base[b, p] - rep[b, p])).sum()) for p in pos) / len(pos))
     return sum(kls) / len(kls)

@@ -126,7 +126,9 @@ def test_predicted_memory_above_the_weights_within_30_percent_on_held_out_shapes
     sys.path.insert(0, os.path.join(ROOT, "bench"))
     from scale import MMAP_THRESHOLD
 
-    env = dict(os.environ, MALLOC_MMAP_THRESHOLD_=str(MMAP_THRESHOLD), OMP_NUM_THREADS="2")
+    # one thread, as the suite's workers have: a second waits on a core another worker holds, and the peak is the
+    # same (gqa's exact edges: 652.09 MB measured at 1 thread, 652.16 MB at 2)
+    env = dict(os.environ, MALLOC_MMAP_THRESHOLD_=str(MMAP_THRESHOLD), OMP_NUM_THREADS="1")
     r = subprocess.run([sys.executable, os.path.join(ROOT, "bench", "scale.py"), "measure", model, job, "8", "10"],
                        capture_output=True, text=True, env=env, timeout=900)
     assert r.returncode == 0, r.stderr[-3000:]

@@ -29,7 +29,7 @@ def checkpoint(request, tmp_path_factory):
 def llama31_standin(tmp_path_factory):
     """Llama-3.1-8B's layout (32 layers, 32 query heads sharing 8 key/value heads), tiny widths."""
     return make_llama(tmp_path_factory.mktemp("ckpt") / "llama-3.1-standin", n_layers=32, n_heads=32,
-                      n_kv_heads=8, hidden=256)
+                      n_kv_heads=8, hidden=64)
 
 
 def test_logits_equal_huggingface(checkpoint):

@@ -7,6 +7,7 @@ import pytest
 from surgeon.analyses.threshold import threshold_search
 
 ray = pytest.importorskip("ray", reason="the ray extra is not installed (pip install -e '.[ray]')")
+pytestmark = pytest.mark.xdist_group("ray")  # one cluster, in one pytest-xdist worker
 
 
 @pytest.fixture(scope="module")
