@@ -7,7 +7,8 @@ scheduler slice at a time. A job of many small operations (the subset search in 
 few thousand rows) spends most of its time waiting: bench/subset_search.py measures it, with a competing process
 beside the quiet run.
 
-`ThreadGovernor` measures, between steps of a long loop (chunks of subsets, layers of a sweep), how many of this
+`ThreadGovernor` measures, between steps of a long loop (the subset search's chunks of subsets, a patched run's
+chunks of patches: every `Contrast.run` and gradient), how many of this
 process's cores other processes kept busy (the machine's busy time from /proc/stat over the cores this process
 may run on, less this process's own CPU time), and runs the next step with the cores left: never more threads than
 were in force when it started (the user's `--threads` or torch's default), at least one, the starting count given
@@ -129,10 +130,10 @@ class ThreadGovernor:
     def step(self) -> int:
         """Measure since the last step (when at least `min_interval` s passed) and set the threads for the next;
         returns the thread count in force."""
+        if self._last is None or time.monotonic() - self._last.wall < self.min_interval:
+            return self._torch.get_num_threads()  # too soon to measure: /proc/stat not read
         now = sample(self._cpus)
-        if now is None or self._last is None:
-            return self._torch.get_num_threads()
-        if now.wall - self._last.wall < self.min_interval:
+        if now is None:
             return self._torch.get_num_threads()
         self.busy_elsewhere = others_busy(self._last, now)
         self._last = now

@@ -127,6 +127,17 @@ def test_the_engine_knows_no_site_kind_by_name():
     assert {"node", "edges", "sae_features"} <= set(protocol.KINDS)
 
 
+def test_no_class_over_300_lines_no_function_over_100():
+    long = []
+    for f in PKG.rglob("*.py"):
+        for node in ast.walk(ast.parse(f.read_text())):
+            n = node.end_lineno - node.lineno + 1 if hasattr(node, "end_lineno") else 0
+            if (isinstance(node, ast.ClassDef) and n > 300) or (
+                    isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and n > 100):
+                long.append(f"{f.relative_to(ROOT)}:{node.name} ({n} lines)")
+    assert not long
+
+
 def test_tests_mirror_the_package():
     folders = {p.name for p in PKG.iterdir() if p.is_dir() and (p / "__init__.py").exists()}
     tests = {p.name for p in (ROOT / "tests").iterdir() if p.is_dir() and (p / "__init__.py").exists()}

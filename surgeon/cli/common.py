@@ -32,8 +32,9 @@ def add_common(p: argparse.ArgumentParser, case: bool = True,
                         "fit proportionally more rows in the same memory")
     p.add_argument("--seed", type=cli_types.bounded(0, 2**32 - 1), default=0,
                    help="random seed, 0 .. 2^32-1 (default: 0)")
-    p.add_argument("--threads", type=cli_types.positive, default=None, help="CPU threads for torch, at most (default: torch's choice); a subset search runs fewer "
-                   "while other processes hold cores (SURGEON_ADAPT_THREADS=0 keeps them)")
+    p.add_argument("--threads", type=cli_types.positive, default=None,
+                   help="CPU threads for torch, at most (default: torch's choice); fewer while other processes hold "
+                        "cores (SURGEON_ADAPT_THREADS=0 keeps them)")
     p.add_argument("--debug", action="store_true", help="show tracebacks")
 
 

@@ -3,6 +3,7 @@ the first patched layer on; both runs' activations at the sites patched), how mu
 out-of-memory backoff that halves the batch size."""
 from __future__ import annotations
 
+import weakref
 from collections import defaultdict
 from typing import Sequence
 
@@ -36,19 +37,30 @@ def is_out_of_memory(e: BaseException) -> bool:
 
 
 class CleanRuns:
-    """A `Contrast`'s clean runs and their caches (mixed into `Contrast`, whose state they use: model, cfg,
-    buckets, batch_size, cache_bytes, `_log`)."""
+    """A `Contrast`'s clean runs and their caches: a part the Contrast holds (`contrast.runs`). It owns what bounds
+    them: `batch_size` (halved on out-of-memory, `backoffs` times), `cache_bytes`, and how often a bucket's caches
+    were dropped (`recomputed`); it reads the Contrast's model, buckets and score through a weak reference (no
+    cycle: dropping the Contrast frees its caches at once)."""
 
-    def _trim(self, b: Bucket) -> None:
+    def __init__(self, engine, batch_size: int, cache_bytes: int):
+        self.engine = weakref.proxy(engine)
+        self.model, self.cfg, self.device = engine.model, engine.model.cfg, engine.device
+        self.batch_size = max(1, int(batch_size))
+        self.cache_bytes = int(cache_bytes)
+        self.backoffs = 0  # how often out-of-memory halved the batch size
+        self.recomputed = 0  # how often a bucket's caches were dropped to stay within cache_bytes
+        self.forwards = 0  # unpatched forward passes (batched) run
+
+    def trim(self, b: Bucket) -> None:
         """After bucket `b` was used: drop its caches if all buckets' caches together pass `cache_bytes`.
 
         Calls walk the buckets in order, so the first ones that fit stay cached and the later ones recompute
         theirs (one unpatched forward per run) each time: memory stays bounded whatever the number of items."""
-        if sum(nbytes(x) for x in self.buckets) > self.cache_bytes:
+        if sum(nbytes(x) for x in self.engine.buckets) > self.cache_bytes:
             b.drop_caches()
-            self._log["recomputed"] += 1
+            self.recomputed += 1
 
-    def _ensure_base(self, b: Bucket, start: int, sites: Sequence[Site], score: bool = False):
+    def ensure_base(self, b: Bucket, start: int, sites: Sequence[Site], score: bool = False):
         """Cache what patches of layers >= start need from the base run; with `score`, return clean scores."""
         layers = [L for L in range(start, self.cfg.n_layers) if L not in b.resid]
         sites = [s for s in sites if s not in b.base_acts]
@@ -57,19 +69,19 @@ class CleanRuns:
         names = [f"blocks.{L}.hook_resid_pre" for L in layers]
         names += [f"blocks.{L}.attn.hook_{x}" for L in layers for x in "kvz"]
         names += [s.hook for s in sites]
-        final, cache = self._pass(b.base_tokens, names, score, b.base_len)
+        final, cache = self.run_clean(b.base_tokens, names, score, b.base_len)
         for L in layers:  # copies of the slices, so the full activations can be freed
             b.resid[L] = cache[f"blocks.{L}.hook_resid_pre"][:, b.p0:].clone()
             b.kv[L] = (cache[f"blocks.{L}.attn.hook_k"][:, : b.p0].clone(),
                        cache[f"blocks.{L}.attn.hook_v"][:, : b.p0].clone())
             b.z[L] = cache[f"blocks.{L}.attn.hook_z"][:, b.p0:].clone()
         for s in sites:
-            b.base_acts[s] = self._gather(cache[s.hook], s, b.base_pos)
+            b.base_acts[s] = self.gather(cache[s.hook], s, b.base_pos)
         if score:
-            return self._readout(b, final, b.tgt_pos)[0]
+            return self.engine.readout_scores(b, final, b.tgt_pos)[0]
         return None
 
-    def _ensure_source(self, b: Bucket, sites: Sequence[Site], score: bool = False):
+    def ensure_source(self, b: Bucket, sites: Sequence[Site], score: bool = False):
         sites = [s for s in sites if s not in b.source_acts]
         if not sites and not score:
             return None
@@ -79,20 +91,20 @@ class CleanRuns:
                     "patching attention patterns needs base and source prompts of equal length (the keys must "
                     "correspond), but they differ", field="component",
                     fix="patch head outputs (component z) instead, or use formats of equal length")
-        final, cache = self._pass(b.source_tokens, [s.hook for s in sites], score, b.source_len)
+        final, cache = self.run_clean(b.source_tokens, [s.hook for s in sites], score, b.source_len)
         for s in sites:
-            b.source_acts[s] = self._gather(cache[s.hook], s, b.source_pos)
+            b.source_acts[s] = self.gather(cache[s.hook], s, b.source_pos)
         if score:
-            return self._readout(b, final, b.source_tgt_pos)[0]
+            return self.engine.readout_scores(b, final, b.source_tgt_pos)[0]
         return None
 
-    def _pass(self, tokens: Tensor, names: Sequence[str], final: bool, lengths: Tensor | None = None):
+    def run_clean(self, tokens: Tensor, names: Sequence[str], final: bool, lengths: Tensor | None = None):
         """One forward over `tokens` (in batches), caching `names`; the final residual too if `final`. `lengths`
         [rows]: each row's real tokens, where the model reads padding (a bidirectional one's is masked)."""
-        return self._with_backoff(lambda: self._pass_once(tokens, names, final, lengths))
+        return self.with_backoff(lambda: self.run_clean_once(tokens, names, final, lengths))
 
     @torch.no_grad()
-    def _pass_once(self, tokens: Tensor, names: Sequence[str], final: bool, lengths: Tensor | None = None):
+    def run_clean_once(self, tokens: Tensor, names: Sequence[str], final: bool, lengths: Tensor | None = None):
         names = list(dict.fromkeys(names))
         out: dict[str, list[Tensor]] = defaultdict(list)
         finals = []
@@ -102,18 +114,18 @@ class CleanRuns:
             with fused_activations(self.model), masked_padding(self.model, part):
                 res, cache = self.model.run_with_cache(tokens[lo: lo + self.batch_size], names_filter=names,
                                                        stop_at_layer=stop)
-            self._log["forwards"] += 1
+            self.forwards += 1
             finals.append(res)
             for n in names:
                 out[n].append(cache[n])
         return (torch.cat(finals) if final else None), {n: torch.cat(v) for n, v in out.items()}
 
-    def _gather(self, act: Tensor, site: Site, pos: Tensor) -> Tensor:
+    def gather(self, act: Tensor, site: Site, pos: Tensor) -> Tensor:
         x = units_view(act, site.component, site.n_units(self.cfg))
         idx = torch.arange(x.shape[0], device=x.device)[:, None]
         return x[idx, pos.to(x.device)]  # [n, S, unit, rest]
 
-    def _kv_cache(self, b: Bucket, start: int, copies: int):
+    def kv_cache(self, b: Bucket, start: int, copies: int):
         """A frozen TL key/value cache holding the shared prefix, repeated once per patch in the chunk.
 
         The repeated tensors are kept (for the largest chunk size seen) and reused by later calls."""
@@ -137,7 +149,7 @@ class CleanRuns:
         mask = torch.ones((b.n * copies, b.p0), dtype=torch.int, device=self.device)
         return TransformerLensKeyValueCache(entries=entries, previous_attention_mask=mask, frozen=True)
 
-    def _with_backoff(self, fn, restart=None):
+    def with_backoff(self, fn, restart=None):
         """Run fn; on out-of-memory (a GPU's, or the CPU allocator's) halve the batch size and try again (down to
         one row). `restart` is called before a retry (to undo what the failed attempt accumulated)."""
         while True:
@@ -146,7 +158,7 @@ class CleanRuns:
             except (torch.OutOfMemoryError, RuntimeError) as e:
                 if not is_out_of_memory(e):
                     raise
-                for b in self.buckets:
+                for b in self.engine.buckets:
                     b.kv_rep, b.kv_copies = {}, 0
                 if self.device.type == "cuda":
                     torch.cuda.empty_cache()

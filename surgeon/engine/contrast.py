@@ -26,11 +26,14 @@ The parts, a module each: `rows` (alignment, merging, buckets), `caches` (the cl
 `sources` (mean ablation's means, the unpatched activations), `grouping` (patches that share work), `gradients`
 (attribution's backward passes), `probes` (activations and generation under patches), `readout` (where a score is
 read), `kernels` (how TransformerLens's blocks run), `prefix_attention` (attention over a shared prefix). This
-module composes them: `Contrast` builds the buckets and runs the patched forward passes."""
+module composes them: `Contrast` builds the buckets, holds the parts (`runs`, `sources`, `grouping`, `gradients`,
+`probes`: each owns its state and reaches the Contrast through a weak reference) and runs the patched forward
+passes; what a call does (gradients, pooling, a read-out hook, a caught activation) is its `RunSpec`, handed down."""
 from __future__ import annotations
 
+import functools
 from collections import Counter
-from contextlib import ExitStack
+from contextlib import ExitStack, nullcontext
 from dataclasses import dataclass, field
 from typing import Mapping, Sequence
 
@@ -45,14 +48,23 @@ from surgeon.engine.grouping import Grouping, Groups
 from surgeon.engine.kernels import detached, fused_activations, hooked, last_mlp_at
 from surgeon.engine.padding import bidirectional, pad_hooks
 from surgeon.engine.probes import Probes
+from surgeon.engine.progress import Progress
 from surgeon.engine.readout import LOGPROB, PLAIN, At, RunSpec, check_scores, readout
-from surgeon.engine.rows import Bucket, layout, merged_rows, padded, row_slice, to_items
+from surgeon.engine.rows import Bucket, buckets, merged_rows, row_slice, to_items
 from surgeon.engine.sources import Sources
 from surgeon.errors import AnalysisError
 from surgeon.sites.nodes import Site, hook_layer
 from surgeon.sites.protocol import SiteKind, coerce
 from surgeon.case.encoding import Row
 from surgeon.case.metrics import Metric
+
+
+def _part(part: str, method):
+    """A Contrast method that calls `method` on the part held as `part` (the part's signature and docstring)."""
+    @functools.wraps(method)
+    def call(self, *args, **kwargs):
+        return method(getattr(self, part), *args, **kwargs)
+    return call
 
 
 @dataclass
@@ -72,10 +84,10 @@ class HookContext:
     def note(self, path: str) -> None:
         """Record which of its ways a site's hooks took (counted per forward pass in `execution["sites"]`)."""
         if self.engine is not None:
-            self.engine._log["sites"][path] += 1
+            self.engine.log["sites"][path] += 1
 
 
-class Contrast(CleanRuns, Sources, Grouping, Gradients, Probes):
+class Contrast:
     """Items run in a base format, with activations from a source format ready to patch in.
 
     Denoising (repair) is base = failing format, source = good format; noising is the reverse.
@@ -102,8 +114,6 @@ class Contrast(CleanRuns, Sources, Grouping, Gradients, Probes):
             raise AnalysisError(f"internal: metric {self.metric.name!r} needs reference log-probabilities")
         # [n_items, vocab] per item; kept on the device of the first use
         self.reference = reference
-        self.batch_size = max(1, int(batch_size))
-        self.backoffs = 0  # how often out-of-memory halved the batch size
         # attend to the shared prefix without copying it per patch, where the architecture allows
         why_not = prefix_attention.unsupported(model)
         self.shared_prefix = why_not is None if shared_prefix is None else shared_prefix
@@ -114,61 +124,55 @@ class Contrast(CleanRuns, Sources, Grouping, Gradients, Probes):
         else:
             prefix = "copied per patch (asked for)"
         # which execution path each call took, and why a faster one was not taken (see `execution`)
-        self._log = {"prefix": prefix, "paths": Counter(), "why": Counter(), "recomputed": 0, "forwards": 0,
-                     "sites": Counter()}
+        self.log = {"prefix": prefix, "paths": Counter(), "why": Counter(), "forwards": 0, "sites": Counter(),
+                    "threads": []}
         self.device = next(model.parameters()).device
-        self.cache_bytes = default_cache_bytes(self.device) if cache_bytes is None else int(cache_bytes)
         self.n_items = max(r.item for r in base_rows) + 1
         self.align = align
-        # rows (in the source format) whose mean activation per aligned position mean ablation patches in; None: the
-        # source rows themselves (`mean_activation`)
-        self.mean_rows = list(mean_rows) if mean_rows is not None else None
-        self._means: dict[Site, Tensor] = {}
+        self.runs = CleanRuns(self, batch_size, default_cache_bytes(self.device) if cache_bytes is None else cache_bytes)
+        # mean ablation's means: over `mean_rows` (rows in the source format) where given, else the source rows
+        self.sources = Sources(self, mean_rows)
+        self.grouping, self.gradients, self.probes = Grouping(self), Gradients(self), Probes(self)
         sites = [Site.coerce(x) for x in sites]
         if start_layer is None:
             start_layer = min((x.layer for x in sites), default=0)
         pad = getattr(model.tokenizer, "pad_token_id", None) or 0
         both_ways = bidirectional(model)
         if both_ways:
-            self._log["attention"] = ("bidirectional: every row whole and alone (no shared prefix, no row cut after "
+            self.log["attention"] = ("bidirectional: every row whole and alone (no shared prefix, no row cut after "
                                       "its last read position, none merged), its padded keys masked for every query")
         base_rows, source_rows, aligned = merged_rows(base_rows, source_rows, align, base_name, source_name,
                                                       bidirectional=both_ways)
-        self.buckets: list[Bucket] = []
-        dev = self.device
-        for shape in layout(base_rows, source_rows, aligned, self.batch_size, both_ways):
-            ids, p0, S, Wb, Ws, T = shape.ids, shape.p0, shape.slots, shape.base_width, shape.source_width, shape.targets
-            B, Sr = [base_rows[i] for i in ids], [source_rows[i] for i in ids]
-            bucket = Bucket(
-                items=torch.tensor([r.item for r in B], device=dev),
-                base_tokens=padded([r.tokens[:Wb] for r in B], Wb, pad, dev),
-                source_tokens=padded([r.tokens[:Ws] for r in Sr], Ws, pad, dev),
-                base_pos=padded([aligned[i][0] for i in ids], S, Wb - 1, dev),
-                source_pos=padded([aligned[i][1] for i in ids], S, Ws - 1, dev),
-                tgt_pos=padded([[t[0] for t in r.targets] for r in B], T, p0, dev),
-                source_tgt_pos=padded([[t[0] for t in r.targets] for r in Sr], T, Ws - 1, dev),
-                tgt_tok=padded([[t[1] for t in r.targets] for r in B], T, 0, dev),
-                tgt_sign=padded([[t[2] for t in r.targets] for r in B], T, 0.0, dev, torch.float32),
-                slot_valid=padded([[1.0] * len(aligned[i][0]) for i in ids], S, 0.0, dev, torch.float32),
-                equal_lengths=shape.equal_lengths,
-                p0=p0,
-                base_len=torch.tensor([min(len(r.tokens), Wb) for r in B], device=dev) if both_ways else None,
-                source_len=torch.tensor([min(len(r.tokens), Ws) for r in Sr], device=dev) if both_ways else None,
-            )
-            self.buckets.append(bucket)
+        self.buckets: list[Bucket] = buckets(base_rows, source_rows, aligned, self.runs.batch_size, both_ways, pad,
+                                             self.device)
         self.clean_base = self.clean_source = None  # without `clean` (generation needs neither)
         if not clean:
             return
         base_scores, source_scores = [], []
         with torch.no_grad():
             for b in self.buckets:
-                base_scores.append(self._ensure_base(b, start_layer, sites, score=True)[None])
-                source_scores.append(self._ensure_source(b, sites, score=True)[None])
-                self._trim(b)
+                base_scores.append(self.runs.ensure_base(b, start_layer, sites, score=True)[None])
+                source_scores.append(self.runs.ensure_source(b, sites, score=True)[None])
+                self.runs.trim(b)
         self.clean_base = self._to_items(base_scores)[0]
         self.clean_source = self._to_items(source_scores)[0]
         check_scores(self.clean_base, base_name)
         check_scores(self.clean_source, source_name)
+
+    # the parts' calls, as the analyses make them (signatures and docstrings the parts')
+    gradient, activation_gradient = _part("gradients", Gradients.gradient), _part("gradients", Gradients.activation_gradient)
+    probe, capture, generate = (_part("probes", f) for f in (Probes.probe, Probes.capture, Probes.generate))
+    mean_activation, activations, deltas = (_part("sources", f) for f in (Sources.mean_activation, Sources.activations,
+                                                                          Sources.deltas))
+
+    @property
+    def batch_size(self) -> int:
+        """Rows per forward pass (halved on out-of-memory: `backoffs`)."""
+        return self.runs.batch_size
+
+    @property
+    def backoffs(self) -> int:
+        return self.runs.backoffs
 
     def _to_items(self, per_bucket: list[Tensor]) -> Tensor:
         return to_items(self.buckets, per_bucket, self.n_items)
@@ -213,12 +217,15 @@ class Contrast(CleanRuns, Sources, Grouping, Gradients, Probes):
         `caches_recomputed` how often a bucket's caches were dropped to stay within `cache_bytes`; `forwards` how
         many forward passes (batched) ran; `sites` which way sites' hooks went, per pass (e.g. edge gradients
         through the projections or per-head inputs); `metric` what the scores measure; `attention`, for a
-        bidirectional model, how its rows ran (whole, alone, padding masked)."""
-        return {"metric": self.metric.label, "prefix": self._log["prefix"], "paths": dict(self._log["paths"]), "why": dict(self._log["why"]),
-                "batch_size": self.batch_size, "backoffs": self.backoffs, "buckets": len(self.buckets),
-                "cache_bytes": self.cache_bytes, "caches_recomputed": self._log["recomputed"],
-                "forwards": self._log["forwards"], "sites": dict(self._log["sites"]),
-                **({"attention": self._log["attention"]} if "attention" in self._log else {})}
+        bidirectional model, how its rows ran (whole, alone, padding masked); `threads`, where other work held this
+        process's cores during a run, each change of torch's thread count ([cores busy elsewhere, threads])."""
+        log, runs = self.log, self.runs
+        return {"metric": self.metric.label, "prefix": log["prefix"], "paths": dict(log["paths"]), "why": dict(log["why"]),
+                "batch_size": runs.batch_size, "backoffs": runs.backoffs, "buckets": len(self.buckets),
+                "cache_bytes": runs.cache_bytes, "caches_recomputed": runs.recomputed,
+                "forwards": log["forwards"] + runs.forwards, "sites": dict(log["sites"]),
+                **({"attention": log["attention"]} if "attention" in log else {}),
+                **({"threads": [list(t) for t in log["threads"]]} if log["threads"] else {})}
 
     def run(self, masks: Mapping[Site | str, Tensor], progress: bool | str = False, read: "At | None" = None) -> Tensor:
         """Item scores [P, n_items] with each of P patches applied.
@@ -227,9 +234,9 @@ class Contrast(CleanRuns, Sources, Grouping, Gradients, Probes):
         may require grad: the scores are differentiable w.r.t. them (attribution). With `read` (an `At`), the
         scores are what it reads at its hook point (the pass stops after that layer), not the metric.
         """
-        return self._run(masks, RunSpec(read=read), progress)
+        return self.run_spec(masks, RunSpec(read=read), progress)
 
-    def _run(self, masks: Mapping[Site | str, Tensor], spec: RunSpec, progress: bool | str = False,
+    def run_spec(self, masks: Mapping[Site | str, Tensor], spec: RunSpec, progress: bool | str = False,
              _start: int | None = None) -> Tensor:
         """`run` under `spec` (what the call does: see `RunSpec`), from layer `_start` on where given."""
         read = spec.read
@@ -247,53 +254,48 @@ class Contrast(CleanRuns, Sources, Grouping, Gradients, Probes):
         if read is not None and start > hook_layer(read.hook):
             raise AnalysisError(f"{read.hook} is computed before the patched sites (layer {start}): no patch "
                                 "can change it", fix=f"read at layer {start} or later")
-        split = None if read is not None else self._by_first_layer(masks, P, start)
+        split = None if read is not None else self.grouping.by_first_layer(masks, P, start)
         if split is not None:  # patches that act only at later layers start there
-            self._log["paths"]["split by first layer"] += 1
+            self.log["paths"]["split by first layer"] += 1
             out = None
             for L, idx in split:
-                sub = self._run({s: m[idx] for s, m in masks.items()}, spec, progress, _start=L)
+                sub = self.run_spec({s: m[idx] for s, m in masks.items()}, spec, progress, _start=L)
                 out = sub.new_empty(P, sub.shape[1]) if out is None else out
                 out[idx.to(out.device)] = sub
             return out
         if _start is not None:
             start = max(start, _start)
-        bar = None
-        if progress:
-            from tqdm.auto import tqdm
-
-            bar = tqdm(total=P * sum(b.n for b in self.buckets), unit="run", leave=False,
-                       desc=progress if isinstance(progress, str) else "patching")
-        groups, why = (None, "read at a hook point") if read is not None else self._groups(masks, start, P)
-        self._log["paths"]["grouped" if groups is not None else "plain"] += 1
+        groups, why = (None, "read at a hook point") if read is not None else self.grouping.groups(masks, start, P)
+        self.log["paths"]["grouped" if groups is not None else "plain"] += 1
         if why:
-            self._log["why"][why] += 1
+            self.log["why"][why] += 1
         per_bucket = []
         nodes = node_sites(masks)
-        for b in self.buckets:
-            self._ensure_base(b, start, nodes)
-            self._ensure_source(b, nodes)
-            per_bucket.append(self._with_backoff(lambda: self._bucket_scores(b, start, masks, P, bar, spec, groups),
-                                                 restart=self._restore_grads(spec)))
-            self._trim(b)
-        if bar is not None:
-            bar.close()
+        desc = (progress if isinstance(progress, str) else "patching") if progress else None
+        with Progress(P * sum(b.n for b in self.buckets), desc, self.log["threads"]) as bar:
+            for b in self.buckets:
+                self.runs.ensure_base(b, start, nodes)
+                self.runs.ensure_source(b, nodes)
+                per_bucket.append(self.runs.with_backoff(
+                    lambda: self._bucket_scores(b, start, masks, P, bar, spec, groups),
+                    restart=self.gradients.restore_grads(spec)))
+                self.runs.trim(b)
         return self._to_items(per_bucket)
 
-    def _bucket_scores(self, b: Bucket, start: int, masks: Mapping[Site, Tensor], P: int, bar, spec: RunSpec,
+    def _bucket_scores(self, b: Bucket, start: int, masks: Mapping[Site, Tensor], P: int, bar: Progress, spec: RunSpec,
                        groups: "Groups | None" = None) -> Tensor:
         """[P, n] scores for one bucket: rows in slices of at most batch_size, patches in chunks that fill it."""
         cols = []
-        for r0 in range(0, b.n, self.batch_size):
-            sb = b if b.n <= self.batch_size else row_slice(b, r0, min(b.n, r0 + self.batch_size))
+        for r0 in range(0, b.n, self.runs.batch_size):
+            sb = b if b.n <= self.runs.batch_size else row_slice(b, r0, min(b.n, r0 + self.runs.batch_size))
             # a patch recomputes only the W - p0 positions from p0 on, so with the prefix shared (not
             # copied per patch) as many patched rows fit in a forward pass as positions of batch_size
             # full rows would: its memory stays that of a full pass
             width = sb.base_tokens.shape[1]
             per_row = width - sb.p0 if self.shared_prefix else width
-            chunk = max(1, self.batch_size * width // (sb.n * per_row))
+            chunk = max(1, self.runs.batch_size * width // (sb.n * per_row))
             if groups is not None:
-                cols.append(self._grouped_scores(sb, start, groups, chunk, bar, spec))
+                cols.append(self.grouping.scores(sb, start, groups, chunk, bar, spec))
                 continue
             outs, kv = [], {}
             for lo in range(0, P, chunk):
@@ -301,21 +303,20 @@ class Contrast(CleanRuns, Sources, Grouping, Gradients, Probes):
                 c = min(chunk, P - lo)
                 if c not in kv:
                     kv = {c: prefix_attention.prefix_cache(self.model, sb.p0, start) if self.shared_prefix
-                          else self._kv_cache(sb, start, c)}
-                outs.append(self._backward_now(self._run_chunk(sb, start, sub, c, kv[c], spec, lo=lo), spec))
-                if bar is not None:
-                    bar.update(c * sb.n)
+                          else self.runs.kv_cache(sb, start, c)}
+                outs.append(self.gradients.backward_now(self.run_chunk(sb, start, sub, c, kv[c], spec, lo=lo), spec))
+                bar.update(c * sb.n)
             cols.append(torch.cat(outs))
         return torch.cat(cols, dim=1)
 
-    def _mix_hooks(self, b: Bucket, masks: Mapping[SiteKind, Tensor], copies: int, offset: int, start: int = 0,
+    def mix_hooks(self, b: Bucket, masks: Mapping[SiteKind, Tensor], copies: int, offset: int, start: int = 0,
                    pooled: bool = False) -> list:
         """Every site's hooks for one chunk of `copies` patches (positions relative to `offset`, the first
         position the forward pass sees; `pooled`: see `HookContext`)."""
         ctx = HookContext(self.model, b, self.device, self, masks, pooled=pooled)
         return [h for site, m in masks.items() for h in site.hooks(ctx, m, copies, offset, start)]
 
-    def _run_chunk(self, b: Bucket, start: int, masks: Mapping[Site, Tensor], copies: int, kv_cache, spec: RunSpec,
+    def run_chunk(self, b: Bucket, start: int, masks: Mapping[Site, Tensor], copies: int, kv_cache, spec: RunSpec,
                    resid: Tensor | None = None, z: Tensor | None = None, lo: int = 0) -> Tensor:
         """[copies, n] scores under `copies` patches (patches lo.. of the call)."""
         read = spec.read
@@ -325,39 +326,39 @@ class Contrast(CleanRuns, Sources, Grouping, Gradients, Probes):
             def keep(act, hook):
                 kept["x"] = act
 
-            self._forward(b, start, masks, copies, kv_cache, resid=resid, z=z, stop=hook_layer(read.hook) + 1,
+            self.patched_forward(b, start, masks, copies, kv_cache, resid=resid, z=z, stop=hook_layer(read.hook) + 1,
                           extra_hooks=[(read.hook, keep)], spec=spec)
             x = kept["x"].view(copies, b.n, *kept["x"].shape[1:])
             rel, idx = (b.base_pos - b.p0).to(x.device), torch.arange(b.n, device=x.device)[:, None]
             with torch.set_grad_enabled(bool(spec.leaves)):  # SAE parameters may require grad
                 return read.fn(x[:, idx, rel], b.items, b.slot_valid, lo)
-        final = self._forward(b, start, masks, copies, kv_cache, resid=resid, z=z, read=b.tgt_pos - b.p0, spec=spec)
-        return self._readout(b, final, b.tgt_pos - b.p0)
+        final = self.patched_forward(b, start, masks, copies, kv_cache, resid=resid, z=z, read=b.tgt_pos - b.p0, spec=spec)
+        return self.readout_scores(b, final, b.tgt_pos - b.p0)
 
-    def _readout(self, b: Bucket, final: Tensor, tgt_pos: Tensor) -> Tensor:
+    def readout_scores(self, b: Bucket, final: Tensor, tgt_pos: Tensor) -> Tensor:
         """[copies, n] scores of the bucket's rows from final residuals (targets at `tgt_pos`)."""
         ref = None
         if self.metric.reference:
             ref = self.reference[b.items.to(self.reference.device)]
-        return readout(self.model, final, tgt_pos, b.tgt_tok, b.tgt_sign, max_rows=self.batch_size,
+        return readout(self.model, final, tgt_pos, b.tgt_tok, b.tgt_sign, max_rows=self.runs.batch_size,
                        metric=self.metric, ref=ref)
 
-    def _forward(self, b: Bucket, start: int, masks: Mapping[Site, Tensor], copies: int, kv_cache, *,
+    def patched_forward(self, b: Bucket, start: int, masks: Mapping[Site, Tensor], copies: int, kv_cache, *,
                  resid: Tensor | None = None, z: Tensor | None = None, stop: int | None = None,
                  extra_hooks: Sequence = (), read: Tensor | None = None, spec: RunSpec = PLAIN) -> Tensor:
         """Layers start..stop of the patched positions under `copies` patches, from the base run's residual
         stream (or `resid`, and head outputs `z` at layer `start`, per patched row where they differ). `read`
         [n, T]: the only positions the caller reads of the last layer's output (its MLP runs there alone). `spec`:
         the call's mode (its dropped gradients, caught activation, pooling)."""
-        hooks = self._mix_hooks(b, masks, copies, offset=b.p0, start=start, pooled=spec.pool) + list(extra_hooks)
+        hooks = self.mix_hooks(b, masks, copies, offset=b.p0, start=start, pooled=spec.pool) + list(extra_hooks)
         hooks += [(name, detached) for name in spec.drop]
         if b.base_len is not None:  # a bidirectional model: each copy of a row masks its own padding
             hooks += pad_hooks(self.model, b.base_len)
         if spec.catch is not None:
-            hooks.append((spec.catch[0], self._catch_hook(b, spec.catch[1])))
+            hooks.append((spec.catch[0], self.gradients.catch_hook(b, spec.catch[1])))
         if resid is None:
             resid = b.resid[start].repeat(copies, 1, 1)
-        self._log["forwards"] += 1
+        self.log["forwards"] += 1
         with ExitStack() as stack:
             stack.enter_context(hooked(self.model, hooks))
             stack.enter_context(fused_activations(self.model))
@@ -371,8 +372,6 @@ class Contrast(CleanRuns, Sources, Grouping, Gradients, Probes):
 
     def _prefix_mode(self, b: Bucket, start: int, masks: Mapping[Site, Tensor], z: Tensor | None = None):
         if not self.shared_prefix:
-            from contextlib import nullcontext
-
             return nullcontext()
         # patches that act at or after the head outputs of the first layer leave everything before them in
         # that layer as in the base run: start from its cached head outputs

@@ -3,6 +3,7 @@ back-propagated as soon as it is scored) and w.r.t. an activation at the aligned
 downstream end)."""
 from __future__ import annotations
 
+import weakref
 from dataclasses import replace
 from typing import Mapping, Sequence
 
@@ -17,8 +18,12 @@ from surgeon.sites.protocol import SiteKind, coerce
 
 
 class Gradients:
-    """A `Contrast`'s gradient calls (mixed into `Contrast`): each builds a `RunSpec` saying what its backward passes
-    need and hands it to the run; nothing is set on the engine."""
+    """A `Contrast`'s gradient calls: a part the Contrast holds (`contrast.gradients`), with no state of its own.
+    Each call builds a `RunSpec` saying what its backward passes need and hands it to the Contrast's run (through a
+    weak reference); nothing is set on the engine."""
+
+    def __init__(self, engine):
+        self.engine = weakref.proxy(engine)
 
     def gradient(self, masks: Mapping[Site | str, Tensor], progress: bool | str = False, drop: Sequence[str] = (),
                  read: "At | None" = None, pool: bool = False) -> tuple[dict[SiteKind, Tensor], Tensor]:
@@ -29,15 +34,15 @@ class Gradients:
         graph, not every item's (what `run(masks).mean(1).sum().backward()` would keep). `drop`: hook points whose
         output passes no gradient back (its value is unchanged): AtP*'s GradDrop drops a layer's outputs, a feature
         edge the SAEs' hook points between its ends. `read`: the scores read at a hook point (see `run`)."""
-        return self._gradient(masks, progress, RunSpec(drop=tuple(drop), read=read, pool=pool))
+        return self.with_spec(masks, progress, RunSpec(drop=tuple(drop), read=read, pool=pool))
 
-    def _gradient(self, masks: Mapping[Site | str, Tensor], progress: bool | str, spec: RunSpec
+    def with_spec(self, masks: Mapping[Site | str, Tensor], progress: bool | str, spec: RunSpec
                   ) -> tuple[dict[SiteKind, Tensor], Tensor]:
-        acc = torch.promote_types(getattr(self.model.cfg, "dtype", torch.float32), torch.float32)
+        acc = torch.promote_types(getattr(self.engine.cfg, "dtype", torch.float32), torch.float32)
         leaves = {coerce(k): v.detach().to(acc).clone().requires_grad_(True)
                   for k, v in masks.items()}  # a float64 model's gradients taken in float64, any other's in float32
         with torch.enable_grad():
-            scores = self._run(leaves, replace(spec, leaves=tuple(leaves.values())), progress)
+            scores = self.engine.run_spec(leaves, replace(spec, leaves=tuple(leaves.values())), progress)
         grads = {s: (m.grad if m.grad is not None else torch.zeros_like(m)) for s, m in leaves.items()}
         if spec.pool:  # a pooling site put its patches' summed gradient in one row of the chunk: only the sum is whole
             grads = {s: g.sum(0, keepdim=True) / g.shape[0] for s, g in grads.items()}
@@ -51,22 +56,22 @@ class Gradients:
         masks = {coerce(k): v for k, v in masks.items()}
         if any(m.shape[0] != 1 for m in masks.values()):
             raise AnalysisError("internal: activation_gradient takes one patch (masks [1, units])")
-        S = max(b.base_pos.shape[1] for b in self.buckets)
+        S = max(b.base_pos.shape[1] for b in self.engine.buckets)
         out: dict[str, Tensor] = {}
 
         def store(b: Bucket, g: Tensor):
             rel, idx = (b.base_pos - b.p0).to(g.device), torch.arange(b.n, device=g.device)[:, None]
-            x = g.view(-1, b.n, *g.shape[1:]).sum(0)[idx, rel].float().cpu() * self.n_items  # [n, S', ...]
+            x = g.view(-1, b.n, *g.shape[1:]).sum(0)[idx, rel].float().cpu() * self.engine.n_items  # [n, S', ...]
             if "g" not in out:
-                out["g"] = torch.zeros(self.n_items, S, *x.shape[2:])
+                out["g"] = torch.zeros(self.engine.n_items, S, *x.shape[2:])
             out["g"].index_add_(0, b.items.cpu(), torch.nn.functional.pad(
                 x, [0, 0] * (x.dim() - 2) + [0, S - x.shape[1]]))
 
-        self._gradient(masks, progress, RunSpec(catch=(hook, store)))
+        self.with_spec(masks, progress, RunSpec(catch=(hook, store)))
         return out["g"]
 
     @staticmethod
-    def _catch_hook(b: Bucket, store):
+    def catch_hook(b: Bucket, store):
         def catch(act, hook):
             if not act.requires_grad:
                 act = act.detach().requires_grad_(True)
@@ -74,16 +79,16 @@ class Gradients:
             return act
         return catch
 
-    def _backward_now(self, scores: Tensor, spec: RunSpec) -> Tensor:
+    def backward_now(self, scores: Tensor, spec: RunSpec) -> Tensor:
         """Under a gradient call (`spec.leaves`): back-propagate one chunk's share of the mean score and keep only
         the values."""
         if not spec.leaves or not scores.requires_grad:
             return scores
-        (scores.sum() / self.n_items).backward()
+        (scores.sum() / self.engine.n_items).backward()
         return scores.detach()
 
     @staticmethod
-    def _restore_grads(spec: RunSpec):
+    def restore_grads(spec: RunSpec):
         """Under a gradient call: a function putting the masks' gradients back to what they are now (before a bucket
         is retried after out-of-memory, so its rows are not counted twice)."""
         if not spec.leaves:

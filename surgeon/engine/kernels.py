@@ -35,14 +35,54 @@ def _fused_norm(norm):
     return forward
 
 
+class FrozenLinear(torch.autograd.Function):
+    """`x @ W + b` for a frozen weight `W` [d_in, d_out] (TransformerLens's layout), computed as TransformerLens
+    computes it (`F.linear(x, W.T.contiguous(), b)`: the same kernel on the same operands, so the same numbers, bf16's
+    rounding included) but keeping `W` itself for the backward pass rather than the transposed copy: the gradient
+    of the input needs only `grad @ W.T`. TransformerLens's own forward keeps the copy, a second copy of every weight
+    matrix alive from the forward to the backward pass (bench/gpu.py: 15 GiB on Llama-3.1-8B's shape)."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor, w: Tensor, b: Tensor | None):
+        ctx.save_for_backward(w)
+        return torch.nn.functional.linear(x, w.T.contiguous(), b)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        w, = ctx.saved_tensors
+        return grad @ w.T, None, None
+
+
+def _gated_mlp(mlp):
+    """A forward for TransformerLens's GatedMLP that keeps no copy of its weights for the backward pass
+    (`FrozenLinear`); its own forward whenever a weight requires a gradient or the MLP has a norm inside
+    (SoLU's), and always with its hook points, in its order."""
+    own = type(mlp).forward.__get__(mlp)
+    weights = (mlp.W_gate, mlp.W_in, mlp.W_out)
+
+    def forward(x):
+        if any(w.requires_grad for w in weights) or getattr(mlp, "ln", None) is not None:
+            return own(x)
+        if mlp.W_gate.device != x.device:
+            x = x.to(mlp.W_gate.device)
+        pre_act = mlp.hook_pre(FrozenLinear.apply(x, mlp.W_gate, None))
+        pre_linear = mlp.hook_pre_linear(FrozenLinear.apply(x, mlp.W_in, None))
+        post_act = mlp.hook_post((mlp.act_fn(pre_act) * pre_linear) + mlp.b_in)
+        return FrozenLinear.apply(post_act, mlp.W_out, mlp.b_out)
+    return forward
+
+
 @contextmanager
 def fused_activations(model):
     """TransformerLens's MLP activation (`FUSED`) and norms as torch's fused kernels while the engine runs the model
     (the same formulas, equal to float rounding; the activation is 4x faster on CPU, the norms are several passes
-    each in TransformerLens); restored on exit."""
+    each in TransformerLens), and its gated MLPs keeping no copy of their weights for a backward pass (`_gated_mlp`);
+    restored on exit."""
     fn = FUSED.get(getattr(model.cfg, "act_fn", None))
     mlps = [b.mlp for b in getattr(model, "blocks", []) if hasattr(getattr(b, "mlp", None), "act_fn")] if fn else []
     old = [m.act_fn for m in mlps]
+    gated = [b.mlp for b in getattr(model, "blocks", []) if type(getattr(b, "mlp", None)).__name__ == "GatedMLP"
+             and "forward" not in vars(b.mlp)]
     norms = []
     if getattr(model.cfg, "dtype", torch.float32) in (torch.float32, torch.float64):
         norms = [m for m in model.modules()
@@ -53,11 +93,13 @@ def fused_activations(model):
             m.act_fn = fn
         for m in norms:
             m.forward = _fused_norm(m)
+        for m in gated:
+            m.forward = _gated_mlp(m)
         yield
     finally:
         for m, f in zip(mlps, old):
             m.act_fn = f
-        for m in norms:
+        for m in norms + gated:
             vars(m).pop("forward", None)
 
 
@@ -67,10 +109,11 @@ def last_mlp_at(model, read: Tensor, copies: int):
     the n) and zero elsewhere: nothing after the last layer reads the other positions but the caller, who reads
     only these (an MLP is position-wise). Its own forward whenever a hook is on a module inside it."""
     mlp = getattr(model.blocks[-1], "mlp", None)
-    if mlp is None or "forward" in vars(mlp):
+    if mlp is None:
         yield
         return
-    own = type(mlp).forward.__get__(mlp)
+    prev = vars(mlp).get("forward")  # the engine's own forward of a gated MLP (`fused_activations`), if set
+    own = prev or type(mlp).forward.__get__(mlp)
     inner = list(mlp.modules())
 
     def forward(x, *args, **kwargs):
@@ -89,7 +132,10 @@ def last_mlp_at(model, read: Tensor, copies: int):
     try:
         yield
     finally:
-        vars(mlp).pop("forward", None)
+        if prev is None:
+            vars(mlp).pop("forward", None)
+        else:
+            mlp.forward = prev
 
 
 @contextmanager

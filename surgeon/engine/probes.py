@@ -2,6 +2,7 @@
 `capture`) and greedy continuations of the patched prompts (`generate`)."""
 from __future__ import annotations
 
+import weakref
 from typing import Mapping
 
 import torch
@@ -17,7 +18,11 @@ from surgeon.sites.protocol import coerce
 
 
 class Probes:
-    """A `Contrast`'s probes and generation (mixed into `Contrast`: its clean runs, forward pass and hooks)."""
+    """A `Contrast`'s probes and generation: a part the Contrast holds (`contrast.probes`), with no state of its own;
+    it uses the Contrast's clean runs, patched forward pass and hooks through a weak reference."""
+
+    def __init__(self, engine):
+        self.engine = weakref.proxy(engine)
 
     @torch.no_grad()
     def probe(self, masks: Mapping[Site | str, Tensor], hook: str) -> tuple[Tensor, Tensor]:
@@ -25,6 +30,7 @@ class Probes:
 
         Returns ([P, n_items, S, d] activations, [n_items, S] 1 for real slots). The pass stops after
         `hook`'s layer. Build the Contrast from prompt-only rows (one row per item), as for `generate`."""
+        e = self.engine
         masks = {coerce(k): v for k, v in masks.items()}
         P = next(iter(masks.values())).shape[0]
         start = min(s.layer for s in masks)
@@ -32,20 +38,20 @@ class Probes:
         if at < start or (at == start and hook.endswith(("hook_resid_pre", "attn.hook_q", "attn.hook_k", "attn.hook_v"))):
             raise AnalysisError(f"{hook} is computed before the patched sites (layer {start}): no patch can change it",
                                 field="--sae-layer", fix=f"read features at layer {start} or later")
-        S = max(b.base_pos.shape[1] for b in self.buckets)
+        S = max(b.base_pos.shape[1] for b in e.buckets)
         out = valid = None
-        for b in self.buckets:
+        for b in e.buckets:
             if len({int(i) for i in b.items}) != b.n:
                 raise AnalysisError("internal: probe needs one row per item (prompt rows)")
-            rel = (b.base_pos - b.p0).to(self.device)
-            idx = torch.arange(b.n, device=self.device)[:, None]
+            rel = (b.base_pos - b.p0).to(e.device)
+            idx = torch.arange(b.n, device=e.device)[:, None]
             x = self.capture(b, masks, hook, lambda x, lo: x[:, idx.to(x.device), rel.to(x.device)].cpu())
             if out is None:
-                out = torch.zeros(P, self.n_items, S, x.shape[-1], dtype=x.dtype)
-                valid = torch.zeros(self.n_items, S)
+                out = torch.zeros(P, e.n_items, S, x.shape[-1], dtype=x.dtype)
+                valid = torch.zeros(e.n_items, S)
             out[:, b.items.cpu(), : x.shape[2]] = x
             valid[b.items.cpu(), : b.slot_valid.shape[1]] = b.slot_valid.cpu()
-            self._trim(b)
+            e.runs.trim(b)
         return out, valid
 
     @torch.no_grad()
@@ -53,13 +59,14 @@ class Probes:
         """The activation at `hook` [P, n, positions from p0 on, ...] for the rows of bucket `b` under each of P
         patches (the pass stops after `hook`'s layer); `reduce(x, lo)` turns each chunk of patches lo.. into what
         is kept (default: all of it)."""
+        e = self.engine
         masks = {coerce(k): v for k, v in masks.items()}
         P = next(iter(masks.values())).shape[0]
         start, at = min(s.layer for s in masks), hook_layer(hook)
         nodes = node_sites(masks)
-        self._ensure_base(b, start, nodes)
-        self._ensure_source(b, nodes)
-        chunk = max(1, self.batch_size // b.n)
+        e.runs.ensure_base(b, start, nodes)
+        e.runs.ensure_source(b, nodes)
+        chunk = max(1, e.runs.batch_size // b.n)
         parts = []
         for lo in range(0, P, chunk):
             c = min(chunk, P - lo)
@@ -68,9 +75,9 @@ class Probes:
             def keep(act, hook):
                 kept["x"] = act.view(c, b.n, *act.shape[1:])
 
-            kv = (prefix_attention.prefix_cache(self.model, b.p0, start) if self.shared_prefix
-                  else self._kv_cache(b, start, c))
-            self._forward(b, start, {s: m[lo: lo + c] for s, m in masks.items()}, c, kv, stop=at + 1,
+            kv = (prefix_attention.prefix_cache(e.model, b.p0, start) if e.shared_prefix
+                  else e.runs.kv_cache(b, start, c))
+            e.patched_forward(b, start, {s: m[lo: lo + c] for s, m in masks.items()}, c, kv, stop=at + 1,
                           extra_hooks=[(hook, keep)])
             parts.append(kept["x"] if reduce is None else reduce(kept["x"], lo))
         return torch.cat(parts)
@@ -80,17 +87,18 @@ class Probes:
         """Greedy continuations [P, n_items, n_new] of the base prompts with each patch applied to the
         prompt's patched positions (generated positions are not patched). Build the Contrast from
         prompt-only rows (`surgeon.case.encoding.prompt_rows`): one row per item."""
+        e = self.engine
         masks = {coerce(k): v for k, v in masks.items()}
         P = next(iter(masks.values())).shape[0]
-        out = torch.zeros(P, self.n_items, n_new, dtype=torch.long)
-        for b in self.buckets:
-            self._ensure_source(b, node_sites(masks))
+        out = torch.zeros(P, e.n_items, n_new, dtype=torch.long)
+        for b in e.buckets:
+            e.runs.ensure_source(b, node_sites(masks))
             lengths = b.tgt_pos[:, 0] + 1  # prompt rows: the target marks the last prompt token
-            chunk = max(1, self.batch_size // b.n)
+            chunk = max(1, e.runs.batch_size // b.n)
             for lo in range(0, P, chunk):
                 c = min(chunk, P - lo)
-                hooks = self._mix_hooks(b, {s: m[lo: lo + c] for s, m in masks.items()}, c, offset=0)
-                gen = greedy(self.model, b.base_tokens.repeat(c, 1), lengths.repeat(c), n_new, hooks)
+                hooks = e.mix_hooks(b, {s: m[lo: lo + c] for s, m in masks.items()}, c, offset=0)
+                gen = greedy(e.model, b.base_tokens.repeat(c, 1), lengths.repeat(c), n_new, hooks)
                 out[lo: lo + c, b.items.cpu()] = gen.view(c, b.n, n_new).cpu()
-            self._trim(b)
+            e.runs.trim(b)
         return out

@@ -229,3 +229,31 @@ def nbytes(b: Bucket) -> int:
         return 0
 
     return size([b.resid, b.kv, b.z, b.source_acts, b.base_acts, b.site_cache, b.kv_rep])
+
+
+def buckets(base_rows: Sequence[Row], source_rows: Sequence[Row], aligned: Sequence[tuple], batch_size: int,
+            bidirectional: bool, pad: int, device) -> list[Bucket]:
+    """The rows (already merged, `merged_rows`) in buckets of at most `batch_size` that share their first patched
+    position (`layout`), as tensors on `device`: tokens padded with `pad`, aligned positions, targets, valid slots;
+    a bidirectional model's rows keep their real lengths (its padding is masked)."""
+    out = []
+    for shape in layout(base_rows, source_rows, aligned, batch_size, bidirectional):
+        ids, p0, S, Wb, Ws, T = shape.ids, shape.p0, shape.slots, shape.base_width, shape.source_width, shape.targets
+        B, Sr = [base_rows[i] for i in ids], [source_rows[i] for i in ids]
+        out.append(Bucket(
+            items=torch.tensor([r.item for r in B], device=device),
+            base_tokens=padded([r.tokens[:Wb] for r in B], Wb, pad, device),
+            source_tokens=padded([r.tokens[:Ws] for r in Sr], Ws, pad, device),
+            base_pos=padded([aligned[i][0] for i in ids], S, Wb - 1, device),
+            source_pos=padded([aligned[i][1] for i in ids], S, Ws - 1, device),
+            tgt_pos=padded([[t[0] for t in r.targets] for r in B], T, p0, device),
+            source_tgt_pos=padded([[t[0] for t in r.targets] for r in Sr], T, Ws - 1, device),
+            tgt_tok=padded([[t[1] for t in r.targets] for r in B], T, 0, device),
+            tgt_sign=padded([[t[2] for t in r.targets] for r in B], T, 0.0, device, torch.float32),
+            slot_valid=padded([[1.0] * len(aligned[i][0]) for i in ids], S, 0.0, device, torch.float32),
+            equal_lengths=shape.equal_lengths,
+            p0=p0,
+            base_len=torch.tensor([min(len(r.tokens), Wb) for r in B], device=device) if bidirectional else None,
+            source_len=torch.tensor([min(len(r.tokens), Ws) for r in Sr], device=device) if bidirectional else None,
+        ))
+    return out

@@ -114,7 +114,10 @@ class _EdgeGrads(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, g):
-        return (g, None, *_mask_grads(ctx.spec))
+        # taken off ctx: the spec holds tensors of this graph (the layer's live senders), so kept there it would make a
+        # cycle through autograd's nodes, which Python's collector cannot see, and every batch's graph would stay
+        spec, ctx.spec = ctx.spec, None
+        return (g, None, *_mask_grads(spec))
 
 
 def _mask_grads(spec: dict) -> list[Tensor]:
@@ -132,6 +135,8 @@ def _mask_grads(spec: dict) -> list[Tensor]:
             grads[kind] = gk.view(c, n, *gk.shape[1:])[:, spec["idx"], spec["rel"]]  # [c, n, S, U, d_head]
     units = [(i, u) for i, (kind, W, _, _) in enumerate(kinds) if kind in grads for u in range(W.shape[0])]
     step = unit_chunk(c * n, x.shape[2], x.shape[3], max(1, len(units)))
+    fixed_acc = fixed[:lo].to(acc) if lo else None  # once per layer, not once per chunk of units (a half model's
+    # sender differences converted to float32 for every chunk took most of EAP's time on a GPU)
     for a in range(0, len(units), step):
         chunk = units[a: a + step]
         parts: list[list[int]] = []  # [kind index, u0, u1]: runs of one kind's units in this chunk
@@ -150,10 +155,10 @@ def _mask_grads(spec: dict) -> list[Tensor]:
         dxr = dxr.transpose(1, 2)  # [c, nSd, u]
         if lo and spec.get("pooled"):  # the copies' gradients summed, contracted once with the fixed differences
             first = dxr.new_zeros(c, lo, dxr.shape[2])
-            first[0] = torch.matmul(fixed[:lo].to(acc), dxr.sum(0))
+            first[0] = torch.matmul(fixed_acc, dxr.sum(0))
             blocks = [first]
         else:
-            blocks = [torch.matmul(fixed[:lo].to(acc), dxr)] if lo else []  # [c, lo, u]
+            blocks = [torch.matmul(fixed_acc, dxr)] if lo else []  # [c, lo, u]
         have = first_live
         for b in live:
             if have >= K:

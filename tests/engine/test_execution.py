@@ -159,11 +159,6 @@ print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024)
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=False, reason=(
-    "a known leak, fixed on branch next-engine (bee5942), which lands with its bench rerun: EAP-IG's edge gradients keep "
-    "their spec on the autograd ctx (surgeon/sites/head_input_grads.py), a cycle through autograd's nodes that the "
-    "collector does not always free, so each batch's graph can stay (608 MB at 128 items, 845 at 1,024; 575 and 586 "
-    "with the fix)"))
 def test_memory_does_not_grow_with_the_number_of_items():
     """Family 3: EAP-IG's gradients and the faithfulness curve over 8x the items in fresh processes: peak memory
     grows by at most 40 MB (before streaming, 1.2 MB per item: about 1 GB more here; 10,000 items passed 6 GB).

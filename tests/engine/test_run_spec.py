@@ -63,3 +63,27 @@ def test_a_gradient_inside_a_read_leaves_the_read_and_pooling_its_own(random_mod
     for g, a in inner:
         torch.testing.assert_close(g[Site.coerce(down)], g_alone[Site.coerce(down)], rtol=1e-5, atol=1e-6)
         torch.testing.assert_close(a, act_alone, rtol=1e-5, atol=1e-6)
+
+
+def test_the_contrast_holds_its_parts_and_frees_its_caches_when_dropped(random_model):
+    """The parts (clean runs, sources, grouping, gradients, probes) are held, not mixed in, each with its own state,
+    and reach the Contrast through a weak reference: with the collector off, dropping the last reference to the
+    Contrast frees its cached activations at once (a part holding the Contrast strongly would make a cycle that only
+    a collection frees, as the EAP-IG spec left on autograd's ctx once did)."""
+    import gc
+    import weakref
+
+    c, up, down, m_up, m_down = _setup(random_model)
+    assert Contrast.__bases__ == (object,)
+    for part in (c.runs, c.sources, c.grouping, c.gradients, c.probes):
+        assert isinstance(part.engine, weakref.ProxyType)
+    c.run({up: m_up})
+    cached = weakref.ref(c.buckets[0].resid[0])
+    c.mean_activation(up)
+    mean = weakref.ref(c.sources.means[up])
+    gc.disable()
+    try:
+        del c
+        assert cached() is None and mean() is None
+    finally:
+        gc.enable()

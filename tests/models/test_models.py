@@ -173,7 +173,7 @@ def test_patching_through_the_core_on_every_architecture(checkpoint):
     # head subsets over two layers: patches that agree on layer 0 share its work, with the same scores
     lo, hi = Site.of("z", 0), Site.of("z", 1)
     masks = {lo: torch.eye(U)[torch.arange(8) % 2], hi: torch.eye(U)[torch.arange(8) % U]}
-    assert c._groups(masks, 0, 8) is not None
+    assert c.grouping.groups(masks, 0, 8)[0] is not None
     alone = torch.cat([c.run({k: m[i: i + 1] for k, m in masks.items()}) for i in range(8)])
     torch.testing.assert_close(c.run(masks), alone, atol=1e-5, rtol=0)
 
