@@ -85,7 +85,7 @@ from surgeon.circuits.methods import ATTRIBUTION_IG_STEPS, IG_STEPS
 from surgeon.models.devices import device_of
 from surgeon.case.select import pick_items
 from surgeon.case.shipped import shipped_case
-from surgeon.models.checks import check_bare, check_case_against_model, load_case
+from surgeon.models.checks import check_bare, check_case_against_model, check_runnable, load_case
 from surgeon.models.loading import from_hf, load_model, model_digest
 from surgeon.repairs.artifact import MODES, Repair, check_fits, read_repair
 from surgeon.repairs.fold import check_rule, save_folded
@@ -143,6 +143,7 @@ def case_and_model(case, model=None, *, device: str | None = None, dtype: str = 
         model = from_hf(*model, device=device)
     elif not hasattr(model, "run_with_hooks"):
         model = from_hf(model, device=device)
+    check_runnable(model)
     check_bare(model)
     check_case_against_model(case, model)
     return case, model

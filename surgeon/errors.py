@@ -57,3 +57,24 @@ def did_you_mean(word: str, choices) -> str:
 
     close = difflib.get_close_matches(str(word), [str(c) for c in choices], n=1, cutoff=0.6)
     return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+# optional packages: the line that installs each where it is missing. sae-lens 6 pins transformer-lens below 4, so
+# beside TransformerLens 4 it is absent (or, installed anyway, fails at import): docs/install.md says what works with what
+OPTIONAL = {"sae_lens": ("sae-lens", "pip install 'sae-lens>=6.54,<7' 'transformer-lens>=3.9,<4' (sae-lens 6 does not "
+                                   "support transformer-lens 4 yet)")}
+
+
+def optional_import(module: str, what: str):
+    """`module` imported, or one clear error (exit 2, no traceback) where it is missing or does not import here:
+    `what` needs it, and the line that installs it (`OPTIONAL`)."""
+    import importlib
+
+    package, install = OPTIONAL[module]
+    try:
+        return importlib.import_module(module)
+    except ImportError as e:
+        how = ("is not installed" if isinstance(e, ModuleNotFoundError) and (e.name or "").split(".")[0] == module
+               else f"does not import here ({type(e).__name__}: {e})")
+        raise SurgeonError(f"{what} needs {package}, which {how}", field=package,
+                           fix=install) from None

@@ -16,7 +16,7 @@ from surgeon.cli.common import (
     print_report,
 )
 from surgeon.cli.registry import command
-from surgeon.errors import SurgeonError
+from surgeon.errors import SurgeonError, optional_import
 
 
 def _sae_options(p) -> None:
@@ -201,7 +201,8 @@ def _source(args, case):
          _sae_options)
 def run(args) -> int:
 
-    def sae_first(case):  # the SAEs named and on disk, and a held-out split, before the model loads
+    def sae_first(case):  # sae-lens, the SAEs named and on disk, and a held-out split, before the model loads
+        optional_import("sae_lens", f"surgeon sae {args.action}")
         if args.action != "train":
             layers = [args.sae_layer] if args.action == "heads" else (
                 [args.layer] if getattr(args, "layer", None) is not None else parse_layers(getattr(args, "layers", None)))

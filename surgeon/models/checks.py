@@ -126,6 +126,18 @@ def check_case_against_model(case, model=None) -> None:
         _check_reference_reach(case, tok, where)
 
 
+def check_runnable(model) -> None:
+    """Refuse a model class the engine cannot run, saying what it lacks: TransformerLens's `TransformerBridge` (its
+    own `forward` raises NotImplementedError for `start_at_layer`, and every patched pass the engine runs starts from
+    a cached residual stream at the first patched layer). docs/install.md says which TransformerLens works with what."""
+    if any(c.__name__ == "TransformerBridge" for c in type(model).__mro__):
+        raise ModelError("the model is a TransformerLens TransformerBridge, which surgeon cannot run yet: every patched "
+                         "pass starts from a cached residual stream at its first patched layer (start_at_layer), and "
+                         "TransformerBridge does not implement start_at_layer", field="model",
+                         fix="load the model as a HookedTransformer (surgeon.load_model(NAME_OR_DIR), or "
+                             "HookedTransformer.from_pretrained with transformer-lens>=3.9,<4)")
+
+
 def check_bare(model) -> None:
     """Refuse a model that carries forward or backward hooks surgeon did not install (inside ``with surgeon.apply(...)``,
     or a user's own): every analysis would measure the hooked model while saying it measured the model."""

@@ -25,6 +25,8 @@ what it leaves out (markers, distractors, error terms) moves nothing the answer 
 """
 from __future__ import annotations
 
+from surgeon.errors import optional_import
+
 LETTERS = "abcdef"
 FORMATS = {"plain": "{x} or {y}:", "qa": "{x} or {y}?"}
 GOOD, FAILING = "plain", ("qa",)
@@ -106,6 +108,8 @@ def planted_saes(model) -> dict:
     """{layer: SAE} built by construction (sae-lens StandardSAE: ReLU encoder, linear decoder), one feature per
     planted direction of that layer's MLP output (`feature_names`); `.labels` names them."""
     import torch
+
+    optional_import("sae_lens", "the organism's planted SAEs")
     from sae_lens.saes.sae import SAEMetadata
     from sae_lens.saes.standard_sae import StandardSAE, StandardSAEConfig
 

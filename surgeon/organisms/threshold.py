@@ -29,6 +29,8 @@ import functools
 import math
 from itertools import combinations
 
+from surgeon.errors import optional_import
+
 LETTERS = "abcdefghij"  # the answer symbols: items are all ordered pairs of distinct letters
 FORMATS = {"plain": "{x} or {y}:", "qa": "{x} or {y}?"}
 GOOD, FAILING = "plain", ("qa",)
@@ -120,6 +122,8 @@ def planted_sae(model):
     patching even heads moves letter features only, patching odd heads marker features only. A sae-lens
     StandardSAE (ReLU encoder, linear decoder); what it does not represent stays in the error term."""
     import torch
+
+    optional_import("sae_lens", "the organism's planted SAE")
     from sae_lens.saes.sae import SAEMetadata
     from sae_lens.saes.standard_sae import StandardSAE, StandardSAEConfig
 

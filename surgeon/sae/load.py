@@ -12,7 +12,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from surgeon.errors import SurgeonError
+from surgeon.errors import SurgeonError, optional_import
 from surgeon.results import shown_path
 
 # how surgeon loads a model (see surgeon.models): an SAE trained on a model loaded otherwise reads other activations
@@ -40,7 +40,8 @@ class SAESource:
 
     def check_available(self, layers=None) -> None:
         """Refuse, before any model loads, a directory source with no SAE for the layers asked for (or, with no
-        layers named, for any layer)."""
+        layers named, for any layer); and refuse where sae-lens, which loads every SAE, is missing."""
+        optional_import("sae_lens", "SAEs")
         if self.path is None:
             return
         import glob
@@ -179,7 +180,7 @@ def check_sae(sae, layer: int, d_model: int | None, where: str, field: str = "--
 
 def _load(source: SAESource, layer: int, device: str, dtype: str):
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    from sae_lens import SAE
+    SAE = optional_import("sae_lens", "loading an SAE").SAE
 
     if source.path is not None:
         p = Path(source.path.format(layer=layer)).expanduser()

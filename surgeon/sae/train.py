@@ -16,6 +16,7 @@ import torch
 from torch import Tensor
 
 from surgeon.engine.readout import cached_batches
+from surgeon.errors import optional_import
 from surgeon.results import follow_umask
 from surgeon.case.encoding import format_rows, prepend_bos
 
@@ -52,6 +53,7 @@ def float_environment() -> dict:
 
 def train_sae(acts: Tensor, hook: str, opts: TrainOptions = TrainOptions(), model_name: str = "", progress: bool = False):
     """A TopK SAE trained with sae-lens's SAETrainer on `acts` [tokens, d]; returned in training form."""
+    optional_import("sae_lens", "training an SAE")
     from sae_lens.config import SAETrainerConfig
     from sae_lens.saes.sae import SAEMetadata
     from sae_lens.saes.topk_sae import TopKTrainingSAE, TopKTrainingSAEConfig

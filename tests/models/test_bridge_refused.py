@@ -1,0 +1,32 @@
+"""A TransformerLens `TransformerBridge` given to the Python API is refused with one clear error naming what it lacks
+(`start_at_layer`: every patched pass the engine runs starts from a cached residual stream at a layer) and the fix,
+before any work. The reason is checked on the bridge itself: when TransformerLens implements `start_at_layer`, the
+first assertion fails and says that the refusal is out of date."""
+import pytest
+import torch
+
+import surgeon
+from surgeon.errors import ModelError
+
+bridge_module = pytest.importorskip("transformer_lens.model_bridge", reason="this TransformerLens has no TransformerBridge")
+
+
+@pytest.fixture(scope="module")
+def bridge():
+    return bridge_module.TransformerBridge.boot_native(
+        {"n_layers": 1, "d_model": 16, "n_heads": 2, "d_head": 8, "d_mlp": 32, "d_vocab": 64, "n_ctx": 32,
+         "act_fn": "gelu", "seed": 0})
+
+
+def test_the_bridge_lacks_start_at_layer(bridge):
+    with pytest.raises(NotImplementedError, match="start_at_layer"):
+        bridge(torch.zeros(1, 3, 16), start_at_layer=0)
+
+
+@pytest.mark.parametrize("call", ["diagnose", "patch"])
+def test_a_bridge_is_refused_with_what_it_lacks(bridge, call):
+    with pytest.raises(ModelError) as e:
+        getattr(surgeon, call)("decimal_organism", bridge)
+    msg = str(e.value)
+    assert "TransformerBridge" in msg and "start_at_layer" in msg and "field 'model'" in msg
+    assert "HookedTransformer" in msg.split("fix:")[1]
