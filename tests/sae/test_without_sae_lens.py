@@ -31,11 +31,12 @@ def _cli(env, *args):
                           timeout=300, cwd=ROOT)
 
 
-@pytest.mark.parametrize("kind", sorted(STAND_INS))
-def test_the_sae_commands_refuse_with_the_install_line(tmp_path, kind):
+@pytest.mark.parametrize("kind,commands", [
+    ("absent", [["sae", "overlap", CASE, "--layers", "0"]]),
+    ("broken", [["sae", "train", CASE, "--steps", "2"], ["feature-circuit", CASE, "--layers", "0"]]),
+])
+def test_the_sae_commands_refuse_with_the_install_line(tmp_path, kind, commands):
     env = _env(tmp_path, kind)
-    commands = [["sae", "overlap", CASE, "--layers", "0"], ["sae", "train", CASE, "--steps", "2"],
-                ["feature-circuit", CASE, "--layers", "0"]]
     for i, cmd in enumerate(commands):
         out = tmp_path / f"out{i}"
         r = _cli(env, *cmd, "--out", str(out))
@@ -43,8 +44,9 @@ def test_the_sae_commands_refuse_with_the_install_line(tmp_path, kind):
         assert "needs sae-lens" in r.stderr and "pip install 'sae-lens" in r.stderr and "field 'sae-lens'" in r.stderr
         assert ("is not installed" if kind == "absent" else "was removed in TransformerLens 4.0") in r.stderr
         assert "Traceback" not in r.stderr and not out.exists()
-    r = _cli(env, "diagnose", CASE, "--out", str(tmp_path / "d"))  # what needs no SAE runs
-    assert r.returncode == 0, r.stderr[-2000:]
+    if kind == "broken":  # what needs no SAE runs
+        r = _cli(env, "diagnose", CASE, "--out", str(tmp_path / "d"))
+        assert r.returncode == 0, r.stderr[-2000:]
 
 
 def test_the_python_routes_refuse_with_the_install_line(tmp_path):
