@@ -705,7 +705,7 @@ def _discovery_rows(case, model, repair, items, focus, bads, batch_size) -> list
     return out
 
 
-def _controls(case: Case, model, items: Sequence[Item], focus: str, bads: Sequence[str], batch_size: int,
+def control_scorers(case: Case, model, items: Sequence[Item], focus: str, bads: Sequence[str], batch_size: int,
               max_drop: float) -> list[tuple[Scorer, list[tuple[list[int], float]]]]:
     """The items a repair must not harm while it is chosen (every format's items of the tags other than the focus):
     one Scorer a format over them all, each tag's positions among them and its floor (its unrepaired rate less
@@ -723,6 +723,17 @@ def _controls(case: Case, model, items: Sequence[Item], focus: str, bads: Sequen
         clean = s.clean_scores()
         out.append((s, [(span, s.accuracy(clean[span]).value - max_drop) for span in spans]))
     return out
+
+
+def within_floors(controls, masks: dict, P: int) -> np.ndarray:
+    """[P] True where, under each of the P candidates, every control tag's rate in every format (`control_scorers`)
+    is at least its floor."""
+    ok = np.ones(P, dtype=bool)
+    for s, checks in controls:
+        x = s.run(masks)
+        for span, floor in checks:
+            ok &= s.rates(x[:, span]) >= floor - 1e-12
+    return ok
 
 
 def search_repair(case: Case, model, *, heads: str | Sequence[str] | None = None, mode: str = "mean",
@@ -751,7 +762,7 @@ def search_repair(case: Case, model, *, heads: str | Sequence[str] | None = None
     sites = {h: ConstantSite.at(h, v, MODES[mode]) for h, v in pool.values.items()}
     focus_scorers = [Scorer(case, model, disc_focus, f, batch_size) for f in bads]
     kl_scorer = Scorer(case, model, disc, case.good, batch_size, kl=True)
-    others = _controls(case, model, disc, focus, bads, batch_size, max_drop)
+    others = control_scorers(case, model, disc, focus, bads, batch_size, max_drop)
     start = (float(np.mean([s.unrepaired.value for s in focus_scorers])),
              float(np.mean([s.c.clean_base.float().mean().item() for s in focus_scorers])))
     kls = []  # each step's candidates' KL (mean, 90th percentile), for the record
@@ -764,10 +775,7 @@ def search_repair(case: Case, model, *, heads: str | Sequence[str] | None = None
         kl_items = kl_scorer.kl(masks)
         kl, kl_q = kl_items.mean(-1), np.quantile(kl_items, 0.9, axis=-1)
         ok = (kl <= max_kl) & (kl_q <= max_kl_q90)
-        for s, checks in others:
-            x = s.run(masks)
-            for span, floor in checks:
-                ok &= s.rates(x[:, span]) >= floor - 1e-12
+        ok &= within_floors(others, masks, len(ok))
         kls.append((kl, kl_q))
         return rate, mean, ok
 

@@ -465,3 +465,35 @@ def test_the_search_reads_its_kl_bound_on_the_discovery_items(decimal_model):
         on_disc, on_ev = hand_kl(disc), hand_kl(ev)
     assert chosen["discovery_kl_good"] == pytest.approx(on_disc, rel=1e-3, abs=1e-6)
     assert abs(on_disc - on_ev) > 1e-3 * max(on_disc, on_ev)  # the two item sets tell the reads apart
+
+
+def test_the_searchs_control_floors_are_each_tags_own(decimal_model, mean_repair):
+    """While a repair is chosen, every control tag (each tag but the focus) in every format keeps its rate within
+    max_drop of its unrepaired rate. `control_scorers` scores all control tags in one Scorer a format; each tag's rate
+    under a repair and its floor equal those of a Scorer built on that tag's items alone, and `within_floors` is their
+    conjunction."""
+    from surgeon.analyses.repair import control_scorers, within_floors
+    from surgeon.case.case import tag_indices
+
+    case, r = mean_repair
+    # two control tags, interleaved with the focus's items: "control" (answered right in every format) and "other"
+    # (half its items traps: its rate is neither 0 nor 1, so a rate or floor read from the wrong items shows)
+    items = [dataclasses.replace(it, tag="other") if i % 2 else it for i, it in enumerate(case.items)]
+    assert {it.tag for it in items} == {"trap", "control", "other"}
+    case = dataclasses.replace(case, items=items)
+    masks = {k: torch.cat([v, 0 * v]) for k, v in repair_masks(r.repair, decimal_model.cfg).items()}  # P = 2
+    with torch.no_grad():
+        controls = control_scorers(case, decimal_model, items, "trap", list(case.bad), 64, max_drop=0.05)
+        assert len(controls) == len(case.bad) + 1 and all(len(checks) == 2 for _, checks in controls)
+        rates = []
+        want = np.ones(2, dtype=bool)
+        for f, (s, checks) in zip([*case.bad, case.good], controls):
+            x = s.run(masks)
+            for tag, (span, floor) in zip([t for t in tag_indices(items) if t != "trap"], checks):  # tags in order
+                alone = Scorer(case, decimal_model, [it for it in items if it.tag == tag], f, 64)
+                np.testing.assert_allclose(s.rates(x[:, span]), alone.rates(alone.run(masks)), atol=1e-12)
+                assert floor == pytest.approx(alone.unrepaired.value - 0.05, abs=1e-12)
+                want &= alone.rates(alone.run(masks)) >= floor - 1e-12
+                rates.append(alone.unrepaired.value)
+        assert (within_floors(controls, masks, 2) == want).all()
+        assert any(0 < v < 1 for v in rates)  # the data can tell the items apart

@@ -55,8 +55,8 @@ import surgeon
 from surgeon.errors import SurgeonError
 from surgeon.organisms.chain import planted_saes
 from surgeon.organisms.threshold import planted_sae
-case = surgeon.load_case(%r)
-model = surgeon.load_model(case.model)
+from surgeon.api import case_and_model
+case, model = case_and_model(%r)
 for name, call in [("overlap", lambda: surgeon.sae_overlap(case, model, layers=[0])),
                    ("chain", lambda: planted_saes(model)), ("threshold", lambda: planted_sae(model))]:
     try:
