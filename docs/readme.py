@@ -761,23 +761,25 @@ SLOW_WHY = {
         "and Python examples on the organisms, in its one process) and compares what they print",
     "tests/test_readme_blocks.py::test_the_own_model_block_runs_on_a_standin":
         "the README's own-model block as written, on a checkpoint of Llama-3.1-8B's layout (32 layers x 32 heads, "
-        "grouped-query, heads of 2 dimensions): `surgeon patch` sweeps its 1,024 heads over 64 items in a subprocess",
+        "grouped-query, heads of 2 dimensions): `surgeon patch` sweeps its 1,024 heads in a subprocess (over 16 of the case's "
+        "64 traps, edited as the block says a user edits the case)",
     "tests/engine/test_memory.py":
-        "peak memory measured per job on shapes held out of the memory plan's fit, large enough that the "
-        "activations, not the weights, set the peak",
+        "peak memory measured per job on shapes held out of the memory plan's fit (two of them again in the suite; "
+        "every job by bench/memory.py, whose saved result another test holds to the same bounds), large enough that "
+        "the activations, not the weights, set the peak",
     "tests/analyses/test_repair_table.py":
         "the repair of each row of the table measured on the organism's test split (384 items; the hand-written "
         "ground truth beside it, TransformerLens hooks on prompts of one length at a time, takes a tenth of it)",
     "tests/sae/test_feature_memory.py":
         "feature circuits' memory plan against the measured peak on a held-out grouped-query shape with TopK SAEs "
-        "of 16x at three layers",
+        "of 16x at three layers (the exact step again in the suite; every step by bench/features.py, checked)",
     "tests/engine/test_execution.py":
         "EAP-IG and the faithfulness curve over 8x the items, each in a fresh process, so their peak memory is "
         "measured alone",
     "tests/analyses/test_repair.py":
-        "`surgeon report` with the repair step and the steering baselines, then a rerun that reuses them",
-    "tests/test_api_options.py":
-        "the report's repair and its baselines built and measured on the report's split",
+        "`surgeon report` with the repair step and the steering baselines on the report's split, then a rerun that "
+        "reuses them",
+    "tests/test_api_options.py": "refusals on every route, and options that reach the analyses they name",
     "tests/models/test_models.py":
         "the shipped Llama-3.1 case and Hugging Face cache layouts, run from the command line on stand-in checkpoints",
     "tests/circuits/test_circuits.py": "`surgeon circuit` with every export, then `circuit-eval` on it, as commands",

@@ -94,6 +94,37 @@ def _tree_state() -> str | None:
     return "\n".join(ln for ln in r.stdout.splitlines() if not any(c in ln for c in caches))
 
 
+def _recorded_durations() -> dict[str, float]:
+    """Each of the slowest tests' time in the last timed run of the suite (docs/timings.json's "suite-slowest", written
+    by `python docs/readme.py --suite-only`), by node id; {} where none is recorded."""
+    import json
+
+    try:
+        rows = json.loads(open(os.path.join(ROOT, "docs", "timings.json")).read()).get("suite-slowest") or []
+    except (OSError, ValueError):
+        return {}
+    out: dict[str, float] = {}
+    for sec, _phase, node in rows:
+        out[node] = out.get(node, 0.0) + float(sec)
+    return out
+
+
+def pytest_collection_modifyitems(config, items):
+    """The files holding the slowest tests of the last timed run first (the file of the longest test first), each
+    file's tests in their own order, then the other files in theirs: pytest-xdist hands the tests out in this order,
+    so a long test does not start last and leave one worker running alone at the end, and a file's tests stay
+    together (a module-scoped fixture, e.g. a report built once for a file's tests, is not built again between
+    them). The same order in every worker (xdist compares their collections); only the order changes."""
+    took = _recorded_durations()
+    if not took:
+        return
+    longest: dict[str, float] = {}
+    for it in items:
+        f = it.nodeid.split("::")[0]
+        longest[f] = max(longest.get(f, 0.0), took.get(it.nodeid, 0.0))
+    items[:] = sorted(items, key=lambda it: -longest[it.nodeid.split("::")[0]])  # stable: the rest keep their order
+
+
 def pytest_sessionstart(session):
     if not WORKER:  # once, in the process that runs or hands out the tests
         session.config._surgeon_tree = _tree_state()

@@ -93,17 +93,6 @@ def test_feature_circuit_steps_with_a_method_that_does_not_integrate_is_refused(
 
 
 @pytest.mark.slow
-def test_the_reports_repair_step_takes_the_reports_split(decimal_model):
-    """The report's repair (and its baselines) is built and measured on the report's split, not a fixed 0.5."""
-    rep = surgeon.report(DECIMAL, decimal_model, steps=["repair"], holdout=0.25, seed=3)
-    r = rep.steps["repair"]
-    split = r.repair.built_on["split"]
-    assert (split["holdout"], split["seed"]) == (0.25, 3)
-    n = len(surgeon.load_case(DECIMAL).items)
-    assert abs(split["evaluation"] - 0.25 * n) <= 2, split
-    assert rep.options["repair"]["holdout"] == 0.25
-
-
 def test_the_marks_edge_rule_needs_a_threshold(capsys):
     with pytest.raises(SurgeonError) as e:
         surgeon.feature_circuit(DECIMAL, NOT_A_MODEL, edge_rule="marks")

@@ -284,7 +284,10 @@ class Scorer:
             rows, self.owner = scored_positions(case, model, fmt, items)
             ref = reference_logprobs(model, rows, batch_size)
             self.metric = METRICS["kl"]()
-            self.c = Contrast(model, rows, rows, case.align, batch_size=batch_size, metric=self.metric, reference=ref)
+            # no clean scores: a KL scorer only runs candidates (its reference is the unrepaired run), so the two clean
+            # passes a Contrast makes up front (base and source, here the same rows) would be thrown away
+            self.c = Contrast(model, rows, rows, case.align, batch_size=batch_size, metric=self.metric, reference=ref,
+                              clean=False)
         else:
             rows = format_rows(case, model, fmt, items)
             metric, ref = case_metric(case, model, items, batch_size)

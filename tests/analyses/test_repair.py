@@ -384,13 +384,18 @@ def test_threshold_organism_repairs_as_its_construction_says(threshold_model, wh
 def test_report_repair_step_page_paper_and_resume(tmp_path):
     """`surgeon report --steps ...,repair`: the repair's held-out table on the page and in the paper, beside the steering
     baselines (text, figure, methods), methods text citing ITI, CAA, ActAdd and the model-editing evaluation; a rerun
-    reuses it; surgeon.load reads it back with its tensors."""
+    reuses it; surgeon.load reads it back with its tensors. The repair is built and measured on the report's split
+    (holdout and seed), not a fixed 0.5."""
     import shutil
 
     out = tmp_path / "rep"
     with torch.no_grad():
-        rep = surgeon.report("decimal_organism", out=out, steps=["diagnose", "repair"])
+        rep = surgeon.report("decimal_organism", out=out, steps=["diagnose", "repair"], holdout=0.25, seed=3)
     r = rep.steps["repair"]
+    # the repair (and its baselines) built and measured on the report's split, not a fixed 0.5
+    split = r.repair.built_on["split"]
+    assert (split["holdout"], split["seed"]) == (0.25, 3) and rep.options["repair"]["holdout"] == 0.25
+    assert abs(split["evaluation"] - 0.25 * len(surgeon.load_case("decimal_organism").items)) <= 2, split
     page = (out / "report.html").read_text()
     assert "<section id='repair'>" in page and "paired" in page
     # beside the field's steering baselines: the text, the figure on the page and in figures/, the methods sentence
@@ -401,7 +406,7 @@ def test_report_repair_step_page_paper_and_resume(tmp_path):
     for key in ("li2023iti", "rimsky2024caa", "turner2023actadd", "meng2022rome", "wang2024easyedit"):
         assert key in methods and key in (out / "references.bib").read_text()
     assert (out / "paper" / "repair.tex").is_file() and (out / "repair" / "repair.safetensors").is_file()
-    again = surgeon.report("decimal_organism", out=out, steps=["diagnose", "repair"])
+    again = surgeon.report("decimal_organism", out=out, steps=["diagnose", "repair"], holdout=0.25, seed=3)
     assert "repair" in again.reused
     back = surgeon.load(out).steps["repair"]
     assert back.repair.heads == r.repair.heads

@@ -116,12 +116,27 @@ def test_the_llama_workload_fits_one_80gb_gpu_by_prediction():
 
 # (model, job): shapes held out of the fit of the predictor's constants (bench/memory.py's: a deeper, narrower GPT-2;
 # grouped-query attention with RMSNorm and rotary; parallel attention and MLP), 8 items of 58 positions, each job in
-# a fresh process
+# a fresh process. The suite measures two of them again (a minute with glibc's mmap threshold set, which the peak
+# needs); bench/memory.py measured every job on every shape on today's engine and planner (its result is keyed by
+# their sources: tests/test_bench.py fails while it is older than them), and the test below holds those numbers to
+# the same bounds.
 MEASURED = [("deep", "patch"), ("gqa", "eap"), ("gqa", "exact"), ("parallel", "subsets-70")]
+REMEASURED = [("gqa", "eap"), ("parallel", "subsets-70")]
+
+
+def _check_measurement(res, model, job):
+    above = (res["predicted"] - res["weights"]) / (res["measured"] - res["weights"])
+    assert res["measured"] - res["weights"] > 16 << 20, res  # the job's own memory, not the process's noise
+    # a plan that predicts too little runs out of memory: never more than 15% under
+    assert 0.85 <= above <= 1.30, (model, job, above, res)
+    if not res["forwards_bound"]:
+        assert res["forwards"] == res["forwards_predicted"], res
+    else:
+        assert res["forwards"] <= res["forwards_predicted"], res
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("model,job", MEASURED)
+@pytest.mark.parametrize("model,job", REMEASURED)
 def test_predicted_memory_above_the_weights_within_30_percent_on_held_out_shapes(model, job):
     sys.path.insert(0, os.path.join(ROOT, "bench"))
     from scale import MMAP_THRESHOLD
@@ -132,15 +147,26 @@ def test_predicted_memory_above_the_weights_within_30_percent_on_held_out_shapes
     r = subprocess.run([sys.executable, os.path.join(ROOT, "bench", "scale.py"), "measure", model, job, "8", "10"],
                        capture_output=True, text=True, env=env, timeout=900)
     assert r.returncode == 0, r.stderr[-3000:]
-    res = json.loads(r.stdout.strip().splitlines()[-1])
-    above = (res["predicted"] - res["weights"]) / (res["measured"] - res["weights"])
-    assert res["measured"] - res["weights"] > 16 << 20, res  # the job's own memory, not the process's noise
-    # a plan that predicts too little runs out of memory: never more than 15% under
-    assert 0.85 <= above <= 1.30, (above, res)
-    if not res["forwards_bound"]:
-        assert res["forwards"] == res["forwards_predicted"], res
-    else:
-        assert res["forwards"] <= res["forwards_predicted"], res
+    _check_measurement(json.loads(r.stdout.strip().splitlines()[-1]), model, job)
+
+
+def test_the_benchs_held_out_measurements_on_todays_engine_are_within_the_bounds():
+    """bench/memory.py's saved measurements (every job on every held-out shape, each in a fresh process at 8 items x
+    58 positions): each within 30% of its prediction above the weights, and those of MEASURED never more than 15%
+    under with their forward passes as predicted. Today's: its key is the engine's and the planner's sources."""
+    sys.path.insert(0, os.path.join(ROOT, "bench"))
+    from saving import RESULTS, stale
+
+    assert not stale("memory"), "bench/results/memory.json predates the engine: rerun python bench/all.py --stale"
+    held = json.loads((RESULTS / "memory.json").read_text())["held_out"]
+    assert {m for m, _ in MEASURED} <= set(held) and len(held) >= 3
+    for model, jobs in held.items():
+        for job, res in jobs.items():
+            assert (res["items"], res["positions"]) == (8, 58), res
+            above = (res["predicted"] - res["weights"]) / (res["measured"] - res["weights"])
+            assert 0.70 <= above <= 1.30, (model, job, above)
+    for model, job in MEASURED:
+        _check_measurement(held[model][job], model, job)
 
 
 @pytest.mark.parametrize("ablation", ["resample", "mean", "zero"])

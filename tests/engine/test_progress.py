@@ -15,6 +15,7 @@ from tests.engine.test_contrast import LONG, SHORT, rows
 
 
 @pytest.mark.skipif(allowed_cores() < 2 or sample() is None, reason="needs 2 cores and /proc/stat (Linux)")
+@pytest.mark.parametrize("random_model", ["llamalike_gqa"], indirect=True)  # the governor is the same for any model
 def test_a_run_beside_a_busy_process_drops_a_thread_and_scores_the_same(random_model, monkeypatch):
     site = Site.of("z", 1)
     masks = {site: torch.rand(1500, Site.coerce(site).n_units(random_model.cfg), generator=torch.Generator().manual_seed(0))}

@@ -128,8 +128,33 @@ def test_the_command_prints_the_plan_and_refuses_before_the_work(capsys, tmp_pat
     assert "features" in err and not out.exists()  # the feature tensors named; refused before anything is written
 
 
+def _check_feature_measurement(m, job):
+    measured = m["measured"] - m["weights"]
+    above = (m["predicted"] - m["weights"]) / measured
+    assert 0.85 <= above <= 1.3, m
+    if job == "exact":
+        assert (m["predicted"] - m["parts"]["features"] - m["weights"]) / measured < 0.85, m
+
+
+def test_the_benchs_measured_peaks_on_todays_code_are_within_the_bounds():
+    """bench/features.py's saved measurements (every job on every shape, each in a fresh process), held to the bounds
+    of the test below on every shape the constants were not fitted to; today's: the result's key is the engine's and
+    the planner's sources (tests/test_bench.py fails while it is older). The suite measures the exact step again."""
+    sys.path.insert(0, os.path.join(ROOT, "bench"))
+    from saving import RESULTS, stale
+
+    assert not stale("features"), "bench/results/features.json predates the planner: rerun python bench/all.py --stale"
+    saved = json.loads((RESULTS / "features.json").read_text())
+    held = {shape: jobs for shape, jobs in saved["held_out"].items() if shape != saved["fitted"]}
+    assert "gqa" in held and len(held) >= 2
+    for shape, jobs in held.items():
+        assert set(jobs) == {"exact", "attribution", "edges"}, jobs
+        for job, m in jobs.items():
+            _check_feature_measurement(m, job)
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("job", ["exact", "attribution", "edges"])
+@pytest.mark.parametrize("job", ["exact"])
 def test_the_plan_is_never_under_the_measured_peak_on_a_held_out_shape(job):
     """A grouped-query model with RMSNorm and rotary (bench/scale.py's "gqa", not the shape the constants were fitted
     on), TopK SAEs of 16x at three layers, each job planned as it runs (the edges with the circuit's downstream nodes
@@ -143,12 +168,7 @@ def test_the_plan_is_never_under_the_measured_peak_on_a_held_out_shape(job):
     r = subprocess.run([sys.executable, os.path.join(ROOT, "bench", "features.py"), "measure", "gqa", job],
                        capture_output=True, text=True, env=env, cwd=os.path.join(ROOT, "bench"))
     assert r.returncode == 0, r.stderr[-3000:]
-    m = json.loads(r.stdout.strip().splitlines()[-1])
-    measured = m["measured"] - m["weights"]
-    above = (m["predicted"] - m["weights"]) / measured
-    assert 0.85 <= above <= 1.3, m
-    if job == "exact":
-        assert (m["predicted"] - m["parts"]["features"] - m["weights"]) / measured < 0.85, m
+    _check_feature_measurement(json.loads(r.stdout.strip().splitlines()[-1]), job)
 
 
 def _cases_with_saes():
