@@ -15,6 +15,7 @@ from surgeon.errors import AnalysisError
 from surgeon.sites.nodes import Site
 from surgeon.case.encoding import format_rows
 from tests.reference import direct_patch_scores
+from tests.cli_in_process import surgeon as surgeon_cli
 
 
 def _case():
@@ -250,8 +251,6 @@ def test_threshold_on_fresh_items_equals_hand_written_hooks(decimal_model):
 
 
 def test_eval_items_refused_before_the_model_loads(monkeypatch, tmp_path):
-    import subprocess
-    import sys
 
     import surgeon.models.loading as loading
 
@@ -262,8 +261,8 @@ def test_eval_items_refused_before_the_model_loads(monkeypatch, tmp_path):
             surgeon.threshold("decimal_organism", layer=0, **kwargs)
     with pytest.raises(surgeon.CaseError, match="defines no draw"):
         surgeon.circuit("threshold_organism", eval_items=16)
-    r = subprocess.run([sys.executable, "-m", "surgeon", "threshold", "--layer", "0", "--holdout", "0.5",
-                        "--eval-items", "16"], capture_output=True, text=True)
+    r = surgeon_cli(["threshold", "--layer", "0", "--holdout", "0.5",
+                        "--eval-items", "16"])
     assert r.returncode == 2 and "--eval-items" in r.stderr and "Traceback" not in r.stderr
 
 

@@ -6,7 +6,6 @@ from the failing format, changes them (checked), so the equality is a test."""
 import dataclasses
 import json
 import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -17,6 +16,7 @@ import surgeon.api
 from surgeon.analyses.repair import Scorer, repair_masks
 from surgeon.errors import AnalysisError
 from surgeon.organisms import decimal as organism
+from tests.cli_in_process import surgeon as surgeon_cli
 
 HEADS = (4, 6)  # L0H4, L0H6: the best paired k=2 subset of the tutorial's search
 
@@ -292,12 +292,10 @@ def test_a_case_aligned_otherwise_is_refused(decimal_model):
 
 
 def test_cli_repair_writes_a_repair_and_refuses_bad_heads(tmp_path):
-    bad = subprocess.run([sys.executable, "-m", "surgeon", "repair", "--heads", "L0H99"], capture_output=True,
-                         text=True)
+    bad = surgeon_cli(["repair", "--heads", "L0H99"])
     assert bad.returncode == 2 and "Traceback" not in bad.stderr and "--heads" in bad.stderr
     out = tmp_path / "rep"
-    ok = subprocess.run([sys.executable, "-m", "surgeon", "repair", "--heads", "L0H4,L0H6", "--out", str(out)],
-                        capture_output=True, text=True)
+    ok = surgeon_cli(["repair", "--heads", "L0H4,L0H6", "--out", str(out)])
     assert ok.returncode == 0, ok.stderr
     assert "efficacy" in ok.stdout and "held-out" in ok.stdout
     m = json.loads((out / "manifest.json").read_text())

@@ -4,8 +4,6 @@ by, its constant at every position), never from surgeon's fold; the Hugging Face
 alone. A fold that forgets to scale W_O, adds the constant through the wrong head's rows, or takes another slot's
 constant changes the logits (checked by hand)."""
 import dataclasses
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -16,6 +14,7 @@ from surgeon.repairs.artifact import Repair
 from surgeon.repairs.fold import fold, save_folded, save_hf
 from tests.analyses.test_repair import _case, _tokens
 from tests import checkpoints
+from tests.cli_in_process import surgeon as surgeon_cli
 
 
 def _hand_hooks(values: dict, units: dict, mode: str, a: float):
@@ -73,8 +72,7 @@ def test_the_transformer_lens_checkpoint_loads_and_runs_repaired(decimal_model, 
         torch.testing.assert_close(model(TOKENS), want, atol=1e-4, rtol=1e-4)
     fold_json = json.loads((out / "fold.json").read_text())
     assert fold_json["rule"] == "slot0" and fold_json["repair"]["heads"] == list(rep.heads)
-    ran = subprocess.run([sys.executable, "-m", "surgeon", "diagnose", "decimal_organism", "--model", str(out)],
-                         capture_output=True, text=True, timeout=300)
+    ran = surgeon_cli(["diagnose", "decimal_organism", "--model", str(out)])
     assert ran.returncode == 0, ran.stderr
 
 

@@ -3,8 +3,6 @@ CASE` measure it on another case's items and formats, leaving out every item it 
 from hand-written TransformerLens hooks (the good format's mean per offset from the last prompt token, taken here from
 the items the repair was built on), on formats and items it was not built on."""
 import dataclasses
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -14,6 +12,7 @@ from surgeon.errors import AnalysisError
 from surgeon.organisms import decimal as organism
 from tests.analyses.test_repair import _case
 from tests.analyses.test_repair_table import _hand_means, _hand_right
+from tests.cli_in_process import surgeon as surgeon_cli
 
 UNITS = ((0, 4), (0, 6))
 
@@ -61,15 +60,12 @@ def test_items_it_was_built_on_are_left_out(decimal_model, saved):
 
 def test_repair_from_on_the_cli(saved, tmp_path):
     _, _, out = saved
-    bad = subprocess.run([sys.executable, "-m", "surgeon", "repair", "--from", str(out), "--heads", "L0H4"],
-                         capture_output=True, text=True, timeout=120)
+    bad = surgeon_cli(["repair", "--from", str(out), "--heads", "L0H4"])
     assert bad.returncode == 2 and "--heads" in bad.stderr and "Traceback" not in bad.stderr
     empty = tmp_path / "empty"
     empty.mkdir()
-    bad = subprocess.run([sys.executable, "-m", "surgeon", "repair", "--from", str(empty)], capture_output=True,
-                         text=True, timeout=120)
+    bad = surgeon_cli(["repair", "--from", str(empty)])
     assert bad.returncode == 2 and "holds no repair" in bad.stderr and "Traceback" not in bad.stderr
-    ok = subprocess.run([sys.executable, "-m", "surgeon", "repair", "--from", str(out), "--eval-items", "16"],
-                        capture_output=True, text=True, timeout=300)
+    ok = surgeon_cli(["repair", "--from", str(out), "--eval-items", "16"])
     assert ok.returncode == 0, ok.stderr
     assert "a saved repair built on case 'decimal_organism'" in ok.stdout and "efficacy         chat" in ok.stdout

@@ -14,6 +14,7 @@ from surgeon.analyses.generation import ends_cleanly, judge
 from surgeon.case.case import Item
 from surgeon.errors import AnalysisError, SurgeonError
 from surgeon.organisms import decimal as organism
+from tests.cli_in_process import surgeon as surgeon_cli
 
 HEADS = "L0H0,L0H1,L0H4,L0H6,L1H2,L1H5,L2H0,L2H3"  # the searched repair the issue measured by hand
 
@@ -161,8 +162,6 @@ def test_the_threshold_organism_search_says_no(threshold_model, tmp_path):
     """On the threshold organism no single head repairs by a constant (closed form: every head's mean output is a
     mixture over letters), so a search that adds heads one at a time finds nothing: the verdict says so, with why
     (the paired patch of the same heads does not help either, or does), and --out saves nothing unless asked."""
-    import subprocess
-    import sys
 
     case = surgeon.api.read("threshold_organism")
     with torch.no_grad():
@@ -170,7 +169,7 @@ def test_the_threshold_organism_search_says_no(threshold_model, tmp_path):
     assert any(v.startswith("no repair found") for v in r.verdict())
     assert all(row.repaired.lo <= row.unrepaired.value for row in r.rows("efficacy"))
     out = tmp_path / "rep"
-    run = subprocess.run([sys.executable, "-m", "surgeon", "repair", "threshold_organism", "--search", "--max-heads",
-                          "2", "--out", str(out)], capture_output=True, text=True)
+    run = surgeon_cli(["repair", "threshold_organism", "--search", "--max-heads",
+                          "2", "--out", str(out)])
     assert run.returncode == 0, run.stderr
     assert "verdict: no repair found" in run.stdout and "not saved" in run.stdout and not out.exists()

@@ -2,8 +2,6 @@
 strings, its scores against a hand-written forward, the decimal organism's planted failure (trained in the Q&A and
 chat formats, not the plain one), Holm against statsmodels, the paired effect against its closed form."""
 import dataclasses
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -16,6 +14,7 @@ from surgeon.errors import SurgeonError
 from surgeon.stats import holm, paired_difference
 from tests.cli.test_reliability import refused
 from tests.conftest import ROOT
+from tests.cli_in_process import surgeon as surgeon_cli
 
 DECIMAL = f"{ROOT}/cases/decimal_organism.py"
 SMALL = {"question_cue": {"none": "", "Q:": "Q: "}, "separator": {"newline": "\n", "blank line": "\n\n"},
@@ -210,8 +209,8 @@ def test_a_scan_with_few_shot_examples_sets_them_aside(charset):
 
 @pytest.mark.slow
 def test_the_cli_scan_writes_results_and_a_case(tmp_path):
-    out = subprocess.run([sys.executable, "-m", "surgeon", "scan", DECIMAL, "--out", str(tmp_path / "o"),
-                          "--write-case", str(tmp_path / "found.py")], capture_output=True, text=True, timeout=600)
+    out = surgeon_cli(["scan", DECIMAL, "--out", str(tmp_path / "o"),
+                          "--write-case", str(tmp_path / "found.py")])
     assert out.returncode == 0, out.stderr
     assert "minimal pair" in out.stdout and "held out" in out.stdout
     assert {p.name for p in (tmp_path / "o").iterdir()} >= {"results.json", "manifest.json", "effects.png",

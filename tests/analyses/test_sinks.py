@@ -12,6 +12,7 @@ import surgeon
 import surgeon.api
 from surgeon.analyses.sinks import sinks
 from tests.conftest import ROOT
+from tests.cli_in_process import surgeon as surgeon_cli
 
 
 def _prompt(model, case, fmt, item):
@@ -65,13 +66,10 @@ def test_decimal_measures_equal_hand_written_hooks(decimal_model):
 
 
 def test_cli_sinks_saves_and_refuses_a_bad_epsilon(tmp_path):
-    import subprocess
-    import sys
 
-    bad = subprocess.run([sys.executable, "-m", "surgeon", "sinks", "--epsilon", "0"], capture_output=True, text=True)
+    bad = surgeon_cli(["sinks", "--epsilon", "0"])
     assert bad.returncode == 2 and "--epsilon" in bad.stderr and "Traceback" not in bad.stderr
-    ok = subprocess.run([sys.executable, "-m", "surgeon", "sinks", "--out", str(tmp_path / "s")], capture_output=True,
-                        text=True)
+    ok = surgeon_cli(["sinks", "--out", str(tmp_path / "s")])
     assert ok.returncode == 0, ok.stderr
     r = surgeon.load(tmp_path / "s")
     assert [f.format for f in r.formats] == ["plain", "qa", "chat"] and "sink rate" in ok.stdout
@@ -332,16 +330,13 @@ def test_sink_organism_interventions_move_attention_as_constructed(sink_model):
 
 
 def test_cli_sinks_intervene(tmp_path):
-    import subprocess
-    import sys
 
-    bad = subprocess.run([sys.executable, "-m", "surgeon", "sinks", "--heads", "L1H0"], capture_output=True, text=True)
+    bad = surgeon_cli(["sinks", "--heads", "L1H0"])
     assert bad.returncode == 2 and "--intervene" in bad.stderr and "Traceback" not in bad.stderr
-    bad = subprocess.run([sys.executable, "-m", "surgeon", "sinks", "--intervene", "--amplify", "3x10"],
-                         capture_output=True, text=True)
+    bad = surgeon_cli(["sinks", "--intervene", "--amplify", "3x10"])
     assert bad.returncode == 2 and "POS:FACTOR@LAYER" in bad.stderr
-    ok = subprocess.run([sys.executable, "-m", "surgeon", "sinks", "--intervene", "--heads", "L1H6", "--amplify", "3:10@1",
-                         "--out", str(tmp_path / "i")], capture_output=True, text=True)
+    ok = surgeon_cli(["sinks", "--intervene", "--heads", "L1H6", "--amplify", "3:10@1",
+                         "--out", str(tmp_path / "i")])
     assert ok.returncode == 0, ok.stderr
     assert "remove the sink of L1H6" in ok.stdout and "amplify position 3 x10 entering layer 1" in ok.stdout
     r = surgeon.load(tmp_path / "i")
@@ -404,8 +399,6 @@ def test_the_sinks_memory_plan_counts_what_a_pass_keeps_and_fits_max_memory(deci
     """The plan's kept activations per row are what a batch of the longest rows holds (patterns, residual stream,
     queries and keys of every layer, counted from the tensors); a smaller --max-memory lowers the batch size without
     changing a number, and one that cannot hold a row is refused before the work."""
-    import subprocess
-    import sys
 
     from surgeon.analyses.sinks import plan
     from surgeon.analyses.common import prepend_bos
@@ -432,8 +425,7 @@ def test_the_sinks_memory_plan_counts_what_a_pass_keeps_and_fits_max_memory(deci
     a, b = sinks(dataclasses.replace(case, items=items), decimal_model, batch_size=p.batch_size), \
         sinks(dataclasses.replace(case, items=items), decimal_model, batch_size=small.batch_size)
     np.testing.assert_allclose(a.of("qa").mass, b.of("qa").mass, atol=1e-6)
-    r = subprocess.run([sys.executable, "-m", "surgeon", "sinks", "--max-memory", "1MB", "--out", str(tmp_path / "o")],
-                       capture_output=True, text=True)
+    r = surgeon_cli(["sinks", "--max-memory", "1MB", "--out", str(tmp_path / "o")])
     assert r.returncode == 2 and "at batch size 1" in r.stderr and not (tmp_path / "o").exists()
 
 

@@ -1,12 +1,11 @@
 """Case files: the shipped ones load; every kind of bad input gets one CaseError naming file, field, fix."""
 import os
-import subprocess
-import sys
 
 import pytest
 
 from surgeon import CaseError, load_case
 from tests.conftest import ROOT
+from tests.cli_in_process import surgeon as surgeon_cli
 
 HEADER = "from surgeon import Case, Item, Chat\n"
 GOOD = dict(
@@ -119,8 +118,7 @@ def test_relative_model_directory_is_read_from_the_case_folder(tmp_path, monkeyp
 def test_cli_bad_case_exits_nonzero_without_traceback(tmp_path):
     p = write_case(tmp_path, good='"simple"')
     out = tmp_path / "out"
-    r = subprocess.run([sys.executable, "-m", "surgeon", "diagnose", str(p), "--out", str(out)],
-                       capture_output=True, text=True)
+    r = surgeon_cli(["diagnose", str(p), "--out", str(out)])
     assert r.returncode == 2
     assert "field 'good'" in r.stderr and "Traceback" not in r.stderr
     assert not out.exists() or not any(out.iterdir())
@@ -157,7 +155,7 @@ def test_first_token_prefix_answers_refused_before_the_model_loads(tmp_path, mon
     p = write_case(tmp_path, score='"first_token"', items=items)
     with pytest.raises(CaseError, match=r"field 'score': items\[0\]: one answer .* is a prefix of the other"):
         load_case(p)
-    r = subprocess.run([sys.executable, "-m", "surgeon", "diagnose", str(p)], capture_output=True, text=True)
+    r = surgeon_cli(["diagnose", str(p)])
     assert r.returncode == 2 and "items[0]: one answer" in r.stderr and "Traceback" not in r.stderr
     monkeypatch.setattr(api, "load_model", no_weights)
     case = dataclasses.replace(surgeon.api.read("decimal_organism"), score="first_token")

@@ -4,8 +4,6 @@ Identities every edge implementation must satisfy, on random checkpoints of two 
 style, and Llama style with grouped-query attention), with and without the shared prefix, for prompts of
 equal and of different length; then the ground truth of the organisms; then the CLI and the exports."""
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import networkx as nx
@@ -18,6 +16,7 @@ from surgeon.engine.contrast import Contrast
 from surgeon.sites.edges import EdgeSite
 from surgeon.case.encoding import encode_rows
 from tests.conftest import ARCHS, ROOT, tiny_model
+from tests.cli_in_process import surgeon as surgeon_cli
 
 ITEMS = [Item({"a": a, "b": b}, correct=" x", incorrect=" y") for a, b in [("ab", "cd"), ("ef", "gh"), ("ij", "kl")]]
 LAYOUTS = {"index": ("Q {a} {b}:", "P {a} {b}:"), "last": ("Q: {a} {b}?", "Answer {a} {b}:")}
@@ -299,8 +298,8 @@ def test_decimal_circuit_overlaps_the_best_patched_heads(decimal_model, decimal_
 def test_circuit_cli_exports_and_eval(tmp_path):
     case = f"{ROOT}/cases/threshold_organism.py"
     files = [tmp_path / f"c{x}" for x in (".graphml", ".gexf", ".json", ".mib.json", ".dot", ".tex", ".png", ".svg", ".pdf")]
-    r = subprocess.run([sys.executable, "-m", "surgeon", "circuit", case, "--faithfulness", "1.0", "--paths", "2",
-                        "--out", str(tmp_path / "out"), "--export", *map(str, files)], capture_output=True, text=True)
+    r = surgeon_cli(["circuit", case, "--faithfulness", "1.0", "--paths", "2",
+                        "--out", str(tmp_path / "out"), "--export", *map(str, files)])
     assert r.returncode == 0, r.stderr
     assert "faithfulness curve" in r.stdout and "CPR" in r.stdout
     for f in files:
@@ -322,14 +321,14 @@ def test_circuit_cli_exports_and_eval(tmp_path):
     assert "rank=same" in files[4].read_text() and "\\begin{tikzpicture}" in files[5].read_text()
     assert files[7].read_bytes()[:200].lstrip().startswith(b"<?xml") and files[8].read_bytes()[:5] == b"%PDF-"
     for f in (files[2], files[3]):
-        r = subprocess.run([sys.executable, "-m", "surgeon", "circuit-eval", case, str(f)], capture_output=True, text=True)
+        r = surgeon_cli(["circuit-eval", case, str(f)])
         assert r.returncode == 0, r.stderr
         assert "faithfulness = 1.000" in r.stdout
 
 
 def test_circuit_cli_refuses_bad_exports_before_computing(tmp_path):
-    r = subprocess.run([sys.executable, "-m", "surgeon", "circuit", f"{ROOT}/cases/threshold_organism.py", "--export",
-                        str(tmp_path / "c.xyz")], capture_output=True, text=True)
+    r = surgeon_cli(["circuit", f"{ROOT}/cases/threshold_organism.py", "--export",
+                        str(tmp_path / "c.xyz")])
     assert r.returncode == 2 and "--export" in r.stderr and "Traceback" not in r.stderr
 
 

@@ -6,7 +6,6 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import networkx as nx
@@ -38,6 +37,7 @@ from surgeon.errors import AnalysisError
 from surgeon.sites.edges import EdgeSite
 from tests.conftest import ROOT
 from tests.reference import graph_forward, row_score, sender_outputs
+from tests.cli_in_process import surgeon as surgeon_cli
 
 ORGANISMS = ["induction_organism", "threshold_organism", "decimal_organism"]
 
@@ -444,9 +444,8 @@ def test_bad_export_targets_are_refused_before_any_work(tmp_path):
             check_targets(target if isinstance(target, list) else [target])
     # through the CLI: exit 2, no traceback, nothing written, before the model loads
     out = tmp_path / "out"
-    r = subprocess.run([sys.executable, "-m", "surgeon", "circuit", f"{ROOT}/cases/threshold_organism.py", "--out",
-                        str(out), "--export", str(tmp_path / "ok.png"), str(tmp_path / "d.png")],
-                       capture_output=True, text=True, timeout=120)
+    r = surgeon_cli(["circuit", f"{ROOT}/cases/threshold_organism.py", "--out",
+                        str(out), "--export", str(tmp_path / "ok.png"), str(tmp_path / "d.png")])
     assert r.returncode == 2 and "directory" in r.stderr and "Traceback" not in r.stderr
     assert not out.exists() and not (tmp_path / "ok.png").exists()
     assert "torch" not in r.stderr
@@ -462,8 +461,7 @@ def test_circuit_eval_refuses_a_file_for_another_model_before_loading_it(decimal
     d = json.loads(p.read_text())
     d["cfg"]["n_layers"] = 5
     p.write_text(json.dumps(d))
-    r = subprocess.run([sys.executable, "-m", "surgeon", "circuit-eval", f"{ROOT}/cases/decimal_organism.py", str(p)],
-                       capture_output=True, text=True, timeout=120)
+    r = surgeon_cli(["circuit-eval", f"{ROOT}/cases/decimal_organism.py", str(p)])
     assert r.returncode == 2 and "cfg.n_layers" in r.stderr and str(p) in r.stderr and "Traceback" not in r.stderr
 
 

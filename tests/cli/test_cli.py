@@ -6,12 +6,13 @@ import sys
 import pytest
 
 from tests.conftest import ROOT
+from tests.cli_in_process import surgeon as surgeon_cli
 
 CASE = f"{ROOT}/cases/decimal_organism.py"
 
 
 def run(*args):
-    return subprocess.run([sys.executable, "-m", "surgeon", *args], capture_output=True, text=True, cwd=ROOT)
+    return surgeon_cli([*args], cwd=ROOT)
 
 
 def test_help_does_not_import_heavy_libraries():

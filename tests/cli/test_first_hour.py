@@ -11,6 +11,7 @@ import pytest
 from surgeon.analyses.diagnose import failure_check
 from surgeon.models.checks import load_case
 from tests.conftest import ROOT
+from tests.cli_in_process import surgeon as surgeon_cli
 
 DECIMAL = f"{ROOT}/cases/decimal_organism.py"
 PROBE = ("import sys, time; t = time.perf_counter(); from surgeon.cli.commands import main\n"
@@ -89,12 +90,10 @@ def test_nothing_to_repair_is_said(decimal_model):
 
 @pytest.mark.slow
 def test_patch_warns_when_the_format_does_not_fail():
-    r = subprocess.run([sys.executable, "-m", "surgeon", "patch", DECIMAL, "--tag", "control", "--layers", "0"],
-                       capture_output=True, text=True, cwd=ROOT)
+    r = surgeon_cli(["patch", DECIMAL, "--tag", "control", "--layers", "0"], cwd=ROOT)
     assert r.returncode == 0, r.stderr
     assert "surgeon: warning: the failure is not reproduced" in r.stderr
-    r = subprocess.run([sys.executable, "-m", "surgeon", "patch", DECIMAL, "--layers", "0"],
-                       capture_output=True, text=True, cwd=ROOT)
+    r = surgeon_cli(["patch", DECIMAL, "--layers", "0"], cwd=ROOT)
     assert r.returncode == 0 and "warning: the failure is not reproduced" not in r.stderr, r.stderr
 
 

@@ -1,14 +1,12 @@
 """Messages a newcomer read wrong (issue 53, item 5): a shipped case named by its name, not its path inside the
 install; a missing model folder says where it was looked for and suggests the folder beside the case with a similar
 name (and `hf download` only for an organisation/name); a case-file typo's fix is the did-you-mean."""
-import subprocess
-import sys
-
 from surgeon.case.shipped import CASES_DIR
+from tests.cli_in_process import surgeon as in_process
 
 
 def surgeon_cli(*args, cwd=None):
-    return subprocess.run([sys.executable, "-m", "surgeon", *args], capture_output=True, text=True, cwd=cwd)
+    return in_process([*args], cwd=cwd)
 
 
 CASE = '''from surgeon import Case, Item

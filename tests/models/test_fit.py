@@ -7,6 +7,7 @@ import surgeon
 from surgeon import Case, Item
 from surgeon.errors import ModelError
 from tests.conftest import tiny_model
+from tests.cli_in_process import surgeon as surgeon_cli
 
 
 def _case(prompt: str, answers=(" x", " y")):
@@ -66,8 +67,6 @@ def save_tl_checkpoint(model, path):
 def test_a_transformer_lens_checkpoint_folder_loads_and_runs_from_the_cli(charset, tmp_path):
     """--model takes a TransformerLens checkpoint folder: the same up-front checks as the other routes, the same
     scores as the model in memory."""
-    import subprocess
-    import sys
 
     from surgeon.models.loading import load_model, resolve, shape
     from tests.conftest import ROOT
@@ -86,8 +85,7 @@ def test_a_transformer_lens_checkpoint_folder_loads_and_runs_from_the_cli(charse
     case_file.write_text("from surgeon import Case, Item\ncase = Case(name='toy', formats={'good': 'G {a}:', "
                          "'bad': 'B {a}:'}, good='good', bad='bad', items=[Item({'a': 'ab'}, ' x', ' y'), "
                          "Item({'a': 'cd'}, ' x', ' y')])\n")
-    r = subprocess.run([sys.executable, "-m", "surgeon", "diagnose", str(case_file), "--model", str(folder)],
-                       capture_output=True, text=True, timeout=300, cwd=ROOT)
+    r = surgeon_cli(["diagnose", str(case_file), "--model", str(folder)], cwd=ROOT)
     assert r.returncode == 0, r.stderr[-2000:]
     assert "good" in r.stdout and "Traceback" not in r.stderr
     # a tracr-style bidirectional TransformerLens checkpoint runs from the command line, scoring as in memory
@@ -95,14 +93,12 @@ def test_a_transformer_lens_checkpoint_folder_loads_and_runs_from_the_cli(charse
 
     tracr = tracr_style(charset)
     bi = save_tl_checkpoint(tracr, tmp_path / "bi")
-    r = subprocess.run([sys.executable, "-m", "surgeon", "diagnose", str(case_file), "--model", str(bi)],
-                       capture_output=True, text=True, timeout=300, cwd=ROOT)
+    r = surgeon_cli(["diagnose", str(case_file), "--model", str(bi)], cwd=ROOT)
     assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr[-2000:]
     d = surgeon.diagnose(case, str(bi))  # the folder from Python: its scores, as the model in memory gives them
     assert d.get("good").score.value == pytest.approx(surgeon.diagnose(case, tracr).get("good").score.value, rel=1e-6)
     assert "accuracy" in r.stdout
-    r = subprocess.run([sys.executable, "-m", "surgeon", "patch", str(case_file), "--model", str(bi)],
-                       capture_output=True, text=True, timeout=300, cwd=ROOT)
+    r = surgeon_cli(["patch", str(case_file), "--model", str(bi)], cwd=ROOT)
     assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr[-2000:]
     # weights that do not match the config
     (folder / "config.json").write_text((folder / "config.json").read_text().replace('"d_mlp": 128', '"d_mlp": 64'))

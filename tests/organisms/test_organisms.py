@@ -2,8 +2,6 @@
 that loses it fails here); the training code still trains; the built organism rebuilds exactly."""
 import json
 import math
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -11,6 +9,7 @@ import torch
 from surgeon import load_case, organisms
 from surgeon.organisms import decimal, induction, measure, threshold
 from tests.conftest import ROOT
+from tests.cli_in_process import surgeon as surgeon_cli
 
 
 def recorded(name):
@@ -175,7 +174,7 @@ def test_shipped_weights_are_small_safetensors():
 
 
 def test_organisms_list_and_describe():
-    r = subprocess.run([sys.executable, "-m", "surgeon", "organisms", "list"], capture_output=True, text=True)
+    r = surgeon_cli(["organisms", "list"])
     assert r.returncode == 0, r.stderr
     lines = r.stdout.splitlines()
     assert lines[0].startswith("organism") and "measured" in lines[0]
@@ -183,10 +182,9 @@ def test_organisms_list_and_describe():
         assert any(line.startswith(f"organism:{name}") for line in lines)
     assert "previous-token head" in r.stdout and "layer-0 residual stream" in r.stdout
     assert "repairs iff its even weights sum to >= 69 of 136 (k=5 at the least, any 12 always)" in r.stdout
-    r = subprocess.run([sys.executable, "-m", "surgeon", "organisms", "describe", "induction"], capture_output=True,
-                       text=True)
+    r = surgeon_cli(["organisms", "describe", "induction"])
     assert r.returncode == 0 and "ground truth" in r.stdout and "<k>" in r.stdout
-    r = subprocess.run([sys.executable, "-m", "surgeon", "organisms", "describe", "nope"], capture_output=True, text=True)
+    r = surgeon_cli(["organisms", "describe", "nope"])
     assert r.returncode == 2 and "unknown organism" in r.stderr
 
 

@@ -20,6 +20,7 @@ from surgeon.sites.nodes import Site
 from surgeon.case.encoding import format_rows
 from tests.conftest import ROOT
 from tests.reference import direct_patch_scores
+from tests.cli_in_process import surgeon as surgeon_cli
 
 
 @pytest.fixture(scope="module")
@@ -163,17 +164,16 @@ def test_blend_curve_and_switch_points(decimal_model, small_case):
 def test_cli_threshold_writes_outputs_and_blend(tmp_path):
     case = f"{ROOT}/cases/decimal_organism.py"
     out = tmp_path / "th"
-    r = subprocess.run([sys.executable, "-m", "surgeon", "threshold", case, "--layer", "2", "--budget", "20",
-                        "--item-rate", "0.5", "--out", str(out)], capture_output=True, text=True, cwd=ROOT)
+    r = surgeon_cli(["threshold", case, "--layer", "2", "--budget", "20",
+                        "--item-rate", "0.5", "--out", str(out)], cwd=ROOT)
     assert r.returncode == 0, r.stderr
     assert "threshold" in r.stdout and (out / "subsets.csv").exists() and (out / "threshold.png").exists()
     rows = (out / "subsets.csv").read_text().splitlines()
     assert rows[0].startswith("subset,size,families") and len(rows) > 20
-    again = subprocess.run([sys.executable, "-m", "surgeon", "threshold", case, "--layer", "2", "--out", str(out)],
-                           capture_output=True, text=True, cwd=ROOT)
+    again = surgeon_cli(["threshold", case, "--layer", "2", "--out", str(out)], cwd=ROOT)
     assert again.returncode == 2 and "--resume" in again.stderr
-    b = subprocess.run([sys.executable, "-m", "surgeon", "blend", case, "--layer", "0", "--component", "mlp_out",
-                        "--out", str(tmp_path / "bl")], capture_output=True, text=True, cwd=ROOT)
+    b = surgeon_cli(["blend", case, "--layer", "0", "--component", "mlp_out",
+                        "--out", str(tmp_path / "bl")], cwd=ROOT)
     assert b.returncode == 0, b.stderr
     assert "switching point" in b.stdout and (tmp_path / "bl" / "blend.png").exists()
 
