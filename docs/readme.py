@@ -800,6 +800,17 @@ SLOW_WHY = {
     "tests/analyses/test_repair_measure.py": "repairs built, saved and measured from the command line",
     "tests/cli/test_robustness.py": "signals sent to commands while they import and run",
     "tests/organisms/test_organisms.py": "the organisms' data drawn and their mechanisms measured",
+    "tests/engine/test_progress.py":
+        "1,500 patches run twice, once beside a real busy process, so the thread governor has chunks to act between",
+    "tests/test_api.py": "every analysis run through the Python API, saved and read back",
+    "tests/analyses/test_heldout.py": "searches and circuits found on one half of the items and measured on the other",
+    "tests/analyses/test_intervals.py": "every analysis's intervals, in both directions, on two organisms",
+    "tests/analyses/test_sinks.py": "attention sinks measured and intervened on, from the command line too",
+    "tests/sae/test_feature_circuit.py": "feature circuits on the organisms' SAEs, against hand-written hooks",
+    "tests/reports/test_figures_read.py": "every figure of a report rendered and read back in a real browser",
+    "tests/reports/test_figures_journal.py": "a report's figures built and checked for a journal's column and fonts",
+    "tests/engine/test_contrast.py": "the engine against TransformerLens's own patching on every organism",
+    "tests/test_docs_site.py": "the documentation site built with MkDocs and read offline",
 }
 
 
