@@ -314,7 +314,9 @@ class Scorer:
         return wilson(int(r.sum()), int(r.size))
 
     def clean_scores(self) -> np.ndarray:
-        """[n] the unrepaired scores (the base format's clean run)."""
+        """[n] the unrepaired scores (the base format's clean run); a KL scorer has none (its unrepaired KL is 0)."""
+        if self.c.clean_base is None:
+            raise AnalysisError("internal: a KL Scorer makes no clean pass: it has no unrepaired scores")
         return self.c.clean_base.float().cpu().numpy()
 
     @property
