@@ -30,10 +30,14 @@ def command(name: str, out: Path) -> list[str]:
             "--export", *[str(out / f"{name}.{f}") for f in FORMATS]]
 
 
-def regenerate(name: str, out: Path) -> str:
-    """Write the exports of case `name` into `out` and its report to `out/NAME.txt`; returns the report."""
+def regenerate(name: str, out: Path, run_command=None) -> str:
+    """Write the exports of case `name` into `out` and its report to `out/NAME.txt`; returns the report.
+    `run_command(argv)` runs `surgeon` with the arguments after it and returns a `subprocess.CompletedProcess`
+    (default: `python -m surgeon` in a new process; the test runs the same `main` in its own)."""
     out.mkdir(parents=True, exist_ok=True)
-    run = subprocess.run(command(name, out), capture_output=True, text=True)
+    cmd = command(name, out)
+    run = (subprocess.run(cmd, capture_output=True, text=True) if run_command is None
+           else run_command(cmd[cmd.index("surgeon") + 1:]))
     if run.returncode:
         raise SystemExit(f"{name}: surgeon circuit failed:\n{run.stderr}")
     report = "".join(line for line in run.stdout.splitlines(keepends=True) if not line.startswith("exported "))

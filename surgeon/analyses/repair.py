@@ -35,7 +35,7 @@ from surgeon.analyses.selection import Step, forward_selection, smallest_best
 from surgeon.analyses.heldout import (MIN_PER_SPLIT, Split, SubsetRunner, eval_items_of, eval_split, evaluate_subsets,
                                      split_items)
 from surgeon.engine.contrast import Contrast
-from surgeon.engine.readout import greedy, reference_logprobs
+from surgeon.engine.readout import greedy, reference_logprobs, score_rows
 from surgeon.errors import AnalysisError
 from surgeon.models.loading import model_digest
 from surgeon.repairs.artifact import MODES, Repair, check_fits
@@ -426,12 +426,16 @@ def _neutral(model, repair: Repair, texts: Sequence[str], bos: bool, batch_size:
 
     rows, owner = neutral_rows(model, texts, bos)
     masks = repair_masks(repair, model.cfg)
-    ref = reference_logprobs(model, rows, batch_size)
-    kl = Contrast(model, rows, rows, "last", batch_size=batch_size, metric=METRICS["kl"](), reference=ref)
-    lp = Contrast(model, rows, rows, "last", batch_size=batch_size, metric=METRICS["logprob"]())
+    ref = reference_logprobs(model, rows, batch_size)  # each row's unrepaired next-token log-probabilities
+    # the unrepaired run is `ref`: its KL is 0 and its log-probability of the text's next token is read from it, so
+    # neither Contrast makes clean passes (their base and source would be these same rows, run again)
+    nxt = torch.tensor([r.targets[0][1] for r in rows], device=ref.device)
+    unrepaired = ref[torch.arange(len(rows), device=ref.device), nxt]
+    kl = Contrast(model, rows, rows, "last", batch_size=batch_size, metric=METRICS["kl"](), reference=ref, clean=False)
+    lp = Contrast(model, rows, rows, "last", batch_size=batch_size, metric=METRICS["logprob"](), clean=False)
     with torch.no_grad():
         k = np.maximum(-kl.run(masks)[:1].float().cpu().numpy(), 0)
-        d = -(lp.run(masks)[:1] - lp.clean_base).float().cpu().numpy()
+        d = -(lp.run(masks)[:1].to(unrepaired.device) - unrepaired).float().cpu().numpy()
     n = len(texts)
     return shift_row("neutral", per_item(k, owner, n)[0], [t[:24] for t in texts], per_item(d, owner, n)[0])
 
@@ -486,11 +490,16 @@ def fold_cost(case: Case, model, repair: Repair, items: Sequence[Item], *, focus
     hooks = every_position_hooks(repair, rule)
     tags = tag_indices(items)
     metric, ref = case_metric(case, model, items, batch_size)
-    good = format_rows(case, model, case.good, items)
     krows, owner = scored_positions(case, model, case.good, items)
     kref = reference_logprobs(model, krows, batch_size)  # the unrepaired model's, before the edit
-    # one Contrast a format (its items' scores split by tag), without the edit and then under it
-    unrepaired = {fmt: Scorer(case, model, items, fmt, batch_size).clean_scores() for fmt in [*bads, case.good]}
+    # each format's clean scores (as `diagnose` scores them: one pass, nothing patched), without the edit and then
+    # under it
+    fmt_rows = {fmt: format_rows(case, model, fmt, items) for fmt in [*bads, case.good]}
+
+    def scores(fmt):
+        return score_rows(model, fmt_rows[fmt], batch_size, metric=metric, reference=ref).float().cpu().numpy()
+
+    unrepaired = {fmt: scores(fmt) for fmt in fmt_rows}
     rows = []
 
     def rate(x):
@@ -498,15 +507,13 @@ def fold_cost(case: Case, model, repair: Repair, items: Sequence[Item], *, focus
         return wilson(int(right.sum()), int(right.size))
 
     with model.hooks(fwd_hooks=hooks):
-        for fmt in [*bads, case.good]:
-            c = Contrast(model, format_rows(case, model, fmt, items), good, case.align, batch_size=batch_size,
-                         metric=metric, reference=ref)
-            folded = c.clean_base.float().cpu().numpy()
+        for fmt in fmt_rows:
+            folded = scores(fmt)
             for tag, idx in tags.items():
                 measure = "specificity" if fmt == case.good else ("efficacy" if focus in ("all", tag) else "generalization")
                 rows.append(RateRow(measure, fmt, tag or "all", rate(folded[idx]), rate(unrepaired[fmt][idx])))
-        kc = Contrast(model, krows, krows, case.align, batch_size=batch_size, metric=METRICS["kl"](), reference=kref)
-        k = np.maximum(-kc.clean_base.float().cpu().numpy()[None], 0)
+        k = np.maximum(-score_rows(model, krows, batch_size, metric=METRICS["kl"](), reference=kref)
+                       .float().cpu().numpy()[None], 0)
     kl = per_item(k, owner, len(items))[0]
     return FoldCost(rule, rows, shift_row(case.good, kl, [item_label(it) for it in items]))
 

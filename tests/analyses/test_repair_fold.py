@@ -133,11 +133,27 @@ def test_fold_cost_equals_hand_written_every_position_hooks(decimal_model):
     hooks = _hand_hooks({h: v[0] for h, v in rep.values.items()}, rep.units, "mean", 1.0)
     for row in r.fold.rows:
         its = [it for it in held if it.tag == row.tag]
-        right = 0
+        right = before = 0
         with torch.no_grad():
             for it in its:
                 ids, last, c, i = _tokens(decimal_model, case, row.format, it)
                 lp = decimal_model.run_with_hooks(torch.tensor([ids]), fwd_hooks=hooks)[0, -1].log_softmax(-1)
                 right += int(lp[c] > lp[i])
+                lp = decimal_model(torch.tensor([ids]))[0, -1].log_softmax(-1)
+                before += int(lp[c] > lp[i])
         assert round(row.repaired.value * row.repaired.n) == right and row.repaired.n == len(its), row
+        assert round(row.unrepaired.value * row.unrepaired.n) == before and row.unrepaired.n == len(its), row
+    # the good format's KL(unrepaired || folded): each item's correct answer teacher-forced, read at the last prompt
+    # token and each answer character but the last, averaged within the item, then over items
+    tok, kls = decimal_model.tokenizer, []
+    with torch.no_grad():
+        for it in held:
+            prompt = case.formats[case.good].format(**it.values)
+            ids = torch.tensor([[tok.bos_token_id] + [tok.convert_tokens_to_ids(ch) for ch in prompt + it.correct[:-1]]])
+            un = decimal_model(ids)[0].log_softmax(-1)
+            rep = decimal_model.run_with_hooks(ids, fwd_hooks=hooks)[0].log_softmax(-1)
+            pos = range(len(prompt), ids.shape[1])
+            kls.append(sum(float((un[p].exp() * (un[p] - rep[p])).sum()) for p in pos) / len(pos))
+    assert r.fold.kl_good.kl.n == len(held) and min(kls) >= 0 and max(kls) > 1e-6
+    assert r.fold.kl_good.kl.value == pytest.approx(sum(kls) / len(kls), rel=1e-3, abs=1e-6)
     assert "as a model file" in str(r)

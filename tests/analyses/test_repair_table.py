@@ -89,7 +89,7 @@ def test_the_hand_written_mean_patch_table_is_reproduced(decimal_model):
         means = _hand_means(decimal_model, case, disc, [0, 1, 2])
         for units, published in PUBLISHED.items():
             heads = ",".join(f"L{L}H{h}" for L, h in units)
-            r = surgeon.repair(case, decimal_model, heads=heads, eval_items=fresh)
+            r = surgeon.repair(case, decimal_model, heads=heads, eval_items=fresh, neutral=())  # no neutral texts: not read here
             assert r.repair.built_on["n_items"] == len(disc)
             assert "6 whose prompt is a discovery item's left out" in r.split.evaluated_on
             cells = [("efficacy", "qa"), ("efficacy", "chat"), ("specificity", "plain"), ("paired", "qa")]
