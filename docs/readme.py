@@ -735,13 +735,29 @@ def _collect() -> tuple[int, int]:
     return int(m.group(2)), int(m.group(2)) - int(m.group(1))
 
 
+def machine() -> str:
+    """This machine in a few words, for a wall time measured on it: the CPU's model name (/proc/cpuinfo), the widest
+    vector instructions torch's CPU kernels use on it, and its cores. Sessions get different machines, and the same
+    test command took twice as long on one as on another, so a time says where it was taken."""
+    import torch
+
+    name = "an unnamed CPU"
+    try:
+        name = next(line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                    if line.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    return f"{name}, {torch.backends.cpu.get_cpu_capability()}, {os.cpu_count()} cores"
+
+
 def suite() -> dict:
-    """The test suite's size (collected now) and wall times (measured by `python docs/readme.py --suite`)."""
+    """The test suite's size (collected now) and wall times (measured by `python docs/readme.py --suite`), with the
+    machine they were measured on."""
     t = _timings()
     total, slow = _collect()
     unmeasured = "(not measured yet: python docs/readme.py --suite)"
     timed = t.get("suite-tests", total)  # how many tests the timed run had (the suite grows between timings)
-    return {"tests": total, "slow": slow,
+    return {"tests": total, "slow": slow, "machine": t.get("suite-machine", "a machine not recorded"),
             "when": "" if timed == total else f" (timed when it had {timed} tests)",
             "time": _minutes(t["suite"]) if "suite" in t else unmeasured,
             "fast_time": _minutes(t["suite-fast"]) if "suite-fast" in t else unmeasured}
@@ -822,6 +838,8 @@ def slowest_tests() -> None:
     if not rows:
         out("(not measured yet: python docs/readme.py --suite-only)")
         return
+    out(f"On 2 cores of {t.get('suite-machine', 'a machine not recorded')}:")
+    out("")
     out("| s | phase | test | why |")
     out("|---|---|---|---|")
     for sec, phase, node in rows[:SLOWEST]:
@@ -848,6 +866,7 @@ def measure_suite() -> None:
             new["suite-slowest"] = [[float(m.group(1)), m.group(2), m.group(3)] for m in
                                     re.finditer(r"^(\d+\.\d+)s (setup|call|teardown)\s+(\S+)$", r.stdout, re.M)]
     new["suite-tests"] = _collect()[0]
+    new["suite-machine"] = machine()
     t = _timings()
     t.update(new)
     TIMINGS.write_text(json.dumps(t, indent=1, sort_keys=True) + "\n")
