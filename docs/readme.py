@@ -747,7 +747,7 @@ def machine() -> str:
                     if line.startswith("model name"))
     except (OSError, StopIteration):
         pass
-    return f"{name}, {torch.backends.cpu.get_cpu_capability()}, {os.cpu_count()} cores"
+    return f"{os.cpu_count()} cores of {name} ({torch.backends.cpu.get_cpu_capability()})"
 
 
 def suite() -> dict:
@@ -757,7 +757,7 @@ def suite() -> dict:
     total, slow = _collect()
     unmeasured = "(not measured yet: python docs/readme.py --suite)"
     timed = t.get("suite-tests", total)  # how many tests the timed run had (the suite grows between timings)
-    return {"tests": total, "slow": slow, "machine": t.get("suite-machine", "a machine not recorded"),
+    return {"tests": total, "slow": slow, "machine": t.get("suite-machine", "2 CPU cores (the machine not recorded)"),
             "when": "" if timed == total else f" (timed when it had {timed} tests)",
             "time": _minutes(t["suite"]) if "suite" in t else unmeasured,
             "fast_time": _minutes(t["suite-fast"]) if "suite-fast" in t else unmeasured}
@@ -838,7 +838,7 @@ def slowest_tests() -> None:
     if not rows:
         out("(not measured yet: python docs/readme.py --suite-only)")
         return
-    out(f"On 2 cores of {t.get('suite-machine', 'a machine not recorded')}:")
+    out(f"On {t.get('suite-machine', '2 CPU cores (the machine not recorded)')}:")
     out("")
     out("| s | phase | test | why |")
     out("|---|---|---|---|")
