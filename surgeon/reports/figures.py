@@ -14,7 +14,7 @@ import numpy as np
 from surgeon.analyses.pareto import NAMES
 from surgeon.analyses.sinks import massive_ratio
 from surgeon.reports.citations import METHOD_NAMES
-from surgeon.reports.legibility import MIN_POINTS, place_legends
+from surgeon.reports.legibility import MIN_POINTS, layout_renderer, place_legends
 
 
 def _plt():
@@ -92,8 +92,7 @@ def _save(fig, path: Path | None):
 
     journal_width(fig)
     fig.tight_layout()
-    fig.canvas.draw()
-    renderer = fig.canvas.get_renderer()
+    renderer = layout_renderer(fig)
     if _wrap_titles(fig, renderer):
         fig.tight_layout()
     for after in _AFTER_LAYOUT.pop(fig, []):

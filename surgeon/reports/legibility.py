@@ -13,14 +13,17 @@ MIN_POINTS = 6.0
 _SLACK = 1.0  # points: boxes touching within this are not counted as overlapping (glyph boxes have side bearings)
 
 
-def _renderer(fig):
-    """Draw `fig` (on an Agg canvas where it has none: a closed figure) and return the renderer that drew it."""
+def layout_renderer(fig):
+    """Lay `fig` out as a draw would (on an Agg canvas where it has none: a closed figure), painting nothing, and return
+    the renderer that measured it: every artist's draw runs (tick labels placed, a legend's best place found, text
+    measured), only the rasterizing is skipped, so extents read from it are those of a painted draw."""
     if not hasattr(fig.canvas, "get_renderer"):
         from matplotlib.backends.backend_agg import FigureCanvasAgg
 
         FigureCanvasAgg(fig)
-    fig.canvas.draw()
+    fig.draw_without_rendering()
     return fig.canvas.get_renderer()
+
 
 
 def _drawn_texts(fig):
@@ -39,7 +42,7 @@ def _drawn_texts(fig):
 
     Text.draw = recording
     try:
-        renderer = _renderer(fig)
+        renderer = layout_renderer(fig)
     finally:
         Text.draw = draw
     return seen, renderer
@@ -96,7 +99,7 @@ def _data_points(ax, renderer) -> np.ndarray:
 
 def legends_over_data(fig) -> list[str]:
     """Each panel whose legend covers a point of its data, named by its title (or its number)."""
-    renderer = _renderer(fig)
+    renderer = layout_renderer(fig)
     out = []
     for i, ax in enumerate(fig.axes):
         leg = ax.get_legend()
@@ -147,13 +150,13 @@ def place_legends(fig, layout=None) -> bool:
     """Move each legend that covers its panel's data below the panel (under its tick labels and axis label), in as
     many columns as fit; `layout` (e.g. `fig.tight_layout`), where given, is run after the move and the legends
     re-anchored to the panels' new sizes until they hold still. Whether one moved."""
-    renderer = _renderer(fig)
+    renderer = layout_renderer(fig)
     moved = [ax for ax in fig.axes if ax.get_legend() is not None and _covers(ax, ax.get_legend(), renderer)]
     for ax in moved:
         _below(ax, ax.get_legend(), renderer, fig)
     for _ in range(3 if moved and layout is not None else 0):
         layout()
-        renderer = _renderer(fig)
+        renderer = layout_renderer(fig)
         for ax in moved:
             _below(ax, ax.get_legend(), renderer, fig)
     if moved and layout is not None:
