@@ -397,6 +397,25 @@ def case_rules() -> None:
     out(rules_table())
 
 
+def bridge_needs() -> None:
+    """docs/install.md: what a TransformerLens `TransformerBridge` (a tiny one, `boot_native`) lacks of what surgeon needs
+    from a model (`surgeon.models.protocol.missing`), on the TransformerLens installed here."""
+    from importlib.metadata import version
+
+    from transformer_lens.model_bridge import TransformerBridge
+
+    from surgeon.models.protocol import NEEDS, missing
+
+    bridge = TransformerBridge.boot_native({"n_layers": 1, "d_model": 16, "n_heads": 2, "d_head": 8, "d_mlp": 32,
+                                            "d_vocab": 64, "n_ctx": 32, "act_fn": "gelu", "seed": 0})
+    lacks = missing(bridge)
+    out(f"On TransformerLens {version('transformer-lens')}, a `TransformerBridge` has {len(NEEDS) - len(lacks)} of the "
+        f"{len(NEEDS)} things surgeon needs from a model (`surgeon/models/protocol.py`, every attribute, hook point "
+        f"and call the engine, the sites and the analyses reach on it; `tests/models/test_protocol.py` reads surgeon's "
+        f"sources to keep the list whole). It lacks:\n")
+    out("\n".join(f"- `{n.path}`: {n.why}" for n in lacks))
+
+
 def out(text: str) -> None:
     """Write generated text (a sentence whose numbers come from RESULTS); kept as is in a check of a slow block."""
     _cog().outl(text)

@@ -9,6 +9,7 @@ from types import SimpleNamespace
 
 from surgeon.causal import check_attention
 from surgeon.errors import CaseError, ModelError
+from surgeon.models.protocol import NEEDS, missing
 from surgeon.models.loading import (
     ModelShape,
     check_finite,
@@ -127,15 +128,27 @@ def check_case_against_model(case, model=None) -> None:
 
 
 def check_runnable(model) -> None:
-    """Refuse a model class the engine cannot run, saying what it lacks: TransformerLens's `TransformerBridge` (its
-    own `forward` raises NotImplementedError for `start_at_layer`, and every patched pass the engine runs starts from
-    a cached residual stream at the first patched layer). docs/install.md says which TransformerLens works with what."""
-    if any(c.__name__ == "TransformerBridge" for c in type(model).__mro__):
-        raise ModelError("the model is a TransformerLens TransformerBridge, which surgeon cannot run yet: every patched "
-                         "pass starts from a cached residual stream at its first patched layer (start_at_layer), and "
-                         "TransformerBridge does not implement start_at_layer", field="model",
-                         fix="load the model as a HookedTransformer (surgeon.load_model(NAME_OR_DIR), or "
-                             "HookedTransformer.from_pretrained with transformer-lens>=3.9,<4)")
+    """Refuse a model the engine cannot run, naming what it lacks: every need of `surgeon.models.protocol.NEEDS` that
+    applies to its config and that it does not meet (TransformerLens 3.9's `TransformerBridge` misses 8, among them
+    `start_at_layer`: every patched pass starts from a cached residual stream at its first patched layer). A
+    `TransformerBridge` that meets every need is refused too: its numbers have not been checked equal to a
+    HookedTransformer's. docs/install.md says which TransformerLens works with what."""
+    classes = [c.__name__ for c in type(model).__mro__]
+    if "HookedTransformer" in classes:
+        return
+    lacks = missing(model)
+    fix = ("load the model as a HookedTransformer (surgeon.load_model(NAME_OR_DIR), or "
+           "HookedTransformer.from_pretrained with transformer-lens>=3.9,<4)")
+    name = "a TransformerLens TransformerBridge" if "TransformerBridge" in classes else f"a {type(model).__name__}"
+    if lacks:
+        said = "; ".join(f"{n.path} ({n.why})" for n in lacks[:8]) + (f"; and {len(lacks) - 8} more" if len(lacks) > 8
+                                                                      else "")
+        raise ModelError(f"the model is {name}, which surgeon cannot run yet: it lacks {len(lacks)} of the "
+                         f"{len(NEEDS)} things surgeon needs from a model (surgeon/models/protocol.py): {said}",
+                         field="model", fix=fix)
+    raise ModelError(f"the model is {name}: it has every part surgeon needs from a model, but surgeon's numbers on it "
+                     "have not been checked equal to a HookedTransformer's holding the same weights", field="model",
+                     fix=fix)
 
 
 def check_bare(model) -> None:
