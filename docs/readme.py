@@ -408,12 +408,15 @@ def bridge_needs() -> None:
 
     bridge = TransformerBridge.boot_native({"n_layers": 1, "d_model": 16, "n_heads": 2, "d_head": 8, "d_mlp": 32,
                                             "d_vocab": 64, "n_ctx": 32, "act_fn": "gelu", "seed": 0})
-    lacks = missing(bridge)
-    out(f"On TransformerLens {version('transformer-lens')}, a `TransformerBridge` has {len(NEEDS) - len(lacks)} of the "
-        f"{len(NEEDS)} things surgeon needs from a model (`surgeon/models/protocol.py`, every attribute, hook point "
-        f"and call the engine, the sites and the analyses reach on it; `tests/models/test_protocol.py` reads surgeon's "
-        f"sources to keep the list whole). It lacks:\n")
+    lacks, slower = missing(bridge), missing(bridge, speedups=True)
+    need = sum(not n.speedup for n in NEEDS)
+    out(f"What surgeon reaches on a model is declared in `surgeon/models/protocol.py`: {len(NEEDS)} attributes, hook "
+        f"points and calls, {need} needed and {len(NEEDS) - need} speedups the engine uses where a model has them "
+        f"(`tests/models/test_protocol.py` reads surgeon's sources to keep the list whole). On TransformerLens "
+        f"{version('transformer-lens')}, a `TransformerBridge` (`boot_native`) has {need - len(lacks)} of the {need} "
+        f"needs; it lacks:\n")
     out("\n".join(f"- `{n.path}`: {n.why}" for n in lacks))
+    out(f"\nand {len(slower)} speedups: " + ", ".join(f"`{n.path}`" for n in slower) + ".")
 
 
 def out(text: str) -> None:

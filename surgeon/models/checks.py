@@ -129,9 +129,9 @@ def check_case_against_model(case, model=None) -> None:
 
 def check_runnable(model) -> None:
     """Refuse a model the engine cannot run, naming what it lacks: every need of `surgeon.models.protocol.NEEDS` that
-    applies to its config and that it does not meet (TransformerLens 3.9's `TransformerBridge` misses 8, among them
+    applies to its config and that it does not meet (TransformerLens 3.9's `TransformerBridge` misses one,
     `start_at_layer`: every patched pass starts from a cached residual stream at its first patched layer). A
-    `TransformerBridge` that meets every need is refused too: its numbers have not been checked equal to a
+    model that meets every need is refused too: surgeon's numbers on its class have not been checked equal to a
     HookedTransformer's. docs/install.md says which TransformerLens works with what."""
     classes = [c.__name__ for c in type(model).__mro__]
     if "HookedTransformer" in classes:
@@ -144,7 +144,8 @@ def check_runnable(model) -> None:
         said = "; ".join(f"{n.path} ({n.why})" for n in lacks[:8]) + (f"; and {len(lacks) - 8} more" if len(lacks) > 8
                                                                       else "")
         raise ModelError(f"the model is {name}, which surgeon cannot run yet: it lacks {len(lacks)} of the "
-                         f"{len(NEEDS)} things surgeon needs from a model (surgeon/models/protocol.py): {said}",
+                         f"{sum(not n.speedup for n in NEEDS)} things surgeon needs from a model "
+                         f"(surgeon/models/protocol.py): {said}",
                          field="model", fix=fix)
     raise ModelError(f"the model is {name}: it has every part surgeon needs from a model, but surgeon's numbers on it "
                      "have not been checked equal to a HookedTransformer's holding the same weights", field="model",
