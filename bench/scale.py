@@ -307,7 +307,9 @@ def least_work(model, model_name: str, job: str, base, source, site, pre: dict) 
     clean scores: `limit.clean_least`). EAP's least is the floor (one forward and backward of the failing run, weights
     frozen, counted), a forward of the other prompt and the edges' dot products from the first differing position on
     (`limit.edge_dot_least`); EAP-IG's, five such forward-and-backward passes, a clean run of each prompt and the dot
-    products once (its sender differences are fixed, so the steps' gradients can be summed before them)."""
+    products once (its sender differences are fixed, so the steps' gradients can be summed before them). The
+    faithfulness curve's: each circuit's run from the first differing position on, and one product per edge in the
+    circuit carrying its sender's value into its receiver's input (a dense mask multiplies by every zero too)."""
     from careful import forward_backward, read_at, shared_prefix
     from limit import (block_flops, clean_least, count_flops, edge_dot_least, edge_patch_least, head_patch_least,
                        read_positions, unembed_flops)
@@ -337,11 +339,14 @@ def least_work(model, model_name: str, job: str, base, source, site, pre: dict) 
         return floor() + R * Ts * L * lp + dots
     if job == "eap-ig":  # five forward-and-backward passes at the interpolated inputs, the two runs' activations
         return 5 * floor() + clean + dots
-    if job == "curve":  # every circuit changes every layer from the first differing position on
+    if job == "curve":  # every circuit changes every layer from the first differing position on, and each of its
+        # edges carries its sender's value into its receiver's input there (one product per edge, as EAP's dots)
         from surgeon.analyses.circuit import CURVE
 
-        n = len(CURVE) + 1
-        return n * (R * (T - p0) * (L - 1) + reads) * lp + n * reads * rd + clean_least(cfg, lp, R * T + R * Ts, reads)
+        n, E = len(CURVE) + 1, len(site.edges)
+        carried = sum(edge_dot_least(max(1, round(f * E)), R * (T - p0), cfg.d_model) for f in (0.0,) + CURVE)
+        return (n * (R * (T - p0) * (L - 1) + reads) * lp + n * reads * rd + clean_least(cfg, lp, R * T + R * Ts, reads)
+                + carried)
     if job.startswith("subsets"):  # every subset's lowest patched layer is SUBSET_LAYER's
         n, layer = int(job.split("-")[1]), SUBSET_LAYER.get(model_name, L - 1)
         return head_patch_least(cfg, lp, R * (T - p0), [{layer: i} for i in range(n)], reads, R * T + R * Ts)

@@ -483,6 +483,20 @@ def test_the_edges_dot_products_are_what_scoring_each_edge_by_hand_counts():
     assert counted == edge_dot_least(len(edges), span, d) == 2 * len(edges) * span * d
 
 
+def test_products_written_in_place_are_counted():
+    """torch's FlopCounterMode counts baddbmm and addmm but not baddbmm_ and addmm_ (0 FLOPs), which the engine's edge
+    patching accumulates with: bench/limit.py's count_flops counts them, each as its out-of-place form, 2 x m x n x k
+    per product (closed form)."""
+    import torch
+
+    from limit import count_flops
+
+    acc, a, b = torch.zeros(3, 4, 5), torch.randn(3, 4, 6), torch.randn(3, 6, 5)
+    m, x, y = torch.zeros(4, 5), torch.randn(4, 6), torch.randn(6, 5)
+    assert count_flops(lambda: acc.baddbmm_(a, b)) == count_flops(lambda: torch.baddbmm(acc, a, b)) == 2 * 3 * 4 * 5 * 6
+    assert count_flops(lambda: m.addmm_(x, y)) == count_flops(lambda: torch.addmm(m, x, y)) == 2 * 4 * 5 * 6
+
+
 @pytest.mark.parametrize("job", ["patch", "careful-patch", "exact", "careful-edge-loop", "eap", "eap-ig", "curve",
                                  "subsets-16"])
 def test_the_least_is_a_lower_bound_on_the_counted_work(job):
