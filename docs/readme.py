@@ -410,6 +410,7 @@ def bridge_needs() -> None:
                                             "d_vocab": 64, "n_ctx": 32, "act_fn": "gelu", "seed": 0})
     lacks, slower = missing(bridge), missing(bridge, speedups=True)
     need = sum(not n.speedup for n in NEEDS)
+    rows = _bridges_of_checkpoints()
     out(f"What surgeon reaches on a model is declared in `surgeon/models/protocol.py`: {len(NEEDS)} attributes, hook "
         f"points and calls, {need} needed and {len(NEEDS) - need} speedups the engine uses where a model has them "
         f"(`tests/models/test_protocol.py` reads surgeon's sources to keep the list whole). On TransformerLens "
@@ -417,6 +418,38 @@ def bridge_needs() -> None:
         f"needs; it lacks:\n")
     out("\n".join(f"- `{n.path}`: {n.why}" for n in lacks))
     out(f"\nand {len(slower)} speedups: " + ", ".join(f"`{n.path}`" for n in slower) + ".")
+    out("\nBooted from tiny random Hugging Face checkpoints of real architectures (`TransformerBridge.boot_transformers`, "
+        "compatibility mode on; `tests/checkpoints.py`):\n")
+    out("| architecture | needs met | lacks | speedups lacking |\n|---|---|---|---|")
+    for arch, lacks_, slower_ in rows:
+        out(f"| {arch} | {need - len(lacks_)} of {need} | {', '.join(f'`{n.path}`' for n in lacks_) or 'nothing'} | "
+            f"{len(slower_)} |")
+
+
+def _bridges_of_checkpoints() -> list[tuple[str, list, list]]:
+    """(architecture, needs missing, speedups missing) of a TransformerBridge booted from each tiny checkpoint."""
+    import contextlib
+    import io
+    import logging
+
+    from transformer_lens.model_bridge import TransformerBridge
+
+    from surgeon.models.protocol import missing
+    from tests.checkpoints import make_gemma2, make_gpt2, make_llama, make_qwen2
+
+    out = []
+    for arch, make in (("GPT-2", make_gpt2), ("Llama (GQA)", make_llama), ("Qwen2", make_qwen2),
+                       ("Gemma-2", make_gemma2)):
+        path = make(_WORK / f"bridge-{make.__name__}")
+        with contextlib.redirect_stderr(io.StringIO()):
+            logging.disable(logging.WARNING)
+            try:
+                bridge = TransformerBridge.boot_transformers(str(path), device="cpu")
+            finally:
+                logging.disable(logging.NOTSET)
+        bridge.enable_compatibility_mode()
+        out.append((arch, missing(bridge), missing(bridge, speedups=True)))
+    return out
 
 
 def out(text: str) -> None:
