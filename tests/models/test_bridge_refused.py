@@ -1,7 +1,7 @@
 """A TransformerLens `TransformerBridge` given to the Python API is refused with one clear error naming what it lacks
 of surgeon's model protocol (among it `start_at_layer`: every patched pass the engine runs starts from a cached
-residual stream at a layer) and the fix, before any work. The reason is checked on the bridge itself: when TransformerLens implements `start_at_layer`, the
-first assertion fails and says that the refusal is out of date."""
+residual stream at a layer) and the fix, before any work. The reason is checked on the bridge itself: when
+TransformerLens implements `start_at_layer`, the first assertion fails and says that the refusal is out of date."""
 import pytest
 import torch
 

@@ -232,9 +232,9 @@ def test_every_tiny_architecture_meets_every_need(random_model):
 
 
 def test_a_model_without_what_the_engine_needs_is_named_short_of_it():
-    """Hand-made: an organism with its config short of n_ctx, its first q-input hook point unlisted, its first MLP-output
-    hook point never firing (renamed where the cache keys it) and its forward refusing start_at_layer misses exactly
-    those."""
+    """Hand-made: an organism with its config short of n_ctx, its first q-input hook point unlisted, its first
+    MLP-output hook point never firing (renamed where the cache keys it) and its forward refusing start_at_layer
+    misses exactly those."""
     from surgeon.models.loading import load_model
 
     model = load_model("organism:decimal")
