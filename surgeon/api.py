@@ -85,6 +85,7 @@ from surgeon.circuits.methods import ATTRIBUTION_IG_STEPS, IG_STEPS
 from surgeon.models.devices import device_of
 from surgeon.case.select import pick_items
 from surgeon.case.shipped import shipped_case
+from surgeon.models.bridge import BridgeModel, is_bridge
 from surgeon.models.checks import check_bare, check_case_against_model, check_runnable, load_case
 from surgeon.models.loading import from_hf, load_model, model_digest
 from surgeon.repairs.artifact import MODES, Repair, check_fits, read_repair
@@ -139,6 +140,8 @@ def case_and_model(case, model=None, *, device: str | None = None, dtype: str = 
     if isinstance(model, tuple) and len(model) == 2 and hasattr(model[0], "run_with_hooks"):
         model[0].set_tokenizer(model[1])  # (HookedTransformer, tokenizer): the tokenizer goes on the model
         model = model[0]
+    if is_bridge(model):
+        model = BridgeModel(model)
     elif isinstance(model, tuple):
         model = from_hf(*model, device=device)
     elif not hasattr(model, "run_with_hooks"):

@@ -9,6 +9,7 @@ from types import SimpleNamespace
 
 from surgeon.causal import check_attention
 from surgeon.errors import CaseError, ModelError
+from surgeon.models.bridge import BridgeModel
 from surgeon.models.protocol import NEEDS, missing
 from surgeon.models.loading import (
     ModelShape,
@@ -129,17 +130,22 @@ def check_case_against_model(case, model=None) -> None:
 
 def check_runnable(model) -> None:
     """Refuse a model the engine cannot run, naming what it lacks: every need of `surgeon.models.protocol.NEEDS` that
-    applies to its config and that it does not meet (TransformerLens 3.9's `TransformerBridge` misses one,
-    `start_at_layer`: every patched pass starts from a cached residual stream at its first patched layer). A
-    model that meets every need is refused too: surgeon's numbers on its class have not been checked equal to a
-    HookedTransformer's. docs/install.md says which TransformerLens works with what."""
+    applies to its config and that it does not meet. Two classes run: a HookedTransformer, and a TransformerBridge
+    through `surgeon.models.bridge.BridgeModel` (which supplies what TransformerLens 3.9's bridge lacks) when it meets
+    every need (`boot_native`'s bridges lack the per-head query/key/value inputs). Any other class is refused even
+    when it meets every need: surgeon's numbers on it have not been checked equal to a HookedTransformer's
+    (tests/models/test_bridge_numbers.py checks the bridge's). docs/install.md says which TransformerLens works with
+    what."""
     classes = [c.__name__ for c in type(model).__mro__]
     if "HookedTransformer" in classes:
         return
     lacks = missing(model)
+    if isinstance(model, BridgeModel) and not lacks:
+        return
     fix = ("load the model as a HookedTransformer (surgeon.load_model(NAME_OR_DIR), or "
            "HookedTransformer.from_pretrained with transformer-lens>=3.9,<4)")
-    name = "a TransformerLens TransformerBridge" if "TransformerBridge" in classes else f"a {type(model).__name__}"
+    bridge = isinstance(model, BridgeModel) or "TransformerBridge" in classes
+    name = "a TransformerLens TransformerBridge" if bridge else f"a {type(model).__name__}"
     if lacks:
         said = "; ".join(f"{n.path} ({n.why})" for n in lacks[:8]) + (f"; and {len(lacks) - 8} more" if len(lacks) > 8
                                                                       else "")

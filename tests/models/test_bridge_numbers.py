@@ -1,0 +1,205 @@
+"""A TransformerLens `TransformerBridge` gives every analysis the numbers a `HookedTransformer` holding the same weights
+gives (issue 72 item 2), on tiny random checkpoints of four real layouts: GPT-2, Llama (grouped keys and values),
+Qwen2 (biased q/k/v) and Gemma-2 (soft-capped, sandwich-normed). The HookedTransformer is loaded from the checkpoint
+folder by surgeon (TransformerLens's own conversion); the bridge is booted from the same folder by TransformerLens and
+given to the API as it is. Each result is compared through its long data frame (`to_pandas()`): every column, every
+row, in order."""
+from __future__ import annotations
+
+import logging
+import warnings
+
+import numpy as np
+import pytest
+import torch
+
+import surgeon
+from surgeon import Case, Item
+from surgeon.models.bridge import BridgeModel
+from surgeon.models.loading import load_model
+from tests.checkpoints import make_gemma2, make_gpt2, make_llama, make_qwen2
+
+bridge_module = pytest.importorskip("transformer_lens.model_bridge",
+                                    reason="this TransformerLens has no TransformerBridge")
+
+pytestmark = pytest.mark.slow
+
+MAKERS = {"gpt2": make_gpt2, "llama": make_llama, "qwen2": make_qwen2, "gemma2": make_gemma2}
+PAIRS = [("9.8", "9.11"), ("3.7", "3.52"), ("12.4", "12.38"), ("5.9", "5.61"), ("7.6", "7.25"), ("2.8", "2.74"),
+         ("4.2", "17.45"), ("8.3", "2.71")]
+CASE = Case(
+    name="bridge_decimal",
+    formats={"simple": "Which is bigger: {a} or {b}?\nAnswer:", "qa": "Q: Which is bigger: {a} or {b}?\nA:"},
+    good="simple", bad=["qa"], align="last",
+    items=[Item({"a": a, "b": b}, correct=f" {max(a, b, key=float)}", incorrect=f" {min(a, b, key=float)}",
+                tag="trap" if i < 6 else "control") for i, (a, b) in enumerate(PAIRS)],
+)
+# float32 through two implementations; fractions of the small gaps of random weights magnify its noise
+RTOL, ATOL = 1e-3, 1e-4
+# what hashes the model's parameter names and config (by design another digest for the same weights loaded differently)
+DIGESTS = {".repair.built_on.model_sha256"}
+# (analysis, keywords): every analysis of the API that reads a model and needs no SAE
+CALLS = [
+    ("diagnose", {}),
+    ("patch", {}),
+    ("patch", {"component": "mlp_out"}),
+    ("patch_positions", {"layers": [1]}),
+    ("attention", {"heads": "L1H0,L1H3", "items": (0, 4)}),
+    ("dla", {}),
+    ("dla", {"value_biases": "folded"}),
+    ("attribute", {}),
+    ("threshold", {"layer": 1, "budget": 200}),
+    ("blend", {"layer": 1, "heads": "L1H1,L1H2"}),
+    ("circuit", {"method": "eap", "verify": 12}),
+    ("circuit", {"method": "eap-ig-masks", "verify": 12}),
+    ("circuit", {"method": "exact", "verify": 12}),
+    ("sinks", {}),
+    ("repair", {"heads": "L1H0,L1H1", "holdout": 0.5}),
+]
+
+
+@pytest.fixture(scope="module", params=sorted(MAKERS))
+def pair(request, tmp_path_factory):
+    """(HookedTransformer, TransformerBridge) holding one checkpoint's weights."""
+    path = MAKERS[request.param](tmp_path_factory.mktemp(request.param) / "ckpt")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        logging.disable(logging.WARNING)
+        try:
+            bridge = bridge_module.TransformerBridge.boot_transformers(str(path), device="cpu")
+        finally:
+            logging.disable(logging.NOTSET)
+    return load_model(str(path)), bridge
+
+
+def _number(v):
+    if isinstance(v, bool):
+        return None
+    try:
+        return float(v)
+    except (TypeError, ValueError):
+        return None
+
+
+def _numbers(x):
+    """The column as floats where every value is a number (or a number written as text), else None."""
+    out = [_number(v) for v in x]
+    return None if any(v is None for v in out) else np.array(out)
+
+
+def _frames_equal(a, b, what: str) -> None:
+    """Every column equal: numbers to float tolerance, the rest exactly. Edges rank by |score|, and a rank among
+    magnitudes equal to float tolerance is arbitrary: ranks are compared where the magnitudes say the order."""
+    assert list(a.columns) == list(b.columns) and len(a) == len(b), what
+    for col in a.columns:
+        x, y = _numbers(a[col]), _numbers(b[col])
+        if col == "rank" and "score" in a.columns:
+            s = np.abs(a["score"].to_numpy(float))
+            apart = np.abs(s[:, None] - s[None, :]) > ATOL
+            assert ((np.sign(x[:, None] - x[None, :]) == np.sign(y[:, None] - y[None, :])) | ~apart).all(), what
+        elif x is not None and y is not None:
+            np.testing.assert_allclose(y, x, rtol=RTOL, atol=ATOL, err_msg=f"{what}: {col}")
+        else:
+            for i, (u, v) in enumerate(zip(a[col], b[col])):
+                if _number(u) is not None and _number(v) is not None:
+                    np.testing.assert_allclose(_number(v), _number(u), rtol=RTOL, atol=ATOL,
+                                               err_msg=f"{what}: {col}[{i}]")
+                else:
+                    assert u == v, f"{what}: {col}[{i}]"
+
+
+def _flat(obj, path: str = ""):
+    """(path, value) for every number and text in a result object, depth first."""
+    import dataclasses
+
+    if isinstance(obj, torch.Tensor):
+        obj = obj.detach().cpu().double().numpy()
+    if dataclasses.is_dataclass(obj):
+        obj = {f.name: getattr(obj, f.name) for f in dataclasses.fields(obj)}
+    if isinstance(obj, dict):
+        for k, v in obj.items():
+            yield from _flat(v, f"{path}.{k}")
+    elif isinstance(obj, (list, tuple)) or (isinstance(obj, np.ndarray) and obj.dtype == object):
+        for i, v in enumerate(obj):
+            yield from _flat(v, f"{path}[{i}]")
+    elif isinstance(obj, np.ndarray):
+        yield from ((f"{path}[{i}]", float(v)) for i, v in enumerate(obj.ravel()))
+    elif obj is not None:
+        yield path, obj
+
+
+def _frame(r):
+    """A result's long data frame; for one with no table form (sinks, a repair), its fields as one."""
+    import pandas as pd
+
+    try:
+        return r.to_pandas()
+    except TypeError:
+        pass
+    rows = [(p, v) for p, v in _flat(r) if p not in DIGESTS]
+    return pd.DataFrame({"path": [p for p, _ in rows], "value": [v for _, v in rows]})
+
+
+@pytest.mark.parametrize("call", CALLS, ids=[f"{n}-{'-'.join(map(str, k.values()))}" if k else n for n, k in CALLS])
+def test_every_analysis_gives_the_hooked_transformers_numbers(pair, call):
+    ht, bridge = pair
+    name, kwargs = call
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        want = getattr(surgeon, name)(CASE, (ht, ht.tokenizer), **kwargs)
+        got = getattr(surgeon, name)(CASE, bridge, **kwargs)
+    _frames_equal(_frame(want), _frame(got), name)
+
+
+@pytest.mark.parametrize("start", [0, 1])
+def test_the_forward_from_a_layer_with_a_prefix_cache_is_hooked_transformers(pair, start):
+    """What the engine calls: `model(residual, start_at_layer, stop_at_layer=n_layers, past_kv_cache)` with the prefix's
+    keys and values in a TransformerLens cache, on rows of different tokens; equal to HookedTransformer's and to its
+    own unpatched run, and the blocks before `start` do not run."""
+    from transformer_lens.cache.key_value_cache import TransformerLensKeyValueCache
+    from transformer_lens.cache.key_value_cache_entry import TransformerLensKeyValueCacheEntry
+
+    ht, bridge = pair
+    model = BridgeModel(bridge)
+    tokens, p0, n = torch.tensor([[1, 5, 9, 12, 33, 40, 7, 8], [1, 6, 19, 2, 3, 4, 5, 9]]), 3, ht.cfg.n_layers
+    with torch.no_grad():
+        _, cache = ht.run_with_cache(tokens)
+
+        def kv():
+            return TransformerLensKeyValueCache(entries=[None] * start + [TransformerLensKeyValueCacheEntry(
+                cache[f"blocks.{L}.attn.hook_k"][:, :p0], cache[f"blocks.{L}.attn.hook_v"][:, :p0], frozen=True)
+                for L in range(start, n)], previous_attention_mask=torch.ones(2, p0, dtype=torch.int), frozen=True)
+
+        resid = cache[f"blocks.{start}.hook_resid_pre"][:, p0:]
+        want = ht(resid, start_at_layer=start, stop_at_layer=n, past_kv_cache=kv())
+        ran = []
+        handle = bridge.blocks[0].attn.register_forward_hook(lambda *a: ran.append(0))
+        try:
+            got = model(resid, start_at_layer=start, stop_at_layer=n, past_kv_cache=kv())
+        finally:
+            handle.remove()
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(got, cache[f"blocks.{n - 1}.hook_resid_post"][:, p0:], rtol=1e-4, atol=1e-5)
+    assert len(ran) == (start == 0)
+
+
+def test_the_bridge_is_left_as_it_was_given(pair):
+    """Nothing the engine sets inside a call (a module's forward, the config's switches, hooks) stays on the user's
+    bridge: its logits and its modules' attributes after every analysis are as before."""
+    ht, bridge = pair
+    tokens = torch.tensor([[1, 5, 9, 12, 33, 40]])
+    with torch.no_grad():
+        before = bridge(tokens)
+    forwards = {n for n, m in bridge.named_modules() if "forward" in vars(m)}
+    cfg = (bridge.cfg.use_split_qkv_input, bridge.cfg.use_hook_mlp_in)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        surgeon.circuit(CASE, bridge, method="exact", verify=6)
+        surgeon.patch(CASE, bridge)
+    with torch.no_grad():
+        after = bridge(tokens)
+    assert torch.equal(before, after)
+    assert {n for n, m in bridge.named_modules() if "forward" in vars(m)} == forwards
+    assert (bridge.cfg.use_split_qkv_input, bridge.cfg.use_hook_mlp_in) == cfg
+    assert not [n for n, h in bridge.hook_dict.items() if h._forward_hooks or h._backward_hooks]
+    assert isinstance(surgeon.api.case_and_model(CASE, bridge)[1], BridgeModel)
