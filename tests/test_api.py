@@ -33,7 +33,8 @@ COMMANDS = {"diagnose": "diagnose", "dla": "dla", "attention": "attention", "pat
             "feature_circuit": "feature-circuit"}
 # options whose command-line form is text the command parses into the value the function takes
 CLI_ONLY = {"n_devices", "threads", "export", "resume", "shard", "ray", "ray_workers", "groups_file", "seed", "model",
-            "eval"}  # threshold --eval is its own function in Python: surgeon.evaluate_subsets
+            "eval", "loader"}  # threshold --eval is its own function in Python: surgeon.evaluate_subsets; --loader
+# bridge is the model spec's bridge: prefix (or a TransformerBridge object) in Python
 PARSED = {"groups": lambda v: tuple(g.strip() for g in v.split(",")), "items": lambda v: tuple(int(x) for x in v.split(",")), "layers": lambda v: v, "heads": lambda v: v}
 
 

@@ -8,11 +8,14 @@ import re
 from surgeon.cli import types as cli_types
 from surgeon.errors import SurgeonError, did_you_mean, warn
 from surgeon.models.devices import device_of
-from surgeon.models.loading import resolve, shape
+from surgeon.models.loading import BRIDGE, resolve, shape
 from surgeon.search.subsets import BUILTIN_GROUPS, parse_units
 from surgeon.case.reading import read_case
 from surgeon.case.select import pick_bad, pick_items
 from surgeon.case.shipped import DEFAULT_CASE, shipped_case
+
+
+LOADERS = ("hooked", "bridge")
 
 
 def add_common(p: argparse.ArgumentParser, case: bool = True,
@@ -22,6 +25,10 @@ def add_common(p: argparse.ArgumentParser, case: bool = True,
                        help=f"case file, or the name of a shipped case (see `surgeon cases`; default: {DEFAULT_CASE})")
     p.add_argument("--model", help="run the case on this model instead (organism:NAME, a checkpoint directory, "
                                    "or a Hugging Face name in the local cache)")
+    p.add_argument("--loader", choices=LOADERS, default="hooked",
+                   help="how a Hugging Face checkpoint loads: hooked (TransformerLens's HookedTransformer, converted) or "
+                        "bridge (TransformerLens's TransformerBridge over the checkpoint's own modules; the same as "
+                        "giving the model as bridge:NAME_OR_DIR) (default: hooked)")
     p.add_argument("--out", type=cli_types.directory, help=out_help)
     p.add_argument("--device", default=None, help="cpu, cuda, cuda:1, mps (default: cuda if available, else cpu)")
     p.add_argument("--dtype", default="float32", help="float32, bfloat16 or float16 (default: float32)")
@@ -159,6 +166,13 @@ def load_case_and_model(args, check=None, out=None):
 
     check_out(out if out is not None else getattr(args, "out", None))
     case = read_case(args.case, model=args.model)  # before torch is imported: a bad case file is refused at once
+    if getattr(args, "loader", "hooked") == "bridge" and case.model and not case.model.startswith(BRIDGE):
+        from dataclasses import replace
+
+        from surgeon.case.case import content_digest
+
+        case = replace(case, model=BRIDGE + case.model)  # as if the file named it so (messages point at the file)
+        case = replace(case, read_as=content_digest(case))
     check_options(args, case)  # the options against the case and the model's config: well under a second
     if case.model is not None:
         check_case_against_model(case)  # its tokenizer: answers, templates, context

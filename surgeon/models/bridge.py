@@ -181,7 +181,11 @@ class BridgeModel:
                     k = _rotate(k, *cos_sin)
             cache.update(k, v, layer)
         positions = torch.arange(p0, p0 + shape[1], device=device)
-        return {"past_key_values": cache, "use_cache": True, "position_ids": positions[None].expand(shape[0], -1)}
+        import inspect
+
+        name = "cache" if "cache" in inspect.signature(self.bridge.original_model.forward).parameters else \
+            "past_key_values"  # transformers 5 renames it
+        return {name: cache, "use_cache": True, "position_ids": positions[None].expand(shape[0], -1)}
 
     def _rotary(self, p0: int, like: torch.Tensor):
         """(cos, sin) of positions 0..p0-1 from the model's own rotary embedding."""

@@ -25,6 +25,8 @@ from typing import Literal
 
 from surgeon.causal import check_attention
 from surgeon.errors import ModelError, did_you_mean
+from surgeon.models.bridge import BridgeModel
+from surgeon.models.protocol import missing
 
 Kind = Literal["organism", "local", "tl", "hub"]
 
@@ -35,6 +37,10 @@ class ModelRef:
     kind: Kind
     name: str  # organism name, or the directory the checkpoint lives in
     path: Path | None
+    loader: str = "hooked"  # "bridge": TransformerLens's TransformerBridge (the spec's BRIDGE prefix)
+
+
+BRIDGE = "bridge:"  # a model spec's prefix: load the Hugging Face checkpoint after it as a TransformerBridge
 
 
 @dataclass(frozen=True)
@@ -54,8 +60,18 @@ def _offline() -> None:
 
 
 def resolve(spec: str) -> ModelRef:
-    """Turn a model spec into a reference to something on this machine, or raise ModelError."""
+    """Turn a model spec into a reference to something on this machine, or raise ModelError. `bridge:SPEC`: the Hugging
+    Face checkpoint SPEC names, to load as a TransformerLens TransformerBridge."""
     from surgeon import organisms
+
+    if spec.startswith(BRIDGE):
+        inner = resolve(spec[len(BRIDGE):])
+        if inner.kind not in ("local", "hub"):
+            what = "an organism" if inner.kind == "organism" else "a TransformerLens checkpoint"
+            raise ModelError(f"{spec}: a TransformerBridge loads a Hugging Face checkpoint, and "
+                             f"{spec[len(BRIDGE):]} is {what}", field="model",
+                             fix=f"drop {BRIDGE!r}, or give a Hugging Face checkpoint directory or name after it")
+        return ModelRef(spec, inner.kind, inner.name, inner.path, loader="bridge")
 
     if spec.startswith(organisms.PREFIX):
         name = spec[len(organisms.PREFIX):]
@@ -380,7 +396,8 @@ def _torch_dtype(dtype: str):
 
 
 def load_model(ref: ModelRef | str, device: str = "cpu", dtype: str = "float32", n_devices: int = 1):
-    """A HookedTransformer for `ref`, with weights exactly as trained (no folding or centering)."""
+    """A HookedTransformer for `ref`, with weights exactly as trained (no folding or centering); for a `bridge:` spec,
+    TransformerLens's TransformerBridge of the checkpoint (`surgeon.models.bridge.BridgeModel`)."""
     if isinstance(ref, str):
         ref = resolve(ref)
     tdtype = _torch_dtype(dtype)
@@ -390,6 +407,8 @@ def load_model(ref: ModelRef | str, device: str = "cpu", dtype: str = "float32",
         model = load_organism(ref.name, device=device, dtype=dtype)
     elif ref.kind == "tl":
         model = _load_tl(ref, device, tdtype)
+    elif ref.loader == "bridge":
+        model = _load_bridge(ref, device, tdtype, n_devices)
     else:
         model = _load_hf(ref, device, tdtype, n_devices)
     # analyses differentiate w.r.t. masks, never weights: no weight gradients to store
@@ -484,6 +503,40 @@ def _load_hf(ref: ModelRef, device: str, tdtype, n_devices: int):
     cfg, state = _converted(hf, device, tdtype, n_devices, str(ref.path), ref.path)
     del hf  # its weights are in `state` now: never hold both models
     return _hooked(cfg, state, tok, n_devices)
+
+
+def _load_bridge(ref: ModelRef, device: str, tdtype, n_devices: int):
+    """A local Hugging Face checkpoint as a TransformerLens TransformerBridge (`boot_transformers`), through
+    `BridgeModel`: refused, naming what it lacks, where it does not meet surgeon's model protocol."""
+    if n_devices > 1:
+        raise ModelError(f"{ref.spec}: a TransformerBridge is loaded on one device here", field="--n-devices",
+                         fix="leave --n-devices at 1, or drop the bridge: prefix")
+    _offline()
+    try:
+        from transformer_lens.model_bridge import TransformerBridge
+    except ImportError:
+        raise ModelError("this TransformerLens has no TransformerBridge", field="model",
+                         fix="pip install 'transformer-lens>=3.9', or drop the bridge: prefix") from None
+    import logging
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        logging.disable(logging.WARNING)
+        try:
+            bridge = TransformerBridge.boot_transformers(str(ref.path), device=device, dtype=tdtype)
+        except Exception as e:  # noqa: BLE001  (TransformerLens's own refusal of an architecture, said as it is)
+            raise ModelError(f"TransformerLens's TransformerBridge could not load {ref.path}: {e}", field="model",
+                             fix="drop the bridge: prefix to load it as a HookedTransformer") from None
+        finally:
+            logging.disable(logging.NOTSET)
+    model = BridgeModel(bridge)
+    lacks = missing(model)
+    if lacks:
+        raise ModelError(f"{ref.spec}: the bridge lacks {len(lacks)} things surgeon needs from a model "
+                         f"(surgeon/models/protocol.py): " + "; ".join(n.path for n in lacks[:8]), field="model",
+                         fix="drop the bridge: prefix to load it as a HookedTransformer")
+    return model
 
 
 def from_hf(hf, tokenizer=None, *, device: str | None = None, n_devices: int = 1):

@@ -203,3 +203,28 @@ def test_the_bridge_is_left_as_it_was_given(pair):
     assert (bridge.cfg.use_split_qkv_input, bridge.cfg.use_hook_mlp_in) == cfg
     assert not [n for n, h in bridge.hook_dict.items() if h._forward_hooks or h._backward_hooks]
     assert isinstance(surgeon.api.case_and_model(CASE, bridge)[1], BridgeModel)
+
+
+def test_the_command_line_loads_a_checkpoint_as_a_bridge(tmp_path, capsys):
+    """`--loader bridge` (and a `bridge:` model spec, on every route) loads the checkpoint as a TransformerBridge: the
+    same numbers as the HookedTransformer the default loader converts; an organism or a TransformerLens folder is
+    refused before any weight loads, naming the field and the fix."""
+    import json
+
+    from surgeon.cli import main
+
+    path = make_llama(tmp_path / "llama")
+    case = tmp_path / "case.py"
+    case.write_text("from tests.models.test_bridge_numbers import CASE as case\n")
+    got = {}
+    for loader in ("hooked", "bridge"):
+        assert main(["patch", str(case), "--model", str(path), "--loader", loader, "--out", str(tmp_path / loader)]) == 0
+        got[loader] = json.loads((tmp_path / loader / "results.json").read_text())["result"]
+    np.testing.assert_allclose(got["bridge"]["per_item"], got["hooked"]["per_item"], rtol=RTOL, atol=ATOL)
+    by_spec = surgeon.patch(CASE, f"bridge:{path}")
+    np.testing.assert_allclose(by_spec.per_item, np.asarray(got["hooked"]["per_item"]), rtol=RTOL, atol=ATOL)
+    capsys.readouterr()
+    assert main(["patch", str(case), "--model", "organism:decimal", "--loader", "bridge"]) == 2
+    err = capsys.readouterr().err
+    assert "field 'model'" in err and "is an organism" in err and "fix: drop 'bridge:'" in err
+    assert "Traceback" not in err
