@@ -398,42 +398,49 @@ def case_rules() -> None:
 
 
 def bridge_needs() -> None:
-    """docs/install.md: what a TransformerLens `TransformerBridge` (a tiny one, `boot_native`) lacks of what surgeon needs
-    from a model (`surgeon.models.protocol.missing`), on the TransformerLens installed here."""
+    """docs/install.md: what a TransformerLens `TransformerBridge` lacks of what surgeon needs from a model
+    (`surgeon.models.protocol.missing`), as TransformerLens builds it and through surgeon's adapter
+    (`surgeon.models.bridge.BridgeModel`), on the TransformerLens installed here."""
     from importlib.metadata import version
 
     from transformer_lens.model_bridge import TransformerBridge
 
+    from surgeon.models.bridge import BridgeModel
     from surgeon.models.protocol import NEEDS, missing
 
     bridge = TransformerBridge.boot_native({"n_layers": 1, "d_model": 16, "n_heads": 2, "d_head": 8, "d_mlp": 32,
                                             "d_vocab": 64, "n_ctx": 32, "act_fn": "gelu", "seed": 0})
-    lacks, slower = missing(bridge), missing(bridge, speedups=True)
+    raw = missing(bridge)
+    adapted = BridgeModel(bridge)
+    lacks, slower = missing(adapted), missing(adapted, speedups=True)
     need = sum(not n.speedup for n in NEEDS)
     rows = _bridges_of_checkpoints()
     out(f"What surgeon reaches on a model is declared in `surgeon/models/protocol.py`: {len(NEEDS)} attributes, hook "
         f"points and calls, {need} needed and {len(NEEDS) - need} speedups the engine uses where a model has them "
         f"(`tests/models/test_protocol.py` reads surgeon's sources to keep the list whole). On TransformerLens "
-        f"{version('transformer-lens')}, a `TransformerBridge` (`boot_native`) has {need - len(lacks)} of the {need} "
-        f"needs; it lacks:\n")
-    out("\n".join(f"- `{n.path}`: {n.why}" for n in lacks))
+        f"{version('transformer-lens')}, a `TransformerBridge` built from a config (`boot_native`) has "
+        f"{need - len(raw)} of the {need} needs as TransformerLens builds it and {need - len(lacks)} through surgeon's "
+        f"adapter, which still lacks:\n")
+    out("\n".join(f"- `{n.path}`: {n.why}" for n in lacks) or "- nothing")
     out(f"\nand {len(slower)} speedups: " + ", ".join(f"`{n.path}`" for n in slower) + ".")
-    out("\nBooted from tiny random Hugging Face checkpoints of real architectures (`TransformerBridge.boot_transformers`, "
-        "compatibility mode on; `tests/checkpoints.py`):\n")
-    out("| architecture | needs met | lacks | speedups lacking |\n|---|---|---|---|")
-    for arch, lacks_, slower_ in rows:
-        out(f"| {arch} | {need - len(lacks_)} of {need} | {', '.join(f'`{n.path}`' for n in lacks_) or 'nothing'} | "
-            f"{len(slower_)} |")
+    out("\nBooted from tiny random Hugging Face checkpoints of real architectures (`TransformerBridge.boot_transformers`; "
+        "`tests/checkpoints.py`), as TransformerLens builds them (compatibility mode on) and through the adapter:\n")
+    out("| architecture | needs met | lacks | through the adapter: lacks | speedups lacking |\n|---|---|---|---|---|")
+    for arch, raw_, lacks_, slower_ in rows:
+        out(f"| {arch} | {need - len(raw_)} of {need} | {', '.join(f'`{n.path}`' for n in raw_) or 'nothing'} | "
+            f"{', '.join(f'`{n.path}`' for n in lacks_) or 'nothing'} | {len(slower_)} |")
 
 
 def _bridges_of_checkpoints() -> list[tuple[str, list, list]]:
-    """(architecture, needs missing, speedups missing) of a TransformerBridge booted from each tiny checkpoint."""
+    """(architecture, needs missing, needs missing through the adapter, speedups missing through it) of a
+    TransformerBridge booted from each tiny checkpoint."""
     import contextlib
     import io
     import logging
 
     from transformer_lens.model_bridge import TransformerBridge
 
+    from surgeon.models.bridge import BridgeModel
     from surgeon.models.protocol import missing
     from tests.checkpoints import make_gemma2, make_gpt2, make_llama, make_qwen2
 
@@ -448,7 +455,9 @@ def _bridges_of_checkpoints() -> list[tuple[str, list, list]]:
             finally:
                 logging.disable(logging.NOTSET)
         bridge.enable_compatibility_mode()
-        out.append((arch, missing(bridge), missing(bridge, speedups=True)))
+        raw = missing(bridge)
+        adapted = BridgeModel(bridge)
+        out.append((arch, raw, missing(adapted), missing(adapted, speedups=True)))
     return out
 
 
