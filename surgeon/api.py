@@ -16,6 +16,7 @@ tables and figures in Jupyter, and has `.figure()` and `.save(dir)`; circuits al
 from __future__ import annotations
 
 import json
+from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 from typing import Sequence
@@ -85,7 +86,7 @@ from surgeon.circuits.methods import ATTRIBUTION_IG_STEPS, IG_STEPS
 from surgeon.models.devices import device_of
 from surgeon.case.select import pick_items
 from surgeon.case.shipped import shipped_case
-from surgeon.models.bridge import BridgeModel, is_bridge
+from surgeon.models.bridge import BridgeModel, cache_named, is_bridge
 from surgeon.models.checks import check_bare, check_case_against_model, check_runnable, load_case
 from surgeon.models.loading import from_hf, load_model, model_digest
 from surgeon.repairs.artifact import MODES, Repair, check_fits, read_repair
@@ -489,7 +490,15 @@ def apply(model, repair, strength: float | None = None, last=None, any_model: bo
     prompt position (an int, one per row, or "end"), without which such a forward is refused. `repair`: a `Repair`, a
     result holding one, or a folder written by `repair.save(DIR)` / `surgeon repair --out DIR`. A repair built on other
     weights of the same shape is refused unless `any_model=True`."""
+    if is_bridge(model):  # a bridge's cached generate reads its cache only with this on (cache_named)
+        return _bridge_applied(model, _as_repair(repair), strength, last, any_model)
     return apply_repair(model, _as_repair(repair), strength, last, any_model)
+
+
+@contextmanager
+def _bridge_applied(bridge, repair, strength, last, any_model):
+    with cache_named(bridge), apply_repair(bridge, repair, strength, last, any_model) as applied:
+        yield applied
 
 
 def blend(case, model=None, *, layer: int, heads=None, component: str = "z",

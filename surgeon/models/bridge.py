@@ -134,8 +134,7 @@ class BridgeModel:
         with ExitStack() as stack:
             if past_kv_cache is not None:
                 kwargs.update(self._hf_cache(past_kv_cache, input.shape[:2]))
-                for block in self.bridge.blocks:  # see _named_cache
-                    stack.callback(block.attn.register_forward_pre_hook(_named_cache, with_kwargs=True).remove)
+                stack.enter_context(cache_named(self.bridge))
             if start_at_layer is not None:
                 resid = input
                 input = torch.ones(resid.shape[:2], dtype=torch.long, device=resid.device)
@@ -193,6 +192,11 @@ class BridgeModel:
 
         rotary = self.bridge.original_model.model.rotary_emb
         return rotary(like.transpose(1, 2), torch.arange(p0, device=like.device)[None])
+
+    def generate(self, *args, **kwargs):
+        """The bridge's `generate`, its key/value cache read by every layer (`cache_named`)."""
+        with cache_named(self.bridge):
+            return self.bridge.generate(*args, **kwargs)
 
     def run_with_cache(self, input, *, names_filter=None, stop_at_layer: int | None = None, **kwargs):
         """The bridge's `run_with_cache`, with `stop_at_layer` at the number of layers returning the last residual
@@ -353,6 +357,19 @@ class _Block(_View):
     def mlp(self):
         mlp = getattr(self._real, "mlp", None)
         return None if mlp is None else _MLP(mlp, self._cfg)
+
+
+@contextmanager
+def cache_named(bridge):
+    """While it is open, every attention of `bridge` reads the key/value cache its layer is handed (`_named_cache`):
+    without it, TransformerLens 3.9's bridge under transformers 5 attends to the new positions alone whenever a cache
+    is used, and its cached `generate` (the default) repeats one token."""
+    handles = [block.attn.register_forward_pre_hook(_named_cache, with_kwargs=True) for block in bridge.blocks]
+    try:
+        yield
+    finally:
+        for h in handles:
+            h.remove()
 
 
 def _named_cache(module, args, kwargs):

@@ -41,6 +41,7 @@ DIGESTS = {".repair.built_on.model_sha256"}
 # (analysis, keywords): every analysis of the API that reads a model and needs no SAE
 CALLS = [
     ("diagnose", {}),
+    ("diagnose", {"generate": 6}),
     ("patch", {}),
     ("patch", {"component": "mlp_out"}),
     ("patch_positions", {"layers": [1]}),
@@ -55,6 +56,7 @@ CALLS = [
     ("circuit", {"method": "exact", "verify": 12}),
     ("sinks", {}),
     ("repair", {"heads": "L1H0,L1H1", "holdout": 0.5}),
+    ("repair", {"heads": "L1H2", "holdout": 0.5, "mode": "steer", "strength": 2.0, "generate": 6}),
 ]
 
 
@@ -181,6 +183,32 @@ def test_the_forward_from_a_layer_with_a_prefix_cache_is_hooked_transformers(pai
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
     torch.testing.assert_close(got, cache[f"blocks.{n - 1}.hook_resid_post"][:, p0:], rtol=1e-4, atol=1e-5)
     assert len(ran) == (start == 0)
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])  # their random weights generate varied tokens, gpt2's and
+def test_generation_on_a_bridge_is_the_hooked_transformers(arch, tmp_path):  # gemma2's one token repeated
+    """Cached generation (`generate`'s default), plain through the adapter and under `surgeon.apply(bridge, repair)`
+    around the user's own `bridge.generate`: the HookedTransformer's tokens. (TransformerLens 3.9's bridge under
+    transformers 5 reads its key/value cache only inside surgeon's context: alone it repeats one token.) Neither
+    side generates one token repeated, and the repair changes what is generated: the comparisons are not vacuous."""
+    path = MAKERS[arch](tmp_path / arch)
+    ht = load_model(str(path))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        bridge = bridge_module.TransformerBridge.boot_transformers(str(path), device="cpu")
+        tokens = ht.tokenizer("Q: Which is bigger: 9.8 or 9.11?\nA:", return_tensors="pt").input_ids
+
+        def gen(m):
+            return m.generate(tokens, max_new_tokens=6, do_sample=False, verbose=False)[0, -6:].tolist()
+
+        plain = gen(ht)
+        assert gen(BridgeModel(bridge)) == plain and len(set(plain)) > 2
+        repair = surgeon.repair(CASE, bridge, heads="L1H0,L1H1", mode="mean", holdout=0.5)
+        with surgeon.apply(ht, repair, any_model=True):
+            want = gen(ht)
+        with surgeon.apply(bridge, repair, any_model=True):
+            got = gen(bridge)
+    assert got == want and want != plain and len(set(want)) > 2
 
 
 def test_the_bridge_is_left_as_it_was_given(pair):
