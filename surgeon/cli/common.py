@@ -26,9 +26,9 @@ def add_common(p: argparse.ArgumentParser, case: bool = True,
     p.add_argument("--model", help="run the case on this model instead (organism:NAME, a checkpoint directory, "
                                    "or a Hugging Face name in the local cache)")
     p.add_argument("--loader", choices=LOADERS, default="hooked",
-                   help="how a Hugging Face checkpoint loads: hooked (TransformerLens's HookedTransformer, converted) or "
-                        "bridge (TransformerLens's TransformerBridge over the checkpoint's own modules; the same as "
-                        "giving the model as bridge:NAME_OR_DIR) (default: hooked)")
+                   help="how a Hugging Face checkpoint loads: hooked (TransformerLens's HookedTransformer, "
+                        "converted) or bridge (TransformerLens's TransformerBridge over the checkpoint's own "
+                        "modules; the same as giving the model as bridge:NAME_OR_DIR) (default: hooked)")
     p.add_argument("--out", type=cli_types.directory, help=out_help)
     p.add_argument("--device", default=None, help="cpu, cuda, cuda:1, mps (default: cuda if available, else cpu)")
     p.add_argument("--dtype", default="float32", help="float32, bfloat16 or float16 (default: float32)")

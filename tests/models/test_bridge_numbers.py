@@ -246,7 +246,8 @@ def test_the_command_line_loads_a_checkpoint_as_a_bridge(tmp_path, capsys):
     case.write_text("from tests.models.test_bridge_numbers import CASE as case\n")
     got = {}
     for loader in ("hooked", "bridge"):
-        assert main(["patch", str(case), "--model", str(path), "--loader", loader, "--out", str(tmp_path / loader)]) == 0
+        argv = ["patch", str(case), "--model", str(path), "--loader", loader, "--out", str(tmp_path / loader)]
+        assert main(argv) == 0
         got[loader] = json.loads((tmp_path / loader / "results.json").read_text())["result"]
     np.testing.assert_allclose(got["bridge"]["per_item"], got["hooked"]["per_item"], rtol=RTOL, atol=ATOL)
     by_spec = surgeon.patch(CASE, f"bridge:{path}")
