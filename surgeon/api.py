@@ -88,7 +88,7 @@ from surgeon.case.select import pick_items
 from surgeon.case.shipped import shipped_case
 from surgeon.models.bridge import BridgeModel, cache_named, is_bridge
 from surgeon.models.checks import check_bare, check_case_against_model, check_runnable, load_case
-from surgeon.models.loading import from_hf, load_model, model_digest
+from surgeon.models.loading import BRIDGE, from_hf, load_model, model_digest
 from surgeon.repairs.artifact import MODES, Repair, check_fits, read_repair
 from surgeon.repairs.fold import check_rule, save_folded
 from surgeon.repairs.artifact import apply as apply_repair
@@ -99,7 +99,7 @@ from surgeon.search.subsets import ThresholdResult
 from surgeon.analyses.threshold import threshold_search
 from surgeon.show import VIEWS, view_of
 from surgeon.sites.ablations import ABLATIONS
-from surgeon.errors import AnalysisError, CaseError, SurgeonError, warn
+from surgeon.errors import AnalysisError, CaseError, ModelError, SurgeonError, warn
 from surgeon.version import __version__
 from surgeon.case.case import Case, case_metric_of, content_digest
 from surgeon.case.reading import validate
@@ -475,6 +475,11 @@ def fold(repair, model, out, *, rule: str = "slot0", format: str = "auto", stren
     A repair built on other weights of the same shape is refused unless `any_model=True`."""
     repair = _as_repair(repair)
     check_rule(rule)
+    if is_bridge(model) or isinstance(model, BridgeModel) or str(model).startswith(BRIDGE):
+        raise ModelError("a repair folds into a HookedTransformer's weights, and the model is a TransformerLens "
+                         "TransformerBridge (its parameters are the Hugging Face modules', named otherwise)",
+                         field="model", fix="fold into the checkpoint itself: surgeon.fold(repair, 'DIR', out, "
+                                            "any_model=True) (a repair built on the bridge records the bridge's digest)")
     source = str(model) if isinstance(model, (str, Path)) else None
     if source is not None:
         model = load_model(source, device=device_of(device), dtype=dtype)
