@@ -478,8 +478,9 @@ def fold(repair, model, out, *, rule: str = "slot0", format: str = "auto", stren
     if is_bridge(model) or isinstance(model, BridgeModel) or str(model).startswith(BRIDGE):
         raise ModelError("a repair folds into a HookedTransformer's weights, and the model is a TransformerLens "
                          "TransformerBridge (its parameters are the Hugging Face modules', named otherwise)",
-                         field="model", fix="fold into the checkpoint itself: surgeon.fold(repair, 'DIR', out, "
-                                            "any_model=True) (a repair built on the bridge records the bridge's digest)")
+                         field="model",
+                         fix="fold into the checkpoint itself: surgeon.fold(repair, 'DIR', out, any_model=True) (a "
+                             "repair built on the bridge records the bridge's digest)")
     source = str(model) if isinstance(model, (str, Path)) else None
     if source is not None:
         model = load_model(source, device=device_of(device), dtype=dtype)
