@@ -92,7 +92,7 @@ class BridgeModel:
         bridge = self.bridge
         own = "check_hooks_to_add" not in vars(bridge)
         if own:
-            object.__setattr__(bridge, "check_hooks_to_add", lambda name: None)
+            object.__setattr__(bridge, "check_hooks_to_add", lambda *args, **kwargs: None)
         try:
             with bridge.hooks(fwd_hooks=list(fwd_hooks), bwd_hooks=list(bwd_hooks), reset_hooks_end=reset_hooks_end,
                               clear_contexts=clear_contexts):
