@@ -294,3 +294,28 @@ def test_a_repair_does_not_fold_into_a_bridge_but_into_its_checkpoint(pair, tmp_
     with pytest.raises(surgeon.SurgeonError):  # built on the bridge: another digest
         surgeon.fold(repair, ht, tmp_path / "ht")
     assert surgeon.fold(repair, ht, tmp_path / "ht", any_model=True) and (tmp_path / "ht").is_dir()
+
+
+def test_the_report_on_a_bridge_is_the_hooked_transformers(tmp_path):
+    """`surgeon.report` (every step, saved): each step's results.json holds the HookedTransformer's numbers and text,
+    but for how the run went (its execution record: paths, timings, memory) and the model's digest."""
+    import json
+
+    path = make_llama(tmp_path / "llama")
+    ht = load_model(str(path))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        bridge = bridge_module.TransformerBridge.boot_transformers(str(path), device="cpu")
+        surgeon.report(CASE, (ht, ht.tokenizer), out=tmp_path / "hooked")
+        surgeon.report(CASE, bridge, out=tmp_path / "bridge")
+    steps = sorted(p.parent.name for p in (tmp_path / "hooked").glob("*/results.json"))
+    assert steps == sorted(p.parent.name for p in (tmp_path / "bridge").glob("*/results.json")) and len(steps) >= 8
+    for step in steps:
+        want, got = (json.loads((tmp_path / side / step / "results.json").read_text()) for side in ("hooked", "bridge"))
+        rows = [(p, v) for p, v in _flat(want) if ".execution" not in p and "sha256" not in p]
+        got = dict(_flat(got))
+        for p, v in rows:
+            if _number(v) is not None and not isinstance(v, str):
+                np.testing.assert_allclose(_number(got[p]), _number(v), rtol=RTOL, atol=ATOL, err_msg=f"{step}{p}")
+            else:
+                assert got[p] == v, f"{step}{p}"
