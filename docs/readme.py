@@ -836,6 +836,10 @@ DURATIONS = 40  # the slowest tests recorded
 # why each of the slowest tests takes what it takes, by test file (a slow test in a file not named here fails the
 # docs check: say why, or make it faster)
 SLOW_WHY = {
+    "tests/models/test_bridge_numbers.py":
+        "every analysis (the whole report here) on a TransformerLens TransformerBridge and on the HookedTransformer of "
+        "the same checkpoint, GPT-2, Llama, Qwen2 and Gemma-2 layouts: each model booted from its folder, each "
+        "analysis run twice and compared number by number",
     "tests/test_readme.py::test_readme_is_regenerated_from_real_runs":
         "reruns every fast command block and example of the README and the docs pages (dozens of `surgeon` commands "
         "and Python examples on the organisms, in its one process) and compares what they print",
