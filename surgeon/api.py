@@ -496,6 +496,8 @@ def apply(model, repair, strength: float | None = None, last=None, any_model: bo
     prompt position (an int, one per row, or "end"), without which such a forward is refused. `repair`: a `Repair`, a
     result holding one, or a folder written by `repair.save(DIR)` / `surgeon repair --out DIR`. A repair built on other
     weights of the same shape is refused unless `any_model=True`."""
+    if isinstance(model, BridgeModel):  # the bridge it wraps: the repair's hooks and generate wrapper go there
+        model = model.bridge
     if is_bridge(model):  # a bridge's cached generate reads its cache only with this on (cache_named)
         return _bridge_applied(model, _as_repair(repair), strength, last, any_model)
     return apply_repair(model, _as_repair(repair), strength, last, any_model)

@@ -227,7 +227,11 @@ def test_generation_on_a_bridge_is_the_hooked_transformers(arch, tmp_path):  # g
             want = gen(ht)
         with surgeon.apply(bridge, repair, any_model=True):
             got = gen(bridge)
-    assert got == want and want != plain and len(set(want)) > 2
+        wrapped = BridgeModel(bridge)  # the adapter given instead: applied to the bridge it wraps
+        with surgeon.apply(wrapped, repair, any_model=True):
+            got_wrapped = gen(wrapped)
+    assert got == want == got_wrapped and want != plain and len(set(want)) > 2
+    assert "generate" not in vars(bridge) and not [n for n, h in bridge.hook_dict.items() if h._forward_hooks]
 
 
 def test_the_bridge_is_left_as_it_was_given(pair):
