@@ -86,7 +86,7 @@ from surgeon.circuits.methods import ATTRIBUTION_IG_STEPS, IG_STEPS
 from surgeon.models.devices import device_of
 from surgeon.case.select import pick_items
 from surgeon.case.shipped import shipped_case
-from surgeon.models.bridge import BridgeModel, cache_named, is_bridge
+from surgeon.models.bridge import BridgeModel, cache_named, is_bridge, unwrapped
 from surgeon.models.checks import check_bare, check_case_against_model, check_runnable, load_case
 from surgeon.models.loading import BRIDGE, from_hf, load_model, model_digest
 from surgeon.repairs.artifact import MODES, Repair, check_fits, read_repair
@@ -496,8 +496,7 @@ def apply(model, repair, strength: float | None = None, last=None, any_model: bo
     prompt position (an int, one per row, or "end"), without which such a forward is refused. `repair`: a `Repair`, a
     result holding one, or a folder written by `repair.save(DIR)` / `surgeon repair --out DIR`. A repair built on other
     weights of the same shape is refused unless `any_model=True`."""
-    if isinstance(model, BridgeModel):  # the bridge it wraps: the repair's hooks and generate wrapper go there
-        model = model.bridge
+    model = unwrapped(model)  # a BridgeModel: the bridge it wraps, where the repair's hooks and generate wrapper go
     if is_bridge(model):  # a bridge's cached generate reads its cache only with this on (cache_named)
         return _bridge_applied(model, _as_repair(repair), strength, last, any_model)
     return apply_repair(model, _as_repair(repair), strength, last, any_model)

@@ -35,6 +35,11 @@ def is_bridge(model) -> bool:
     return any(c.__name__ == "TransformerBridge" for c in type(model).__mro__)
 
 
+def unwrapped(given):
+    """The TransformerBridge a `BridgeModel` wraps, or `given` itself (hooks and generate wrappers go on the bridge)."""
+    return given.__dict__["bridge"] if isinstance(given, BridgeModel) else given
+
+
 class _Stop(Exception):
     def __init__(self, value):
         self.value = value
