@@ -24,7 +24,7 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 # cheapest first, so that a broken bench shows before the long ones run
 BENCHES = ("startup", "attribution", "circuit_recovery", "heldout", "scan", "patch_sweep", "ray_search", "subset_search", "install",
-           "memory", "growth", "edges", "peer_auto_circuit", "features", "scale")
+           "bridge", "memory", "growth", "edges", "peer_auto_circuit", "features", "scale")
 
 
 def main() -> int:

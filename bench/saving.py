@@ -36,6 +36,8 @@ _CIRCUIT = ("surgeon/analyses/circuit.py", "surgeon/analyses/circuit_runs.py", "
 SOURCES = {
     "attribution": ("surgeon/analyses/attribution.py", "surgeon/analyses/patching.py", "surgeon/analyses/scoring.py",
                     "surgeon/analyses/common.py", "surgeon/circuits/methods.py"),
+    # the bridge adapter and how the API wraps a bridge, beside the circuit code and the per-head sweep it times
+    "bridge": _CIRCUIT + ("surgeon/models/bridge.py", "surgeon/api.py", "surgeon/analyses/patching.py"),
     "circuit_recovery": _CIRCUIT,
     "edges": _CIRCUIT,
     "features": ("surgeon/analyses/planning.py", "surgeon/analyses/feature_circuit.py",

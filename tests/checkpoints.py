@@ -4,10 +4,23 @@ from __future__ import annotations
 import string
 from pathlib import Path
 
+from surgeon import Case, Item
+
 LLAMA3_TEMPLATE = (
     "{{ bos_token }}{% for m in messages %}<|start_header_id|>{{ m['role'] }}<|end_header_id|>\n\n"
     "{{ m['content'] }}<|eot_id|>{% endfor %}"
     "{% if add_generation_prompt %}<|start_header_id|>assistant<|end_header_id|>\n\n{% endif %}"
+)
+
+PAIRS = [("9.8", "9.11"), ("3.7", "3.52"), ("12.4", "12.38"), ("5.9", "5.61"), ("7.6", "7.25"), ("2.8", "2.74"),
+         ("4.2", "17.45"), ("8.3", "2.71")]
+# the case the bridge tests and bench/bridge.py run: 8 decimal items (6 traps), a plain and a Q&A format
+BRIDGE_CASE = Case(
+    name="bridge_decimal",
+    formats={"simple": "Which is bigger: {a} or {b}?\nAnswer:", "qa": "Q: Which is bigger: {a} or {b}?\nA:"},
+    good="simple", bad=["qa"], align="last",
+    items=[Item({"a": a, "b": b}, correct=f" {max(a, b, key=float)}", incorrect=f" {min(a, b, key=float)}",
+                tag="trap" if i < 6 else "control") for i, (a, b) in enumerate(PAIRS)],
 )
 
 

@@ -92,19 +92,49 @@ class BridgeModel:
 
     @contextmanager
     def hooks(self, fwd_hooks=(), bwd_hooks=(), reset_hooks_end=True, clear_contexts=False):
-        """The bridge's `hooks` context, taking hooks on the per-head and MLP inputs while their config switches are
-        off, as HookedTransformer's does (the engine switches them on block by block, inside the pass)."""
-        bridge = self.bridge
-        own = "check_hooks_to_add" not in vars(bridge)
-        if own:
-            object.__setattr__(bridge, "check_hooks_to_add", lambda *args, **kwargs: None)
+        """The bridge's `hooks` context (each hook on the hook point its name or alias names, or on every point a
+        filter accepts but those switched off; removed at the end by its context level), with two differences:
+        hooks on the per-head and MLP inputs are taken while their config switches are off, as HookedTransformer's
+        are (the engine switches them on block by block, inside the pass); and the hook points are read once per
+        adapter (`hook_dict`), where the bridge's context rebuilds its whole dictionary of them for every hook
+        added (most of a per-head sweep's time on a small model, bench/bridge.py)."""
+        bridge, points = self.bridge, self.hook_dict
+        level = bridge.context_level + 1
+        added = []
+
+        def add(point, fn, direction):
+            point.add_hook(fn, dir=direction, level=level)
+            added.append((point, direction))
+
         try:
-            with bridge.hooks(fwd_hooks=list(fwd_hooks), bwd_hooks=list(bwd_hooks), reset_hooks_end=reset_hooks_end,
-                              clear_contexts=clear_contexts):
-                yield self
+            bridge.context_level = level
+            for hooks, direction in ((fwd_hooks, "fwd"), (bwd_hooks, "bwd")):
+                for name, fn in hooks:
+                    if isinstance(name, str):
+                        if name in points:
+                            add(points[name], fn, direction)
+                        continue
+                    seen = set()
+                    for key, point in points.items():
+                        if id(point) not in seen and name(key) and not _gated(bridge, point.name or key):
+                            seen.add(id(point))
+                            add(point, fn, direction)
+            yield self
         finally:
-            if own:
-                vars(bridge).pop("check_hooks_to_add", None)
+            if reset_hooks_end:
+                for point, direction in added:
+                    point.remove_hooks(dir=direction, level=level)
+                    if clear_contexts:
+                        point.clear_context()
+            bridge.context_level = level - 1
+
+    @property
+    def hook_dict(self) -> dict:
+        """The bridge's hook points by name and by alias (its `hook_dict`), read once: the points are made with the
+        bridge, and a switch (e.g. split q/k/v inputs) gates hooks on them, not the points themselves."""
+        if "_hook_points" not in self.__dict__:
+            self.__dict__["_hook_points"] = self.bridge.hook_dict
+        return self.__dict__["_hook_points"]
 
     @contextmanager
     def _skipped(self, layers):
@@ -174,15 +204,12 @@ class BridgeModel:
         first = next(e for e in entries if e is not None)
         rows, p0, kv_heads, d_head = first.past_keys.shape
         device, dtype = first.past_keys.device, first.past_keys.dtype
-        cos_sin = self._rotary(p0, first.past_keys) if self.cfg.positional_embedding_type == "rotary" else None
         cache = DynamicCache(config=self.bridge.original_model.config)
         for layer, e in enumerate(entries):
             if e is None:  # a block the call skips: never read
                 k = v = torch.zeros(rows, kv_heads, p0, d_head, device=device, dtype=dtype)
             else:
-                k, v = e.past_keys.transpose(1, 2), e.past_values.transpose(1, 2)
-                if cos_sin is not None:
-                    k = _rotate(k, *cos_sin)
+                k, v = self._prefix_kv(layer, e, p0)
             cache.update(k, v, layer)
         positions = torch.arange(p0, p0 + shape[1], device=device)
         import inspect
@@ -190,6 +217,23 @@ class BridgeModel:
         name = "cache" if "cache" in inspect.signature(self.bridge.original_model.forward).parameters else \
             "past_key_values"  # transformers 5 renames it
         return {name: cache, "use_cache": True, "position_ids": positions[None].expand(shape[0], -1)}
+
+    def _prefix_kv(self, layer: int, entry, p0: int):
+        """A cache entry's keys and values as the bridge's cache holds them ([rows, kv heads, prefix, d_head], keys
+        rotated to their positions where the model is rotary), converted once per entry: the engine hands the same
+        frozen prefix to every patched pass of a call, and rotating it each pass was a sixth of an exact edge
+        search's time (bench/bridge.py). The cache only appends to them (a new tensor), so they are reused as
+        they are while the entry's tensors are the same and unchanged."""
+        keys, values = entry.past_keys, entry.past_values
+        memo = self.__dict__.setdefault("_prefix_memo", {})
+        hit = memo.get(layer)
+        if hit is not None and hit[0] is keys and hit[1] is values and hit[2] == (keys._version, values._version):
+            return hit[3], hit[4]
+        k, v = keys.transpose(1, 2), values.transpose(1, 2)
+        if self.cfg.positional_embedding_type == "rotary":
+            k = _rotate(k, *self._rotary(p0, keys))
+        memo[layer] = (keys, values, (keys._version, values._version), k, v)
+        return k, v
 
     def _rotary(self, p0: int, like: torch.Tensor):
         """(cos, sin) of positions 0..p0-1 from the model's own rotary embedding."""
@@ -204,8 +248,28 @@ class BridgeModel:
             return self.bridge.generate(*args, **kwargs)
 
     def run_with_cache(self, input, *, names_filter=None, stop_at_layer: int | None = None, **kwargs):
-        """The bridge's `run_with_cache`, with `stop_at_layer` at the number of layers returning the last residual
-        stream (before the final norm), as HookedTransformer's does, not logits."""
+        """HookedTransformer's `run_with_cache` for the names given (a name or a list of names, as the engine asks):
+        the activations detached, under the names asked for; with `stop_at_layer` the residual stream entering that
+        block, or the last one (before the final norm) at the number of layers, not logits. Hooked through `hooks`
+        and `forward` rather than the bridge's own, which reads its hook points anew on every call. Other
+        arguments (a filter function, `remove_batch_dim`, ...) go to the bridge's `run_with_cache`."""
+        names = [names_filter] if isinstance(names_filter, str) else names_filter
+        if kwargs or not isinstance(names, (list, tuple)):
+            return self._bridge_run_with_cache(input, names_filter, stop_at_layer, **kwargs)
+        from transformer_lens import ActivationCache
+
+        cache = {}
+
+        def keeper(name):
+            def keep(x, hook):
+                cache[name] = x.detach()
+            return keep
+
+        with self.hooks(fwd_hooks=[(n, keeper(n)) for n in names]):
+            out = self.forward(input, stop_at_layer=stop_at_layer)
+        return out, ActivationCache(cache, self.bridge)
+
+    def _bridge_run_with_cache(self, input, names_filter, stop_at_layer, **kwargs):
         if stop_at_layer is None or stop_at_layer < self.cfg.n_layers:
             return self.bridge.run_with_cache(input, names_filter=names_filter, stop_at_layer=stop_at_layer, **kwargs)
         from transformer_lens.model_bridge.exceptions import StopAtLayerException
@@ -220,7 +284,7 @@ class BridgeModel:
             handle.remove()
 
     def run_with_hooks(self, input, *, fwd_hooks=(), return_type: str | None = "logits", **kwargs):
-        with self.bridge.hooks(fwd_hooks=list(fwd_hooks)):
+        with self.hooks(fwd_hooks=fwd_hooks):
             return self.forward(input, return_type=return_type, **kwargs)
 
 
@@ -375,6 +439,12 @@ def cache_named(bridge):
     finally:
         for h in handles:
             h.remove()
+
+
+def _gated(bridge, name: str) -> bool:
+    """Whether a hook a filter picks on `name` is skipped: the point is switched off (the bridge's own rule)."""
+    reason = getattr(bridge, "_gated_hook_reason", None)
+    return reason is not None and reason(name) is not None
 
 
 def _named_cache(module, args, kwargs):

@@ -14,10 +14,10 @@ import pytest
 import torch
 
 import surgeon
-from surgeon import Case, Item
 from surgeon.models.bridge import BridgeModel
 from surgeon.models.loading import load_model
 from surgeon.organisms import sae_dir
+from tests.checkpoints import BRIDGE_CASE as CASE
 from tests.checkpoints import make_gemma2, make_gpt2, make_llama, make_qwen2
 
 bridge_module = pytest.importorskip("transformer_lens.model_bridge",
@@ -26,15 +26,6 @@ bridge_module = pytest.importorskip("transformer_lens.model_bridge",
 pytestmark = pytest.mark.slow
 
 MAKERS = {"gpt2": make_gpt2, "llama": make_llama, "qwen2": make_qwen2, "gemma2": make_gemma2}
-PAIRS = [("9.8", "9.11"), ("3.7", "3.52"), ("12.4", "12.38"), ("5.9", "5.61"), ("7.6", "7.25"), ("2.8", "2.74"),
-         ("4.2", "17.45"), ("8.3", "2.71")]
-CASE = Case(
-    name="bridge_decimal",
-    formats={"simple": "Which is bigger: {a} or {b}?\nAnswer:", "qa": "Q: Which is bigger: {a} or {b}?\nA:"},
-    good="simple", bad=["qa"], align="last",
-    items=[Item({"a": a, "b": b}, correct=f" {max(a, b, key=float)}", incorrect=f" {min(a, b, key=float)}",
-                tag="trap" if i < 6 else "control") for i, (a, b) in enumerate(PAIRS)],
-)
 # float32 through two implementations; fractions of the small gaps of random weights magnify its noise
 RTOL, ATOL = 1e-3, 1e-4
 # a TopK SAE's code is discontinuous (a feature at the k-th activation flips under float noise), so its analyses
@@ -202,6 +193,17 @@ def test_the_forward_from_a_layer_with_a_prefix_cache_is_hooked_transformers(pai
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
     torch.testing.assert_close(got, cache[f"blocks.{n - 1}.hook_resid_post"][:, p0:], rtol=1e-4, atol=1e-5)
     assert len(ran) == (start == 0)
+    # the adapter converts a cache entry once and reuses it while the entry is the same: one changed in place, or
+    # another entry, is converted anew (each pass compared with HookedTransformer's on that cache)
+    with torch.no_grad():
+        same = kv()
+        for step in ("first", "again", "changed in place"):
+            if step == "changed in place":
+                for e in same.entries[start:]:
+                    e.past_keys.mul_(0.5)
+            torch.testing.assert_close(model(resid, start_at_layer=start, stop_at_layer=n, past_kv_cache=same),
+                                       ht(resid, start_at_layer=start, stop_at_layer=n, past_kv_cache=same),
+                                       rtol=1e-4, atol=1e-5, msg=step)
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])  # their random weights generate varied tokens, gpt2's and
@@ -254,6 +256,38 @@ def test_the_bridge_is_left_as_it_was_given(pair):
     assert (bridge.cfg.use_split_qkv_input, bridge.cfg.use_hook_mlp_in) == cfg
     assert not [n for n, h in bridge.hook_dict.items() if h._forward_hooks or h._backward_hooks]
     assert isinstance(surgeon.api.case_and_model(CASE, bridge)[1], BridgeModel)
+
+
+def test_the_adapters_hooks_and_cache_are_the_bridges_own(pair):
+    """The adapter's `hooks` and `run_with_cache` (which read the bridge's hook points once, bench/bridge.py) hook
+    what the bridge's own context hooks: a filter reaches the same points, under the same names, switched-off ones
+    skipped; names and aliases cache the same activations; everything is removed at the end."""
+    _, bridge = pair
+    model = BridgeModel(bridge)
+    tokens = torch.tensor([[1, 5, 9, 12, 33, 40], [2, 7, 3, 8, 21, 30]])
+    picks = (lambda n: True, lambda n: n.endswith(("hook_z", "hook_q_input", "hook_resid_pre")))
+
+    def seen_under(context, pick):
+        seen = []
+        with warnings.catch_warnings(), context(fwd_hooks=[(pick, lambda x, hook: seen.append(hook.name))]):
+            warnings.simplefilter("ignore")
+            hooked = sorted(n for n, h in bridge.hook_dict.items() for _ in h._forward_hooks)  # once per hook added
+            with torch.no_grad():
+                bridge(tokens)
+        return hooked, seen
+
+    for pick in picks:
+        ours, theirs = seen_under(model.hooks, pick), seen_under(bridge.hooks, pick)
+        assert ours == theirs and any(n.endswith("hook_z") for n in ours[1])
+        assert not any("q_input" in n for n in ours[0])  # switched off: skipped, not hooked
+    names = ["blocks.0.hook_resid_pre", "blocks.1.attn.hook_z", "blocks.1.hook_mlp_out", "blocks.1.hook_resid_post"]
+    with torch.no_grad():
+        out, cache = model.run_with_cache(tokens, names_filter=names)
+        ref_out, ref = bridge.run_with_cache(tokens, names_filter=names)
+    torch.testing.assert_close(out, ref_out)
+    for n in names:
+        torch.testing.assert_close(cache[n], ref[n], rtol=0, atol=0)
+    assert not [n for n, h in bridge.hook_dict.items() if h._forward_hooks or h._backward_hooks]
 
 
 def test_the_command_line_loads_a_checkpoint_as_a_bridge(tmp_path, capsys):
