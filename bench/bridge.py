@@ -11,6 +11,9 @@ Jobs, each a call of surgeon's API on both models, interleaved round by round, t
   eap      circuit by EAP over every edge (no verification)
   exact    circuit by exact edge scores (no verification)
 And what explains a gap, timed the same way:
+  setup         what every call does first (`surgeon.api.case_and_model`): the case checked against the model, and
+                on the bridge the adapter built (one forward) and surgeon's model protocol checked (one forward
+                caching every hook point)
   forward       one forward of the case's rows on each model, no hook (the floor of every job)
   fwd+bwd       that forward and a backward from the logits to the residual stream (the floor of EAP)
   JOB, copied   each job on the HookedTransformer with the engine's shared-prefix attention off: each patch
@@ -47,10 +50,10 @@ def main():
     sys.path.insert(0, str(ROOT))
     from saving import saved
 
-    data: dict = {}
+    data: dict = {"layouts": {}, "repeat": args.repeat}
     with saved("bridge", args.save, data=data), tempfile.TemporaryDirectory() as tmp:
         for name, make in layouts():
-            data[name] = run(name, make(Path(tmp) / name), args.repeat)
+            data["layouts"][name] = run(name, make(Path(tmp) / name), args.repeat)
         from limit import limit_only
 
         print(limit_only("this bench compares two implementations of one model on the same jobs"))
@@ -94,7 +97,8 @@ def floors(ht, bridge, case) -> dict:
         logits = m.run_with_hooks(ids, fwd_hooks=[("blocks.0.hook_resid_pre", catch)])
         torch.autograd.grad(logits.float().logsumexp(-1).sum(), leaf)
 
-    return {"forward": (lambda: fwd(ht), lambda: fwd(bridge)), "fwd+bwd": (lambda: fwd_bwd(ht), lambda: fwd_bwd(bridge))}
+    return {"forward": (lambda: fwd(ht), lambda: fwd(bridge)),
+            "fwd+bwd": (lambda: fwd_bwd(ht), lambda: fwd_bwd(bridge))}
 
 
 def run(name: str, folder: Path, repeat: int) -> dict:
@@ -107,8 +111,9 @@ def run(name: str, folder: Path, repeat: int) -> dict:
     ht = load_model(str(folder))
     bridge = TransformerBridge.boot_transformers(str(folder), device="cpu")
     cfg = ht.cfg
-    print(f"\n== {name}: {cfg.n_layers} layers x {cfg.n_heads} heads ({cfg.n_key_value_heads or cfg.n_heads} key/value),"
-          f" width {cfg.d_model}; {len(case.items)} items x {len(case.formats)} formats; fastest of {repeat}")
+    kv = cfg.n_key_value_heads or cfg.n_heads
+    print(f"\n== {name}: {cfg.n_layers} layers x {cfg.n_heads} heads ({kv} key/value), width {cfg.d_model}; "
+          f"{len(case.items)} items x {len(case.formats)} formats; fastest of {repeat}")
     paths = {}
     rows = []
     for job, kw in JOBS:
@@ -119,6 +124,10 @@ def run(name: str, folder: Path, repeat: int) -> dict:
 
         t = fastest({"hooked": on((ht, ht.tokenizer), (job, "hooked")), "bridge": on(bridge, (job, "bridge"))}, repeat)
         rows.append((job, t["hooked"], t["bridge"]))
+    setup = {"hooked": lambda: surgeon.api.case_and_model(case, (ht, ht.tokenizer)),
+             "bridge": lambda: surgeon.api.case_and_model(case, bridge)}
+    t = fastest(setup, repeat)
+    rows.append(("setup", t["hooked"], t["bridge"]))
     for floor, (h, b) in floors(ht, bridge, case).items():
         t = fastest({"hooked": h, "bridge": b}, repeat)
         rows.append((floor, t["hooked"], t["bridge"]))
@@ -139,7 +148,8 @@ def run(name: str, folder: Path, repeat: int) -> dict:
     print("the engine's prefix attention in each run (the results' execution record):")
     for (job, side), how in sorted(paths.items()):
         print(f"  {job:14s} {side:7s} {how}")
-    return {"rows": [{"job": j, "hooked_s": h, "bridge_s": b} for j, h, b in rows],
+    return {"shape": f"{cfg.n_layers} layers x {cfg.n_heads} heads",
+            "rows": [{"job": j, "hooked_s": h, "bridge_s": b} for j, h, b in rows],
             "prefix": {f"{j} / {s}": how for (j, s), how in paths.items()}}
 
 

@@ -720,6 +720,36 @@ def _peer_sentence() -> str:
             f"edge timed on {d['peer_top']} of surgeon's top {d['top']}).")
 
 
+def bridge_speed() -> None:
+    """bench/bridge.py's saved times in sentences: each job on a TransformerBridge over the HookedTransformer of the
+    same checkpoint; the same with the engine's shared-prefix attention off on the HookedTransformer; the forward
+    alone; and the adapter's setup, in the jobs a gap is left in."""
+    d = json.loads((BENCH / "bridge.json").read_text())
+    names = {"patch": "the per-head sweep", "eap": "EAP", "exact": "exact edges"}
+    for layout, v in d["layouts"].items():
+        r = {row["job"]: (row["hooked_s"], row["bridge_s"]) for row in v["rows"]}
+        ratio = {j: b / h for j, (h, b) in r.items()}
+        jobs = [j for j in names if j in r]
+        left = [j for j in jobs if ratio[f"{j}, copied"] > 1.2]
+        extra = r["setup"][1] - r["setup"][0]
+        said = (f"On the tiny {layout.split()[0].capitalize()} checkpoint ({v['shape']}), the bridge takes "
+                + ", ".join(f"{ratio[j]:.2f}x the HookedTransformer's time for {names[j]}" for j in jobs)
+                + f" (its forward alone {ratio['forward']:.2f}x, forward and backward {ratio['fwd+bwd']:.2f}x). "
+                + "With the engine's shared-prefix attention turned off on the HookedTransformer too, "
+                + ", ".join(f"{ratio[f'{j}, copied']:.2f}x" for j in jobs) + ": ")
+        if not left:
+            said += ("the gap is that attention, which the engine reproduces for TransformerLens's own attention "
+                     "classes only, and which the bridge's Hugging Face attention does not get.")
+        else:
+            said += (", ".join(names[j] for j in left) + " stay" + ("s" if len(left) == 1 else "")
+                     + f" above 1.2x; there the adapter's setup (built with one forward, surgeon's protocol checked "
+                     f"with another) adds {extra:.3f} s to every call, "
+                     + ", ".join(f"{100 * extra / r[j][1]:.0f}% of the bridge's {r[j][1]:.2f} s for {names[j]}"
+                                 for j in left) + ": a fixed cost per call, a larger share the smaller the job.")
+        out(said)
+        out("")
+
+
 def _contended_sentence() -> str:
     """bench/subset_search.py's run beside one other busy process, in one sentence (empty where it did not run)."""
     lines = (BENCH / "subset_search.txt").read_text().splitlines()
