@@ -20,11 +20,13 @@ And what explains a gap, timed the same way:
                 (EAP's faithfulness curve's too) copies the prefix's keys and values, as it does on the bridge, whose
                 attention that mode does not reproduce (the bridge's column repeats its time above)
 
-    python bench/bridge.py [--repeat 3] [--threads 2] [--save]
+    python bench/bridge.py [--repeat 5] [--threads 2] [--save]
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import logging
 import sys
 import tempfile
@@ -40,7 +42,7 @@ JOBS = (("patch", {}), ("eap", {"method": "eap", "verify": 0}), ("exact", {"meth
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--save", action="store_true", help="also write bench/results/bridge.txt (the docs')")
     args = ap.parse_args()
@@ -108,8 +110,9 @@ def run(name: str, folder: Path, repeat: int) -> dict:
     from tests.checkpoints import BRIDGE_CASE as case
     from transformer_lens.model_bridge import TransformerBridge
 
-    ht = load_model(str(folder))
-    bridge = TransformerBridge.boot_transformers(str(folder), device="cpu")
+    with contextlib.redirect_stdout(io.StringIO()):  # TransformerLens's "Moving model to device" line
+        ht = load_model(str(folder))
+        bridge = TransformerBridge.boot_transformers(str(folder), device="cpu")
     cfg = ht.cfg
     kv = cfg.n_key_value_heads or cfg.n_heads
     print(f"\n== {name}: {cfg.n_layers} layers x {cfg.n_heads} heads ({kv} key/value), width {cfg.d_model}; "
