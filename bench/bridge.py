@@ -15,6 +15,8 @@ And what explains a gap, timed the same way:
                 on the bridge the adapter built (one forward) and surgeon's model protocol checked (one forward
                 caching every hook point)
   forward       one forward of the case's rows on each model, no hook (the floor of every job)
+  1-token forward  one forward of one token: a pass's fixed cost, almost no arithmetic (the per-head sweep's passes
+                are counted in its execution record)
   fwd+bwd       that forward and a backward from the logits to the residual stream (the floor of EAP)
   JOB, copied   each job on the HookedTransformer with the engine's shared-prefix attention off: each patch
                 (EAP's faithfulness curve's too) copies the prefix's keys and values, as it does on the bridge, whose
@@ -85,9 +87,9 @@ def floors(ht, bridge, case) -> dict:
     tok.padding_side = "right"
     ids = tok(texts, return_tensors="pt", padding=True)["input_ids"]
 
-    def fwd(m):
+    def fwd(m, tokens=ids):
         with torch.no_grad():
-            m(ids)
+            m(tokens)
 
     def fwd_bwd(m):  # the gradient reaches the residual stream, as EAP's does (no weight's gradient)
         leaf = []
@@ -99,7 +101,9 @@ def floors(ht, bridge, case) -> dict:
         logits = m.run_with_hooks(ids, fwd_hooks=[("blocks.0.hook_resid_pre", catch)])
         torch.autograd.grad(logits.float().logsumexp(-1).sum(), leaf)
 
+    one = ids[:1, :1]
     return {"forward": (lambda: fwd(ht), lambda: fwd(bridge)),
+            "1-token forward": (lambda: fwd(ht, one), lambda: fwd(bridge, one)),
             "fwd+bwd": (lambda: fwd_bwd(ht), lambda: fwd_bwd(bridge))}
 
 
@@ -117,13 +121,13 @@ def run(name: str, folder: Path, repeat: int) -> dict:
     kv = cfg.n_key_value_heads or cfg.n_heads
     print(f"\n== {name}: {cfg.n_layers} layers x {cfg.n_heads} heads ({kv} key/value), width {cfg.d_model}; "
           f"{len(case.items)} items x {len(case.formats)} formats; fastest of {repeat}")
-    paths = {}
+    paths, passes = {}, {}
     rows = []
     for job, kw in JOBS:
         call = surgeon.patch if job == "patch" else surgeon.circuit
 
         def on(m, key, call=call, kw=kw):
-            return lambda: paths.__setitem__(key, prefix_path(call(case, m, **kw)))
+            return lambda: paths.__setitem__(key, prefix_path(call(case, m, **kw), passes, key))
 
         t = fastest({"hooked": on((ht, ht.tokenizer), (job, "hooked")), "bridge": on(bridge, (job, "bridge"))}, repeat)
         rows.append((job, t["hooked"], t["bridge"]))
@@ -145,20 +149,23 @@ def run(name: str, folder: Path, repeat: int) -> dict:
             rows.append((f"{job}, copied", t["hooked"], bridge_s[job]))
     finally:
         prefix_attention.unsupported = keep
-    print(f"{'job':14s} {'hooked':>9s} {'bridge':>9s} {'bridge/hooked':>14s}")
+    print(f"{'job':16s} {'hooked':>9s} {'bridge':>9s} {'bridge/hooked':>14s}")
     for job, h, b in rows:
-        print(f"{job:14s} {h:8.3f}s {b:8.3f}s {b / h:13.2f}x")
+        print(f"{job:16s} {h:8.3f}s {b:8.3f}s {b / h:13.2f}x")
     print("the engine's prefix attention in each run (the results' execution record):")
     for (job, side), how in sorted(paths.items()):
         print(f"  {job:14s} {side:7s} {how}")
     return {"shape": f"{cfg.n_layers} layers x {cfg.n_heads} heads",
-            "rows": [{"job": j, "hooked_s": h, "bridge_s": b} for j, h, b in rows],
+            "rows": [{"job": j, "hooked_s": h, "bridge_s": b} for j, h, b in rows], "passes": passes,
             "prefix": {f"{j} / {s}": how for (j, s), how in paths.items()}}
 
 
-def prefix_path(result) -> str:
-    """How the engine attended to the shared prefix in `result`'s run (its execution record)."""
+def prefix_path(result, passes: dict | None = None, key=()) -> str:
+    """How the engine attended to the shared prefix in `result`'s run (its execution record); the forward passes its
+    engine counted go into `passes` under "JOB / SIDE" (`key`)."""
     execution = getattr(result, "execution", None) or {}
+    if passes is not None and "forwards" in execution:
+        passes[" / ".join(key)] = execution["forwards"]
     return str(execution.get("prefix", "not recorded"))
 
 

@@ -741,8 +741,16 @@ def bridge_speed() -> None:
             why = ("the gap is that attention and the adapter's setup, a fixed cost per call: a larger share the "
                    "smaller the job.")
         else:
-            why = (f"{' and '.join(above)} {'stays' if len(above) == 1 else 'stay'} above 1.2x even so, where the "
-                   f"bridge's own forward and backward take {ratio['fwd+bwd']:.2f}x the HookedTransformer's.")
+            h1, b1 = r["1-token forward"]
+            n = v["passes"].get("patch / bridge")
+            gap = r["patch"][1] - r["patch"][0]
+            listed = " and ".join([", ".join(above[:-1]), above[-1]] if len(above) > 1 else above)
+            why = (f"{listed} {'stays' if len(above) == 1 else 'stay'} above 1.2x even so. A forward "
+                   f"pass's fixed cost (one token, almost no arithmetic) is {1e3 * b1:.1f} ms on the bridge against "
+                   f"{1e3 * h1:.1f} ms"
+                   + (f"; the per-head sweep runs {n} passes, so {n * (b1 - h1):.3f} s of its {gap:.3f} s gap "
+                      f"({100 * n * (b1 - h1) / gap:.0f}%)" if n and gap > 0 else "")
+                   + "; the rest (hooks on the bridge's hook points, Hugging Face's modules) is not broken down here.")
         out(f"On the tiny {layout.split()[0].replace('gpt2', 'GPT-2').replace('llama', 'Llama')} checkpoint "
             f"({v['shape']}), the bridge's time over the HookedTransformer's: "
             + ", ".join(f"{names[j]} {ratio[j]:.2f}x" for j in jobs)
